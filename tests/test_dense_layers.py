@@ -1,0 +1,146 @@
+import keras
+import numpy as np
+import pytest
+
+import tfbnn
+from tfbnn import priors, testing
+
+DENSE = [tfbnn.DenseReparameterization, tfbnn.DenseFlipout, tfbnn.DenseLocalReparameterization]
+
+
+@pytest.mark.parametrize("cls", DENSE)
+@pytest.mark.parametrize("prior", ["normal", "scale_mixture"])
+def test_dense_basics(cls, prior):
+    testing.run_layer_test(
+        cls,
+        {"units": 3, "activation": "relu", "kernel_prior": prior, "seed": 7},
+        input_shape=(4, 5),
+        expected_output_shape=(4, 3),
+        expected_num_losses=1,
+        expected_num_seed_generators=1,
+        expected_num_trainable_weights=4,
+    )
+
+
+@pytest.mark.parametrize("cls", DENSE)
+def test_dense_deterministic_bias_and_rank3_inputs(cls):
+    testing.run_layer_test(
+        cls,
+        {"units": 2, "bias_prior": None, "seed": 1},
+        input_shape=(3, 4, 6),
+        expected_output_shape=(3, 4, 2),
+        expected_num_trainable_weights=3,
+        run_save_load=False,
+    )
+
+
+@pytest.mark.parametrize("cls", DENSE)
+def test_mean_mode_is_deterministic_and_sample_mode_is_not(cls):
+    x = np.random.default_rng(0).normal(size=(8, 5)).astype("float32")
+    model = keras.Sequential(
+        [keras.Input((5,)), cls(16, activation="relu", seed=1), cls(3, seed=2)]
+    )
+    for layer in tfbnn.bayesian_layers(model):
+        layer.kernel_rho.assign(np.full(layer.kernel_rho.shape, -1.0, "float32"))
+    sampled = [model.predict(x, verbose=0) for _ in range(2)]
+    assert not np.allclose(sampled[0], sampled[1])
+    with tfbnn.posterior_mean(model):
+        means = [model.predict(x, verbose=0) for _ in range(2)]
+        np.testing.assert_array_equal(means[0], means[1])
+        assert all(layer.inference_mode == "mean" for layer in tfbnn.bayesian_layers(model))
+    # The posterior mean is the deterministic net with W = mu, b = mu_b.
+    h = np.maximum(x @ model.layers[0].kernel_loc.numpy() + model.layers[0].bias_loc.numpy(), 0)
+    np.testing.assert_allclose(means[0], h @ model.layers[1].kernel_loc.numpy() + model.layers[1].bias_loc.numpy(), rtol=1e-4, atol=1e-5)
+    # Back to sampling after the context, and through set_inference_mode.
+    assert not np.allclose(model.predict(x, verbose=0), model.predict(x, verbose=0))
+    tfbnn.set_inference_mode(model, "mean")
+    np.testing.assert_array_equal(model.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+@pytest.mark.parametrize("cls", DENSE)
+def test_seeded_layers_reproduce(cls):
+    x = np.ones((4, 5), "float32")
+    outs = []
+    for _ in range(2):
+        layer = cls(3, seed=11, kernel_loc_initializer=keras.initializers.GlorotUniform(seed=5))
+        outs.append([layer(x).numpy() for _ in range(3)])
+    np.testing.assert_array_equal(np.stack(outs[0]), np.stack(outs[1]))
+    assert not np.allclose(outs[0][0], outs[0][1])
+
+
+def test_flipout_and_local_reparameterization_samples_differ_per_example():
+    x = np.ones((64, 5), "float32")  # identical rows
+    for cls in (tfbnn.DenseFlipout, tfbnn.DenseLocalReparameterization):
+        layer = cls(4, seed=3, kernel_rho_initializer=keras.initializers.Constant(0.0))
+        y = layer(x).numpy()
+        assert np.std(y, axis=0).min() > 0.1
+    layer = tfbnn.DenseReparameterization(4, seed=3)
+    y = layer(x).numpy()
+    np.testing.assert_allclose(y, np.broadcast_to(y[:1], y.shape))  # one weight sample per batch
+
+
+@pytest.mark.parametrize("cls", DENSE)
+def test_extreme_initializations_stay_finite(cls):
+    x = np.random.default_rng(0).normal(size=(16, 5)).astype("float32") * 100
+    y = np.random.default_rng(1).normal(size=(16, 2)).astype("float32")
+    for rho in (-200.0, 50.0):
+        model = keras.Sequential(
+            [
+                keras.Input((5,)),
+                cls(8, activation="relu", kl_weight=1e-3, seed=1, kernel_rho_initializer=keras.initializers.Constant(rho)),
+                cls(2, kernel_prior="scale_mixture", kl_weight=1e-3, seed=2, kernel_rho_initializer=keras.initializers.Constant(rho)),
+            ]
+        )
+        model.compile("adam", "mse")
+        history = model.fit(x, y, epochs=2, batch_size=8, verbose=0)
+        assert np.all(np.isfinite(history.history["loss"])), (rho, history.history["loss"])
+        assert all(np.all(np.isfinite(w.numpy())) for w in model.weights)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"units": 0}, "units=0"),
+        ({"units": -3}, "units=-3"),
+        ({"units": 2.5}, "units=2.5"),
+        ({"units": 3, "kernel_prior": "cauchy"}, "prior='cauchy'"),
+        ({"units": 3, "kernel_prior": priors.Normal}, "prior="),
+        ({"units": 3, "kl_weight": -1.0}, "kl_weight=-1.0"),
+        ({"units": 3, "inference_mode": "median"}, "inference_mode='median'"),
+        ({"units": 3, "seed": "x"}, "seed='x'"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tfbnn.DenseFlipout(**kwargs)
+
+
+@pytest.mark.parametrize("cls", DENSE)
+def test_wrong_input_rank(cls):
+    layer = cls(3, kl_weight=0.1)
+    with pytest.raises(ValueError, match=r"rank >= 2.*input_shape=\(5,\)"):
+        layer(np.ones((5,), "float32"))
+    layer(np.ones((2, 5), "float32"))  # once built, Keras' InputSpec guards the rank
+    with pytest.raises(ValueError, match="min_ndim=2, found ndim=1"):
+        layer(np.ones((5,), "float32"))
+
+
+def test_training_without_num_examples_fails_clearly():
+    model = keras.Sequential([keras.Input((3,)), tfbnn.DenseFlipout(2)])
+    model.compile("adam", "mse")
+    with pytest.raises(ValueError, match="without a KL scale.*KLAnnealing"):
+        model.fit(np.ones((4, 3), "float32"), np.ones((4, 2), "float32"), verbose=0)
+    # Inference without N is fine, and contributes no KL.
+    model(np.ones((4, 3), "float32"))
+    assert float(model.losses[0]) == 0.0
+
+
+def test_set_kl_weight_reaches_nested_models():
+    inner = keras.Sequential([keras.Input((3,)), tfbnn.DenseFlipout(4), keras.layers.ReLU()])
+    outer = keras.Sequential([keras.Input((3,)), inner, tfbnn.DenseLocalReparameterization(2)])
+    assert len(tfbnn.bayesian_layers(outer)) == 2
+    assert tfbnn.set_kl_weight(outer, 0.125) == 2
+    assert all(float(layer.kl_weight.numpy()) == 0.125 for layer in tfbnn.bayesian_layers(outer))
+    assert all(layer.get_config()["kl_weight"] == 0.125 for layer in tfbnn.bayesian_layers(outer))
+    with pytest.raises(ValueError, match="kl_weight=nan"):
+        tfbnn.set_kl_weight(outer, float("nan"))

@@ -1,0 +1,176 @@
+"""What every tfbnn Bayesian layer shares: the KL weight, the sampling switch, seeds."""
+
+import math
+
+import keras
+import tensorflow as tf
+
+__all__ = ["BayesianLayer", "INFERENCE_MODES"]
+
+INFERENCE_MODES = ("sample", "mean")
+_SEED_KEY = "seed_state"
+
+
+class _StoreWithout:
+    """A read-only view of a Keras variable store without one key."""
+
+    def __init__(self, store, key):
+        self._store, self._key = store, key
+
+    def keys(self):
+        return [k for k in self._store.keys() if k != self._key]
+
+    def __getitem__(self, key):
+        return self._store[key]
+
+    def __contains__(self, key):
+        return key != self._key and key in self._store.keys()
+
+    def __len__(self):
+        return len(self.keys())
+
+
+def _validate_kl_weight(value, name="kl_weight"):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"Expected `{name}` to be a non-negative float (beta / N). Received: {name}={value!r}"
+            ) from None
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"Expected `{name}` to be a non-negative finite float (beta / N). Received: {name}={value}"
+        )
+    return float(value)
+
+
+class BayesianLayer(keras.layers.Layer):
+    """Base class: a layer with a posterior, a KL term and seeded noise.
+
+    The ELBO convention (one rule, see :mod:`tfbnn.callbacks`): the layer adds
+    ``kl_weight * KL(q || p)`` to ``layer.losses`` on every call, and
+    ``kl_weight = beta / N`` with ``N`` the number of training examples, so that
+    Keras' mean-over-batch data loss plus the layer losses is the per-example
+    negative ELBO ``mean NLL + beta KL / N``. ``kl_weight`` lives in a
+    non-trainable variable made in ``build`` so callbacks can move it per batch
+    inside a compiled train step.
+
+    Sampling: in training the layer always samples. At inference it samples
+    when ``inference_mode == "sample"`` (the default: predictions are draws from
+    the posterior predictive) and uses the posterior mean when it is ``"mean"``.
+    Switch a whole model with :func:`tfbnn.set_inference_mode` or the
+    :func:`tfbnn.posterior_mean` context manager.
+
+    Args:
+        kl_weight: float >= 0 or None. ``beta / N``. ``None`` (default) means "not
+            set yet": the KL term is 0 at inference, and training raises a clear
+            error until :class:`tfbnn.KLAnnealing` or :func:`tfbnn.set_kl_weight`
+            sets it. It is never silently 1 (a KL that would dominate the data).
+        inference_mode: ``"sample"`` or ``"mean"``.
+        seed: int or None, seed of the layer's ``keras.random.SeedGenerator``.
+    """
+
+    def __init__(self, kl_weight=None, inference_mode="sample", seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self._kl_weight_value = _validate_kl_weight(kl_weight)
+        self.inference_mode = inference_mode
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"Expected `seed` to be an int or None. Received: seed={seed!r}")
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    @property
+    def inference_mode(self):
+        return self._inference_mode
+
+    @inference_mode.setter
+    def inference_mode(self, mode):
+        if mode not in INFERENCE_MODES:
+            raise ValueError(
+                f"Expected `inference_mode` in {INFERENCE_MODES}. Received: inference_mode={mode!r}"
+            )
+        self._inference_mode = mode
+
+    def _build_kl_weight(self):
+        self._kl_weight = self.add_weight(
+            name="kl_weight",
+            shape=(),
+            initializer=keras.initializers.Constant(self._kl_weight_value or 0.0),
+            trainable=False,
+            dtype="float32",
+        )
+
+    @property
+    def kl_weight(self):
+        """The non-trainable variable holding ``beta / N``."""
+        return self._kl_weight
+
+    @property
+    def kl_weight_is_set(self):
+        return self._kl_weight_value is not None
+
+    def set_kl_weight(self, value):
+        """Sets ``kl_weight`` (``beta / N``); safe to call between compiled steps."""
+        value = _validate_kl_weight(value)
+        if value is None:
+            raise ValueError("Expected a float for `kl_weight`. Received: kl_weight=None")
+        self._kl_weight_value = value
+        if self.built:
+            self._kl_weight.assign(value)
+
+    def _sampling(self, training):
+        return bool(training) or self._inference_mode == "sample"
+
+    def _check_kl_scale(self, training):
+        if training and self._kl_weight_value is None:
+            raise ValueError(
+                f"Layer '{self.name}' ({type(self).__name__}) is being trained without a KL "
+                "scale. The per-example loss is mean NLL + beta * KL / N, so the layer needs "
+                "kl_weight = beta / N with N the number of training examples. Pass "
+                "`kl_weight=1/N` to the layer, call `tfbnn.set_kl_weight(model, 1/N)`, or add "
+                "the callback `tfbnn.KLAnnealing(num_examples=N)` to `fit`. "
+                "Received: kl_weight=None"
+            )
+
+    def _add_kl_loss(self, kl, training):
+        self._check_kl_scale(training)
+        self.add_loss(tf.cast(self._kl_weight, kl.dtype) * kl)
+
+    def _next_seed(self):
+        """A fresh stateless seed; replicas of a tf.distribute run get distinct ones."""
+        seed = self.seed_generator.next()
+        ctx = tf.distribute.get_replica_context()
+        if ctx is not None and ctx.num_replicas_in_sync > 1:
+            replica_id = ctx.replica_id_in_sync_group
+            if replica_id is not None:
+                seed = seed + tf.cast(tf.stack([replica_id, 0]), seed.dtype) * 7919
+        return seed
+
+    # The seed state travels with the weights, so a seeded model reloaded from a
+    # `.keras` file continues the exact sample sequence of the model it was saved from.
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        store[_SEED_KEY] = self.seed_generator.state
+
+    def load_own_variables(self, store):
+        super().load_own_variables(_StoreWithout(store, _SEED_KEY))
+        if _SEED_KEY in store.keys():
+            self.seed_generator.state.assign(store[_SEED_KEY])
+
+    def kl_divergence(self):
+        """The layer's KL(q || p), summed over its weights, not scaled."""
+        raise NotImplementedError
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "kl_weight": self._kl_weight_value,
+                "inference_mode": self._inference_mode,
+                "seed": self.seed,
+            }
+        )
+        return config

@@ -1,0 +1,362 @@
+"""Bayes-by-Backprop dense layers: reparameterization, Flipout, local reparameterization.
+
+All three share one model. Each weight has an independent Gaussian posterior
+
+    q(w_ij) = N(mu_ij, sigma_ij^2),   sigma_ij = softplus(rho_ij) + 1e-6,
+
+(Blundell et al. 2015, sec. 3.2) and a prior chosen by name or object
+(:mod:`tfbnn.priors`). They differ only in how a forward pass samples:
+
+=========================  ==========================================  ==========================
+layer                      forward pass (x: [..., d], W: [d, u])        cost per step
+=========================  ==========================================  ==========================
+DenseReparameterization    W = mu + sigma * eps, one eps per step;     one weight-sized normal
+                           y = x W + b                                 draw, one matmul
+DenseFlipout               y = x mu + ((x * s_in) (sigma * eps)) *     one weight-sized draw,
+                           s_out, s_in / s_out random signs per        two matmuls; near-
+                           example (Wen et al. 2018, eq. 3)            independent per example
+DenseLocalReparameteri-    y ~ N(x mu + b_mu, x^2 sigma^2 + b_sig^2)   no weight-sized draw with
+zation                     sampled per example and unit (Kingma et     a closed-form KL; two
+                           al. 2015, sec. 2.3)                         matmuls; lowest variance
+=========================  ==========================================  ==========================
+
+Which to pick: local reparameterization is the fastest and has the lowest
+gradient variance, but samples pre-activations, so its samples are independent
+per example (use it for training and Monte Carlo prediction). Reparameterization
+samples one weight matrix shared by the batch (the textbook Bayes-by-Backprop; the
+one to use when a whole function sample is wanted). Flipout decorrelates the
+examples of a batch at the price of a second matmul. With the scale-mixture prior
+the KL is a Monte Carlo estimate at a weight sample, so local reparameterization
+then also draws one weight-sized sample for the KL.
+
+The KL (closed form for a Normal prior, Monte Carlo for the scale mixture) is
+added to ``layer.losses`` as ``kl_weight * KL``; see :class:`BayesianLayer`.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfbnn import kl as kl_lib
+from tfbnn import priors as priors_lib
+from tfbnn.layers.base import BayesianLayer
+
+__all__ = ["DenseReparameterization", "DenseFlipout", "DenseLocalReparameterization"]
+
+_MIN_SCALE = 1e-6
+
+
+def _default_rho_initializer():
+    # softplus(-5) ~= 0.0067: the net starts close to its posterior mean, so early
+    # training behaves like the deterministic net while the KL widens sigma.
+    return keras.initializers.Constant(-5.0)
+
+
+def _softplus_scale(rho):
+    return tf.nn.softplus(rho) + _MIN_SCALE
+
+
+class _DenseBayesian(BayesianLayer):
+    """Shared argument handling, weights, KL and config of the dense layers.
+
+    Args:
+        units: int > 0, output dimension.
+        activation: activation name or callable, as in ``keras.layers.Dense``.
+        use_bias: bool. Whether the layer has a bias.
+        kernel_prior: prior name, dict or :class:`tfbnn.priors.Prior` for the
+            kernel. Default ``"normal"`` (N(0, 1)).
+        bias_prior: the same for the bias; ``None`` makes the bias a point
+            estimate (no posterior, no KL), as TFP's layers do by default.
+        kernel_loc_initializer, kernel_rho_initializer, bias_loc_initializer,
+        bias_rho_initializer: Keras initializers for the posterior mean and the
+            untransformed scale ``rho`` (``sigma = softplus(rho)``). Default
+            ``rho = -5`` (sigma ~ 0.0067).
+        kl_weight, inference_mode, seed: see :class:`BayesianLayer`.
+
+    Input shape: ``(batch, ..., input_dim)``, rank >= 2.
+    Output shape: ``(batch, ..., units)``.
+    """
+
+    def __init__(
+        self,
+        units,
+        activation=None,
+        use_bias=True,
+        kernel_prior="normal",
+        bias_prior="normal",
+        kernel_loc_initializer="glorot_uniform",
+        kernel_rho_initializer=None,
+        bias_loc_initializer="zeros",
+        bias_rho_initializer=None,
+        kl_weight=None,
+        inference_mode="sample",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
+        if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
+            raise ValueError(f"Expected `units` to be a positive integer. Received: units={units!r}")
+        self.units = units
+        self.activation = keras.activations.get(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_prior = priors_lib.get(kernel_prior)
+        self.bias_prior = None if bias_prior is None else priors_lib.get(bias_prior)
+        self.kernel_loc_initializer = keras.initializers.get(kernel_loc_initializer)
+        self.kernel_rho_initializer = keras.initializers.get(
+            kernel_rho_initializer or _default_rho_initializer()
+        )
+        self.bias_loc_initializer = keras.initializers.get(bias_loc_initializer)
+        self.bias_rho_initializer = keras.initializers.get(
+            bias_rho_initializer or _default_rho_initializer()
+        )
+
+    @property
+    def bayesian_bias(self):
+        return self.use_bias and self.bias_prior is not None
+
+    def build(self, input_shape):
+        if len(input_shape) < 2:
+            raise ValueError(
+                f"Layer '{self.name}' expects inputs of rank >= 2 (batch, ..., features). "
+                f"Received: input_shape={tuple(input_shape)}"
+            )
+        input_dim = input_shape[-1]
+        if input_dim is None:
+            raise ValueError(
+                f"The last dimension of the inputs of '{self.name}' must be known. "
+                f"Received: input_shape={tuple(input_shape)}"
+            )
+        self.kernel_loc = self.add_weight(
+            name="kernel_loc", shape=(input_dim, self.units), initializer=self.kernel_loc_initializer
+        )
+        self.kernel_rho = self.add_weight(
+            name="kernel_rho", shape=(input_dim, self.units), initializer=self.kernel_rho_initializer
+        )
+        self.bias_loc = self.bias_rho = None
+        if self.use_bias:
+            self.bias_loc = self.add_weight(
+                name="bias_loc", shape=(self.units,), initializer=self.bias_loc_initializer
+            )
+            if self.bayesian_bias:
+                self.bias_rho = self.add_weight(
+                    name="bias_rho", shape=(self.units,), initializer=self.bias_rho_initializer
+                )
+        self._build_kl_weight()
+        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
+
+    # -- posterior pieces ------------------------------------------------------
+    def kernel_scale(self):
+        return _softplus_scale(self.kernel_rho)
+
+    def bias_scale(self):
+        return _softplus_scale(self.bias_rho) if self.bayesian_bias else None
+
+    def _sample(self, loc, scale, prior):
+        """Returns a weight sample and its KL contribution (MC or closed form)."""
+        eps = tf.random.stateless_normal(tf.shape(loc), seed=self._next_seed(), dtype=loc.dtype)
+        sample = loc + scale * eps
+        if prior.has_closed_form_kl:
+            return sample, kl_lib.closed_form_kl(loc, scale, prior)
+        return sample, kl_lib.monte_carlo_kl(sample, eps, scale, prior)
+
+    def _kl(self, loc, scale, prior):
+        if prior.has_closed_form_kl:
+            return kl_lib.closed_form_kl(loc, scale, prior)
+        return self._sample(loc, scale, prior)[1]
+
+    def _bias_kl(self):
+        if not self.bayesian_bias:
+            return 0.0
+        return self._kl(self.bias_loc, self.bias_scale(), self.bias_prior)
+
+    def kl_divergence(self):
+        """``KL(q || p)`` of kernel and bias, summed, unscaled (MC for the scale mixture)."""
+        return self._kl(self.kernel_loc, self.kernel_scale(), self.kernel_prior) + self._bias_kl()
+
+    def _bias(self, sampling):
+        """Bias sample (or mean) and its KL."""
+        if not self.use_bias:
+            return None, 0.0
+        if not self.bayesian_bias:
+            return self.bias_loc, 0.0
+        scale = self.bias_scale()
+        if sampling:
+            return self._sample(self.bias_loc, scale, self.bias_prior)
+        return self.bias_loc, self._kl(self.bias_loc, scale, self.bias_prior)
+
+    def _finish(self, outputs, bias, kl, training):
+        if bias is not None:
+            outputs = outputs + bias
+        self._add_kl_loss(kl, training)
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.units,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "units": self.units,
+                "activation": keras.activations.serialize(self.activation),
+                "use_bias": self.use_bias,
+                "kernel_prior": priors_lib.serialize(self.kernel_prior),
+                "bias_prior": None if self.bias_prior is None else priors_lib.serialize(self.bias_prior),
+                "kernel_loc_initializer": keras.initializers.serialize(self.kernel_loc_initializer),
+                "kernel_rho_initializer": keras.initializers.serialize(self.kernel_rho_initializer),
+                "bias_loc_initializer": keras.initializers.serialize(self.bias_loc_initializer),
+                "bias_rho_initializer": keras.initializers.serialize(self.bias_rho_initializer),
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class DenseReparameterization(_DenseBayesian):
+    """Bayes-by-Backprop dense layer with the reparameterization estimator.
+
+    Each call draws one kernel ``W = mu + sigma * eps``, ``eps ~ N(0, I)``, shared
+    by the whole batch (Blundell et al. 2015, sec. 3.2, eq. 3-4), and returns
+    ``activation(x W + b)``. The KL against the prior is closed form for a Normal
+    prior and the one-sample estimate ``log q(W) - log p(W)`` (eq. 2) for the
+    scale mixture, evaluated at the same ``W``.
+
+    Args: see :class:`_DenseBayesian` (``units``, ``activation``, priors,
+    initializers, ``kl_weight``, ``inference_mode``, ``seed``).
+
+    Input shape: ``(batch, ..., input_dim)``; output ``(batch, ..., units)``.
+
+    Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> model = keras.Sequential([
+        ...     keras.Input((4,)),
+        ...     tfbnn.layers.DenseReparameterization(8, activation="relu", kl_weight=1 / 100),
+        ...     tfbnn.layers.DenseReparameterization(3, kernel_prior="scale_mixture", kl_weight=1 / 100),
+        ... ])
+        >>> model(np.zeros((2, 4), "float32")).shape
+        TensorShape([2, 3])
+
+    Reference:
+        Blundell et al. Weight Uncertainty in Neural Networks. ICML 2015.
+    """
+
+    def call(self, inputs, training=None):
+        sampling = self._sampling(training)
+        loc, scale = self.kernel_loc, self.kernel_scale()
+        if sampling:
+            kernel, kl = self._sample(loc, scale, self.kernel_prior)
+        else:
+            kernel, kl = loc, self._kl(loc, scale, self.kernel_prior)
+        bias, bias_kl = self._bias(sampling)
+        outputs = keras.ops.matmul(inputs, kernel)
+        return self._finish(outputs, bias, kl + bias_kl, training)
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class DenseFlipout(_DenseBayesian):
+    """Bayes-by-Backprop dense layer with the Flipout estimator.
+
+    One weight perturbation ``dW = sigma * eps`` per call is decorrelated across
+    the examples of the batch by random signs (Wen et al. 2018, eq. 3)::
+
+        y = x mu + ((x * s_in) dW) * s_out,   s_in, s_out in {-1, +1}
+
+    so every example sees a different (pseudo-independent) weight sample at the
+    cost of a second matmul. The KL is that of :class:`DenseReparameterization`,
+    evaluated at ``W = mu + dW`` when it is a Monte Carlo estimate.
+
+    Args: see :class:`_DenseBayesian`.
+
+    Input shape: ``(batch, ..., input_dim)``; output ``(batch, ..., units)``.
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> layer = tfbnn.layers.DenseFlipout(3, seed=1, kl_weight=0.01)
+        >>> layer(np.ones((2, 4), "float32")).shape
+        TensorShape([2, 3])
+
+    Reference:
+        Wen, Vicol, Ba, Tran, Grosse. Flipout: Efficient Pseudo-Independent Weight
+        Perturbations on Mini-Batches. ICLR 2018.
+    """
+
+    def call(self, inputs, training=None):
+        sampling = self._sampling(training)
+        loc, scale = self.kernel_loc, self.kernel_scale()
+        outputs = keras.ops.matmul(inputs, loc)
+        if sampling:
+            eps = tf.random.stateless_normal(tf.shape(loc), seed=self._next_seed(), dtype=loc.dtype)
+            delta = scale * eps
+            signs = self._signs(inputs)
+            perturbation = keras.ops.matmul(inputs * signs[0], delta) * signs[1]
+            outputs = outputs + perturbation
+            if self.kernel_prior.has_closed_form_kl:
+                kl = kl_lib.closed_form_kl(loc, scale, self.kernel_prior)
+            else:
+                kl = kl_lib.monte_carlo_kl(loc + delta, eps, scale, self.kernel_prior)
+        else:
+            kl = self._kl(loc, scale, self.kernel_prior)
+        bias, bias_kl = self._bias(sampling)
+        return self._finish(outputs, bias, kl + bias_kl, training)
+
+    def _signs(self, inputs):
+        in_shape = tf.shape(inputs)
+        out_shape = tf.concat([in_shape[:-1], [self.units]], axis=0)
+        seeds = tf.random.experimental.stateless_split(self._next_seed(), 2)
+
+        def rademacher(shape, seed):
+            bits = tf.random.stateless_uniform(shape, seed=seed, minval=0, maxval=2, dtype=tf.int32)
+            return tf.cast(2 * bits - 1, inputs.dtype)
+
+        return rademacher(in_shape, seeds[0]), rademacher(out_shape, seeds[1])
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class DenseLocalReparameterization(_DenseBayesian):
+    """Bayes-by-Backprop dense layer with the local reparameterization trick.
+
+    For a factorized Gaussian posterior the pre-activations are Gaussian, so they
+    are sampled directly, independently per example and unit (Kingma, Salimans,
+    Welling 2015, sec. 2.3, eq. 6)::
+
+        gamma = x mu + b_mu,   delta = x^2 sigma^2 + b_sigma^2,
+        y = activation(gamma + sqrt(delta) * eps),   eps ~ N(0, I)
+
+    No weight-sized random draw is needed when the KL is closed form (Normal
+    prior); with the scale-mixture prior one weight sample is drawn for the Monte
+    Carlo KL only.
+
+    Args: see :class:`_DenseBayesian`.
+
+    Input shape: ``(batch, ..., input_dim)``; output ``(batch, ..., units)``.
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> layer = tfbnn.layers.DenseLocalReparameterization(3, seed=1, kl_weight=0.01)
+        >>> layer(np.ones((2, 4), "float32")).shape
+        TensorShape([2, 3])
+
+    Reference:
+        Kingma, Salimans, Welling. Variational Dropout and the Local
+        Reparameterization Trick. NeurIPS 2015.
+    """
+
+    def call(self, inputs, training=None):
+        sampling = self._sampling(training)
+        loc, scale = self.kernel_loc, self.kernel_scale()
+        kl = self._kl(loc, scale, self.kernel_prior)
+        mean = keras.ops.matmul(inputs, loc)
+        bias = None
+        if self.use_bias:
+            mean = mean + self.bias_loc
+        if sampling:
+            variance = keras.ops.matmul(tf.square(inputs), tf.square(scale))
+            if self.bayesian_bias:
+                variance = variance + tf.square(self.bias_scale())
+            eps = tf.random.stateless_normal(tf.shape(mean), seed=self._next_seed(), dtype=mean.dtype)
+            # The floor keeps d sqrt(v)/dv finite where a ReLU zeroes a whole input row.
+            outputs = mean + tf.sqrt(variance + 1e-12) * eps
+        else:
+            outputs = mean
+        return self._finish(outputs, bias, kl + self._bias_kl(), training)

@@ -1,0 +1,195 @@
+"""KL-weight schedules: ``beta`` as a function of (epoch, batch).
+
+A schedule maps the position in training to ``beta`` in the per-example loss
+``mean NLL + beta * KL / N``. It is a pure function of ``(epoch, batch,
+steps_per_epoch)``, so a run resumed by ``keras.callbacks.BackupAndRestore`` gets
+exactly the betas the uninterrupted run would have had. Positions are measured in
+fractional epochs ``t = epoch + batch / steps_per_epoch`` so ramps move per batch.
+
+=================  ===============================================================
+name               beta(t)
+=================  ===============================================================
+``constant``       ``beta``
+``linear``         ``start + (end - start) * min(1, t / epochs)``
+``warmup``         0 for ``t < warmup_epochs``, then linear over ``epochs``
+``cosine``         ``start + (end - start) * (1 - cos(pi * min(1, t / epochs))) / 2``
+``cyclic``         ``min(1, tau / ratio)``, ``tau = (t mod cycle_epochs) / cycle_epochs``
+                   (Fu et al. 2019, cyclical annealing)
+``blundell``       ``beta_i = M * 2^(M - i) / (2^M - 1)`` for minibatch ``i = 1..M`` of
+                   an epoch: Blundell et al. (2015) eq. 9 weights ``pi_i`` times ``M``
+=================  ===============================================================
+"""
+
+import math
+
+import keras
+
+__all__ = ["Schedule", "Constant", "Linear", "WarmUp", "Cosine", "Cyclic", "Blundell", "get"]
+
+
+def _check_nonneg(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"Expected `{name}` to be a non-negative number. Received: {name}={value!r}")
+    return float(value)
+
+
+def _check_positive(name, value):
+    if _check_nonneg(name, value) <= 0:
+        raise ValueError(f"Expected `{name}` to be a positive number. Received: {name}={value!r}")
+    return float(value)
+
+
+def _position(epoch, batch, steps_per_epoch):
+    if steps_per_epoch:
+        return epoch + batch / steps_per_epoch
+    return float(epoch)
+
+
+class Schedule:
+    """Base class. ``schedule(epoch, batch, steps_per_epoch) -> beta`` (a float)."""
+
+    needs_steps_per_epoch = False
+
+    def __call__(self, epoch, batch, steps_per_epoch=None):
+        raise NotImplementedError
+
+    def get_config(self):
+        return {}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class Constant(Schedule):
+    """``beta`` fixed (1 is the true ELBO)."""
+
+    def __init__(self, beta=1.0):
+        self.beta = _check_nonneg("beta", beta)
+
+    def __call__(self, epoch, batch, steps_per_epoch=None):
+        return self.beta
+
+    def get_config(self):
+        return {"beta": self.beta}
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class Linear(Schedule):
+    """Linear ramp from ``start`` to ``end`` over ``epochs`` (fractional) epochs."""
+
+    def __init__(self, epochs=10, start=0.0, end=1.0):
+        self.epochs = _check_positive("epochs", epochs)
+        self.start = _check_nonneg("start", start)
+        self.end = _check_nonneg("end", end)
+
+    def _ramp(self, t):
+        return min(1.0, max(0.0, t) / self.epochs)
+
+    def __call__(self, epoch, batch, steps_per_epoch=None):
+        return self.start + (self.end - self.start) * self._ramp(_position(epoch, batch, steps_per_epoch))
+
+    def get_config(self):
+        return {"epochs": self.epochs, "start": self.start, "end": self.end}
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class WarmUp(Linear):
+    """KL off (``beta = start``, default 0) for ``warmup_epochs``, then a linear ramp."""
+
+    def __init__(self, warmup_epochs=5, epochs=10, start=0.0, end=1.0):
+        super().__init__(epochs=epochs, start=start, end=end)
+        self.warmup_epochs = _check_nonneg("warmup_epochs", warmup_epochs)
+
+    def __call__(self, epoch, batch, steps_per_epoch=None):
+        t = _position(epoch, batch, steps_per_epoch) - self.warmup_epochs
+        return self.start + (self.end - self.start) * self._ramp(t)
+
+    def get_config(self):
+        return {"warmup_epochs": self.warmup_epochs, **super().get_config()}
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class Cosine(Linear):
+    """Half-cosine ramp from ``start`` to ``end`` over ``epochs``."""
+
+    def __call__(self, epoch, batch, steps_per_epoch=None):
+        ramp = self._ramp(_position(epoch, batch, steps_per_epoch))
+        return self.start + (self.end - self.start) * 0.5 * (1.0 - math.cos(math.pi * ramp))
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class Cyclic(Schedule):
+    """Cyclical annealing (Fu et al. 2019): repeated ramps 0 -> ``end``.
+
+    Each cycle lasts ``cycle_epochs``; within it beta rises linearly for the first
+    ``ratio`` of the cycle and stays at ``end`` for the rest.
+    """
+
+    def __init__(self, cycle_epochs=4, ratio=0.5, end=1.0):
+        self.cycle_epochs = _check_positive("cycle_epochs", cycle_epochs)
+        if not (0.0 < float(ratio) <= 1.0):
+            raise ValueError(f"Expected `ratio` in (0, 1]. Received: ratio={ratio!r}")
+        self.ratio = float(ratio)
+        self.end = _check_nonneg("end", end)
+
+    def __call__(self, epoch, batch, steps_per_epoch=None):
+        t = _position(epoch, batch, steps_per_epoch)
+        tau = math.fmod(t, self.cycle_epochs) / self.cycle_epochs
+        return self.end * min(1.0, tau / self.ratio)
+
+    def get_config(self):
+        return {"cycle_epochs": self.cycle_epochs, "ratio": self.ratio, "end": self.end}
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class Blundell(Schedule):
+    """Blundell et al. (2015) eq. 9 minibatch weights, in the per-example convention.
+
+    The paper weights the KL of minibatch ``i`` of ``M`` by ``pi_i = 2^(M-i) / (2^M - 1)``
+    (sums to 1 over an epoch; early batches carry most of the complexity cost). With
+    the loss ``mean NLL + beta * KL / N`` this is ``beta_i = M * pi_i``, so the
+    betas average 1 over an epoch.
+    """
+
+    needs_steps_per_epoch = True
+
+    def __call__(self, epoch, batch, steps_per_epoch=None):
+        if not steps_per_epoch:
+            raise ValueError(
+                "The 'blundell' schedule needs the number of minibatches per epoch. "
+                f"Received: steps_per_epoch={steps_per_epoch!r}"
+            )
+        m, i = int(steps_per_epoch), int(batch) + 1
+        if i > m:
+            return 0.0
+        # Exact integer arithmetic: 2**M overflows a float for M > 1023.
+        return m * 2 ** (m - i) / (2**m - 1)
+
+
+_NAMES = {
+    "constant": Constant,
+    "linear": Linear,
+    "warmup": WarmUp,
+    "cosine": Cosine,
+    "cyclic": Cyclic,
+    "blundell": Blundell,
+}
+
+
+def get(identifier):
+    """A schedule from a name (``constant, linear, warmup, cosine, cyclic, blundell``),
+    a :class:`Schedule`, or a callable ``(epoch, batch, steps_per_epoch) -> beta``."""
+    if isinstance(identifier, Schedule) or (callable(identifier) and not isinstance(identifier, type)):
+        return identifier
+    if isinstance(identifier, str) and identifier.lower() in _NAMES:
+        return _NAMES[identifier.lower()]()
+    raise ValueError(
+        f"Unknown KL schedule. Expected one of {sorted(_NAMES)} or a Schedule. "
+        f"Received: schedule={identifier!r}"
+    )

@@ -1,0 +1,133 @@
+"""A shared layer-test harness, in the spirit of Keras' ``run_layer_test``.
+
+:func:`run_layer_test` checks what every tfbnn Bayesian layer promises:
+
+1. config round trip: ``from_config(get_config())`` gives the same config;
+2. the output shape on a concrete batch and through ``compute_output_shape``;
+3. exactly ``expected_num_losses`` entries in ``layer.losses`` after a call
+   (the ``kl_weight * KL`` term) and ``expected_num_seed_generators`` seed generators;
+4. ``.keras`` save/load inside a ``Sequential``: identical weights, identical
+   posterior-mean outputs and, because the seed state is saved, identical sampled
+   outputs on the next call;
+5. it trains: one compiled ``fit`` epoch keeps the loss finite and moves the weights.
+
+Example:
+    >>> from tfbnn import testing, layers
+    >>> testing.run_layer_test(layers.DenseFlipout, {"units": 3, "seed": 1}, input_shape=(4, 5),
+    ...                        expected_output_shape=(4, 3))
+"""
+
+import os
+import tempfile
+
+import keras
+import numpy as np
+
+from tfbnn.utils import posterior_mean
+
+__all__ = ["run_layer_test", "count_seed_generators"]
+
+
+def count_seed_generators(layer):
+    """Number of ``keras.random.SeedGenerator`` attributes of ``layer``."""
+    return sum(isinstance(v, keras.random.SeedGenerator) for v in vars(layer).values())
+
+
+def _assert_same_config(a, b):
+    if a != b:
+        raise AssertionError(f"Config round trip changed the config:\n{a}\n!=\n{b}")
+
+
+def _assert_allclose(a, b, what, atol=1e-6):
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or not np.allclose(a, b, atol=atol, rtol=1e-5):
+        raise AssertionError(f"{what} differ: max |a - b| = {np.max(np.abs(a - b)) if a.shape == b.shape else 'shape'}")
+
+
+def _check_save_load(layer_cls, init_kwargs, x):
+    model = keras.Sequential([keras.Input(x.shape[1:]), layer_cls(**init_kwargs)])
+    model(x)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.keras")
+        model.save(path)
+        loaded = keras.saving.load_model(path)
+    for w, v in zip(model.weights, loaded.weights):
+        _assert_allclose(w.numpy(), v.numpy(), f"weights {w.path}", atol=0)
+    _assert_allclose(model(x), loaded(x), "sampled outputs after load (same seed state)")
+    with posterior_mean(model), posterior_mean(loaded):
+        _assert_allclose(model(x), loaded(x), "posterior-mean outputs after load")
+    return loaded
+
+
+def _check_training(layer_cls, init_kwargs, x, expected_output_shape, seed):
+    model = keras.Sequential([keras.Input(x.shape[1:]), layer_cls(**init_kwargs)])
+    rng = np.random.default_rng(seed)
+    y = rng.normal(size=(x.shape[0],) + tuple(expected_output_shape[1:])).astype("float32")
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    before = [w.numpy().copy() for w in model.trainable_weights]
+    history = model.fit(x, y, batch_size=max(1, x.shape[0] // 2), epochs=1, verbose=0)
+    loss = history.history["loss"][-1]
+    if not np.isfinite(loss):
+        raise AssertionError(f"Training loss is not finite: {loss}")
+    moved = [not np.allclose(b, w.numpy()) for b, w in zip(before, model.trainable_weights)]
+    if not all(moved):
+        raise AssertionError(f"Some trainable weights did not move in training: {moved}")
+
+
+def run_layer_test(
+    layer_cls,
+    init_kwargs,
+    input_shape,
+    expected_output_shape,
+    expected_num_losses=1,
+    expected_num_seed_generators=1,
+    expected_num_trainable_weights=None,
+    run_save_load=True,
+    run_training=True,
+    seed=0,
+):
+    """Runs the basic checks of a tfbnn layer; raises ``AssertionError`` on failure.
+
+    Args:
+        layer_cls: the layer class.
+        init_kwargs: dict of constructor arguments. ``kl_weight`` defaults to 0.01
+            when absent, so the layer can train.
+        input_shape: tuple, shape of a concrete input batch.
+        expected_output_shape: tuple, output shape for that batch.
+        expected_num_losses: int, entries of ``layer.losses`` after one call.
+        expected_num_seed_generators: int.
+        expected_num_trainable_weights: int or None (not checked).
+        run_save_load: bool, check the ``.keras`` round trip.
+        run_training: bool, check one epoch of ``fit``.
+        seed: int, seed of the generated data.
+
+    Returns:
+        The layer built and called once.
+    """
+    init_kwargs = {"kl_weight": 0.01, **init_kwargs}
+    layer = layer_cls(**init_kwargs)
+    _assert_same_config(layer.get_config(), layer_cls.from_config(layer.get_config()).get_config())
+
+    x = np.random.default_rng(seed).normal(size=input_shape).astype("float32")
+    y = layer(x)
+    if tuple(y.shape) != tuple(expected_output_shape):
+        raise AssertionError(f"Output shape {tuple(y.shape)} != expected {tuple(expected_output_shape)}")
+    inferred = tuple(layer.compute_output_shape(input_shape))
+    if inferred != tuple(expected_output_shape):
+        raise AssertionError(f"compute_output_shape gave {inferred}, expected {tuple(expected_output_shape)}")
+    if len(layer.losses) != expected_num_losses:
+        raise AssertionError(f"Expected {expected_num_losses} losses, found {len(layer.losses)}")
+    n_seeds = count_seed_generators(layer)
+    if n_seeds != expected_num_seed_generators:
+        raise AssertionError(f"Expected {expected_num_seed_generators} seed generators, found {n_seeds}")
+    if expected_num_trainable_weights is not None and len(layer.trainable_weights) != expected_num_trainable_weights:
+        raise AssertionError(
+            f"Expected {expected_num_trainable_weights} trainable weights, found {len(layer.trainable_weights)}"
+        )
+    _assert_same_config(layer.get_config(), layer_cls.from_config(layer.get_config()).get_config())
+
+    if run_save_load:
+        _check_save_load(layer_cls, init_kwargs, x)
+    if run_training:
+        _check_training(layer_cls, init_kwargs, x, expected_output_shape, seed)
+    return layer

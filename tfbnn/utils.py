@@ -1,0 +1,84 @@
+"""Model-level helpers: find Bayesian layers, set their KL weight and sampling mode."""
+
+import contextlib
+
+from tfbnn.layers.base import BayesianLayer
+
+__all__ = [
+    "bayesian_layers",
+    "set_kl_weight",
+    "set_inference_mode",
+    "posterior_mean",
+    "kl_divergence",
+]
+
+
+def bayesian_layers(model):
+    """All :class:`tfbnn.layers.BayesianLayer` instances in ``model``, nested ones included."""
+    # Keras' own traversal: covers Sequential, functional, subclassed and nested models.
+    layers = model._flatten_layers(include_self=True, recursive=True)
+    return [layer for layer in layers if isinstance(layer, BayesianLayer)]
+
+
+def set_kl_weight(model, value):
+    """Sets ``kl_weight = value`` (``beta / N``) on every Bayesian layer of ``model``.
+
+    Args:
+        model: a Keras model or layer.
+        value: float >= 0.
+
+    Returns:
+        The number of layers set.
+    """
+    layers = bayesian_layers(model)
+    for layer in layers:
+        layer.set_kl_weight(value)
+    return len(layers)
+
+
+def _reset_compiled_functions(model):
+    # The sampling switch is read when a step function is traced; drop Keras'
+    # cached predict/test/train functions so the next call retraces with it.
+    for attr in ("predict_function", "test_function", "train_function"):
+        if getattr(model, attr, None) is not None:
+            setattr(model, attr, None)
+
+
+def set_inference_mode(model, mode):
+    """Switches every Bayesian layer of ``model`` to ``"sample"`` or ``"mean"``.
+
+    ``"mean"`` gives posterior-mean (deterministic) predictions, ``"sample"`` draws
+    from the posterior at every call. Training always samples. Works for any model,
+    ``Sequential`` included, without call arguments.
+
+    Returns:
+        A dict ``{layer_name: previous_mode}`` usable to restore the old modes.
+    """
+    previous = {}
+    for layer in bayesian_layers(model):
+        previous[layer.name] = layer.inference_mode
+        layer.inference_mode = mode
+    _reset_compiled_functions(model)
+    return previous
+
+
+@contextlib.contextmanager
+def posterior_mean(model):
+    """Context manager: posterior-mean predictions inside, previous modes after.
+
+    Example:
+        >>> with tfbnn.posterior_mean(model):
+        ...     y_mean = model.predict(x)
+    """
+    previous = set_inference_mode(model, "mean")
+    try:
+        yield model
+    finally:
+        for layer in bayesian_layers(model):
+            layer.inference_mode = previous.get(layer.name, layer.inference_mode)
+        _reset_compiled_functions(model)
+
+
+def kl_divergence(model):
+    """Sum of the unscaled KL of all Bayesian layers of ``model`` (a scalar tensor)."""
+    return sum(layer.kl_divergence() for layer in bayesian_layers(model))
