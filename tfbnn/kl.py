@@ -18,6 +18,8 @@ import math
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+from tfbnn import priors
+
 tfd = tfp.distributions
 
 __all__ = ["closed_form_kl", "monte_carlo_kl", "gaussian_log_prob_from_noise"]
@@ -26,7 +28,19 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 def closed_form_kl(loc, scale, prior):
-    """``sum KL(N(loc, scale^2) || prior)`` in closed form (scalar tensor)."""
+    """``sum KL(N(loc, scale^2) || prior)`` in closed form (scalar tensor).
+
+    For a :class:`tfbnn.priors.Normal` prior ``N(m, s^2)`` it is written out,
+    ``sum log s - log sigma + (sigma^2 + (mu - m)^2) / (2 s^2) - 1/2`` (the same value
+    as ``tfd.kl_divergence``, in fewer weight-sized passes); other priors go
+    through ``tfd.kl_divergence``.
+    """
+    if isinstance(prior, priors.Normal):
+        variance = tf.square(scale)
+        centred = loc if prior.loc == 0.0 else loc - prior.loc
+        per_weight = (variance + tf.square(centred)) * (0.5 / prior.scale**2) - 0.5 * tf.math.log(variance)
+        n = tf.cast(tf.size(loc), loc.dtype)
+        return tf.reduce_sum(per_weight) + n * (math.log(prior.scale) - 0.5)
     q = tfd.Normal(loc=loc, scale=scale)
     return tf.reduce_sum(tfd.kl_divergence(q, prior.distribution(loc.dtype)))
 

@@ -152,7 +152,7 @@ class _DenseBayesian(BayesianLayer):
 
     def _sample(self, loc, scale, prior):
         """Returns a weight sample and its KL contribution (MC or closed form)."""
-        eps = tf.random.stateless_normal(tf.shape(loc), seed=self._next_seed(), dtype=loc.dtype)
+        eps = self._normal(tf.shape(loc), loc.dtype)
         sample = loc + scale * eps
         if prior.has_closed_form_kl:
             return sample, kl_lib.closed_form_kl(loc, scale, prior)
@@ -286,7 +286,7 @@ class DenseFlipout(_DenseBayesian):
         loc, scale = self.kernel_loc, self.kernel_scale()
         outputs = keras.ops.matmul(inputs, loc)
         if sampling:
-            eps = tf.random.stateless_normal(tf.shape(loc), seed=self._next_seed(), dtype=loc.dtype)
+            eps = self._normal(tf.shape(loc), loc.dtype)
             delta = scale * eps
             signs = self._signs(inputs)
             perturbation = keras.ops.matmul(inputs * signs[0], delta) * signs[1]
@@ -304,12 +304,10 @@ class DenseFlipout(_DenseBayesian):
         in_shape = tf.shape(inputs)
         out_shape = tf.concat([in_shape[:-1], [self.units]], axis=0)
         seeds = tf.random.experimental.stateless_split(self._next_seed(), 2)
-
-        def rademacher(shape, seed):
-            bits = tf.random.stateless_uniform(shape, seed=seed, minval=0, maxval=2, dtype=tf.int32)
-            return tf.cast(2 * bits - 1, inputs.dtype)
-
-        return rademacher(in_shape, seeds[0]), rademacher(out_shape, seeds[1])
+        return (
+            self._rademacher(in_shape, inputs.dtype, seeds[0]),
+            self._rademacher(out_shape, inputs.dtype, seeds[1]),
+        )
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
@@ -354,7 +352,7 @@ class DenseLocalReparameterization(_DenseBayesian):
             variance = keras.ops.matmul(tf.square(inputs), tf.square(scale))
             if self.bayesian_bias:
                 variance = variance + tf.square(self.bias_scale())
-            eps = tf.random.stateless_normal(tf.shape(mean), seed=self._next_seed(), dtype=mean.dtype)
+            eps = self._normal(tf.shape(mean), mean.dtype)
             # The floor keeps d sqrt(v)/dv finite where a ReLU zeroes a whole input row.
             outputs = mean + tf.sqrt(variance + 1e-12) * eps
         else:

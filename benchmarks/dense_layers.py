@@ -1,0 +1,189 @@
+"""Train-step time and peak memory of Bayesian dense layers against keras Dense.
+
+Model: the Blundell MLP 784-1200-1200-10 (ReLU), batch 128, Adam(1e-3), softmax
+cross-entropy, random data. For every implementation and for XLA off/on it runs a
+fresh subprocess (so peak memory is per configuration), trains one warm-up epoch,
+then times ``--epochs`` epochs of ``--steps`` steps and reports the median
+milliseconds per train step and the ratio to keras ``Dense`` measured in the same run.
+
+Implementations:
+  keras_dense                       keras.layers.Dense (Keras 3), the baseline
+  tfbnn_{reparam,flipout,local}     tfbnn dense layers, N(0, 1) prior, closed-form KL
+  tfp_{reparam,flipout,local}       tfp.layers.Dense* under tf_keras (Keras 2), same prior
+
+Usage:
+    python benchmarks/dense_layers.py                 # all, XLA off and on
+    python benchmarks/dense_layers.py --xla off --steps 20 --epochs 3
+
+Writes benchmarks/results/dense_layers.json and prints a table.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+IMPLEMENTATIONS = [
+    "keras_dense",
+    "tfbnn_reparam",
+    "tfbnn_flipout",
+    "tfbnn_local",
+    "tfp_reparam",
+    "tfp_flipout",
+    "tfp_local",
+]
+TFP_EQUIVALENT = {"tfbnn_reparam": "tfp_reparam", "tfbnn_flipout": "tfp_flipout", "tfbnn_local": "tfp_local"}
+SIZES = (784, 1200, 1200, 10)
+BATCH = 128
+
+
+def _rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _keras3_model(impl, n):
+    import keras
+
+    import tfbnn
+
+    if impl == "keras_dense":
+        make = lambda units, act: keras.layers.Dense(units, activation=act)  # noqa: E731
+    else:
+        cls = {
+            "tfbnn_reparam": tfbnn.DenseReparameterization,
+            "tfbnn_flipout": tfbnn.DenseFlipout,
+            "tfbnn_local": tfbnn.DenseLocalReparameterization,
+        }[impl]
+        make = lambda units, act: cls(units, activation=act, kl_weight=1.0 / n)  # noqa: E731
+    layers = [keras.Input((SIZES[0],))]
+    layers += [make(u, "relu") for u in SIZES[1:-1]] + [make(SIZES[-1], None)]
+    return keras, keras.Sequential(layers)
+
+
+def _tf_keras_model(impl, n):
+    import tensorflow_probability as tfp
+    import tf_keras
+
+    cls = {
+        "tfp_reparam": tfp.layers.DenseReparameterization,
+        "tfp_flipout": tfp.layers.DenseFlipout,
+        "tfp_local": tfp.layers.DenseLocalReparameterization,
+    }[impl]
+    tfd = tfp.distributions
+
+    def divergence(q, p, _):
+        return tfd.kl_divergence(q, p) / n
+
+    def make(units, act):
+        return cls(units, activation=act, kernel_divergence_fn=divergence)
+
+    layers = [tf_keras.Input((SIZES[0],))]
+    layers += [make(u, "relu") for u in SIZES[1:-1]] + [make(SIZES[-1], None)]
+    return tf_keras, tf_keras.Sequential(layers)
+
+
+def worker(impl, xla, steps, epochs):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import numpy as np
+    import tensorflow  # noqa: F401  (so "over import" excludes TensorFlow itself)
+
+    rss_import = _rss_mb()
+    n = steps * BATCH
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, SIZES[0])).astype("float32")
+    y = rng.integers(0, SIZES[-1], size=n).astype("int32")
+    lib, model = (_tf_keras_model if impl.startswith("tfp_") else _keras3_model)(impl, n)
+    model.compile(
+        optimizer=lib.optimizers.Adam(1e-3),
+        loss=lib.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=xla,
+    )
+    rss_built = _rss_mb()
+
+    times = []
+
+    class Timer(lib.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append((time.perf_counter() - self.t0) / steps)
+
+    model.fit(x, y, batch_size=BATCH, epochs=1 + epochs, shuffle=False, verbose=0, callbacks=[Timer()])
+    step_ms = 1000 * statistics.median(times[1:])
+    return {
+        "impl": impl,
+        "xla": xla,
+        "ms_per_step": step_ms,
+        "peak_rss_mb": _rss_mb(),
+        "rss_after_import_mb": rss_import,
+        "rss_after_build_mb": rss_built,
+    }
+
+
+def run_all(args):
+    rows = []
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.xla]
+    for xla in modes:
+        for impl in args.impl or IMPLEMENTATIONS:
+            cmd = [sys.executable, __file__, "--worker", impl, "--steps", str(args.steps), "--epochs", str(args.epochs)]
+            if xla:
+                cmd.append("--xla-worker")
+            print(f"  running {impl:16s} xla={'on' if xla else 'off'} ...", flush=True)
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:
+                err = (out.stderr.strip().splitlines() or ["?"])[-1]
+                rows.append({"impl": impl, "xla": xla, "error": err})
+                print(f"    failed: {err}")
+                continue
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def report(rows):
+    lines = ["| layer | XLA | ms / step | x keras Dense | x TFP equivalent | peak RSS (MB) | RSS over import (MB) |",
+             "|---|---|---|---|---|---|---|"]
+    by_key = {(r["impl"], r["xla"]): r for r in rows if "error" not in r}
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['impl']} | {'on' if r['xla'] else 'off'} | failed: {r['error'][:60]} | | | | |")
+            continue
+        base = by_key.get(("keras_dense", r["xla"]))
+        tfp_row = by_key.get((TFP_EQUIVALENT.get(r["impl"]), r["xla"]))
+        ratio = f"{r['ms_per_step'] / base['ms_per_step']:.2f}" if base else "-"
+        vs_tfp = f"{r['ms_per_step'] / tfp_row['ms_per_step']:.2f}" if tfp_row else "-"
+        lines.append(
+            f"| {r['impl']} | {'on' if r['xla'] else 'off'} | {r['ms_per_step']:.1f} | {ratio} | {vs_tfp} | "
+            f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] - r['rss_after_import_mb']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30, help="train steps per timed epoch (default 30)")
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs; the median is reported (default 3)")
+    parser.add_argument("--xla", choices=["off", "on", "both"], default="both")
+    parser.add_argument("--impl", action="append", choices=IMPLEMENTATIONS, help="restrict to these (repeatable)")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "dense_layers.json"))
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--xla-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.xla_worker, args.steps, args.epochs)))
+        return
+    rows = run_all(args)
+    table = report(rows)
+    print(table)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"rows": rows, "table": table, "steps": args.steps, "epochs": args.epochs}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
