@@ -144,3 +144,31 @@ def test_set_kl_weight_reaches_nested_models():
     assert all(layer.get_config()["kl_weight"] == 0.125 for layer in tfbnn.bayesian_layers(outer))
     with pytest.raises(ValueError, match="kl_weight=nan"):
         tfbnn.set_kl_weight(outer, float("nan"))
+
+
+@pytest.mark.parametrize("cls", DENSE)
+def test_weight_samples_protocol_gives_distinct_samples(cls):
+    t, b = 4, 3
+    x = np.random.default_rng(0).normal(size=(b, 5)).astype("float32")
+    model = keras.Sequential([keras.Input((5,)), cls(6, activation="relu", seed=1), cls(2, seed=2)])
+    for layer in model.layers:
+        layer.kernel_rho.assign(np.full(layer.kernel_rho.shape, -1.0, "float32"))
+    tiled = np.tile(x, (t, 1))
+    with tfbnn.utils.weight_samples(model, t):
+        y = model(tiled).numpy().reshape(t, b, 2)
+    for i in range(t):
+        for j in range(i + 1, t):
+            assert not np.allclose(y[i], y[j]), (i, j)
+    # With a (near) zero posterior scale every sample collapses to the mean net.
+    for layer in model.layers:
+        layer.kernel_rho.assign(np.full(layer.kernel_rho.shape, -30.0, "float32"))
+        layer.bias_rho.assign(np.full(layer.bias_rho.shape, -30.0, "float32"))
+    with tfbnn.posterior_mean(model):
+        mean = model(x).numpy()
+    with tfbnn.utils.weight_samples(model, t):
+        y = model(tiled).numpy().reshape(t, b, 2)
+    np.testing.assert_allclose(y, np.broadcast_to(mean, y.shape), atol=1e-4)
+    assert all(layer._weight_samples == 1 for layer in model.layers)
+    with pytest.raises(ValueError, match="num_samples=0"):
+        with tfbnn.utils.weight_samples(model, 0):
+            pass

@@ -23,6 +23,7 @@ from tfbnn.utils import (
     posterior_mean,
     set_inference_mode,
     set_kl_weight,
+    weight_samples,
 )
 
 __version__ = "0.1.0"
@@ -44,5 +45,6 @@ __all__ = [
     "posterior_mean",
     "set_inference_mode",
     "set_kl_weight",
+    "weight_samples",
     "__version__",
 ]

@@ -9,6 +9,7 @@ __all__ = [
     "set_kl_weight",
     "set_inference_mode",
     "posterior_mean",
+    "weight_samples",
     "kl_divergence",
 ]
 
@@ -76,6 +77,37 @@ def posterior_mean(model):
     finally:
         for layer in bayesian_layers(model):
             layer.inference_mode = previous.get(layer.name, layer.inference_mode)
+        _reset_compiled_functions(model)
+
+
+@contextlib.contextmanager
+def weight_samples(model, num_samples):
+    """Context manager for vectorized Monte Carlo prediction with T weight samples.
+
+    Inside it, ``model`` expects its batch tiled sample-major, ``(T * B, ...)``
+    (rows ``t * B .. t * B + B - 1`` belong to sample ``t``), and every Bayesian
+    layer that would share one weight sample across a batch
+    (reparameterization, Flipout) draws T independent samples and applies them
+    with one batched matmul. Layers that sample per row (local
+    reparameterization, MC dropout) need nothing more. Tiling the batch without
+    this context gives T *identical* samples for the weight-sampling layers.
+
+    Args:
+        model: a Keras model.
+        num_samples: int >= 1, T.
+    """
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"Expected `num_samples` to be a positive integer. Received: num_samples={num_samples!r}")
+    layers = bayesian_layers(model)
+    previous = [layer._weight_samples for layer in layers]
+    for layer in layers:
+        layer._weight_samples = num_samples
+    _reset_compiled_functions(model)
+    try:
+        yield model
+    finally:
+        for layer, value in zip(layers, previous):
+            layer._weight_samples = value
         _reset_compiled_functions(model)
 
 

@@ -81,6 +81,10 @@ class BayesianLayer(keras.layers.Layer):
             raise ValueError(f"Expected `seed` to be an int or None. Received: seed={seed!r}")
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
+        # Monte Carlo prediction protocol (see tfbnn.utils.weight_samples): with T > 1
+        # the leading axis of the inputs is T * B, sample-major, and layers that share
+        # one weight sample across a batch draw T independent ones instead.
+        self._weight_samples = 1
 
     @property
     def inference_mode(self):

@@ -150,13 +150,22 @@ class _DenseBayesian(BayesianLayer):
     def bias_scale(self):
         return _softplus_scale(self.bias_rho) if self.bayesian_bias else None
 
-    def _sample(self, loc, scale, prior):
-        """Returns a weight sample and its KL contribution (MC or closed form)."""
-        eps = self._normal(tf.shape(loc), loc.dtype)
+    def _sample(self, loc, scale, prior, num_samples=1):
+        """Weight sample(s) and the KL (closed form, or MC averaged over the samples).
+
+        With ``num_samples = T > 1`` the sample has a leading axis of size T.
+        """
+        shape = tf.shape(loc)
+        if num_samples > 1:
+            shape = tf.concat([[num_samples], shape], axis=0)
+        eps = self._normal(shape, loc.dtype)
         sample = loc + scale * eps
         if prior.has_closed_form_kl:
             return sample, kl_lib.closed_form_kl(loc, scale, prior)
-        return sample, kl_lib.monte_carlo_kl(sample, eps, scale, prior)
+        return sample, kl_lib.monte_carlo_kl(sample, eps, scale, prior) / num_samples
+
+    def _num_samples(self, sampling):
+        return self._weight_samples if sampling else 1
 
     def _kl(self, loc, scale, prior):
         if prior.has_closed_form_kl:
@@ -173,19 +182,34 @@ class _DenseBayesian(BayesianLayer):
         return self._kl(self.kernel_loc, self.kernel_scale(), self.kernel_prior) + self._bias_kl()
 
     def _bias(self, sampling):
-        """Bias sample (or mean) and its KL."""
+        """Bias sample(s) (or mean) and its KL."""
         if not self.use_bias:
             return None, 0.0
         if not self.bayesian_bias:
             return self.bias_loc, 0.0
         scale = self.bias_scale()
         if sampling:
-            return self._sample(self.bias_loc, scale, self.bias_prior)
+            return self._sample(self.bias_loc, scale, self.bias_prior, self._num_samples(sampling))
         return self.bias_loc, self._kl(self.bias_loc, scale, self.bias_prior)
+
+    def _matmul(self, inputs, kernel):
+        """``inputs @ kernel``; a kernel of rank 3 holds one sample per block of rows."""
+        if kernel.shape.rank == 2:
+            return keras.ops.matmul(inputs, kernel)
+        shape = tf.shape(inputs)
+        x = tf.reshape(inputs, tf.stack([tf.shape(kernel)[0], -1, shape[-1]]))
+        return tf.reshape(tf.matmul(x, kernel), tf.concat([shape[:-1], [self.units]], axis=0))
+
+    def _add_bias(self, outputs, bias):
+        if bias.shape.rank == 1:
+            return outputs + bias
+        shape = tf.shape(outputs)
+        per_sample = tf.reshape(outputs, tf.stack([tf.shape(bias)[0], -1, self.units]))
+        return tf.reshape(per_sample + bias[:, None, :], shape)
 
     def _finish(self, outputs, bias, kl, training):
         if bias is not None:
-            outputs = outputs + bias
+            outputs = self._add_bias(outputs, bias)
         self._add_kl_loss(kl, training)
         if self.activation is not None:
             outputs = self.activation(outputs)
@@ -245,11 +269,11 @@ class DenseReparameterization(_DenseBayesian):
         sampling = self._sampling(training)
         loc, scale = self.kernel_loc, self.kernel_scale()
         if sampling:
-            kernel, kl = self._sample(loc, scale, self.kernel_prior)
+            kernel, kl = self._sample(loc, scale, self.kernel_prior, self._num_samples(sampling))
         else:
             kernel, kl = loc, self._kl(loc, scale, self.kernel_prior)
         bias, bias_kl = self._bias(sampling)
-        outputs = keras.ops.matmul(inputs, kernel)
+        outputs = self._matmul(inputs, kernel)
         return self._finish(outputs, bias, kl + bias_kl, training)
 
 
@@ -286,15 +310,17 @@ class DenseFlipout(_DenseBayesian):
         loc, scale = self.kernel_loc, self.kernel_scale()
         outputs = keras.ops.matmul(inputs, loc)
         if sampling:
-            eps = self._normal(tf.shape(loc), loc.dtype)
+            num_samples = self._num_samples(sampling)
+            shape = tf.shape(loc) if num_samples == 1 else tf.concat([[num_samples], tf.shape(loc)], 0)
+            eps = self._normal(shape, loc.dtype)
             delta = scale * eps
             signs = self._signs(inputs)
-            perturbation = keras.ops.matmul(inputs * signs[0], delta) * signs[1]
+            perturbation = self._matmul(inputs * signs[0], delta) * signs[1]
             outputs = outputs + perturbation
             if self.kernel_prior.has_closed_form_kl:
                 kl = kl_lib.closed_form_kl(loc, scale, self.kernel_prior)
             else:
-                kl = kl_lib.monte_carlo_kl(loc + delta, eps, scale, self.kernel_prior)
+                kl = kl_lib.monte_carlo_kl(loc + delta, eps, scale, self.kernel_prior) / num_samples
         else:
             kl = self._kl(loc, scale, self.kernel_prior)
         bias, bias_kl = self._bias(sampling)
