@@ -1,0 +1,179 @@
+"""SavedModel export with stochastic, posterior-mean and uncertainty endpoints.
+
+The exported SavedModel needs neither tfbnn nor Keras to serve: load it with plain
+``tf.saved_model.load(path)``. Endpoints (``x`` is a batch shaped like the model's
+input; ``seed`` a scalar int64):
+
+=====================  =========================================================
+``sample(x)``          one draw from the posterior predictive (fresh randomness
+                       in every process and call)
+``sample_seeded(x,     the same, reproducible: equal seeds give equal outputs in
+seed)``                any process
+``mean(x)``            the posterior-mean prediction (deterministic)
+``summary(x)``         a T-sample Monte Carlo summary, vectorized: ``mean_probs``,
+                       ``predictive_entropy`` (total), ``aleatoric`` (expected
+                       entropy), ``epistemic`` (mutual information), Depeweg et al.
+                       2018 / Trinh et al. eqs. 26-27; for regression ``mean``,
+                       ``epistemic_std``
+``summary_seeded(x,    the same, reproducible
+seed)``
+=====================  =========================================================
+
+Why the seed handling: Keras saves each layer's ``SeedGenerator`` state with the
+model, so a naively exported stochastic model replays the same sample sequence in
+every fresh process. Here every endpoint first overwrites all seed states, either
+from a process-level entropy source (an unseeded ``RandomUniformInt`` op) or from
+the caller's ``seed``.
+"""
+
+import os
+import shutil
+
+import keras
+import tensorflow as tf
+
+from tfbnn.utils import _reset_compiled_functions, posterior_mean, weight_samples
+
+__all__ = ["export_saved_model", "seed_generators"]
+
+_TASKS = ("classification", "regression")
+
+
+def seed_generators(model):
+    """Every ``keras.random.SeedGenerator`` held by a layer of ``model``."""
+    found = []
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        found += [v for v in vars(layer).values() if isinstance(v, keras.random.SeedGenerator)]
+    return found
+
+
+def _fresh_seed():
+    # seed=seed2=0 makes the kernel draw its own seed from the OS: a new stream in
+    # every process, unaffected by a global seed set while tracing.
+    return tf.raw_ops.RandomUniformInt(
+        shape=tf.constant([], tf.int32), minval=tf.constant(0, tf.int64),
+        maxval=tf.constant(2**62, tf.int64), seed=0, seed2=0,
+    )
+
+
+def _reseed(generators, seed):
+    for i, generator in enumerate(generators):
+        state = generator.state
+        generator.state.assign(tf.cast(tf.stack([seed, tf.constant(i, tf.int64)]), state.dtype))
+
+
+def _classification_summary(samples, from_logits):
+    probs = tf.nn.softmax(samples, axis=-1) if from_logits else samples
+    mean = tf.reduce_mean(probs, axis=0)
+    tiny = tf.constant(1e-12, probs.dtype)
+    total = -tf.reduce_sum(mean * tf.math.log(mean + tiny), axis=-1)
+    aleatoric = tf.reduce_mean(-tf.reduce_sum(probs * tf.math.log(probs + tiny), axis=-1), axis=0)
+    return {
+        "mean_probs": mean,
+        "predictive_entropy": total,
+        "aleatoric": aleatoric,
+        "epistemic": total - aleatoric,
+    }
+
+
+def _regression_summary(samples):
+    return {"mean": tf.reduce_mean(samples, axis=0), "epistemic_std": tf.math.reduce_std(samples, axis=0)}
+
+
+def export_saved_model(model, filepath, num_samples=100, task="classification", from_logits=False,
+                       input_signature=None, overwrite=False):
+    """Exports ``model`` as a SavedModel with uncertainty endpoints.
+
+    Args:
+        model: a built Keras model with tfbnn layers (or MC dropout).
+        filepath: output folder.
+        num_samples: int >= 1, T for the ``summary`` endpoints.
+        task: ``"classification"`` (outputs are probabilities, or logits with
+            ``from_logits=True``) or ``"regression"``.
+        from_logits: bool, whether classification outputs are logits.
+        input_signature: a ``tf.TensorSpec`` for ``x``; default from ``model.inputs``.
+        overwrite: bool. If False and ``filepath`` exists, raise instead of replacing it.
+
+    Returns:
+        ``filepath``.
+
+    Example:
+        >>> tfbnn.export.export_saved_model(model, "saved_models/bbb_export", num_samples=50)
+        >>> served = tf.saved_model.load("saved_models/bbb_export")   # no tfbnn needed
+        >>> served.summary_seeded(x, tf.constant(0, tf.int64))["epistemic"]
+    """
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"Expected `num_samples` to be a positive integer. Received: num_samples={num_samples!r}")
+    if task not in _TASKS:
+        raise ValueError(f"Expected `task` in {_TASKS}. Received: task={task!r}")
+    if os.path.exists(filepath) and not overwrite:
+        raise ValueError(f"The export folder exists; pass overwrite=True to replace it. Received: filepath={filepath!r}")
+    if input_signature is None:
+        if not getattr(model, "inputs", None):
+            raise ValueError("The model has no defined inputs; pass `input_signature`. Received: input_signature=None")
+        inp = model.inputs[0]
+        input_signature = tf.TensorSpec(inp.shape, inp.dtype)
+    seed_spec = tf.TensorSpec([], tf.int64)
+    generators = seed_generators(model)
+
+    # The sampling mode is set inside each traced body (Python runs at trace time),
+    # so the endpoint is right however often saving retraces it.
+    def summarize(x):
+        with weight_samples(model, num_samples):
+            return _summarize(x)
+
+    def _summarize(x):
+        batch = tf.shape(x)[0]
+        tiled = tf.tile(x, tf.concat([[num_samples], tf.ones([tf.rank(x) - 1], tf.int32)], axis=0))
+        outputs = model(tiled, training=False)
+        samples = tf.reshape(outputs, tf.concat([[num_samples, batch], tf.shape(outputs)[1:]], axis=0))
+        if task == "classification":
+            return _classification_summary(samples, from_logits)
+        return _regression_summary(samples)
+
+    @tf.function(input_signature=[input_signature])
+    def sample(x):
+        _reseed(generators, _fresh_seed())
+        return model(x, training=False)
+
+    @tf.function(input_signature=[input_signature, seed_spec])
+    def sample_seeded(x, seed):
+        _reseed(generators, seed)
+        return model(x, training=False)
+
+    @tf.function(input_signature=[input_signature])
+    def mean(x):
+        with posterior_mean(model):
+            return model(x, training=False)
+
+    @tf.function(input_signature=[input_signature])
+    def summary(x):
+        _reseed(generators, _fresh_seed())
+        return summarize(x)
+
+    @tf.function(input_signature=[input_signature, seed_spec])
+    def summary_seeded(x, seed):
+        _reseed(generators, seed)
+        return summarize(x)
+
+    saved_states = [g.state.numpy() for g in generators]
+    try:
+        for fn in (sample, sample_seeded, mean, summary, summary_seeded):
+            fn.get_concrete_function()
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+        for name, fn in (("sample", sample), ("mean", mean), ("summary", summary),
+                         ("sample_seeded", sample_seeded), ("summary_seeded", summary_seeded)):
+            archive.add_endpoint(name, fn)
+        # Written beside the target and moved into place: a failed export leaves any
+        # earlier export at `filepath` untouched.
+        staging = f"{os.path.normpath(filepath)}.partial-{os.getpid()}"
+        archive.write_out(staging, verbose=False)
+        if os.path.exists(filepath):
+            shutil.rmtree(filepath)
+        os.replace(staging, filepath)
+    finally:
+        for g, state in zip(generators, saved_states):
+            g.state.assign(state)
+        _reset_compiled_functions(model)
+    return filepath
