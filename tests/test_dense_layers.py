@@ -147,15 +147,17 @@ def test_set_kl_weight_reaches_nested_models():
 
 
 @pytest.mark.parametrize("cls", DENSE)
-def test_weight_samples_protocol_gives_distinct_samples(cls):
+@pytest.mark.parametrize("joint", [True, False])
+def test_weight_samples_protocol_gives_distinct_samples(cls, joint):
     t, b = 4, 3
     x = np.random.default_rng(0).normal(size=(b, 5)).astype("float32")
     model = keras.Sequential([keras.Input((5,)), cls(6, activation="relu", seed=1), cls(2, seed=2)])
     for layer in model.layers:
         layer.kernel_rho.assign(np.full(layer.kernel_rho.shape, -1.0, "float32"))
     tiled = np.tile(x, (t, 1))
-    with tfbnn.utils.weight_samples(model, t):
+    with tfbnn.utils.weight_samples(model, t, joint=joint):
         y = model(tiled).numpy().reshape(t, b, 2)
+        assert all(float(loss) == 0.0 for loss in model.losses) or not model.losses
     for i in range(t):
         for j in range(i + 1, t):
             assert not np.allclose(y[i], y[j]), (i, j)
@@ -165,10 +167,40 @@ def test_weight_samples_protocol_gives_distinct_samples(cls):
         layer.bias_rho.assign(np.full(layer.bias_rho.shape, -30.0, "float32"))
     with tfbnn.posterior_mean(model):
         mean = model(x).numpy()
-    with tfbnn.utils.weight_samples(model, t):
+    with tfbnn.utils.weight_samples(model, t, joint=joint):
         y = model(tiled).numpy().reshape(t, b, 2)
     np.testing.assert_allclose(y, np.broadcast_to(mean, y.shape), atol=1e-4)
     assert all(layer._weight_samples == 1 for layer in model.layers)
     with pytest.raises(ValueError, match="num_samples=0"):
         with tfbnn.utils.weight_samples(model, 0):
             pass
+
+
+def test_joint_samples_share_one_weight_sample_per_block():
+    t = 3
+    x = np.ones((4, 5), "float32")  # identical rows: a shared weight sample gives identical outputs
+    layer = tfbnn.DenseReparameterization(2, seed=1, kernel_rho_initializer=keras.initializers.Constant(0.0))
+    model = keras.Sequential([keras.Input((5,)), layer])
+    with tfbnn.utils.weight_samples(model, t, joint=True):
+        y = model(np.tile(x, (t, 1))).numpy().reshape(t, 4, 2)
+    np.testing.assert_allclose(y, np.broadcast_to(y[:, :1], y.shape), rtol=1e-6)
+    with tfbnn.utils.weight_samples(model, t, joint=False):
+        y = model(np.tile(x, (t, 1))).numpy().reshape(t, 4, 2)
+    assert np.std(y, axis=1).min() > 0.1  # per-row samples
+
+
+def test_per_row_samples_have_the_weight_sampling_distribution():
+    """Per-row (local reparameterization) outputs match the moments of explicit weight samples."""
+    x = np.random.default_rng(0).normal(size=(1, 5)).astype("float32")
+    layer = tfbnn.DenseReparameterization(3, seed=1, kernel_rho_initializer=keras.initializers.Constant(-1.0),
+                                          bias_rho_initializer=keras.initializers.Constant(-1.0))
+    model = keras.Sequential([keras.Input((5,)), layer])
+    t = 20000
+    with tfbnn.utils.weight_samples(model, t, joint=False):
+        per_row = model(np.tile(x, (t, 1))).numpy()
+    with tfbnn.utils.weight_samples(model, t, joint=True):
+        joint = model(np.tile(x, (t, 1))).numpy()
+    np.testing.assert_allclose(per_row.mean(0), joint.mean(0), atol=0.05)
+    np.testing.assert_allclose(per_row.std(0), joint.std(0), rtol=0.05)
+    sigma_k, sigma_b = layer.kernel_scale().numpy(), layer.bias_scale().numpy()
+    np.testing.assert_allclose(per_row.std(0), np.sqrt((x**2) @ sigma_k**2 + sigma_b**2)[0], rtol=0.03)

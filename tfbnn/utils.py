@@ -81,33 +81,44 @@ def posterior_mean(model):
 
 
 @contextlib.contextmanager
-def weight_samples(model, num_samples):
+def weight_samples(model, num_samples, joint=False):
     """Context manager for vectorized Monte Carlo prediction with T weight samples.
 
     Inside it, ``model`` expects its batch tiled sample-major, ``(T * B, ...)``
-    (rows ``t * B .. t * B + B - 1`` belong to sample ``t``), and every Bayesian
-    layer that would share one weight sample across a batch
-    (reparameterization, Flipout) draws T independent samples and applies them
-    with one batched matmul. Layers that sample per row (local
-    reparameterization, MC dropout) need nothing more. Tiling the batch without
-    this context gives T *identical* samples for the weight-sampling layers.
+    (rows ``t * B .. t * B + B - 1`` belong to sample ``t``). Tiling the batch
+    without this context gives T *identical* samples for layers that share one
+    weight sample across a batch (reparameterization, Flipout). Two modes:
+
+    * ``joint=False`` (default; what per-example predictive summaries need): every
+      row gets its own independent weight sample. For the mean-field Gaussian
+      layers this is done exactly by local reparameterization (each row's
+      pre-activations have the distribution of its own weight sample), with no
+      weight-sized random draw at all.
+    * ``joint=True``: each block of B rows shares one weight sample, T independent
+      samples in all, applied with one batched matmul: coherent function draws
+      (e.g. sampled regression curves), at the cost of T weight-sized draws.
+
+    Layers that sample per row anyway (local reparameterization, MC dropout) are
+    the same in both modes. Inside the context the layers add no KL loss (a
+    prediction has no use for it).
 
     Args:
         model: a Keras model.
         num_samples: int >= 1, T.
+        joint: bool, see above.
     """
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"Expected `num_samples` to be a positive integer. Received: num_samples={num_samples!r}")
     layers = bayesian_layers(model)
-    previous = [layer._weight_samples for layer in layers]
+    previous = [(layer._weight_samples, layer._joint_samples) for layer in layers]
     for layer in layers:
-        layer._weight_samples = num_samples
+        layer._weight_samples, layer._joint_samples = num_samples, bool(joint)
     _reset_compiled_functions(model)
     try:
         yield model
     finally:
-        for layer, value in zip(layers, previous):
-            layer._weight_samples = value
+        for layer, (value, joint_value) in zip(layers, previous):
+            layer._weight_samples, layer._joint_samples = value, joint_value
         _reset_compiled_functions(model)
 
 

@@ -82,9 +82,11 @@ class BayesianLayer(keras.layers.Layer):
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
         # Monte Carlo prediction protocol (see tfbnn.utils.weight_samples): with T > 1
-        # the leading axis of the inputs is T * B, sample-major, and layers that share
-        # one weight sample across a batch draw T independent ones instead.
+        # the leading axis of the inputs is T * B, sample-major. Jointly, layers that
+        # share one weight sample across a batch draw T independent ones; per row,
+        # every row gets its own independent sample.
         self._weight_samples = 1
+        self._joint_samples = True
 
     @property
     def inference_mode(self):
@@ -138,6 +140,11 @@ class BayesianLayer(keras.layers.Layer):
                 "the callback `tfbnn.KLAnnealing(num_examples=N)` to `fit`. "
                 "Received: kl_weight=None"
             )
+
+    @property
+    def _mc_prediction(self):
+        """Inside ``weight_samples(model, T > 1)``: no loss is used, the KL is skipped."""
+        return self._weight_samples > 1
 
     def _add_kl_loss(self, kl, training):
         self._check_kl_scale(training)

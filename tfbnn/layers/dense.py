@@ -167,6 +167,27 @@ class _DenseBayesian(BayesianLayer):
     def _num_samples(self, sampling):
         return self._weight_samples if sampling else 1
 
+    def _per_row_sampling(self, sampling):
+        """Monte Carlo prediction with an independent weight sample per row."""
+        return sampling and self._mc_prediction and not self._joint_samples
+
+    def _local_reparameterization(self, inputs):
+        """Pre-activations sampled per row (Kingma et al. 2015, eq. 6), bias included.
+
+        For a mean-field Gaussian posterior this is exact: each row's output has the
+        distribution it would have under its own independent weight sample.
+        """
+        loc, scale = self.kernel_loc, self.kernel_scale()
+        mean = keras.ops.matmul(inputs, loc)
+        variance = keras.ops.matmul(tf.square(inputs), tf.square(scale))
+        if self.use_bias:
+            mean = mean + self.bias_loc
+            if self.bayesian_bias:
+                variance = variance + tf.square(self.bias_scale())
+        eps = self._normal(tf.shape(mean), mean.dtype)
+        # The floor keeps d sqrt(v)/dv finite where a ReLU zeroes a whole input row.
+        return mean + tf.sqrt(variance + 1e-12) * eps
+
     def _kl(self, loc, scale, prior):
         if prior.has_closed_form_kl:
             return kl_lib.closed_form_kl(loc, scale, prior)
@@ -210,7 +231,8 @@ class _DenseBayesian(BayesianLayer):
     def _finish(self, outputs, bias, kl, training):
         if bias is not None:
             outputs = self._add_bias(outputs, bias)
-        self._add_kl_loss(kl, training)
+        if not self._mc_prediction:
+            self._add_kl_loss(kl, training)
         if self.activation is not None:
             outputs = self.activation(outputs)
         return outputs
@@ -267,6 +289,8 @@ class DenseReparameterization(_DenseBayesian):
 
     def call(self, inputs, training=None):
         sampling = self._sampling(training)
+        if self._per_row_sampling(sampling):
+            return self._finish(self._local_reparameterization(inputs), None, 0.0, training)
         loc, scale = self.kernel_loc, self.kernel_scale()
         if sampling:
             kernel, kl = self._sample(loc, scale, self.kernel_prior, self._num_samples(sampling))
@@ -307,6 +331,8 @@ class DenseFlipout(_DenseBayesian):
 
     def call(self, inputs, training=None):
         sampling = self._sampling(training)
+        if self._per_row_sampling(sampling):
+            return self._finish(self._local_reparameterization(inputs), None, 0.0, training)
         loc, scale = self.kernel_loc, self.kernel_scale()
         outputs = keras.ops.matmul(inputs, loc)
         if sampling:
@@ -367,20 +393,11 @@ class DenseLocalReparameterization(_DenseBayesian):
     """
 
     def call(self, inputs, training=None):
-        sampling = self._sampling(training)
-        loc, scale = self.kernel_loc, self.kernel_scale()
-        kl = self._kl(loc, scale, self.kernel_prior)
-        mean = keras.ops.matmul(inputs, loc)
-        bias = None
-        if self.use_bias:
-            mean = mean + self.bias_loc
-        if sampling:
-            variance = keras.ops.matmul(tf.square(inputs), tf.square(scale))
-            if self.bayesian_bias:
-                variance = variance + tf.square(self.bias_scale())
-            eps = self._normal(tf.shape(mean), mean.dtype)
-            # The floor keeps d sqrt(v)/dv finite where a ReLU zeroes a whole input row.
-            outputs = mean + tf.sqrt(variance + 1e-12) * eps
+        kl = 0.0 if self._mc_prediction else self.kl_divergence()
+        if self._sampling(training):
+            outputs = self._local_reparameterization(inputs)
         else:
-            outputs = mean
-        return self._finish(outputs, bias, kl + self._bias_kl(), training)
+            outputs = keras.ops.matmul(inputs, self.kernel_loc)
+            if self.use_bias:
+                outputs = outputs + self.bias_loc
+        return self._finish(outputs, None, kl, training)
