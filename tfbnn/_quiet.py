@@ -1,0 +1,59 @@
+"""Quiet TensorFlow start-up for the `tfbnn` command (no TensorFlow import here).
+
+Imported by ``tfbnn/__init__.py`` before anything imports TensorFlow, and only when
+the running program is the ``tfbnn`` console script: library users keep their own
+logging untouched.
+"""
+
+import os
+import sys
+import tempfile
+
+# Lines TensorFlow writes to stderr while it loads on a CPU-only machine.
+_TF_IMPORT_NOISE = (
+    "WARNING: All log messages before absl::InitializeLog()",
+    "I0000 ",
+    "W0000 ",
+    "To enable the following instructions",
+    "failed call to cuInit",
+)
+
+
+def import_tensorflow_quietly():
+    """Imports TensorFlow with its C++ start-up chatter filtered out of stderr.
+
+    TF_CPP_MIN_LOG_LEVEL does not silence the lines TensorFlow 2.21 logs before
+    absl is initialized (oneDNN, CUDA stubs), so stderr is captured at the file
+    descriptor level while TensorFlow loads and initializes its devices, and
+    everything except those known lines is written back. A no-op when
+    TensorFlow is already imported.
+    """
+    if "tensorflow" in sys.modules:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        import tensorflow  # noqa: F401
+
+        return
+    captured = tempfile.TemporaryFile()
+    os.dup2(captured.fileno(), 2)
+    try:
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        captured.seek(0)
+        text = captured.read().decode("utf-8", errors="replace")
+        captured.close()
+        kept = [line for line in text.splitlines() if not any(n in line for n in _TF_IMPORT_NOISE)]
+        if kept:
+            sys.stderr.write("\n".join(kept) + "\n")
+
+
+def running_the_command():
+    return os.path.basename(sys.argv[0] if sys.argv else "") == "tfbnn"
