@@ -12,7 +12,7 @@ from tfbnn import cli
 
 # One small epoch without XLA compilation: a few seconds.
 TINY = ["--epochs", "1", "--depth", "1", "--hidden-units", "16", "--batch-size", "128", "--num-samples", "3",
-        "--verbose", "0", "--jit-compile", "off"]
+        "--verbose", "0", "--jit-compile", "off", "--no-baseline"]
 
 
 def _assert_one_error_line(err):
@@ -82,11 +82,13 @@ def test_train_writes_a_loadable_model_and_prints_the_table(tmp_path, capsys):
     out = capsys.readouterr().out
     for text in (
         "N = 1437",
-        "test accuracy, MC predictive",
-        "test NLL, MC predictive",
+        "test metric (MC predictive)",
+        "NLL",
+        "ECE (15 bins)",
         "KL / N (per example)",
-        "predictive entropy",
-        "mutual information",
+        "predictive entropy (total)",
+        "expected entropy (aleatoric)",
+        "mutual information (epistemic)",
         "shifted (gamma=0.5)",
         str(path),
     ):
@@ -137,7 +139,68 @@ def test_failed_save_keeps_the_old_model(tmp_path, capsys, monkeypatch):
 
 
 def test_parser_has_one_function_per_subcommand():
-    assert cli.SUBCOMMANDS == [cli.add_train_parser]
+    assert cli.SUBCOMMANDS[:3] == [cli.add_train_parser, cli.add_evaluate_parser, cli.add_export_parser]
     parser = cli.build_parser()
     args = parser.parse_args(["train"])
-    assert args.func is cli.run_train and args.dataset == "digits"
+    assert args.func is cli.run_train and args.dataset == "digits" and args.baseline
+
+
+def test_train_reports_the_deterministic_baseline_beside_bbb(tmp_path, capsys):
+    tiny = [a for a in TINY if a != "--no-baseline"]
+    assert cli.main(["train", *tiny, "--output", str(tmp_path / "m.keras")]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("test metric (MC predictive)"))
+    assert header.split()[-2:] == ["BbB", "deterministic"]
+    ece_row = next(line for line in out.splitlines() if line.startswith("ECE (15 bins)"))
+    assert len(ece_row.split()) == 5  # label (3 words), BbB, deterministic
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trained") / "tiny.keras"
+    assert cli.main(["train", *TINY, "--epochs", "3", "--output", str(path)]) == 0
+    return path
+
+
+def test_evaluate_writes_metrics_json_next_to_the_figures(trained, tmp_path, capsys):
+    import json
+
+    out_dir = tmp_path / "eval"
+    assert cli.main(["evaluate", str(trained), "--num-samples", "5", "--output-dir", str(out_dir)]) == 0
+    files = sorted(os.listdir(out_dir))
+    assert files == sorted(["metrics.json", "reliability.png", "entropy_histogram.png", "epistemic_histogram.png",
+                            "accuracy_coverage.png", "shift.png"])
+    numbers = json.loads((out_dir / "metrics.json").read_text())
+    assert numbers["num_samples"] == 5 and numbers["num_examples"] == 360
+    clean, shifted = numbers["clean"], numbers["shifted"]
+    for part in (clean, shifted):
+        assert part["predictive_entropy"] == pytest.approx(part["aleatoric"] + part["epistemic"], abs=1e-6)
+        assert 0 <= part["ece"] <= 1 and 0 <= part["accuracy"] <= 1
+    assert [r["level"] for r in numbers["sweep"]] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    out = capsys.readouterr().out
+    assert f"{clean['ece']:.4f}" in out and "accuracy-coverage area" in out
+
+
+def test_evaluate_rejects_a_model_of_another_dataset(trained, tmp_path, capsys):
+    assert cli.main(["evaluate", str(trained), "--dataset", "moons", "--output-dir", str(tmp_path / "e")]) == 2
+    _assert_one_error_line(capsys.readouterr().err)
+    assert cli.main(["evaluate", str(tmp_path / "missing.keras")]) == 2
+    _assert_one_error_line(capsys.readouterr().err)
+    broken = tmp_path / "broken.keras"
+    broken.write_bytes(b"not a zip")
+    assert cli.main(["evaluate", str(broken)]) == 1
+    _assert_one_error_line(capsys.readouterr().err)
+
+
+def test_export_command_writes_a_servable_saved_model(trained, tmp_path, capsys):
+    import tensorflow as tf
+
+    out = tmp_path / "served"
+    assert cli.main(["export", str(trained), "--output", str(out), "--num-samples", "4"]) == 0
+    assert (out / "saved_model.pb").exists()
+    served = tf.saved_model.load(str(out))
+    summary = served.summary_seeded(tf.zeros((2, 64)), tf.constant(1, tf.int64))
+    assert summary["mean_probs"].shape == (2, 10)
+    # A second export to the same folder needs --overwrite.
+    assert cli.main(["export", str(trained), "--output", str(out)]) == 2
+    _assert_one_error_line(capsys.readouterr().err)

@@ -295,6 +295,11 @@ def add_train_parser(subparsers):
         help="Monte Carlo samples of the predictive used for the results table",
     )
     evaluation.add_argument(
+        "--baseline", action=argparse.BooleanOptionalAction, default=True,
+        help="also train the same MLP with keras Dense layers and report its accuracy, NLL, ECE "
+        "and Brier score beside the BbB model's (default: on)",
+    )
+    evaluation.add_argument(
         "--output", type=_keras_path, default=None, metavar="PATH",
         help="where to save the model (must end in .keras); default: "
         "saved_models/bbb_mlp_<dataset>.keras",
@@ -303,9 +308,6 @@ def add_train_parser(subparsers):
     return parser
 
 
-#: The subcommands, in the order ``tfbnn --help`` lists them. Each entry adds its
-#: parser to the subparsers action and sets ``func``.
-SUBCOMMANDS = [add_train_parser]
 
 
 def build_parser():
@@ -421,29 +423,6 @@ def _make_nan_guard():
             super().on_batch_end(batch, logs)
 
     return NaNGuard()
-
-
-def _entropy(p, axis=-1):
-    import numpy as np
-
-    return -np.sum(p * np.log(np.clip(p, 1e-12, 1.0)), axis=axis)
-
-
-def mc_predictions(model, x, num_samples, batch_size=1024):
-    """``num_samples`` sampled predictions, shape ``(T, n, classes)`` (a Python loop).
-
-    A later vectorized ``tfbnn.inference.predict`` replaces this loop.
-    """
-    import numpy as np
-
-    return np.stack([model.predict(x, batch_size=batch_size, verbose=0) for _ in range(num_samples)])
-
-
-def uncertainty(probs):
-    """Mean predictive entropy and mean mutual information (nats) of ``(T, n, k)`` samples."""
-    predictive = _entropy(probs.mean(axis=0))
-    expected = _entropy(probs).mean(axis=0)
-    return float(predictive.mean()), float((predictive - expected).mean())
 
 
 def format_table(title, sections):
@@ -602,30 +581,26 @@ def run_train(args):
         )
 
     # -- evaluation -------------------------------------------------------------
-    rng = np.random.default_rng(args.seed)
-    x_test = ds.x_test
-    noise = rng.standard_normal(x_test.shape)
-    x_shift = ((1.0 - SHIFT_GAMMA) * x_test + SHIFT_GAMMA * noise).astype(np.float32)
-    probs = mc_predictions(model, np.concatenate([x_test, x_shift]), args.num_samples)
-    clean, shifted = probs[:, : len(x_test)], probs[:, len(x_test) :]
-    mean_probs = clean.mean(axis=0)
-    accuracy = float(np.mean(mean_probs.argmax(axis=-1) == ds.y_test))
-    p_true = mean_probs[np.arange(len(ds.y_test)), ds.y_test]
-    nll = float(-np.mean(np.log(np.clip(p_true, 1e-12, 1.0))))
-    with tfbnn.posterior_mean(model):
-        mean_pred = model.predict(x_test, batch_size=1024, verbose=0)
-    mean_accuracy = float(np.mean(mean_pred.argmax(axis=-1) == ds.y_test))
+    from tfbnn.evaluation import evaluate_classifier
+
+    result = evaluate_classifier(model, ds.x_test, ds.y_test, num_samples=args.num_samples,
+                                 shift_gamma=SHIFT_GAMMA, sweep_levels=(), seed=args.seed)
+    clean, shifted = result.numbers["clean"], result.numbers["shifted"]
     kl_total = float(tfbnn.kl_divergence(model))
-    entropy_clean, mi_clean = uncertainty(clean)
-    entropy_shift, mi_shift = uncertainty(shifted)
-    if not (math.isfinite(kl_total) and math.isfinite(nll)):
+    if not (math.isfinite(kl_total) and math.isfinite(clean["nll"])):
         raise CommandError(
-            f"evaluation gave a non-finite KL ({kl_total}) or NLL ({nll}); no model was written."
+            f"evaluation gave a non-finite KL ({kl_total}) or NLL ({clean['nll']}); no model was written."
         )
+    baseline = _deterministic_baseline(args, ds, sizes) if args.baseline else None
 
     save_atomically(model, output)
 
     kl_note = " (MC estimate)" if not prior.has_closed_form_kl else ""
+    quality = [("test metric (MC predictive)", "BbB", "deterministic" if baseline else "")]
+    for key, label, fmt in (("accuracy", "accuracy", "{:.2%}"), ("nll", "NLL", "{:.4f}"),
+                            ("ece", "ECE (15 bins)", "{:.4f}"), ("brier", "Brier score", "{:.4f}")):
+        quality.append((label, fmt.format(clean[key]), fmt.format(baseline[key]) if baseline else ""))
+    quality.append(("accuracy, posterior mean", f"{result.numbers['posterior_mean_accuracy']:.2%}", ""))
     table = format_table(
         f"Results: BbB MLP on {ds.name} ({args.layer}, {args.prior} prior, {args.schedule} KL schedule)",
         [
@@ -633,18 +608,19 @@ def run_train(args):
                 ("training examples (N)", n),
                 ("test examples", ds.num_test_examples),
                 ("MC samples (T)", args.num_samples),
-                ("test accuracy, MC predictive", f"{100 * accuracy:.2f}%"),
-                ("test accuracy, posterior mean", f"{100 * mean_accuracy:.2f}%"),
-                ("test NLL, MC predictive", f"{nll:.4f}"),
                 (f"KL(q || p) total{kl_note}", f"{kl_total:.1f}"),
                 ("KL / N (per example)", f"{kl_total / n:.4f}"),
                 ("final training loss", f"{losses[-1]:.4f}" if losses else "n/a"),
                 ("training time", f"{train_seconds:.1f} s"),
             ],
+            quality,
             [
                 ("uncertainty (mean, nats)", "clean", f"shifted (gamma={SHIFT_GAMMA:g})"),
-                ("predictive entropy", f"{entropy_clean:.4f}", f"{entropy_shift:.4f}"),
-                ("mutual information", f"{mi_clean:.4f}", f"{mi_shift:.4f}"),
+                ("predictive entropy (total)", f"{clean['predictive_entropy']:.4f}",
+                 f"{shifted['predictive_entropy']:.4f}"),
+                ("expected entropy (aleatoric)", f"{clean['aleatoric']:.4f}", f"{shifted['aleatoric']:.4f}"),
+                ("mutual information (epistemic)", f"{clean['epistemic']:.4f}", f"{shifted['epistemic']:.4f}"),
+                ("accuracy", f"{clean['accuracy']:.2%}", f"{shifted['accuracy']:.2%}"),
             ],
         ],
     )
@@ -652,6 +628,155 @@ def run_train(args):
     print(table)
     print(f"\nSaved the model to {output}", flush=True)
     return 0
+
+
+def _deterministic_baseline(args, ds, sizes):
+    """The same MLP with keras Dense layers, trained alike; its test metrics."""
+    import keras
+
+    from tfbnn import metrics
+
+    keras.utils.set_random_seed(args.seed)
+    layers = [keras.Input(ds.input_shape)]
+    layers += [keras.layers.Dense(u, activation="relu") for u in sizes[1:-1]]
+    layers.append(keras.layers.Dense(ds.num_classes, activation="softmax"))
+    model = keras.Sequential(layers, name="deterministic_mlp")
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate=args.learning_rate),
+                  loss="sparse_categorical_crossentropy")
+    print("deterministic baseline (same MLP with keras Dense) ...", flush=True)
+    model.fit(ds.x_train, ds.y_train, epochs=args.epochs, batch_size=args.batch_size, verbose=0)
+    probs = model.predict(ds.x_test, batch_size=1024, verbose=0)
+    return {
+        "accuracy": metrics.accuracy(probs, ds.y_test),
+        "nll": metrics.negative_log_likelihood(probs, ds.y_test),
+        "ece": metrics.expected_calibration_error(probs, ds.y_test),
+        "brier": metrics.brier_score(probs, ds.y_test),
+    }
+
+
+# -- evaluate and export -------------------------------------------------------------
+
+
+def _existing_model(text):
+    if not os.path.isfile(text) or not text.endswith(".keras"):
+        raise argparse.ArgumentTypeError(f"expected an existing .keras file, received {text!r}")
+    return text
+
+
+def _load_model(path):
+    import keras
+
+    import tfbnn  # noqa: F401  (registers the tfbnn layers for deserialization)
+
+    try:
+        return keras.saving.load_model(path)
+    except Exception as e:  # a corrupt or foreign file: one line, not a traceback
+        raise CommandError(f"could not load {path}: {_one_line(e)}") from e
+
+
+def add_evaluate_parser(subparsers):
+    """Registers ``tfbnn evaluate``."""
+    parser = subparsers.add_parser(
+        "evaluate",
+        help="Monte Carlo metrics, calibration and shift curves of a saved model, as PNGs + JSON",
+        formatter_class=_HelpFormatter,
+        description=(
+            "Load a saved .keras classifier, run Monte Carlo prediction on a dataset's test split and\n"
+            "write metrics.json (accuracy, NLL, Brier, ECE, accuracy-coverage area, total /\n"
+            "aleatoric / epistemic uncertainty on clean and Gaussian-shifted inputs, a shift sweep)\n"
+            "next to PNG figures: reliability diagram, entropy histograms, accuracy-coverage and\n"
+            "uncertainty-versus-shift curves. Use the dataset and --seed the model was trained with,\n"
+            "so the test split is the held-out one."
+        ),
+    )
+    parser.add_argument("model", type=_existing_model, help="a .keras file (e.g. from tfbnn train)")
+    parser.add_argument("--dataset", choices=DATASET_NAMES, default=TRAIN_DEFAULTS["dataset"],
+                        help="dataset whose test split is evaluated (default: %(default)s)")
+    parser.add_argument("--seed", type=_non_negative_int, default=0,
+                        help="seed of the data split and the shift noise (default: %(default)s)")
+    parser.add_argument("--num-samples", type=_positive_int, default=50, metavar="T",
+                        help="Monte Carlo samples per example (default: %(default)s)")
+    parser.add_argument("--num-bins", type=_positive_int, default=15, help="ECE bins (default: %(default)s)")
+    parser.add_argument("--max-examples", type=_positive_int, default=None,
+                        help="cap on examples loaded from tfds datasets")
+    parser.add_argument("--output-dir", default=None, metavar="DIR",
+                        help="where the JSON and PNGs go; default: MODEL without .keras + '_evaluation/'")
+    parser.set_defaults(func=run_evaluate)
+    return parser
+
+
+def run_evaluate(args):
+    """``tfbnn evaluate``: returns the exit status."""
+    from tfbnn.evaluation import evaluate_classifier, write_report
+
+    folder = args.output_dir or args.model[: -len(".keras")] + "_evaluation"
+    model = _load_model(args.model)
+    ds = _load_data(args)
+    if tuple(model.inputs[0].shape[1:]) != tuple(ds.input_shape):
+        raise ValueError(
+            f"the model expects inputs of shape {tuple(model.inputs[0].shape[1:])}, the dataset has "
+            f"{tuple(ds.input_shape)}. Received: --dataset={args.dataset}"
+        )
+    result = evaluate_classifier(model, ds.x_test, ds.y_test, num_samples=args.num_samples,
+                                 num_bins=args.num_bins, shift_gamma=SHIFT_GAMMA, seed=args.seed)
+    paths = write_report(result, folder, name=os.path.basename(args.model))
+    c, s = result.numbers["clean"], result.numbers["shifted"]
+    rows = [("metric", "clean", f"shifted (gamma={SHIFT_GAMMA:g})")]
+    for key, label in (("accuracy", "accuracy"), ("nll", "NLL"), ("brier", "Brier score"),
+                       ("ece", f"ECE ({args.num_bins} bins)"), ("predictive_entropy", "total uncertainty"),
+                       ("aleatoric", "aleatoric"), ("epistemic", "epistemic")):
+        rows.append((label, f"{c[key]:.4f}", f"{s[key]:.4f}"))
+    sweep = [("Gaussian shift gamma", "accuracy", "total", "aleatoric", "epistemic")]
+    sweep += [(f"{r['level']:g}", f"{r['accuracy']:.4f}", f"{r['predictive_entropy']:.4f}",
+               f"{r['expected_entropy']:.4f}", f"{r['mutual_information']:.4f}") for r in result.sweep]
+    print(format_table(f"Evaluation of {args.model} on {ds.name} ({len(ds.y_test)} test examples, "
+                       f"T = {args.num_samples})",
+                       [rows, [("accuracy-coverage area", f"{result.numbers['selective_area']:.4f}")], sweep]))
+    print(f"\nWrote {len(paths)} files to {folder}/: " + ", ".join(os.path.basename(p) for p in paths))
+    return 0
+
+
+def add_export_parser(subparsers):
+    """Registers ``tfbnn export``."""
+    parser = subparsers.add_parser(
+        "export",
+        help="export a saved model as a SavedModel with sample / mean / uncertainty endpoints",
+        formatter_class=_HelpFormatter,
+        description=(
+            "Export a .keras model as a TensorFlow SavedModel that serves without tfbnn\n"
+            "(tf.saved_model.load). Endpoints: sample(x), sample_seeded(x, seed), mean(x),\n"
+            "summary(x) and summary_seeded(x, seed) (a T-sample summary: mean_probs,\n"
+            "predictive_entropy, aleatoric, epistemic). Unseeded endpoints draw fresh samples\n"
+            "in every process; seeded ones reproduce."
+        ),
+    )
+    parser.add_argument("model", type=_existing_model, help="a .keras file")
+    parser.add_argument("--output", default=None, metavar="DIR",
+                        help="SavedModel folder; default: MODEL without .keras + '_savedmodel'")
+    parser.add_argument("--num-samples", type=_positive_int, default=100, metavar="T",
+                        help="samples of the summary endpoints (default: %(default)s)")
+    parser.add_argument("--task", choices=("classification", "regression"), default="classification")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing export folder")
+    parser.set_defaults(func=run_export)
+    return parser
+
+
+def run_export(args):
+    """``tfbnn export``: returns the exit status."""
+    from tfbnn.export import export_saved_model
+
+    output = args.output or args.model[: -len(".keras")] + "_savedmodel"
+    model = _load_model(args.model)
+    export_saved_model(model, output, num_samples=args.num_samples, task=args.task, overwrite=args.overwrite)
+    print(f"Exported {args.model} to {output}/ with endpoints sample, sample_seeded, mean, summary, "
+          f"summary_seeded (T = {args.num_samples}).\nServe it with: served = "
+          f"tf.saved_model.load({output!r}); served.summary(x)")
+    return 0
+
+
+#: The subcommands, in the order ``tfbnn --help`` lists them. Each entry adds its
+#: parser to the subparsers action and sets ``func``.
+SUBCOMMANDS = [add_train_parser, add_evaluate_parser, add_export_parser]
 
 
 # -- entry point ------------------------------------------------------------------

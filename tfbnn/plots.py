@@ -65,8 +65,10 @@ def reliability_diagram(probs, labels, num_bins=15, title="Reliability diagram")
     left = d.edges[:-1][filled]
     ax.bar(left, d.accuracy[filled], width=width, align="edge", color="tab:blue", edgecolor="black",
            label="accuracy")
-    ax.bar(left, d.confidence[filled] - d.accuracy[filled], bottom=d.accuracy[filled], width=width,
-           align="edge", color="tab:red", alpha=0.3, edgecolor="tab:red", label="gap to confidence")
+    low = np.minimum(d.accuracy[filled], d.confidence[filled])
+    gap = np.abs(d.confidence[filled] - d.accuracy[filled])
+    ax.bar(left, gap, bottom=low, width=width, align="edge", color=(1.0, 0.0, 0.0, 0.15),
+           edgecolor="tab:red", hatch="//", linewidth=0.5, label="gap to mean confidence")
     ax.plot([0, 1], [0, 1], "k--", linewidth=1, label="perfect calibration")
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy", title=title)
     ax.text(0.04, 0.92, f"ECE = {d.ece:.4f}", transform=ax.transAxes, fontsize=11,
