@@ -23,6 +23,7 @@ import tempfile
 import keras
 import numpy as np
 
+from tfbnn.layers.base import BayesianLayer
 from tfbnn.utils import posterior_mean
 
 __all__ = ["run_layer_test", "count_seed_generators"]
@@ -90,8 +91,8 @@ def run_layer_test(
 
     Args:
         layer_cls: the layer class.
-        init_kwargs: dict of constructor arguments. ``kl_weight`` defaults to 0.01
-            when absent, so the layer can train.
+        init_kwargs: dict of constructor arguments. For a ``BayesianLayer``,
+            ``kl_weight`` defaults to 0.01 when absent, so the layer can train.
         input_shape: tuple, shape of a concrete input batch.
         expected_output_shape: tuple, output shape for that batch.
         expected_num_losses: int, entries of ``layer.losses`` after one call.
@@ -104,7 +105,8 @@ def run_layer_test(
     Returns:
         The layer built and called once.
     """
-    init_kwargs = {"kl_weight": 0.01, **init_kwargs}
+    if issubclass(layer_cls, BayesianLayer):
+        init_kwargs = {"kl_weight": 0.01, **init_kwargs}
     layer = layer_cls(**init_kwargs)
     _assert_same_config(layer.get_config(), layer_cls.from_config(layer.get_config()).get_config())
 

@@ -2,9 +2,10 @@
 
 import contextlib
 
-from tfbnn.layers.base import BayesianLayer
+from tfbnn.layers.base import BayesianLayer, StochasticLayer
 
 __all__ = [
+    "stochastic_layers",
     "bayesian_layers",
     "set_kl_weight",
     "set_inference_mode",
@@ -14,11 +15,17 @@ __all__ = [
 ]
 
 
-def bayesian_layers(model):
-    """All :class:`tfbnn.layers.BayesianLayer` instances in ``model``, nested ones included."""
+def stochastic_layers(model):
+    """All :class:`tfbnn.layers.StochasticLayer` instances in ``model`` (Bayesian layers,
+    MC dropout, ...), nested ones included."""
     # Keras' own traversal: covers Sequential, functional, subclassed and nested models.
     layers = model._flatten_layers(include_self=True, recursive=True)
-    return [layer for layer in layers if isinstance(layer, BayesianLayer)]
+    return [layer for layer in layers if isinstance(layer, StochasticLayer)]
+
+
+def bayesian_layers(model):
+    """All :class:`tfbnn.layers.BayesianLayer` instances (layers with a KL term) in ``model``."""
+    return [layer for layer in stochastic_layers(model) if isinstance(layer, BayesianLayer)]
 
 
 def set_kl_weight(model, value):
@@ -56,7 +63,7 @@ def set_inference_mode(model, mode):
         A dict ``{layer_name: previous_mode}`` usable to restore the old modes.
     """
     previous = {}
-    for layer in bayesian_layers(model):
+    for layer in stochastic_layers(model):
         previous[layer.name] = layer.inference_mode
         layer.inference_mode = mode
     _reset_compiled_functions(model)
@@ -75,7 +82,7 @@ def posterior_mean(model):
     try:
         yield model
     finally:
-        for layer in bayesian_layers(model):
+        for layer in stochastic_layers(model):
             layer.inference_mode = previous.get(layer.name, layer.inference_mode)
         _reset_compiled_functions(model)
 
@@ -109,7 +116,7 @@ def weight_samples(model, num_samples, joint=False):
     """
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"Expected `num_samples` to be a positive integer. Received: num_samples={num_samples!r}")
-    layers = bayesian_layers(model)
+    layers = stochastic_layers(model)
     previous = [(layer._weight_samples, layer._joint_samples) for layer in layers]
     for layer in layers:
         layer._weight_samples, layer._joint_samples = num_samples, bool(joint)

@@ -5,7 +5,7 @@ import math
 import keras
 import tensorflow as tf
 
-__all__ = ["BayesianLayer", "INFERENCE_MODES"]
+__all__ = ["StochasticLayer", "BayesianLayer", "INFERENCE_MODES"]
 
 INFERENCE_MODES = ("sample", "mean")
 _SEED_KEY = "seed_state"
@@ -47,35 +47,26 @@ def _validate_kl_weight(value, name="kl_weight"):
     return float(value)
 
 
-class BayesianLayer(keras.layers.Layer):
-    """Base class: a layer with a posterior, a KL term and seeded noise.
+class StochasticLayer(keras.layers.Layer):
+    """Base class: a layer with seeded noise, a sampling switch and the MC protocol.
 
-    The ELBO convention (one rule, see :mod:`tfbnn.callbacks`): the layer adds
-    ``kl_weight * KL(q || p)`` to ``layer.losses`` on every call, and
-    ``kl_weight = beta / N`` with ``N`` the number of training examples, so that
-    Keras' mean-over-batch data loss plus the layer losses is the per-example
-    negative ELBO ``mean NLL + beta KL / N``. ``kl_weight`` lives in a
-    non-trainable variable made in ``build`` so callbacks can move it per batch
-    inside a compiled train step.
+    Sampling: in training the layer always samples. At inference it samples when
+    ``inference_mode == "sample"`` (the default: predictions are draws from the
+    posterior predictive) and is deterministic (posterior mean, dropout off) when
+    it is ``"mean"``. Switch a whole model with :func:`tfbnn.set_inference_mode` or
+    the :func:`tfbnn.posterior_mean` context manager.
 
-    Sampling: in training the layer always samples. At inference it samples
-    when ``inference_mode == "sample"`` (the default: predictions are draws from
-    the posterior predictive) and uses the posterior mean when it is ``"mean"``.
-    Switch a whole model with :func:`tfbnn.set_inference_mode` or the
-    :func:`tfbnn.posterior_mean` context manager.
+    Randomness comes from the layer's own ``keras.random.SeedGenerator`` through
+    stateless philox ops; the seed state is saved with the weights, and replicas
+    of a ``tf.distribute`` run fold their replica id into the seed.
 
     Args:
-        kl_weight: float >= 0 or None. ``beta / N``. ``None`` (default) means "not
-            set yet": the KL term is 0 at inference, and training raises a clear
-            error until :class:`tfbnn.KLAnnealing` or :func:`tfbnn.set_kl_weight`
-            sets it. It is never silently 1 (a KL that would dominate the data).
         inference_mode: ``"sample"`` or ``"mean"``.
         seed: int or None, seed of the layer's ``keras.random.SeedGenerator``.
     """
 
-    def __init__(self, kl_weight=None, inference_mode="sample", seed=None, **kwargs):
+    def __init__(self, inference_mode="sample", seed=None, **kwargs):
         super().__init__(**kwargs)
-        self._kl_weight_value = _validate_kl_weight(kl_weight)
         self.inference_mode = inference_mode
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"Expected `seed` to be an int or None. Received: seed={seed!r}")
@@ -99,6 +90,77 @@ class BayesianLayer(keras.layers.Layer):
                 f"Expected `inference_mode` in {INFERENCE_MODES}. Received: inference_mode={mode!r}"
             )
         self._inference_mode = mode
+
+    def _sampling(self, training):
+        return bool(training) or self._inference_mode == "sample"
+
+    @property
+    def _mc_prediction(self):
+        """Inside ``weight_samples(model, T > 1)``: a prediction, no loss is used."""
+        return self._weight_samples > 1
+
+    def _next_seed(self):
+        """A fresh stateless seed; replicas of a tf.distribute run get distinct ones."""
+        seed = self.seed_generator.next()
+        ctx = tf.distribute.get_replica_context()
+        if ctx is not None and ctx.num_replicas_in_sync > 1:
+            replica_id = ctx.replica_id_in_sync_group
+            if replica_id is not None:
+                seed = seed + tf.cast(tf.stack([replica_id, 0]), seed.dtype) * 7919
+        return seed
+
+    # The seed state travels with the weights, so a seeded model reloaded from a
+    # `.keras` file continues the exact sample sequence of the model it was saved from.
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        store[_SEED_KEY] = self.seed_generator.state
+
+    def load_own_variables(self, store):
+        super().load_own_variables(_StoreWithout(store, _SEED_KEY))
+        if _SEED_KEY in store.keys():
+            self.seed_generator.state.assign(store[_SEED_KEY])
+
+    # Philox, named explicitly: under XLA on CPU the default "auto_select" algorithm
+    # is 30x slower (851 ms against 28 ms for a 1200 x 1200 normal draw).
+    def _normal(self, shape, dtype):
+        return tf.random.stateless_normal(shape, seed=self._next_seed(), dtype=dtype, alg="philox")
+
+    def _uniform(self, shape, dtype):
+        return tf.random.stateless_uniform(shape, seed=self._next_seed(), dtype=dtype, alg="philox")
+
+    def _rademacher(self, shape, dtype, seed):
+        bits = tf.random.stateless_uniform(shape, seed=seed, minval=0, maxval=2, dtype=tf.int32, alg="philox")
+        return tf.cast(2 * bits - 1, dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"inference_mode": self._inference_mode, "seed": self.seed})
+        return config
+
+
+class BayesianLayer(StochasticLayer):
+    """Base class: a stochastic layer with a posterior and a KL term.
+
+    The ELBO convention (one rule, see :mod:`tfbnn.callbacks`): the layer adds
+    ``kl_weight * KL(q || p)`` to ``layer.losses`` on every call, and
+    ``kl_weight = beta / N`` with ``N`` the number of training examples, so that
+    Keras' mean-over-batch data loss plus the layer losses is the per-example
+    negative ELBO ``mean NLL + beta KL / N``. ``kl_weight`` lives in a
+    non-trainable variable made in ``build`` so callbacks can move it per batch
+    inside a compiled train step. Sampling and seeds: see :class:`StochasticLayer`.
+
+    Args:
+        kl_weight: float >= 0 or None. ``beta / N``. ``None`` (default) means "not
+            set yet": the KL term is 0 at inference, and training raises a clear
+            error until :class:`tfbnn.KLAnnealing` or :func:`tfbnn.set_kl_weight`
+            sets it. It is never silently 1 (a KL that would dominate the data).
+        inference_mode: ``"sample"`` or ``"mean"``.
+        seed: int or None.
+    """
+
+    def __init__(self, kl_weight=None, inference_mode="sample", seed=None, **kwargs):
+        super().__init__(inference_mode=inference_mode, seed=seed, **kwargs)
+        self._kl_weight_value = _validate_kl_weight(kl_weight)
 
     def _build_kl_weight(self):
         self._kl_weight = self.add_weight(
@@ -127,9 +189,6 @@ class BayesianLayer(keras.layers.Layer):
         if self.built:
             self._kl_weight.assign(value)
 
-    def _sampling(self, training):
-        return bool(training) or self._inference_mode == "sample"
-
     def _check_kl_scale(self, training):
         if training and self._kl_weight_value is None:
             raise ValueError(
@@ -141,44 +200,9 @@ class BayesianLayer(keras.layers.Layer):
                 "Received: kl_weight=None"
             )
 
-    @property
-    def _mc_prediction(self):
-        """Inside ``weight_samples(model, T > 1)``: no loss is used, the KL is skipped."""
-        return self._weight_samples > 1
-
     def _add_kl_loss(self, kl, training):
         self._check_kl_scale(training)
         self.add_loss(tf.cast(self._kl_weight, kl.dtype) * kl)
-
-    def _next_seed(self):
-        """A fresh stateless seed; replicas of a tf.distribute run get distinct ones."""
-        seed = self.seed_generator.next()
-        ctx = tf.distribute.get_replica_context()
-        if ctx is not None and ctx.num_replicas_in_sync > 1:
-            replica_id = ctx.replica_id_in_sync_group
-            if replica_id is not None:
-                seed = seed + tf.cast(tf.stack([replica_id, 0]), seed.dtype) * 7919
-        return seed
-
-    # The seed state travels with the weights, so a seeded model reloaded from a
-    # `.keras` file continues the exact sample sequence of the model it was saved from.
-    def save_own_variables(self, store):
-        super().save_own_variables(store)
-        store[_SEED_KEY] = self.seed_generator.state
-
-    def load_own_variables(self, store):
-        super().load_own_variables(_StoreWithout(store, _SEED_KEY))
-        if _SEED_KEY in store.keys():
-            self.seed_generator.state.assign(store[_SEED_KEY])
-
-    # Philox, named explicitly: under XLA on CPU the default "auto_select" algorithm
-    # is 30x slower (851 ms against 28 ms for a 1200 x 1200 normal draw).
-    def _normal(self, shape, dtype):
-        return tf.random.stateless_normal(shape, seed=self._next_seed(), dtype=dtype, alg="philox")
-
-    def _rademacher(self, shape, dtype, seed):
-        bits = tf.random.stateless_uniform(shape, seed=seed, minval=0, maxval=2, dtype=tf.int32, alg="philox")
-        return tf.cast(2 * bits - 1, dtype)
 
     def kl_divergence(self):
         """The layer's KL(q || p), summed over its weights, not scaled."""
@@ -186,11 +210,5 @@ class BayesianLayer(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "kl_weight": self._kl_weight_value,
-                "inference_mode": self._inference_mode,
-                "seed": self.seed,
-            }
-        )
+        config["kl_weight"] = self._kl_weight_value
         return config
