@@ -7,22 +7,45 @@ Flat public API::
     tfbnn.priors.ScaleMixture(...)          # priors
     tfbnn.KLAnnealing(num_examples=N)       # the ELBO convention's beta schedule
     tfbnn.set_inference_mode(model, "mean") # posterior-mean predictions
+    tfbnn.predict(model, x, num_samples=100)  # Monte Carlo predictive + uncertainty split
+    tfbnn.metrics.ExpectedCalibrationError()  # calibration metrics
 """
 
-from tfbnn import callbacks, kl, layers, priors, schedules, utils
-from tfbnn.callbacks import KLAnnealing
-from tfbnn.layers import (
+from tfbnn import _quiet
+
+if _quiet.running_the_command():  # the `tfbnn` command: keep TF's start-up log out of its output
+    _quiet.import_tensorflow_quietly()
+
+from tfbnn import callbacks, datasets, export, kl, layers, priors, schedules, utils  # noqa: E402
+from tfbnn import calibration, evaluation, inference, likelihoods, metrics, plots  # noqa: E402
+from tfbnn.calibration import TemperatureScaling  # noqa: E402
+from tfbnn.inference import ClassificationPrediction, RegressionPrediction, predict  # noqa: E402
+from tfbnn.likelihoods import GaussianHead, gaussian_nll  # noqa: E402
+from tfbnn.metrics import (  # noqa: E402
+    BrierScore,
+    ExpectedCalibrationError,
+    NegativeLogLikelihood,
+    brier_score,
+    expected_calibration_error,
+    negative_log_likelihood,
+)
+from tfbnn.callbacks import KLAnnealing  # noqa: E402
+from tfbnn.layers import (  # noqa: E402
     BayesianLayer,
     DenseFlipout,
     DenseLocalReparameterization,
     DenseReparameterization,
+    MCDropout,
+    MCSpatialDropout2D,
+    StochasticLayer,
 )
-from tfbnn.utils import (
+from tfbnn.utils import (  # noqa: E402
     bayesian_layers,
     kl_divergence,
     posterior_mean,
     set_inference_mode,
     set_kl_weight,
+    stochastic_layers,
     weight_samples,
 )
 
@@ -30,21 +53,45 @@ __version__ = "0.1.0"
 
 __all__ = [
     "callbacks",
+    "datasets",
+    "export",
     "kl",
     "layers",
     "priors",
     "schedules",
     "utils",
+    "calibration",
+    "evaluation",
+    "plots",
+    "inference",
+    "likelihoods",
+    "metrics",
     "KLAnnealing",
     "BayesianLayer",
     "DenseReparameterization",
     "DenseFlipout",
     "DenseLocalReparameterization",
+    "MCDropout",
+    "MCSpatialDropout2D",
+    "StochasticLayer",
     "bayesian_layers",
     "kl_divergence",
     "posterior_mean",
     "set_inference_mode",
     "set_kl_weight",
+    "stochastic_layers",
     "weight_samples",
+    "predict",
+    "ClassificationPrediction",
+    "RegressionPrediction",
+    "GaussianHead",
+    "gaussian_nll",
+    "TemperatureScaling",
+    "ExpectedCalibrationError",
+    "NegativeLogLikelihood",
+    "BrierScore",
+    "expected_calibration_error",
+    "negative_log_likelihood",
+    "brier_score",
     "__version__",
 ]

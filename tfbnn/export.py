@@ -32,7 +32,7 @@ import shutil
 import keras
 import tensorflow as tf
 
-from tfbnn.utils import _reset_compiled_functions, posterior_mean, weight_samples
+from tfbnn.utils import posterior_mean, weight_samples
 
 __all__ = ["export_saved_model", "seed_generators"]
 
@@ -63,16 +63,17 @@ def _reseed(generators, seed):
 
 
 def _classification_summary(samples, from_logits):
+    """The graph version of :func:`tfbnn.inference.summarize_classification`
+    (same conventions: ``0 log 0 = 0``, mutual information clipped at 0)."""
     probs = tf.nn.softmax(samples, axis=-1) if from_logits else samples
     mean = tf.reduce_mean(probs, axis=0)
-    tiny = tf.constant(1e-12, probs.dtype)
-    total = -tf.reduce_sum(mean * tf.math.log(mean + tiny), axis=-1)
-    aleatoric = tf.reduce_mean(-tf.reduce_sum(probs * tf.math.log(probs + tiny), axis=-1), axis=0)
+    total = -tf.reduce_sum(tf.math.xlogy(mean, mean), axis=-1)
+    aleatoric = tf.reduce_mean(-tf.reduce_sum(tf.math.xlogy(probs, probs), axis=-1), axis=0)
     return {
         "mean_probs": mean,
         "predictive_entropy": total,
         "aleatoric": aleatoric,
-        "epistemic": total - aleatoric,
+        "epistemic": tf.maximum(total - aleatoric, 0.0),
     }
 
 
@@ -175,5 +176,4 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
     finally:
         for g, state in zip(generators, saved_states):
             g.state.assign(state)
-        _reset_compiled_functions(model)
     return filepath

@@ -44,12 +44,28 @@ def set_kl_weight(model, value):
     return len(layers)
 
 
+_COMPILED = ("predict_function", "test_function", "train_function")
+
+
 def _reset_compiled_functions(model):
-    # The sampling switch is read when a step function is traced; drop Keras'
-    # cached predict/test/train functions so the next call retraces with it.
-    for attr in ("predict_function", "test_function", "train_function"):
-        if getattr(model, attr, None) is not None:
+    """Drops Keras' cached step functions and returns them.
+
+    The sampling switch is read when a step function is traced, so after a mode
+    change the next ``predict``/``evaluate``/``fit`` must retrace. A context that
+    restores the old modes can hand the returned functions back with
+    :func:`_restore_compiled_functions`, so leaving it costs no retrace.
+    """
+    saved = {attr: getattr(model, attr, None) for attr in _COMPILED}
+    for attr, fn in saved.items():
+        if fn is not None:
             setattr(model, attr, None)
+    return saved
+
+
+def _restore_compiled_functions(model, saved):
+    for attr, fn in saved.items():
+        if hasattr(model, attr):
+            setattr(model, attr, fn)
 
 
 def set_inference_mode(model, mode):
@@ -78,13 +94,14 @@ def posterior_mean(model):
         >>> with tfbnn.posterior_mean(model):
         ...     y_mean = model.predict(x)
     """
+    saved = _reset_compiled_functions(model)
     previous = set_inference_mode(model, "mean")
     try:
         yield model
     finally:
         for layer in stochastic_layers(model):
             layer.inference_mode = previous.get(layer.name, layer.inference_mode)
-        _reset_compiled_functions(model)
+        _restore_compiled_functions(model, saved)
 
 
 @contextlib.contextmanager
@@ -120,13 +137,13 @@ def weight_samples(model, num_samples, joint=False):
     previous = [(layer._weight_samples, layer._joint_samples) for layer in layers]
     for layer in layers:
         layer._weight_samples, layer._joint_samples = num_samples, bool(joint)
-    _reset_compiled_functions(model)
+    saved = _reset_compiled_functions(model)
     try:
         yield model
     finally:
         for layer, (value, joint_value) in zip(layers, previous):
             layer._weight_samples, layer._joint_samples = value, joint_value
-        _reset_compiled_functions(model)
+        _restore_compiled_functions(model, saved)
 
 
 def kl_divergence(model):

@@ -21,12 +21,14 @@ Inputs are float32 in ``[0, 1]`` (moons: raw coordinates), labels int32, and
 
 import functools
 
+from tfbnn.datasets import corruptions
 from tfbnn.datasets.base import ArrayDataset
 from tfbnn.datasets.offline import load_digits, make_moons
 from tfbnn.datasets.tfds_loader import TFDS_DATASETS, load_tfds
 
 __all__ = [
     "ArrayDataset",
+    "corruptions",
     "DATASETS",
     "OFFLINE_DATASETS",
     "TFDS_DATASETS",

@@ -1,0 +1,312 @@
+import os
+import statistics
+import tempfile
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+import tfbnn
+from tfbnn import inference
+
+DENSE = [tfbnn.DenseReparameterization, tfbnn.DenseFlipout, tfbnn.DenseLocalReparameterization]
+
+
+def _x(n=10, d=5, seed=0):
+    return np.random.default_rng(seed).normal(size=(n, d)).astype("float32")
+
+
+def _classifier(cls, d=5, classes=3, rho=-1.0):
+    model = keras.Sequential(
+        [keras.Input((d,)), cls(8, activation="relu", seed=1), cls(classes, activation="softmax", seed=2)]
+    )
+    for layer in model.layers:
+        layer.kernel_rho.assign(np.full(layer.kernel_rho.shape, rho, "float32"))
+    return model
+
+
+def _hand_entropy(p):
+    return -sum(pc * np.log(pc) for pc in p if pc > 0)
+
+
+def _assert_distinct_samples(samples):
+    t = samples.shape[0]
+    for i in range(t):
+        for j in range(i + 1, t):
+            # every example differs between every pair of samples
+            assert np.all(np.max(np.abs(samples[i] - samples[j]), axis=-1) > 1e-5), (i, j)
+
+
+@pytest.mark.parametrize("cls", DENSE)
+def test_samples_differ_for_every_dense_family(cls):
+    x = _x()
+    model = _classifier(cls)
+    for joint in (False, True):
+        res = tfbnn.predict(model, x, num_samples=6, batch_size=4, return_samples=True, joint=joint)
+        assert isinstance(res, tfbnn.ClassificationPrediction)
+        assert res.samples.shape == (6, 10, 3) and res.mean_probs.shape == (10, 3)
+        _assert_distinct_samples(res.samples)
+        assert np.all(res.mutual_information > 0)
+
+
+def test_mc_dropout_samples_differ_and_leave_batchnorm_alone():
+    x = _x(12)
+    model = keras.Sequential(
+        [
+            keras.Input((5,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dropout(0.5, seed=3),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+    bn = model.layers[1]
+    bn.moving_mean.assign(np.full((16,), 0.3, "float32"))
+    stats = [w.numpy().copy() for w in bn.weights]
+    res = tfbnn.predict(model, x, num_samples=5, return_samples=True, mc_dropout=True)
+    _assert_distinct_samples(res.samples)
+    assert np.all(res.mutual_information > 0)
+    for before, w in zip(stats, bn.weights):
+        np.testing.assert_array_equal(before, w.numpy())  # inference statistics, no update
+    # Dropout off (Keras' inference behaviour): identical samples, with a warning.
+    with pytest.warns(UserWarning, match="mc_dropout=True"):
+        off = tfbnn.predict(model, x, num_samples=5, return_samples=True)
+    np.testing.assert_allclose(off.samples, np.broadcast_to(off.samples[:1], off.samples.shape))
+    np.testing.assert_allclose(off.mean_probs, model.predict(x, verbose=0), atol=1e-6)
+    np.testing.assert_allclose(off.mutual_information, 0.0, atol=1e-6)
+
+
+def test_mc_dropout_with_bayesian_layers_in_a_nested_functional_model():
+    inner = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(8, activation="relu", seed=1), keras.layers.Dropout(0.3)])
+    inputs = keras.Input((5,))
+    outputs = keras.layers.Dense(2, activation="softmax")(inner(inputs))
+    model = keras.Model(inputs, outputs)
+    # No KL scale is set: with training=True the Bayesian layer would refuse to run.
+    res = tfbnn.predict(model, _x(), num_samples=4, return_samples=True, mc_dropout=True)
+    _assert_distinct_samples(res.samples)
+
+
+def test_mc_dropout_errors():
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2, activation="softmax")
+            self.drop = keras.layers.Dropout(0.5)
+
+        def call(self, x):
+            return self.dense(self.drop(x))
+
+    with pytest.raises(ValueError, match="Sequential or functional.*Subclassed"):
+        tfbnn.predict(Subclassed(), _x(), num_samples=2, mc_dropout=True)
+    model = _classifier(tfbnn.DenseFlipout)
+    with pytest.raises(ValueError, match="no Keras dropout layer"):
+        tfbnn.predict(model, _x(), num_samples=2, mc_dropout=True)
+
+
+def test_entropy_decomposition_against_hand_computation():
+    p = np.array(
+        [
+            [[0.7, 0.2, 0.1], [1.0, 0.0, 0.0]],
+            [[0.1, 0.8, 0.1], [1.0, 0.0, 0.0]],
+            [[0.3, 0.3, 0.4], [0.5, 0.5, 0.0]],
+        ]
+    )  # T=3, B=2, C=3
+    res = inference.summarize_classification(p)
+    for b in range(2):
+        p_bar = [sum(p[t, b, c] for t in range(3)) / 3 for c in range(3)]
+        total = _hand_entropy(p_bar)
+        aleatoric = sum(_hand_entropy(p[t, b]) for t in range(3)) / 3
+        np.testing.assert_allclose(res.mean_probs[b], p_bar, rtol=1e-6)
+        np.testing.assert_allclose(res.predictive_entropy[b], total, rtol=1e-6)
+        np.testing.assert_allclose(res.expected_entropy[b], aleatoric, rtol=1e-6)
+        np.testing.assert_allclose(res.mutual_information[b], total - aleatoric, rtol=1e-5)
+    np.testing.assert_array_equal(res.predicted_class, [1, 0])
+    np.testing.assert_allclose(res.confidence, [1.3 / 3, 2.5 / 3], rtol=1e-6)
+    assert res.epistemic is res.mutual_information and res.aleatoric is res.expected_entropy
+    # Two confident samples that disagree: all epistemic, log 2 - H(0.9, 0.1).
+    two = inference.summarize_classification(np.array([[[0.9, 0.1]], [[0.1, 0.9]]]))
+    np.testing.assert_allclose(two.mutual_information, np.log(2) - _hand_entropy([0.9, 0.1]), rtol=1e-6)
+    # Logits give the same summary as their softmax; one sigmoid unit becomes two classes.
+    from_logits = inference.summarize_classification(np.log(np.clip(p, 1e-30, 1)), from_logits=True)
+    np.testing.assert_allclose(from_logits.predictive_entropy, res.predictive_entropy, rtol=1e-5)
+    sig = inference.summarize_classification(np.array([[[0.0]], [[np.log(3.0)]]]), from_logits=True)
+    np.testing.assert_allclose(sig.mean_probs, [[0.375, 0.625]], rtol=1e-6)
+
+
+def test_predict_summary_equals_manual_computation_from_its_samples():
+    x = _x(11)
+    model = _classifier(tfbnn.DenseFlipout)
+    res = tfbnn.predict(model, x, num_samples=7, batch_size=3, return_samples=True)
+    s = res.samples.astype(np.float64)
+    assert s.shape == (7, 11, 3)
+    np.testing.assert_allclose(s.sum(-1), 1.0, atol=1e-5)
+    p_bar = s.mean(0)
+    total = -(p_bar * np.log(p_bar)).sum(-1)
+    aleatoric = (-(s * np.log(s)).sum(-1)).mean(0)
+    np.testing.assert_allclose(res.mean_probs, p_bar, rtol=1e-5)
+    np.testing.assert_allclose(res.predictive_entropy, total, rtol=1e-5)
+    np.testing.assert_allclose(res.expected_entropy, aleatoric, rtol=1e-5)
+    np.testing.assert_allclose(res.mutual_information, total - aleatoric, atol=1e-6)
+    # The same shapes for any batching, a dataset, and without samples.
+    for kwargs in ({"batch_size": None}, {"batch_size": 11}, {"batch_size": 1}):
+        other = tfbnn.predict(model, x, num_samples=7, **kwargs)
+        assert other.samples is None and other.mean_probs.shape == (11, 3)
+        assert other.mutual_information.shape == other.predictive_entropy.shape == (11,)
+    ds = tf.data.Dataset.from_tensor_slices((x, np.zeros(11))).batch(4)
+    assert tfbnn.predict(model, ds, num_samples=7).mean_probs.shape == (11, 3)
+
+
+def test_joint_samples_are_sample_major_with_one_weight_draw_per_sample():
+    # A linear reparameterization layer with joint=True: within one batch, sample t
+    # must be x W_t + b_t for one (W_t, b_t), i.e. an exact affine function of x.
+    x = _x(9, 3)
+    model = keras.Sequential([keras.Input((3,)), tfbnn.DenseReparameterization(2, seed=4)])
+    model.layers[0].kernel_rho.assign(np.zeros((3, 2), "float32"))
+    model.layers[0].bias_rho.assign(np.zeros((2,), "float32"))
+    res = tfbnn.predict(model, x, num_samples=5, batch_size=9, return_samples=True, task="regression", joint=True)
+    design = np.concatenate([x, np.ones((9, 1), "float32")], axis=1)
+    coefs = []
+    for t in range(5):
+        coef, *_ = np.linalg.lstsq(design, res.samples[t], rcond=None)
+        np.testing.assert_allclose(design @ coef, res.samples[t], atol=1e-4)
+        coefs.append(coef)
+    assert min(np.abs(coefs[i] - coefs[j]).max() for i in range(5) for j in range(i + 1, 5)) > 1e-2
+    # The default (per-row samples) is not one affine map per sample.
+    per_row = tfbnn.predict(model, x, num_samples=5, batch_size=9, return_samples=True, task="regression")
+    coef, *_ = np.linalg.lstsq(design, per_row.samples[0], rcond=None)
+    assert np.abs(design @ coef - per_row.samples[0]).max() > 1e-2
+
+
+def test_mean_mode_gives_zero_mutual_information_and_the_cache_follows_the_mode():
+    x = _x()
+    model = _classifier(tfbnn.DenseReparameterization)
+    tfbnn.set_inference_mode(model, "mean")
+    res = tfbnn.predict(model, x, num_samples=5, return_samples=True)
+    np.testing.assert_allclose(res.mutual_information, 0.0, atol=1e-6)
+    np.testing.assert_allclose(res.samples, np.broadcast_to(res.samples[:1], res.samples.shape), atol=1e-7)
+    np.testing.assert_allclose(res.mean_probs, model.predict(x, verbose=0), atol=1e-6)
+    tfbnn.set_inference_mode(model, "sample")
+    assert np.all(tfbnn.predict(model, x, num_samples=5).mutual_information > 0)
+
+
+def test_one_trace_serves_all_batch_sizes():
+    x = _x(10)
+    model = _classifier(tfbnn.DenseLocalReparameterization)
+    tfbnn.predict(model, x, num_samples=4, batch_size=4)  # batches of 4, 4, 2
+    tfbnn.predict(model, x[:3], num_samples=4, batch_size=4)
+    fns = [fn for key, fn in inference._COMPILED[model].items() if key != "mc_view"]
+    assert len(fns) == 1 and fns[0].experimental_get_tracing_count() == 1
+    assert all(layer._weight_samples == 1 for layer in tfbnn.bayesian_layers(model))
+
+
+def test_task_resolution():
+    x = _x()
+    softmax = _classifier(tfbnn.DenseFlipout)
+    linear = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(2, seed=1)])
+    assert isinstance(tfbnn.predict(softmax, x, num_samples=2), tfbnn.ClassificationPrediction)
+    reg = tfbnn.predict(linear, x, num_samples=3)
+    assert isinstance(reg, tfbnn.RegressionPrediction) and reg.aleatoric_std is None
+    assert reg.mean.shape == reg.epistemic_std.shape == reg.total_std.shape == (10, 2)
+    assert isinstance(tfbnn.predict(linear, x, num_samples=2, from_logits=True), tfbnn.ClassificationPrediction)
+    assert isinstance(tfbnn.predict(softmax, x, num_samples=2, task="regression"), tfbnn.RegressionPrediction)
+    binary = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(1, activation="sigmoid", seed=1)])
+    assert tfbnn.predict(binary, x, num_samples=2, task="classification").mean_probs.shape == (10, 2)
+
+
+def test_bad_arguments():
+    model = _classifier(tfbnn.DenseFlipout)
+    for kwargs, match in [
+        ({"num_samples": 0}, "num_samples=0"),
+        ({"num_samples": 2.0}, "num_samples=2.0"),
+        ({"batch_size": 0}, "batch_size=0"),
+        ({"task": "ranking"}, "task='ranking'"),
+        ({"task": "regression", "from_logits": True}, "from_logits=True"),
+        ({"task": "classification", "gaussian_head": True}, "gaussian_head=True"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            tfbnn.predict(model, _x(), **kwargs)
+    with pytest.raises(ValueError, match="batch_size=4"):
+        tfbnn.predict(model, tf.data.Dataset.from_tensor_slices(_x()).batch(2), batch_size=4)
+    with pytest.raises(ValueError, match="0 examples"):
+        tfbnn.predict(model, _x()[:0])
+
+
+def test_regression_summary_and_interval_by_hand():
+    # T=2 Gaussian-head samples for B=1, d=1: means 1 and 3, scales 0.5 and 1.5.
+    s = inference.summarize_regression(np.array([[[1.0, 0.5]], [[3.0, 1.5]]]), gaussian_head=True)
+    np.testing.assert_allclose(s.mean, [[2.0]])
+    np.testing.assert_allclose(s.epistemic_std, [[1.0]])
+    np.testing.assert_allclose(s.aleatoric_std, [[np.sqrt((0.25 + 2.25) / 2)]], rtol=1e-6)
+    np.testing.assert_allclose(s.total_std, [[np.sqrt(1.0 + 1.25)]], rtol=1e-6)
+    lo, hi = s.interval(0.95)
+    z = statistics.NormalDist().inv_cdf(0.975)
+    np.testing.assert_allclose([lo[0, 0], hi[0, 0]], [2 - z * np.sqrt(2.25), 2 + z * np.sqrt(2.25)], rtol=1e-6)
+    for level in (0, 1, 1.5, True):
+        with pytest.raises(ValueError, match="level="):
+            s.interval(level)
+
+
+def test_gaussian_nll_and_head():
+    y_pred = np.array([[0.5, -1.0, 0.3, 2.0]], "float32")  # d=2: means (0.5, -1), scales (0.3, 2)
+    y_true = np.array([[0.0, 1.0]], "float32")
+    expected = -tfp.distributions.Normal([0.5, -1.0], [0.3, 2.0]).log_prob([0.0, 1.0]).numpy().sum()
+    np.testing.assert_allclose(tfbnn.gaussian_nll(y_true, y_pred).numpy(), [expected], rtol=1e-5)
+    np.testing.assert_allclose(tfbnn.gaussian_nll(np.array([0.0]), y_pred[:, [0, 2]]).numpy(),
+                               [-tfp.distributions.Normal(0.5, 0.3).log_prob(0.0).numpy()], rtol=1e-5)
+    head = tfbnn.GaussianHead(min_scale=0.01)
+    out = head(np.array([[1.0, -50.0], [2.0, 0.0]], "float32")).numpy()
+    np.testing.assert_allclose(out, [[1.0, 0.01], [2.0, np.log(2.0) + 0.01]], rtol=1e-5)
+    assert tfbnn.GaussianHead.from_config(head.get_config()).get_config() == head.get_config()
+    with pytest.raises(ValueError, match="min_scale=0"):
+        tfbnn.GaussianHead(min_scale=0)
+    with pytest.raises(ValueError, match=r"even last dimension.*input_shape=\(None, 3\)"):
+        keras.Sequential([keras.Input((3,)), tfbnn.GaussianHead()])
+
+
+def test_gaussian_head_learns_heteroscedastic_noise_and_predict_splits_variance():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, size=(200, 1)).astype("float32")
+    noise = 0.05 + 0.25 * (x + 1)  # 0.05 at x=-1 up to 0.55 at x=1
+    y = (np.sin(2 * x) + noise * rng.normal(size=x.shape)).astype("float32")
+    model = keras.Sequential(
+        [
+            keras.Input((1,)),
+            keras.layers.Dense(32, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(1)),
+            keras.layers.Dense(2, kernel_initializer=keras.initializers.GlorotUniform(2)),
+            tfbnn.GaussianHead(),
+        ]
+    )
+    model.compile(keras.optimizers.Adam(0.02), loss=tfbnn.gaussian_nll)
+    steps = tf.data.Dataset.from_tensors((x, y)).repeat(400)  # 400 full-batch steps, one epoch
+    model.fit(steps, epochs=1, shuffle=False, verbose=0)
+    probe = np.array([[-0.8], [0.0], [0.8]], "float32")
+    res = tfbnn.predict(model, probe, num_samples=2)  # the Gaussian head is detected
+    assert isinstance(res, tfbnn.RegressionPrediction)
+    true_scale = (0.05 + 0.25 * (probe + 1))[:, 0]
+    np.testing.assert_allclose(res.aleatoric_std[:, 0], true_scale, rtol=0.4)
+    assert res.aleatoric_std[2, 0] > 2.5 * res.aleatoric_std[0, 0]
+    np.testing.assert_allclose(res.epistemic_std, 0.0, atol=1e-6)  # a deterministic net
+    np.testing.assert_allclose(res.mean[:, 0], np.sin(2 * probe[:, 0]), atol=0.15)
+
+    # The compiled loss and the head survive a .keras round trip.
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "m.keras")
+        model.save(path)
+        loaded = keras.saving.load_model(path)
+    np.testing.assert_allclose(loaded.predict(probe, verbose=0), model.predict(probe, verbose=0), atol=1e-6)
+    assert np.isfinite(loaded.evaluate(x, y, verbose=0))
+
+
+def test_bayesian_gaussian_head_has_both_uncertainties():
+    model = keras.Sequential(
+        [keras.Input((2,)), tfbnn.DenseFlipout(8, activation="relu", seed=1), tfbnn.DenseFlipout(2, seed=2), tfbnn.GaussianHead()]
+    )
+    for layer in tfbnn.bayesian_layers(model):
+        layer.kernel_rho.assign(np.full(layer.kernel_rho.shape, -1.0, "float32"))
+    res = tfbnn.predict(model, _x(6, 2), num_samples=20, return_samples=True)
+    assert res.samples.shape == (20, 6, 2) and res.mean.shape == (6, 1)
+    assert np.all(res.aleatoric_std > 0) and np.all(res.epistemic_std > 0)
+    np.testing.assert_allclose(res.total_std**2, res.epistemic_std**2 + res.aleatoric_std**2, rtol=1e-5)
+    np.testing.assert_allclose(res.mean[:, 0], res.samples[:, :, 0].mean(0), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,599 @@
+"""Monte Carlo prediction and the predictive summary (mean, entropy, aleatoric, epistemic).
+
+:func:`predict` draws T samples of the posterior predictive in one vectorized
+computation per batch and summarises them. For classification, with
+``p_t = p(y | x, w_t)`` the class probabilities of weight sample ``t`` and
+``p_bar = (1 / T) sum_t p_t`` (Depeweg et al. 2018, sec. 3; Trinh et al. 2022,
+eq. 26-27), in nats::
+
+    total      H[p_bar]                       = -sum_c p_bar_c log p_bar_c   (predictive entropy)
+    aleatoric  E_w H[p(y | x, w)] ~ mean_t H[p_t]                          (expected entropy)
+    epistemic  I[y; w | x]        = total - aleatoric                     (mutual information)
+
+For regression, with per-sample means ``mu_t`` and (for a :class:`GaussianHead`)
+scales ``sigma_t``, the law of total variance splits the predictive variance::
+
+    var[y] = var_t mu_t  +  mean_t sigma_t^2
+             (epistemic)     (aleatoric)
+
+How the T samples are drawn: the batch ``(B, ...)`` is tiled sample-major to
+``(T * B, ...)`` and the model runs once inside :func:`tfbnn.utils.weight_samples`,
+so every row gets its own independent weight sample (``joint=False``, the default:
+exact per-row sampling by local reparameterization for the mean-field Gaussian
+layers, no weight-sized draw), or each block of B rows shares one of T weight
+samples (``joint=True``: coherent function draws, one batched matmul). Dropout is
+independent per row anyway. Tiling without that context, or ``tf.vectorized_map``,
+silently gives T identical samples for the weight-sampling layers.
+
+References:
+    Depeweg, Hernandez-Lobato, Doshi-Velez, Udluft. Decomposition of Uncertainty in
+    Bayesian Deep Learning for Efficient and Risk-sensitive Learning. ICML 2018.
+    Trinh, Heinonen, Acerbi, Kaski. Tackling Covariate Shift with Node-based
+    Bayesian Neural Networks. ICML 2022 (eq. 26-27).
+    Gal, Ghahramani. Dropout as a Bayesian Approximation. ICML 2016 (MC dropout).
+"""
+
+import dataclasses
+import statistics
+import warnings
+import weakref
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfbnn.likelihoods import GaussianHead, gaussian_nll, split_gaussian
+from tfbnn.utils import bayesian_layers, weight_samples
+
+__all__ = [
+    "predict",
+    "ClassificationPrediction",
+    "RegressionPrediction",
+    "summarize_classification",
+    "summarize_regression",
+    "entropy",
+    "GaussianHead",
+    "gaussian_nll",
+    "TASKS",
+]
+
+TASKS = ("auto", "classification", "regression")
+_DEFAULT_BATCH_SIZE = 32
+# Layers that MC dropout keeps on at inference. GaussianNoise is left out on
+# purpose: it is an input-noise regularizer, not a dropout posterior.
+_DROPOUT_TYPES = (keras.layers.Dropout, keras.layers.GaussianDropout, keras.layers.AlphaDropout)
+# Compiled per-batch functions, keyed weakly by model: a cache only (dropping it
+# changes nothing but speed), so it holds no reference that keeps a model alive.
+_COMPILED = weakref.WeakKeyDictionary()
+
+
+# -- summaries -----------------------------------------------------------------
+def entropy(probs, axis=-1):
+    """Shannon entropy in nats, ``-sum_c p_c log p_c`` with ``0 log 0 = 0``.
+
+    Args:
+        probs: array ``(..., C)`` of probabilities.
+        axis: the class axis.
+
+    Returns:
+        float64 array ``(...)``.
+    """
+    p = np.asarray(probs, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
+    return -np.sum(terms, axis=axis)
+
+
+def _concat(parts):
+    """Concatenates per-batch predictions (examples on axis 0, samples on axis 1)."""
+    first = parts[0]
+    values = {}
+    for field in dataclasses.fields(first):
+        items = [getattr(p, field.name) for p in parts]
+        if field.name == "num_samples":
+            values[field.name] = items[0]
+        elif items[0] is None:
+            values[field.name] = None
+        else:
+            values[field.name] = np.concatenate(items, axis=1 if field.name == "samples" else 0)
+    return type(first)(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassificationPrediction:
+    """Monte Carlo predictive summary of a classifier (entropies in nats).
+
+    Attributes:
+        mean_probs: ``(B, C)``, ``p_bar = mean_t p_t``, the predictive distribution.
+        predictive_entropy: ``(B,)``, total uncertainty ``H[p_bar]``.
+        expected_entropy: ``(B,)``, aleatoric uncertainty ``mean_t H[p_t]``.
+        mutual_information: ``(B,)``, epistemic uncertainty
+            ``H[p_bar] - mean_t H[p_t]`` (Depeweg et al. 2018; Trinh et al. 2022,
+            eq. 26-27), >= 0 (round-off below 0 is clipped).
+        samples: ``(T, B, C)`` per-sample probabilities, or None when
+            ``return_samples=False``.
+        num_samples: T.
+
+    Properties: ``predicted_class`` ``(B,)`` (argmax of ``mean_probs``),
+    ``confidence`` ``(B,)`` (max of ``mean_probs``), and the aliases ``total``,
+    ``aleatoric``, ``epistemic``. (Leading axes other than one batch axis are kept:
+    ``B`` can stand for ``B, L`` for per-token outputs.)
+    """
+
+    mean_probs: np.ndarray
+    predictive_entropy: np.ndarray
+    expected_entropy: np.ndarray
+    mutual_information: np.ndarray
+    samples: np.ndarray = None
+    num_samples: int = 1
+
+    @property
+    def predicted_class(self):
+        return np.argmax(self.mean_probs, axis=-1)
+
+    @property
+    def confidence(self):
+        return np.max(self.mean_probs, axis=-1)
+
+    @property
+    def total(self):
+        return self.predictive_entropy
+
+    @property
+    def aleatoric(self):
+        return self.expected_entropy
+
+    @property
+    def epistemic(self):
+        return self.mutual_information
+
+
+@dataclasses.dataclass(frozen=True)
+class RegressionPrediction:
+    """Monte Carlo predictive summary of a regressor.
+
+    Attributes:
+        mean: ``(B, ..., d)``, the predictive mean ``mean_t mu_t``.
+        epistemic_std: ``(B, ..., d)``, ``std_t mu_t`` (population std over samples).
+        aleatoric_std: ``(B, ..., d)``, ``sqrt(mean_t sigma_t^2)`` when the model
+            ends in a :class:`GaussianHead`, else None.
+        samples: ``(T, B, ...)`` the model's outputs per sample (for a Gaussian
+            head: means then scales on the last axis), or None.
+        num_samples: T.
+
+    Properties: ``total_std = sqrt(epistemic_std^2 + aleatoric_std^2)`` (the
+    variance of the mixture of the T predictive distributions); ``variance``.
+    """
+
+    mean: np.ndarray
+    epistemic_std: np.ndarray
+    aleatoric_std: np.ndarray = None
+    samples: np.ndarray = None
+    num_samples: int = 1
+
+    @property
+    def total_std(self):
+        if self.aleatoric_std is None:
+            return self.epistemic_std
+        return np.sqrt(np.square(self.epistemic_std) + np.square(self.aleatoric_std))
+
+    @property
+    def variance(self):
+        return np.square(self.total_std)
+
+    def interval(self, level=0.95):
+        """Central predictive interval ``mean -/+ z total_std``, ``z = Phi^-1((1 + level) / 2)``.
+
+        The predictive is a mixture of T Gaussians (or of T point masses without a
+        Gaussian head); the interval is that of the Gaussian with the mixture's
+        mean and variance (moment matching), exact for T -> inf only when the
+        mixture is itself Gaussian. Skewed or multi-modal predictives get a
+        symmetric interval.
+
+        Args:
+            level: float in (0, 1), the nominal coverage. Default 0.95.
+
+        Returns:
+            ``(lower, upper)``, each shaped like ``mean``.
+        """
+        if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+            raise ValueError(f"Expected `level` in (0, 1). Received: level={level!r}")
+        z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
+        half = z * self.total_std
+        return self.mean - half, self.mean + half
+
+
+def _as_probs(samples, from_logits):
+    x = np.asarray(samples, dtype=np.float64)
+    if x.shape[-1] == 1:  # one sigmoid unit: p(class 1); expand to two classes
+        p = 1.0 / (1.0 + np.exp(-x)) if from_logits else x
+        return np.concatenate([1.0 - p, p], axis=-1)
+    if from_logits:
+        z = np.exp(x - np.max(x, axis=-1, keepdims=True))
+        return z / np.sum(z, axis=-1, keepdims=True)
+    return x
+
+
+def summarize_classification(samples, from_logits=False, keep_samples=True):
+    """Predictive entropy, expected entropy and mutual information of T samples.
+
+    With ``p_t`` the class probabilities of sample ``t`` and ``p_bar = mean_t p_t``
+    (Depeweg et al. 2018; Trinh et al. 2022, eq. 26-27)::
+
+        predictive_entropy = H[p_bar]
+        expected_entropy   = (1 / T) sum_t H[p_t]
+        mutual_information = predictive_entropy - expected_entropy
+
+    Args:
+        samples: array ``(T, B, C)`` of probabilities (or logits with
+            ``from_logits=True``). ``C = 1`` is one sigmoid unit, expanded to the
+            two classes ``[1 - p, p]``.
+        from_logits: bool, apply a softmax (sigmoid for ``C = 1``) per sample first.
+        keep_samples: bool, keep the per-sample probabilities in the result.
+
+    Returns:
+        A :class:`ClassificationPrediction`.
+
+    Example:
+        >>> p = np.array([[[0.9, 0.1]], [[0.1, 0.9]]])  # T=2 confident, disagreeing samples
+        >>> s = tfbnn.inference.summarize_classification(p)
+        >>> round(float(s.mutual_information[0]), 4)  # log 2 - H(0.9, 0.1)
+        0.3681
+    """
+    probs = _as_probs(samples, from_logits)
+    if probs.ndim < 3:
+        raise ValueError(f"Expected samples of shape (T, B, C). Received: samples.shape={probs.shape}")
+    mean_probs = probs.mean(axis=0)
+    total = entropy(mean_probs)
+    aleatoric = entropy(probs).mean(axis=0)
+    epistemic = np.maximum(total - aleatoric, 0.0)
+    return ClassificationPrediction(
+        mean_probs=mean_probs.astype(np.float32),
+        predictive_entropy=total.astype(np.float32),
+        expected_entropy=aleatoric.astype(np.float32),
+        mutual_information=epistemic.astype(np.float32),
+        samples=probs.astype(np.float32) if keep_samples else None,
+        num_samples=probs.shape[0],
+    )
+
+
+def summarize_regression(samples, gaussian_head=False, keep_samples=True):
+    """Predictive mean and the epistemic / aleatoric split of T regression samples.
+
+    ``mean = mean_t mu_t``, ``epistemic_std = std_t mu_t`` and, with a Gaussian
+    head, ``aleatoric_std = sqrt(mean_t sigma_t^2)`` (the law of total variance;
+    Depeweg et al. 2018, eq. 5 for the variance form).
+
+    Args:
+        samples: array ``(T, B, ...)`` of outputs; with ``gaussian_head=True`` the
+            last axis holds ``d`` means then ``d`` scales (see
+            :class:`GaussianHead`).
+        gaussian_head: bool, whether the outputs are a Gaussian head's.
+        keep_samples: bool, keep the raw samples in the result.
+
+    Returns:
+        A :class:`RegressionPrediction`.
+
+    Example:
+        >>> s = tfbnn.inference.summarize_regression(np.array([[[1.0, 0.5]], [[3.0, 0.5]]]),
+        ...                                          gaussian_head=True)
+        >>> s.mean, s.epistemic_std, s.aleatoric_std
+        (array([[2.]], dtype=float32), array([[1.]], dtype=float32), array([[0.5]], dtype=float32))
+    """
+    raw = np.asarray(samples, dtype=np.float64)
+    if raw.ndim < 2:
+        raise ValueError(f"Expected samples of shape (T, B, ...). Received: samples.shape={raw.shape}")
+    aleatoric = None
+    means = raw
+    if gaussian_head:
+        means, scales = (np.asarray(v) for v in split_gaussian(raw))
+        aleatoric = np.sqrt(np.mean(np.square(scales), axis=0)).astype(np.float32)
+    return RegressionPrediction(
+        mean=means.mean(axis=0).astype(np.float32),
+        epistemic_std=means.std(axis=0).astype(np.float32),
+        aleatoric_std=aleatoric,
+        samples=raw.astype(np.float32) if keep_samples else None,
+        num_samples=raw.shape[0],
+    )
+
+
+# -- the vectorized sampler ------------------------------------------------------------
+class _AlwaysOnDropout(keras.layers.Layer):
+    """Runs a Keras dropout layer's math with ``training=True`` (the MC dropout view).
+
+    It shares the source layer (rate, noise shape and seed generator), so it adds
+    no state; it exists only inside the clone :func:`_mc_dropout_view` makes.
+    """
+
+    def __init__(self, source):
+        super().__init__(name=f"{source.name}_mc", dtype=source.dtype_policy)
+        self.source = source
+
+    def call(self, inputs):
+        return self.source.call(inputs, training=True)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+def _dropout_layers(model):
+    return [l for l in model._flatten_layers(include_self=False, recursive=True) if isinstance(l, _DROPOUT_TYPES)]
+
+
+def _mc_dropout_view(model):
+    """A model sharing every layer of ``model`` but with its dropout layers always on.
+
+    Only the dropout layers change, so BatchNormalization keeps its inference
+    statistics and Bayesian layers stay in inference (no KL scale needed), unlike
+    calling the model with ``training=True``.
+    """
+    replaced = []
+
+    def swap(layer):
+        if isinstance(layer, _DROPOUT_TYPES):
+            replaced.append(layer)
+            return _AlwaysOnDropout(layer)
+        return layer
+
+    try:
+        view = keras.models.clone_model(model, clone_function=swap, recursive=True)
+    except ValueError as e:
+        raise ValueError(
+            "`mc_dropout=True` rebuilds the model with its dropout layers kept on, which needs a "
+            "Sequential or functional model (a subclassed model cannot be rebuilt). Build the model "
+            "functionally, or use a dropout layer that stays on at inference. "
+            f"Received: model of type {type(model).__name__}"
+        ) from e
+    missing = [l.name for l in _dropout_layers(model) if not any(l is r for r in replaced)]
+    if missing:
+        raise ValueError(
+            "`mc_dropout=True` could not reach the dropout layers inside a subclassed layer or "
+            f"model: {missing}. Received: model={model.name!r}"
+        )
+    return view
+
+
+def _tile(x, num_samples):
+    return tf.tile(x, tf.concat([[num_samples], tf.ones([tf.rank(x) - 1], tf.int32)], axis=0))
+
+
+def _signature(batch):
+    """Input specs with an unknown batch axis: one trace serves every batch size."""
+    return tf.nest.map_structure(lambda v: tf.TensorSpec([None] + v.shape[1:].as_list(), v.dtype), batch)
+
+
+def _compiled_sampler(model, num_samples, joint, mc_dropout, signature):
+    """The per-batch ``tf.function`` ``x (B, ...) -> outputs (T, B, ...)``, cached.
+
+    The key holds everything read when tracing: T and ``joint`` (read by the layers
+    through :func:`weight_samples`), the dropout switch, the layers' inference
+    modes and the input specs. It is only ever called inside that context.
+    """
+    entry = _COMPILED.setdefault(model, {})
+    modes = tuple(layer.inference_mode for layer in bayesian_layers(model))
+    specs = tuple((tuple(s.shape.as_list()), s.dtype.name) for s in tf.nest.flatten(signature))
+    key = (num_samples, bool(joint), bool(mc_dropout), modes, repr(tf.nest.map_structure(lambda _: None, signature)), specs)
+    if key in entry:
+        return entry[key]
+    if mc_dropout:
+        if "mc_view" not in entry:
+            entry["mc_view"] = _mc_dropout_view(model)
+        target = weakref.ref(entry["mc_view"])
+    else:
+        target = weakref.ref(model)
+
+    @tf.function(input_signature=[signature])
+    def sample(x):
+        tiled = tf.nest.map_structure(lambda v: _tile(v, num_samples), x)
+        outputs = target()(tiled, training=False)
+        if not isinstance(outputs, tf.Tensor):
+            raise ValueError(
+                "`tfbnn.inference.predict` needs a model with one output tensor. "
+                f"Received: outputs of type {type(outputs).__name__}"
+            )
+        return tf.reshape(outputs, tf.concat([[num_samples, -1], tf.shape(outputs)[1:]], axis=0))
+
+    entry[key] = sample
+    return sample
+
+
+# -- inputs ------------------------------------------------------------------------
+def _to_tensor(v):
+    if isinstance(v, tf.Tensor):
+        return v
+    v = np.asarray(v)
+    if np.issubdtype(v.dtype, np.floating):
+        v = v.astype(keras.config.floatx())
+    return tf.convert_to_tensor(v)
+
+
+def _batches(x, batch_size):
+    if isinstance(x, tf.data.Dataset):
+        if batch_size is not None:
+            raise ValueError(
+                "A tf.data.Dataset is already batched: do not pass `batch_size`. "
+                f"Received: batch_size={batch_size}"
+            )
+        for element in x:
+            yield element[0] if isinstance(element, tuple) else element
+        return
+    x = tf.nest.map_structure(_to_tensor, x)
+    leaves = tf.nest.flatten(x)
+    if not leaves or leaves[0].shape.rank == 0:
+        raise ValueError(f"Expected inputs with a batch axis. Received: x of shape {getattr(x, 'shape', None)}")
+    num = int(leaves[0].shape[0])
+    if num == 0:
+        raise ValueError("Expected at least one example. Received: x with 0 examples")
+    if any(int(v.shape[0]) != num for v in leaves):
+        raise ValueError(f"All inputs must have the same number of examples. Received: {[v.shape for v in leaves]}")
+    size = batch_size or _DEFAULT_BATCH_SIZE
+    for start in range(0, num, size):
+        yield tf.nest.map_structure(lambda v, s=start: v[s : s + size], x)
+
+
+# -- task resolution -------------------------------------------------------------------
+def _output_layer(model):
+    outputs = getattr(model, "outputs", None)
+    if not outputs:
+        return None
+    layer = outputs[0]._keras_history.operation
+    if isinstance(layer, keras.Model) and layer is not model:
+        return _output_layer(layer) or layer
+    return layer
+
+
+def _looks_like_probabilities(samples):
+    if samples.ndim < 3 or samples.shape[-1] < 2:
+        return False
+    return bool(np.all(samples >= -1e-6) and np.allclose(samples.sum(axis=-1), 1.0, atol=1e-3))
+
+
+def _resolve_task(task, first_samples, from_logits, gaussian_head):
+    if task != "auto":
+        return task
+    if gaussian_head:
+        return "regression"
+    if from_logits or _looks_like_probabilities(first_samples):
+        return "classification"
+    return "regression"
+
+
+def _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head):
+    if not isinstance(model, keras.layers.Layer):
+        raise ValueError(f"Expected a Keras model. Received: model={type(model).__name__}")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"Expected `num_samples` to be a positive integer. Received: num_samples={num_samples!r}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"Expected `batch_size` to be a positive integer or None. Received: batch_size={batch_size!r}")
+    if task not in TASKS:
+        raise ValueError(f"Expected `task` in {TASKS}. Received: task={task!r}")
+    if from_logits and (task == "regression" or gaussian_head):
+        raise ValueError(
+            "`from_logits=True` applies a softmax: it is for classification, not regression. "
+            f"Received: task={task!r}, from_logits=True, gaussian_head={gaussian_head}"
+        )
+    if gaussian_head and task == "classification":
+        raise ValueError(
+            "A Gaussian head is a regression likelihood. Received: task='classification', gaussian_head=True"
+        )
+
+
+def _check_dropout(model, mc_dropout):
+    dropouts = _dropout_layers(model)
+    if mc_dropout and not dropouts:
+        raise ValueError(
+            "`mc_dropout=True` but the model has no Keras dropout layer "
+            f"({', '.join(t.__name__ for t in _DROPOUT_TYPES)}). Received: model={model.name!r}"
+        )
+    sampling = any(layer.inference_mode == "sample" for layer in bayesian_layers(model))
+    if dropouts and not mc_dropout and not sampling:
+        warnings.warn(
+            f"Model {model.name!r} has dropout layers, which Keras turns off at inference, and no "
+            "Bayesian layer that samples: all Monte Carlo samples will be identical. Pass "
+            "`mc_dropout=True` for MC dropout."
+        )
+
+
+def predict(
+    model,
+    x,
+    num_samples=100,
+    batch_size=None,
+    return_samples=False,
+    task="auto",
+    from_logits=False,
+    gaussian_head=None,
+    mc_dropout=False,
+    joint=False,
+):
+    """Monte Carlo prediction: T posterior predictive samples per example, summarised.
+
+    Each batch ``(B, ...)`` is tiled sample-major to ``(T * B, ...)`` and run once,
+    inside :func:`tfbnn.utils.weight_samples`, through a ``tf.function`` cached per
+    model, T and inference modes (``training=False``; the Bayesian layers keep
+    their inference modes, so a model in ``"mean"`` mode gives T identical samples
+    and zero mutual information). Classification returns
+    ``predictive_entropy = H[mean_t p_t]`` (total), ``expected_entropy =
+    mean_t H[p_t]`` (aleatoric) and ``mutual_information`` (epistemic, their
+    difference; Depeweg et al. 2018, Trinh et al. 2022 eq. 26-27). Regression
+    returns the mean, ``epistemic_std = std_t mu_t`` and, for a model ending in a
+    :class:`GaussianHead`, ``aleatoric_std = sqrt(mean_t sigma_t^2)``.
+
+    Args:
+        model: a Keras model with one output.
+        x: inputs: an array or tensor ``(N, ...)``, a list/dict of them (multi-input
+            models), or a batched ``tf.data.Dataset`` yielding ``x`` or
+            ``(x, y, ...)``.
+        num_samples: int >= 1, T. Default 100. Memory grows as ``T * batch_size``.
+        batch_size: int or None, examples per vectorized call (default 32; must be
+            None for a dataset).
+        return_samples: bool, keep the ``(T, N, ...)`` samples in the result.
+        task: ``"auto"`` (default), ``"classification"`` or ``"regression"``.
+            ``"auto"`` picks classification when ``from_logits=True`` or when the
+            first batch's outputs are probability vectors (non-negative, rows
+            summing to 1, at least 2 classes), regression otherwise and for a
+            Gaussian head. A single sigmoid unit needs ``task="classification"``
+            (it is expanded to two classes).
+        from_logits: bool, the outputs are logits: a softmax (sigmoid for one
+            unit) is applied per sample before averaging.
+        gaussian_head: bool or None. Whether the outputs are ``(mean, scale)`` of a
+            :class:`GaussianHead`; None detects a ``GaussianHead`` output layer of a
+            Sequential or functional model.
+        mc_dropout: bool. MC dropout (Gal & Ghahramani 2016): keep the Keras
+            ``Dropout`` / ``GaussianDropout`` / ``AlphaDropout`` layers on. The model
+            is run through a cached view sharing all its layers with only those
+            dropout layers switched on, so ``BatchNormalization`` keeps its moving
+            statistics (calling the model with ``training=True`` would not, and
+            would make Bayesian layers demand a KL scale). Needs a Sequential or
+            functional model; dropout masks come from each dropout layer's seed
+            generator.
+        joint: bool. False (default): every example gets its own independent
+            weight sample (per-example summaries need no more, and it is the
+            cheapest). True: the examples of a batch share each of the T weight
+            samples, so ``samples[t]`` is one function draw over the batch (see
+            :func:`tfbnn.utils.weight_samples`). The summaries have the same
+            distribution either way.
+
+    Returns:
+        A :class:`ClassificationPrediction` (``mean_probs (N, C)``, entropies
+        ``(N,)``, ``samples (T, N, C)``) or a :class:`RegressionPrediction`
+        (``mean (N, ...)``, stds, ``interval(level)``).
+
+    Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> model = keras.Sequential([
+        ...     keras.Input((4,)),
+        ...     tfbnn.layers.DenseFlipout(16, activation="relu", seed=1),
+        ...     tfbnn.layers.DenseFlipout(3, activation="softmax", seed=2),
+        ... ])
+        >>> res = tfbnn.predict(model, np.random.rand(10, 4).astype("float32"), num_samples=50)
+        >>> res.mean_probs.shape, res.mutual_information.shape
+        ((10, 3), (10,))
+    """
+    _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head)
+    if gaussian_head is None:
+        gaussian_head = isinstance(_output_layer(model), GaussianHead)
+    _check_dropout(model, mc_dropout)
+    batches = iter(_batches(x, batch_size))
+    first = next(batches, None)
+    if first is None:
+        raise ValueError("Expected at least one batch of inputs. Received: an empty dataset")
+    if not model.built:  # build outside the tf.function, with one sample per row
+        model(first, training=False)
+    sampler = _compiled_sampler(model, num_samples, joint, mc_dropout, _signature(first))
+    parts, resolved = [], None
+    with weight_samples(model, num_samples, joint=joint):
+        for batch in _chain(first, batches):
+            samples = sampler(batch).numpy()
+            if resolved is None:
+                resolved = _resolve_task(task, samples, from_logits, gaussian_head)
+            if resolved == "classification":
+                parts.append(summarize_classification(samples, from_logits, keep_samples=return_samples))
+            else:
+                parts.append(summarize_regression(samples, gaussian_head, keep_samples=return_samples))
+    return _concat(parts)
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
