@@ -4,7 +4,7 @@ A prior is a small configuration object (not a closure) that produces a scalar
 ``tfp.distributions.Distribution``; layers broadcast it over every weight, so the
 prior over a kernel is the product of independent scalar priors.
 
-Two priors are provided:
+Three priors are provided:
 
 * :class:`Normal` -- ``p(w) = N(w; loc, scale^2)``. Its KL against the Gaussian
   mean-field posterior has a closed form (Blundell et al. 2015, and Graves 2011
@@ -16,6 +16,9 @@ Two priors are provided:
   with ``sigma1 > sigma2`` in the paper (a wide and a narrow component). TFP has
   no registered KL between a Normal and a mixture, so layers use a Monte Carlo
   estimate ``log q(w) - log p(w)`` at the sampled weights (Blundell eq. 2).
+* :class:`Graves` -- Graves (2011): a Gaussian ``N(mu_p, sigma_p^2)`` whose
+  parameters are, by default, set in closed form to the values that minimise
+  the KL given the posterior (per weight tensor), with the closed-form KL.
 
 Priors are chosen by name or by object, as Keras initializers are::
 
@@ -32,7 +35,7 @@ import tensorflow_probability as tfp
 
 tfd = tfp.distributions
 
-__all__ = ["Prior", "Normal", "ScaleMixture", "get", "serialize", "deserialize"]
+__all__ = ["Prior", "Normal", "ScaleMixture", "Graves", "get", "serialize", "deserialize"]
 
 
 def _check_positive(name, value):
@@ -171,11 +174,99 @@ class ScaleMixture(Prior):
         return {"pi": self.pi, "sigma1": self.sigma1, "sigma2": self.sigma2}
 
 
+@keras.saving.register_keras_serializable(package="tfbnn")
+class Graves(Prior):
+    """Graves (2011) Gaussian prior ``N(mu_p, sigma_p^2)`` with a closed-form KL.
+
+    With ``loc=None, scale=None`` (the default, Graves 2011 sec. 5, eq. 13-15) the
+    prior of each weight tensor (a kernel, a bias) is the Gaussian closest to its
+    mean-field posterior ``N(mu_i, sigma_i^2)``, i = 1..n::
+
+        mu_p = mean_i mu_i,    sigma_p^2 = mean_i (sigma_i^2 + (mu_i - mu_p)^2)
+
+    and at that optimum the KL has the closed form
+    ``KL = n log sigma_p - sum_i log sigma_i`` (the quadratic terms sum to n / 2).
+    The optimum is recomputed at every step, so the prior is an empirical-Bayes
+    prior; its gradient is the KL's partial gradient (envelope theorem).
+    Given numbers, ``loc`` and/or ``scale`` are held fixed (the other, if None,
+    is still fitted) and the KL is
+    ``sum_i log(sigma_p / sigma_i) + (sigma_i^2 + (mu_i - mu_p)^2) / (2 sigma_p^2) - 1/2``.
+
+    Pair it with the log-variance posterior of Graves (``sigma^2 = exp(rho)``):
+    :class:`tfbnn.layers.GravesDense`, or
+    ``DenseLocalReparameterization(..., kernel_prior="graves",
+    posterior_parameterization="log_variance")``. Graves pruned weights by their
+    signal-to-noise ratio ``|mu| / sigma`` (:func:`tfbnn.pruning.snr_mask`).
+
+    Args:
+        loc: float or None (fitted), the prior mean.
+        scale: float > 0 or None (fitted), the prior standard deviation.
+
+    Example:
+        >>> p = Graves()
+        >>> mu_p, sigma_p = p.fit(tf.constant([1.0, 3.0]), tf.constant([1.0, 1.0]))
+        >>> float(mu_p), round(float(sigma_p) ** 2, 4)
+        (2.0, 2.0)
+
+    Reference:
+        Graves. Practical Variational Inference for Neural Networks. NeurIPS 2011.
+    """
+
+    has_closed_form_kl = True
+
+    def __init__(self, loc=None, scale=None):
+        if loc is not None and (
+            isinstance(loc, bool) or not isinstance(loc, (int, float, np.floating, np.integer)) or not math.isfinite(loc)
+        ):
+            raise ValueError(f"Expected `loc` to be a finite number or None. Received: loc={loc!r}")
+        self.loc = None if loc is None else float(loc)
+        self.scale = None if scale is None else _check_positive("scale", scale)
+
+    @property
+    def adaptive(self):
+        """Whether some prior parameter is fitted to the posterior."""
+        return self.loc is None or self.scale is None
+
+    def fit(self, loc, scale):
+        """The prior's ``(mu_p, sigma_p)`` for a posterior ``N(loc, scale^2)`` (scalar tensors)."""
+        loc = tf.convert_to_tensor(loc)
+        scale = tf.convert_to_tensor(scale, loc.dtype)
+        mu_p = tf.reduce_mean(loc) if self.loc is None else tf.constant(self.loc, loc.dtype)
+        if self.scale is None:
+            sigma_p = tf.sqrt(tf.reduce_mean(tf.square(scale) + tf.square(loc - mu_p)))
+        else:
+            sigma_p = tf.constant(self.scale, loc.dtype)
+        return mu_p, sigma_p
+
+    def kl_divergence(self, loc, scale):
+        """``sum_i KL(N(loc_i, scale_i^2) || N(mu_p, sigma_p^2))``, the prior fitted if adaptive."""
+        loc = tf.convert_to_tensor(loc)
+        scale = tf.convert_to_tensor(scale, loc.dtype)
+        mu_p, sigma_p = self.fit(loc, scale)
+        variance_p = tf.square(sigma_p)
+        per_weight = (tf.square(scale) + tf.square(loc - mu_p)) / (2.0 * variance_p) - tf.math.log(scale)
+        n = tf.cast(tf.size(loc), loc.dtype)
+        return tf.reduce_sum(per_weight) + n * (tf.math.log(sigma_p) - 0.5)
+
+    def distribution(self, dtype="float32"):
+        if self.adaptive:
+            raise ValueError(
+                "The Graves prior with a fitted loc or scale depends on the posterior: use "
+                "`prior.fit(loc, scale)` for its parameters or `prior.kl_divergence(loc, scale)`. "
+                f"Received: loc={self.loc}, scale={self.scale}"
+            )
+        return tfd.Normal(tf.constant(self.loc, dtype), tf.constant(self.scale, dtype))
+
+    def get_config(self):
+        return {"loc": self.loc, "scale": self.scale}
+
+
 _ALIASES = {
     "normal": Normal,
     "gaussian": Normal,
     "scale_mixture": ScaleMixture,
     "blundell": ScaleMixture,
+    "graves": Graves,
 }
 
 
@@ -193,7 +284,8 @@ def get(identifier):
     """Resolves a prior from a name, a config dict or a :class:`Prior`.
 
     Args:
-        identifier: ``"normal"``, ``"scale_mixture"`` (alias ``"blundell"``), a dict
+        identifier: ``"normal"``, ``"scale_mixture"`` (alias ``"blundell"``),
+            ``"graves"`` (the fitted Gaussian of :class:`Graves`), a dict
             from :func:`serialize`, or a :class:`Prior` instance (returned as is).
 
     Returns:

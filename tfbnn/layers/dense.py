@@ -4,7 +4,10 @@ All three share one model. Each weight has an independent Gaussian posterior
 
     q(w_ij) = N(mu_ij, sigma_ij^2),   sigma_ij = softplus(rho_ij) + 1e-6,
 
-(Blundell et al. 2015, sec. 3.2) and a prior chosen by name or object
+(Blundell et al. 2015, sec. 3.2) -- or, with
+``posterior_parameterization="log_variance"``, ``sigma_ij^2 = exp(rho_ij)``
+(Graves 2011; ``rho`` clipped to ``[-80, 40]`` so that ``sigma`` and ``log sigma``
+stay finite in float32) -- and a prior chosen by name or object
 (:mod:`tfbnn.priors`). They differ only in how a forward pass samples:
 
 =========================  ==========================================  ==========================
@@ -43,6 +46,9 @@ from tfbnn.layers.base import BayesianLayer
 __all__ = ["DenseReparameterization", "DenseFlipout", "DenseLocalReparameterization"]
 
 _MIN_SCALE = 1e-6
+POSTERIOR_PARAMETERIZATIONS = ("softplus", "log_variance")
+# exp(-80) ~ 1.8e-35 is still a normal float32; exp(40) keeps x^2 sigma^2 sums finite.
+_LOG_VARIANCE_RANGE = (-80.0, 40.0)
 
 
 def _default_rho_initializer():
@@ -53,6 +59,15 @@ def _default_rho_initializer():
 
 def _softplus_scale(rho):
     return tf.nn.softplus(rho) + _MIN_SCALE
+
+
+def _log_variance_scale(rho):
+    return tf.exp(0.5 * tf.clip_by_value(rho, *_LOG_VARIANCE_RANGE))
+
+
+def _default_log_variance_initializer():
+    # log sigma^2 = 2 log softplus(-5): the same initial sigma (~0.0067) as the softplus default.
+    return keras.initializers.Constant(-10.0)
 
 
 class _DenseBayesian(BayesianLayer):
@@ -68,8 +83,13 @@ class _DenseBayesian(BayesianLayer):
             estimate (no posterior, no KL), as TFP's layers do by default.
         kernel_loc_initializer, kernel_rho_initializer, bias_loc_initializer,
         bias_rho_initializer: Keras initializers for the posterior mean and the
-            untransformed scale ``rho`` (``sigma = softplus(rho)``). Default
-            ``rho = -5`` (sigma ~ 0.0067).
+            untransformed scale ``rho`` (``sigma = softplus(rho)``, or
+            ``sigma^2 = exp(rho)`` with the log-variance parameterization).
+            Default ``rho = -5`` (softplus) / ``rho = -10`` (log variance): sigma ~ 0.0067.
+        posterior_parameterization: ``"softplus"`` (default, Blundell et al. 2015:
+            ``sigma = softplus(rho) + 1e-6``) or ``"log_variance"`` (Graves 2011:
+            ``sigma^2 = exp(rho)``, ``rho`` clipped to ``[-80, 40]``). With
+            ``kernel_prior="graves"`` the latter is Graves' variational dense layer.
         kl_weight, inference_mode, seed: see :class:`BayesianLayer`.
 
     Input shape: ``(batch, ..., input_dim)``, rank >= 2.
@@ -90,11 +110,21 @@ class _DenseBayesian(BayesianLayer):
         kl_weight=None,
         inference_mode="sample",
         seed=None,
+        posterior_parameterization="softplus",
         **kwargs,
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
         if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
             raise ValueError(f"Expected `units` to be a positive integer. Received: units={units!r}")
+        if posterior_parameterization not in POSTERIOR_PARAMETERIZATIONS:
+            raise ValueError(
+                f"Expected `posterior_parameterization` in {POSTERIOR_PARAMETERIZATIONS}. "
+                f"Received: posterior_parameterization={posterior_parameterization!r}"
+            )
+        self.posterior_parameterization = posterior_parameterization
+        default_rho = (
+            _default_rho_initializer if posterior_parameterization == "softplus" else _default_log_variance_initializer
+        )
         self.units = units
         self.activation = keras.activations.get(activation)
         self.use_bias = bool(use_bias)
@@ -102,11 +132,11 @@ class _DenseBayesian(BayesianLayer):
         self.bias_prior = None if bias_prior is None else priors_lib.get(bias_prior)
         self.kernel_loc_initializer = keras.initializers.get(kernel_loc_initializer)
         self.kernel_rho_initializer = keras.initializers.get(
-            kernel_rho_initializer or _default_rho_initializer()
+            kernel_rho_initializer or default_rho()
         )
         self.bias_loc_initializer = keras.initializers.get(bias_loc_initializer)
         self.bias_rho_initializer = keras.initializers.get(
-            bias_rho_initializer or _default_rho_initializer()
+            bias_rho_initializer or default_rho()
         )
 
     @property
@@ -126,10 +156,10 @@ class _DenseBayesian(BayesianLayer):
                 f"Received: input_shape={tuple(input_shape)}"
             )
         self.kernel_loc = self.add_weight(
-            name="kernel_loc", shape=(input_dim, self.units), initializer=self.kernel_loc_initializer
+            name="kernel_loc", shape=self._kernel_shape(input_dim), initializer=self.kernel_loc_initializer
         )
         self.kernel_rho = self.add_weight(
-            name="kernel_rho", shape=(input_dim, self.units), initializer=self.kernel_rho_initializer
+            name="kernel_rho", shape=self._kernel_shape(input_dim), initializer=self.kernel_rho_initializer
         )
         self.bias_loc = self.bias_rho = None
         if self.use_bias:
@@ -143,12 +173,20 @@ class _DenseBayesian(BayesianLayer):
         self._build_kl_weight()
         self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
 
+    def _kernel_shape(self, input_dim):
+        return (input_dim, self.units)
+
     # -- posterior pieces ------------------------------------------------------
+    def _scale(self, rho):
+        if self.posterior_parameterization == "log_variance":
+            return _log_variance_scale(rho)
+        return _softplus_scale(rho)
+
     def kernel_scale(self):
-        return _softplus_scale(self.kernel_rho)
+        return self._scale(self.kernel_rho)
 
     def bias_scale(self):
-        return _softplus_scale(self.bias_rho) if self.bayesian_bias else None
+        return self._scale(self.bias_rho) if self.bayesian_bias else None
 
     def _sample(self, loc, scale, prior, num_samples=1):
         """Weight sample(s) and the KL (closed form, or MC averaged over the samples).
@@ -253,6 +291,7 @@ class _DenseBayesian(BayesianLayer):
                 "kernel_rho_initializer": keras.initializers.serialize(self.kernel_rho_initializer),
                 "bias_loc_initializer": keras.initializers.serialize(self.bias_loc_initializer),
                 "bias_rho_initializer": keras.initializers.serialize(self.bias_rho_initializer),
+                "posterior_parameterization": self.posterior_parameterization,
             }
         )
         return config
