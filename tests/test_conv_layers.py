@@ -1,0 +1,89 @@
+import keras
+import numpy as np
+import pytest
+
+import tfbnn
+from tfbnn import testing
+from tfbnn.layers.conv import Conv1DFlipout, Conv1DReparameterization, Conv2DFlipout, Conv2DReparameterization
+
+CONV2D = [Conv2DReparameterization, Conv2DFlipout]
+
+
+@pytest.mark.parametrize("cls", CONV2D)
+@pytest.mark.parametrize("prior", ["normal", "scale_mixture"])
+def test_conv2d_basics(cls, prior):
+    testing.run_layer_test(cls, {"filters": 3, "kernel_size": 3, "padding": "same", "activation": "relu",
+                                 "kernel_prior": prior, "seed": 5},
+                           input_shape=(2, 6, 6, 2), expected_output_shape=(2, 6, 6, 3),
+                           expected_num_trainable_weights=4)
+
+
+@pytest.mark.parametrize("cls", [Conv1DReparameterization, Conv1DFlipout])
+def test_conv1d_basics(cls):
+    testing.run_layer_test(cls, {"filters": 4, "kernel_size": 3, "strides": 2, "seed": 1},
+                           input_shape=(2, 9, 3), expected_output_shape=(2, 4, 4))
+
+
+@pytest.mark.parametrize("cls", CONV2D)
+def test_posterior_mean_is_the_keras_convolution_and_kl_is_closed_form(cls):
+    x = np.random.default_rng(0).normal(size=(3, 7, 7, 2)).astype("float32")
+    layer = cls(4, (3, 2), strides=(2, 1), padding="valid", kernel_prior=tfbnn.priors.Normal(0, 0.5), seed=1,
+                kernel_rho_initializer=keras.initializers.Constant(-1.0))
+    layer.set_kl_weight(1.0)
+    layer.build(x.shape)
+    ref = keras.layers.Conv2D(4, (3, 2), strides=(2, 1), padding="valid")
+    ref.build(x.shape)
+    ref.set_weights([layer.kernel_loc.numpy(), layer.bias_loc.numpy()])
+    with tfbnn.posterior_mean(keras.Sequential([keras.Input(x.shape[1:]), layer])):
+        np.testing.assert_allclose(layer(x).numpy(), ref(x).numpy(), rtol=1e-5, atol=1e-5)
+    mu, s = layer.kernel_loc.numpy(), np.log1p(np.exp(-1.0)) + 1e-6
+    mu_b, s_b = layer.bias_loc.numpy(), layer.bias_scale().numpy()
+    expected = np.sum(np.log(0.5 / s) + (s**2 + mu**2) / (2 * 0.25) - 0.5)
+    expected += np.sum(np.log(1 / s_b) + (s_b**2 + mu_b**2) / 2 - 0.5)
+    np.testing.assert_allclose(float(layer.kl_divergence()), expected, rtol=1e-5)
+    assert not np.allclose(layer(x).numpy(), ref(x).numpy())  # sampling mode samples
+
+
+@pytest.mark.parametrize("cls", CONV2D)
+def test_mc_protocol_draws_one_independent_kernel_per_block(cls):
+    t, b = 3, 2
+    x = np.random.default_rng(0).normal(size=(b, 5, 5, 2)).astype("float32")
+    model = keras.Sequential([keras.Input((5, 5, 2)), cls(3, 3, seed=1, kernel_rho_initializer=keras.initializers.Constant(-1.0))])
+    with tfbnn.weight_samples(model, t):
+        y = model(np.tile(x, (t, 1, 1, 1))).numpy().reshape(t, b, 3, 3, 3)
+    assert all(not np.allclose(y[i], y[j]) for i in range(t) for j in range(i + 1, t))
+    layer = model.layers[0]
+    layer.kernel_rho.assign(np.full(layer.kernel_rho.shape, -30.0, "float32"))
+    layer.bias_rho.assign(np.full(layer.bias_rho.shape, -30.0, "float32"))
+    with tfbnn.posterior_mean(model):
+        mean = model(x).numpy()
+    with tfbnn.weight_samples(model, t):
+        y = model(np.tile(x, (t, 1, 1, 1))).numpy().reshape(t, b, 3, 3, 3)
+    np.testing.assert_allclose(y, np.broadcast_to(mean, y.shape), atol=1e-4)
+    res = tfbnn.predict(keras.Sequential([keras.Input((5, 5, 2)), keras.layers.Flatten(),
+                                          tfbnn.DenseFlipout(3, activation="softmax", seed=2)]), x, num_samples=4)
+    assert res.mean_probs.shape == (b, 3)
+
+
+def test_flipout_decorrelates_identical_examples():
+    x = np.ones((16, 4, 4, 2), "float32")
+    y = Conv2DFlipout(2, 3, seed=1, kernel_rho_initializer=keras.initializers.Constant(0.0))(x).numpy()
+    assert np.std(y[:, 0, 0, 0]) > 0.1
+    y = Conv2DReparameterization(2, 3, seed=1, kernel_rho_initializer=keras.initializers.Constant(0.0))(x).numpy()
+    np.testing.assert_allclose(y, np.broadcast_to(y[:1], y.shape), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"filters": 0, "kernel_size": 3}, "filters=0"), ({"filters": 2, "kernel_size": 0}, "kernel_size=0"),
+     ({"filters": 2, "kernel_size": (3, 3, 3)}, "kernel_size="), ({"filters": 2, "kernel_size": 3, "padding": "full"}, "padding='full'"),
+     ({"filters": 2, "kernel_size": 3, "strides": -1}, "strides=-1"), ({"filters": 2, "kernel_size": 3, "kernel_prior": "x"}, "prior='x'")],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Conv2DFlipout(**kwargs)
+
+
+def test_wrong_input_rank():
+    with pytest.raises(ValueError, match=r"rank 4 .*input_shape=\(2, 5, 3\)"):
+        Conv2DReparameterization(2, 3, kl_weight=0.1)(np.ones((2, 5, 3), "float32"))
