@@ -1,0 +1,163 @@
+"""Conversion of trained deterministic models: same predictions at ~0 scale, weights carried
+over, scales as asked, the converted model trains, clear errors."""
+
+import keras
+import numpy as np
+import pytest
+
+import tfbnn
+from tfbnn import convert
+
+RNG = np.random.default_rng(0)
+X_IMG = RNG.normal(size=(12, 8, 8, 1)).astype("float32")
+
+
+def _functional_cnn():
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    h = keras.layers.MaxPooling2D(name="pool")(h)
+    h = keras.layers.Flatten(name="flat")(h)
+    inner = keras.Sequential([keras.Input((36,)), keras.layers.Dense(16, activation="relu", name="fc")], name="inner")
+    h = keras.layers.Dropout(0.3, name="drop")(inner(h))
+    outputs = keras.layers.Dense(3, activation="softmax", name="out")(h)
+    model = keras.Model(inputs, outputs, name="cnn")
+    bn = model.get_layer("bn")  # "trained" statistics, so that copying them matters
+    bn.moving_mean.assign(np.random.default_rng(1).normal(size=4).astype("float32"))
+    bn.moving_variance.assign(np.random.default_rng(2).uniform(0.5, 2.0, size=4).astype("float32"))
+    return model
+
+
+def _sequential_mlp():
+    model = keras.Sequential([
+        keras.Input((5,)),
+        keras.layers.Dense(8, activation="tanh", name="h1"),
+        keras.layers.LayerNormalization(name="ln"),
+        keras.layers.Dense(2, name="out"),
+    ], name="mlp")
+    return model
+
+
+@pytest.mark.parametrize("method", ["vd", "vd_multiplicative"])
+def test_vd_conversion_keeps_predictions_of_functional_cnn(method):
+    det = _functional_cnn()
+    expected = det(X_IMG).numpy()
+    bnn = convert.to_bayesian(det, method=method, init_scale=1e-7, seed=1, layer_kwargs={"min_log_alpha": -40.0})
+    kinds = {l.name: type(l).__name__ for l in bnn._flatten_layers(include_self=False, recursive=True)}
+    assert kinds["conv"] == "Conv2DVariationalDropout" and kinds["fc"] == kinds["out"] == "DenseVariationalDropout"
+    assert kinds["bn"] == "BatchNormalization" and kinds["drop"] == "Dropout"
+    with tfbnn.posterior_mean(bnn):
+        np.testing.assert_allclose(bnn(X_IMG).numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bnn(X_IMG).numpy(), expected, atol=1e-4)  # sampling, scales ~0
+    np.testing.assert_array_equal(bnn.get_layer("bn").moving_mean.numpy(), det.get_layer("bn").moving_mean.numpy())
+    assert bnn.name == f"cnn_{method}"
+
+
+@pytest.mark.parametrize("method", ["graves", "reparameterization"])
+def test_gaussian_conversion_of_a_cnn_keeps_predictions(method):
+    det = _functional_cnn()
+    expected = det(X_IMG).numpy()
+    bnn = convert.to_bayesian(det, method=method, init_scale=1e-7, seed=1)
+    conv = bnn.get_layer("conv")
+    assert type(conv).__name__ == ("Conv2DReparameterization" if method == "reparameterization" else "Conv2DFlipout")
+    if method == "graves":
+        assert conv.posterior_parameterization == "log_variance" and conv.kernel_prior == tfbnn.priors.Graves()
+    with tfbnn.posterior_mean(bnn):
+        np.testing.assert_allclose(bnn(X_IMG).numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bnn(X_IMG).numpy(), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["graves", "flipout", "reparameterization", "local_reparameterization"])
+def test_gaussian_conversion_keeps_predictions(method):
+    det = _sequential_mlp()
+    x = RNG.normal(size=(6, 5)).astype("float32")
+    expected = det(x).numpy()
+    bnn = convert.to_bayesian(det, method=method, init_scale=1e-7, seed=1)
+    with tfbnn.posterior_mean(bnn):
+        np.testing.assert_allclose(bnn(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bnn(x).numpy(), expected, atol=1e-4)
+    np.testing.assert_allclose(bnn.get_layer("h1").kernel_loc.numpy(), det.get_layer("h1").kernel.numpy())
+    # The softplus parameterization floors sigma at 1e-6; log variance reaches 1e-7.
+    floor = 1e-7 if method == "graves" else 1e-6
+    np.testing.assert_allclose(bnn.get_layer("h1").kernel_scale().numpy(), floor, rtol=0.02)
+
+
+def test_initial_scales_fixed_and_moped():
+    det = _sequential_mlp()
+    w = det.get_layer("h1").kernel.numpy()
+    for method in ("vd", "graves", "flipout"):
+        fixed = convert.to_bayesian(det, method=method, init_scale=0.01)
+        # Variational dropout's log alpha >= -8 floors sigma at e^-4 |w|.
+        expected = np.maximum(0.01, np.exp(-4.0) * np.abs(w)) if method == "vd" else 0.01
+        np.testing.assert_allclose(fixed.get_layer("h1").kernel_scale().numpy(), expected, rtol=1e-2)
+        moped = convert.to_bayesian(det, method=method, init_scale="moped", moped_delta=0.1)
+        np.testing.assert_allclose(moped.get_layer("h1").kernel_scale().numpy(), 0.1 * np.abs(w), rtol=1e-3, atol=2e-6)
+    vd = convert.to_bayesian(det, method="vd", init_scale="moped", moped_delta=0.1)
+    np.testing.assert_allclose(vd.get_layer("h1").log_alpha().numpy(), 2 * np.log(0.1), atol=1e-3)  # alpha = delta^2
+
+
+def test_layer_selection_and_kl_weight():
+    det = _sequential_mlp()
+    bnn = convert.to_bayesian(det, method="vd", exclude=["out"], num_examples=200)
+    assert type(bnn.get_layer("out")) is keras.layers.Dense
+    assert float(bnn.get_layer("h1").kl_weight.numpy()) == pytest.approx(1 / 200)
+    only = convert.to_bayesian(det, method="graves", layers=["out"])
+    assert type(only.get_layer("h1")) is keras.layers.Dense
+    assert type(only.get_layer("out")) is tfbnn.layers.GravesDense
+    np.testing.assert_array_equal(only.get_layer("h1").kernel.numpy(), det.get_layer("h1").kernel.numpy())
+
+
+def test_converted_model_trains():
+    keras.utils.set_random_seed(0)
+    ds = tfbnn.datasets.load("moons", num_examples=400, noise=0.1, seed=0)
+    det = keras.Sequential([keras.Input((2,)), keras.layers.Dense(32, activation="relu", name="h"),
+                            keras.layers.Dense(2, activation="softmax", name="out")])
+    det.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
+    det.fit(ds.x_train, ds.y_train, epochs=8, batch_size=64, verbose=0)
+    det_accuracy = np.mean(det(ds.x_test).numpy().argmax(-1) == ds.y_test)
+    for method in ("vd", "graves"):
+        bnn = convert.to_bayesian(det, method=method, init_scale="moped", moped_delta=0.05, seed=2)
+        bnn.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
+        before = bnn.get_layer("h").kernel_loc.numpy().copy()
+        history = bnn.fit(ds.x_train, ds.y_train, epochs=3, batch_size=64, verbose=0,
+                          callbacks=[tfbnn.KLAnnealing(ds.num_examples, "linear")])
+        assert np.all(np.isfinite(history.history["loss"]))
+        assert not np.allclose(before, bnn.get_layer("h").kernel_loc.numpy())
+        with tfbnn.posterior_mean(bnn):
+            accuracy = np.mean(bnn(ds.x_test).numpy().argmax(-1) == ds.y_test)
+        assert accuracy >= det_accuracy - 0.05, (method, accuracy, det_accuracy)
+
+
+def test_bad_input_is_rejected_clearly():
+    det = _sequential_mlp()
+    with pytest.raises(ValueError, match="method='bbb'"):
+        convert.to_bayesian(det, method="bbb")
+    no_dense = keras.Sequential([keras.Input((4,)), keras.layers.LayerNormalization(), keras.layers.ReLU()],
+                                name="plain")
+    with pytest.raises(ValueError, match="at least one keras.layers.Dense or keras.layers.Conv2D.*plain"):
+        convert.to_bayesian(no_dense)
+    with pytest.raises(ValueError, match="init_scale=-0.1"):
+        convert.to_bayesian(det, init_scale=-0.1)
+    with pytest.raises(ValueError, match="init_scale='wide'"):
+        convert.to_bayesian(det, init_scale="wide")
+    with pytest.raises(ValueError, match="moped_delta=0"):
+        convert.to_bayesian(det, init_scale="moped", moped_delta=0)
+    with pytest.raises(ValueError, match=r"exclude=\['h9'\]"):
+        convert.to_bayesian(det, exclude=["h9"])
+    with pytest.raises(ValueError, match="num_examples=0"):
+        convert.to_bayesian(det, num_examples=0)
+    with pytest.raises(ValueError, match="Conv2D layer 'conv'.*exclude=\\['conv'\\]"):
+        convert.to_bayesian(_functional_cnn(), method="local_reparameterization")
+
+    class Sub(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.d = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.d(x)
+
+    sub = Sub()
+    sub(np.ones((1, 3), "float32"))
+    with pytest.raises(ValueError, match="Sequential or functional"):
+        convert.to_bayesian(sub)

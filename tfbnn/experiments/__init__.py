@@ -1,0 +1,31 @@
+"""Runnable experiments reproducing published results with tfbnn.
+
+Each module has a Python entry point (``run_experiment(...) -> dict``), a command line
+(``python -m tfbnn.experiments.<module> --help``) and an ``add_<name>_parser(subparsers)``
+function in the pattern of :mod:`tfbnn.cli` (``set_defaults(func=...)``, one-line errors),
+so the ``tfbnn`` command can list them. Results are PNG figures next to CSV and JSON
+numbers, by default under ``saved_models/experiments/<name>/`` (not committed).
+
+==============================  ====================================================
+module                          experiment
+==============================  ====================================================
+``vd_sparsity``                 VariationalMLP sparsity study: pre-train, convert to
+                                variational dropout or Graves, anneal, prune
+                                (principled vs random), accuracy vs MC samples
+``vd_regression``               1-D regression, 40 points: variational dropout,
+                                Graves and deterministic predictive bands
+``vd_transformer``              Transformer-encoder text classifier (IMDB via tfds or
+                                offline synthetic reviews) with a VD / BbB
+                                feed-forward block
+``cifar_comparison``            LeNet-5 / AlexNet / ResNet-50 on CIFAR-10 with
+                                Bayes-by-Backprop, MC dropout, ... (learning curves,
+                                accuracy, NLL, ECE)
+``ibnn_regression``             iBNN (Trinh et al. 2022): y = x^3 from 30 points,
+                                1-5 hidden layers of 256 ReLU units, iBNN vs
+                                Bayes-by-Backprop predictive bands
+``ibnn_lenet``                  LeNet width sweep (1x, 4x, 16x, 64x) iBNN vs BbB on
+                                Fashion-MNIST (tfds) or the offline 8x8 digits
+``ibnn_shift``                  accuracy and total / aleatoric / epistemic uncertainty
+                                under growing input corruption: iBNN vs MC dropout
+==============================  ====================================================
+"""

@@ -1,0 +1,296 @@
+"""1-D regression: predictive bands of variational dropout, Graves dense and a deterministic net.
+
+The toy problem of Blundell et al. (2015, sec. 5.2) with 40 training points
+(:func:`tfbnn.datasets.regression.make_toy_regression`)::
+
+    y = x + 0.3 sin(2 pi (x + e)) + 0.3 sin(4 pi (x + e)) + e,   e ~ N(0, 0.02^2),  x ~ U(0, 0.5)
+
+and a net with one hidden layer of 64 ReLU units (inputs standardized). As in the sparsity study, the
+deterministic net is trained first, then converted
+(:func:`tfbnn.convert.to_bayesian`) to sparse variational dropout (``vd``) and to
+Graves' layer (``graves``), which train on ``mean NLL + beta KL / N`` (N = 40, the
+Gaussian likelihood with the known noise scale) with beta warmed up and annealed to 1;
+the deterministic baseline continues training for as many steps on the NLL alone.
+
+Outputs (``--output-dir``, default ``saved_models/experiments/vd_regression/``):
+``bands.png`` (one panel per method: data, truth, predictive mean, epistemic and total
++-2 std bands on ``[-0.2, 1.2]``), ``bands.csv`` (the curves), ``results.csv`` /
+``results.json`` (RMSE of the mean against the noise-free curve inside the data range,
+mean epistemic std inside and outside it, test NLL on fresh points, sparsity).
+
+Run: ``python -m tfbnn.experiments.vd_regression`` (about a minute on 2 CPU cores).
+"""
+
+import math
+import os
+import time
+
+from tfbnn.experiments import _common
+
+__all__ = ["DEFAULTS", "METHODS", "build_model", "run_experiment", "add_arguments",
+           "add_vd_regression_parser", "run", "main"]
+
+NAME = "vd_regression"
+METHODS = ("deterministic", "vd", "graves")
+METHOD_LABELS = {"deterministic": "deterministic", "vd": "variational dropout (Molchanov)", "graves": "Graves"}
+
+DEFAULTS = {
+    "methods": METHODS,
+    "num_points": 40,
+    "noise_std": 0.02,
+    "hidden_units": 64,
+    "pretrain_steps": 2000,
+    "steps": 3000,
+    "warmup_fraction": 0.1,
+    "anneal_fraction": 0.4,
+    "learning_rate": 1e-2,
+    "init_scale": "moped",
+    "moped_delta": 0.1,
+    "num_samples": 200,
+    "seed": 0,
+}
+
+DESCRIPTION = (
+    "Predictive bands on the 1-D regression y = x + 0.3 sin(2 pi (x+e)) + 0.3 sin(4 pi (x+e)) + e\n"
+    "(40 points, Blundell et al. 2015) for a deterministic net with one hidden layer of 64 units and\n"
+    "its conversions to sparse variational dropout and to Graves' variational dense layer. Writes\n"
+    "bands.png next to bands.csv and results.csv / results.json."
+)
+
+
+def build_model(hidden_units=64, input_mean=0.25, input_variance=0.5**2 / 12, name="regression_mlp"):
+    """The deterministic net ``1 -> standardize -> hidden_units (ReLU) -> 1``.
+
+    The inputs are standardized with the training data's mean and variance (a
+    ``keras.layers.Normalization``, kept as is by the conversion): without it every
+    ReLU of a zero-bias init kinks at ``x = 0``, at the edge of the data, and the
+    net starts (and stays, for a while) nearly linear on ``[0, 0.5]``.
+    """
+    import keras
+
+    return keras.Sequential([
+        keras.Input((1,)),
+        keras.layers.Normalization(mean=float(input_mean), variance=float(input_variance), name="standardize"),
+        keras.layers.Dense(hidden_units, activation="relu", name="hidden"),
+        keras.layers.Dense(1, name="output"),
+    ], name=name)
+
+
+def _fit(model, ds, steps, learning_rate, noise_std, callbacks=()):
+    import keras
+    import numpy as np
+
+    model.compile(keras.optimizers.Adam(learning_rate), loss=_common.fixed_noise_gaussian_nll(noise_std),
+                  jit_compile=False)
+    # Full-batch steps: each "epoch" is 100 passes over the N points.
+    reps = 100
+    xs, ys = np.tile(ds.x_train, (reps, 1)), np.tile(ds.y_train, (reps, 1))
+    epochs = max(1, steps // reps)
+    history = model.fit(xs, ys, batch_size=ds.num_examples, epochs=epochs, shuffle=False, verbose=0,
+                        callbacks=list(callbacks))
+    _common.check_finite_history(history, model.name)
+    return history, epochs
+
+
+def _evaluate(model, method, ds, s, x_test, y_test):
+    import numpy as np
+
+    import tfbnn
+    from tfbnn import pruning
+
+    noise = s["noise_std"]
+    if method == "deterministic":
+        mean = model.predict(ds.x_grid, verbose=0)[:, 0]
+        epistemic = np.zeros_like(mean)
+        test_mu = model.predict(x_test, verbose=0)[None, :, 0]
+    else:
+        res = tfbnn.predict(model, ds.x_grid, num_samples=s["num_samples"], task="regression", batch_size=512)
+        mean, epistemic = res.mean[:, 0], res.epistemic_std[:, 0]
+        test_mu = tfbnn.predict(model, x_test, num_samples=s["num_samples"], task="regression",
+                                return_samples=True, batch_size=512).samples[..., 0]
+    grid = ds.x_grid[:, 0]
+    inside = (grid >= ds.x_range[0]) & (grid <= ds.x_range[1])
+    truth = ds.y_grid[:, 0]
+    log_p = (-0.5 * ((y_test[None, :, 0] - test_mu.astype(np.float64)) / noise) ** 2
+             - math.log(noise) - 0.5 * math.log(2 * math.pi))
+    peak = log_p.max(axis=0)
+    numbers = {
+        "rmse_in_range": float(np.sqrt(np.mean((mean[inside] - truth[inside]) ** 2))),
+        "epistemic_std_in_range": float(epistemic[inside].mean()),
+        "epistemic_std_out_of_range": float(epistemic[~inside].mean()),
+        "test_nll": float(-np.mean(peak + np.log(np.mean(np.exp(log_p - peak), axis=0)))),
+        "sparsity": pruning.sparsity_report(model).sparsity if method != "deterministic" else 0.0,
+    }
+    curves = {"mean": mean, "epistemic": epistemic, "total": np.sqrt(epistemic**2 + noise**2)}
+    return numbers, curves
+
+
+def _plot(panels, ds, path):
+    from matplotlib.figure import Figure
+
+    from tfbnn import plots
+    from tfbnn.datasets.regression import toy_regression_curve
+
+    fig = Figure(figsize=(5.0 * len(panels), 4.0), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (method, (row, curves)) in zip(axes, panels.items()):
+        plots.regression_bands(
+            ds.x_train[:, 0], ds.y_train[:, 0], ds.x_grid[:, 0], curves["mean"],
+            epistemic_std=curves["epistemic"] if method != "deterministic" else None, total_std=curves["total"],
+            true_fn=toy_regression_curve, ax=ax,
+            title=f"{METHOD_LABELS[method]}\nRMSE {row['rmse_in_range']:.3f}, test NLL {row['test_nll']:.2f}",
+        )
+        ax.axvspan(ds.x_grid[0, 0], ds.x_range[0], color="0.92", zorder=0)
+        ax.axvspan(ds.x_range[1], ds.x_grid[-1, 0], color="0.92", zorder=0)
+        ax.set_ylim(-1.0, 2.0)
+    fig.suptitle(f"{ds.num_examples} points, noise std {ds.noise_std:g} (grey: outside the data)")
+    plots.save(fig, path)
+    return path
+
+
+def _check_settings(s):
+    unknown = [m for m in s["methods"] if m not in METHODS]
+    if not s["methods"] or unknown:
+        raise ValueError(f"Unknown method. Expected some of {list(METHODS)}. Received: methods={list(s['methods'])!r}")
+    for key in ("num_points", "hidden_units", "pretrain_steps", "steps", "num_samples"):
+        v = s[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"Expected `{key}` to be a positive integer. Received: {key}={v!r}")
+    for key in ("noise_std", "learning_rate"):
+        v = s[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+            raise ValueError(f"Expected `{key}` to be a positive number. Received: {key}={v!r}")
+    for key in ("warmup_fraction", "anneal_fraction"):
+        v = s[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ValueError(f"Expected `{key}` in [0, 1]. Received: {key}={v!r}")
+    from tfbnn import convert
+
+    convert._check_init_scale(s["init_scale"], s["moped_delta"])
+
+
+def run_experiment(output_dir=None, verbose=True, **settings):
+    """Trains the deterministic net, converts and trains ``vd`` and ``graves``; writes PNG, CSV, JSON.
+
+    Returns:
+        dict with ``rows`` (one per method), ``curves`` and ``files``.
+    """
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **settings}
+    s["methods"] = tuple(dict.fromkeys(s["methods"]))
+    _check_settings(s)
+    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
+
+    import keras
+    import numpy as np
+
+    import tfbnn
+    from tfbnn import convert
+    from tfbnn.datasets.regression import make_toy_regression
+
+    keras.utils.set_random_seed(s["seed"])
+    ds = make_toy_regression(s["num_points"], s["noise_std"], seed=s["seed"])
+    test = make_toy_regression(500, s["noise_std"], seed=s["seed"] + 1)
+    say = print if verbose else (lambda *a, **k: None)
+    start = time.perf_counter()
+    det = build_model(s["hidden_units"], float(ds.x_train.mean()), float(ds.x_train.var()))
+    _fit(det, ds, s["pretrain_steps"], s["learning_rate"], s["noise_std"])
+    panels, rows = {}, []
+    for method in s["methods"]:
+        if method == "deterministic":
+            # The same training budget as the Bayesian nets: `steps` more on the plain NLL.
+            model = keras.models.clone_model(det)
+            model.set_weights(det.get_weights())
+            _fit(model, ds, s["steps"], s["learning_rate"], s["noise_std"])
+        else:
+            model = convert.to_bayesian(det, method=method, init_scale=s["init_scale"], moped_delta=s["moped_delta"],
+                                        seed=s["seed"])
+            epochs = max(1, s["steps"] // 100)
+            schedule = tfbnn.schedules.WarmUp(warmup_epochs=s["warmup_fraction"] * epochs,
+                                              epochs=max(s["anneal_fraction"] * epochs, 1e-3))
+            _fit(model, ds, s["steps"], s["learning_rate"], s["noise_std"],
+                 callbacks=[tfbnn.KLAnnealing(ds.num_examples, schedule)])
+        numbers, curves = _evaluate(model, method, ds, s, test.x_train, test.y_train)
+        row = {"method": method, **numbers}
+        rows.append(row)
+        panels[method] = (row, curves)
+        say(f"  {method:13s} RMSE {row['rmse_in_range']:.4f}  test NLL {row['test_nll']:8.3f}  epistemic std "
+            f"in/out {row['epistemic_std_in_range']:.3f}/{row['epistemic_std_out_of_range']:.3f}  sparsity "
+            f"{100 * row['sparsity']:.1f}%  ({time.perf_counter() - start:.0f} s)", flush=True)
+    curve_rows = []
+    for i, x in enumerate(ds.x_grid[:, 0]):
+        row = {"x": float(x), "truth": float(ds.y_grid[i, 0])}
+        for method, (_, curves) in panels.items():
+            row.update({f"{method}_mean": float(curves["mean"][i]),
+                        f"{method}_epistemic_std": float(curves["epistemic"][i]),
+                        f"{method}_total_std": float(curves["total"][i])})
+        curve_rows.append(row)
+    files = [
+        _plot(panels, ds, os.path.join(output_dir, "bands.png")),
+        _common.write_csv(os.path.join(output_dir, "bands.csv"), curve_rows),
+        _common.write_csv(os.path.join(output_dir, "results.csv"), rows),
+        _common.write_json(os.path.join(output_dir, "results.json"),
+                           {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
+                            "train": {"x": ds.x_train[:, 0].tolist(), "y": ds.y_train[:, 0].tolist()},
+                            "rows": rows}),
+    ]
+    return {"rows": rows, "curves": {m: c for m, (_, c) in panels.items()}, "files": files,
+            "x_grid": np.asarray(ds.x_grid[:, 0])}
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def add_arguments(parser):
+    """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
+    from tfbnn import cli
+    from tfbnn.experiments.vd_sparsity import _init_scale
+
+    d = DEFAULTS
+    parser.add_argument("--methods", choices=METHODS, nargs="+", default=list(d["methods"]), help="models to compare")
+    parser.add_argument("--num-points", type=cli._positive_int, default=d["num_points"], help="training points")
+    parser.add_argument("--noise-std", type=cli._positive_float, default=d["noise_std"],
+                        help="noise std of the data and of the Gaussian likelihood")
+    parser.add_argument("--hidden-units", type=cli._positive_int, default=d["hidden_units"], help="hidden units")
+    parser.add_argument("--pretrain-steps", type=cli._positive_int, default=d["pretrain_steps"],
+                        help="full-batch steps of the deterministic net")
+    parser.add_argument("--steps", type=cli._positive_int, default=d["steps"],
+                        help="full-batch steps of each Bayesian net")
+    parser.add_argument("--learning-rate", type=cli._positive_float, default=d["learning_rate"], help="Adam rate")
+    parser.add_argument("--init-scale", type=_init_scale, default=d["init_scale"],
+                        help="initial posterior std after conversion: a number, or moped (delta * |w|)")
+    parser.add_argument("--moped-delta", type=cli._positive_float, default=d["moped_delta"], help="MOPED delta")
+    parser.add_argument("--num-samples", type=cli._positive_int, default=d["num_samples"], metavar="T",
+                        help="MC samples of the predictive")
+    parser.add_argument("--seed", type=cli._non_negative_int, default=d["seed"], help="seed of data and models")
+    parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
+                        help="where bands.png, bands.csv, results.csv and results.json go")
+
+
+def run(args):
+    """Runs the experiment from parsed arguments; returns the exit status."""
+    settings = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
+    settings["methods"] = tuple(args.methods)
+    print(f"{NAME}: {args.num_points} points, one hidden layer of {args.hidden_units} units, "
+          f"methods {list(dict.fromkeys(args.methods))}", flush=True)
+    result = run_experiment(output_dir=args.output_dir, **settings)
+    print("\nWrote " + ", ".join(result["files"]))
+    return 0
+
+
+def add_vd_regression_parser(subparsers):
+    """Registers ``tfbnn vd-regression`` (append to ``tfbnn.cli.SUBCOMMANDS``)."""
+    return _common.add_subcommand(subparsers, "vd-regression",
+                                  "1-D regression bands: variational dropout vs Graves vs deterministic",
+                                  DESCRIPTION, add_arguments, run)
+
+
+def main(argv=None):
+    """``python -m tfbnn.experiments.vd_regression [options]``; returns the exit status."""
+    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

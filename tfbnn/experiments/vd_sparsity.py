@@ -1,0 +1,545 @@
+"""The sparsity study: pre-train, convert, anneal the KL, prune by the posterior vs at random.
+
+Reproduces the VariationalMLP study of sparse variational dropout (Molchanov et al.
+2017) and Graves' variational dense layers (Graves 2011) on LeNet-300-100:
+
+1. pre-train the deterministic MLP (``keras.layers.Dense``) for ``pretrain_epochs``;
+2. convert it (:func:`tfbnn.convert.to_bayesian`): posterior means = the trained
+   weights, small initial scales (``init_scale``, MOPED ``sigma = delta |w|`` by default);
+3. train the Bayesian net on ``mean NLL + beta KL / N`` with ``beta`` held at 0 for
+   ``warmup_epochs`` and then annealed linearly to ``kl_beta`` over ``anneal_epochs``
+   (:class:`tfbnn.KLAnnealing` with :class:`tfbnn.schedules.WarmUp`), logging the
+   per-layer sparsity each epoch (:class:`tfbnn.pruning.SparsityMonitor`);
+4. report the per-layer sparsity of the principled masks (``log alpha > 3`` for
+   variational dropout, ``|mu| / sigma < 0.83`` for Graves; ``threshold`` overrides);
+5. measure Monte Carlo accuracy (``tfbnn.predict``, T samples) for no pruning,
+   principled pruning and random pruning at the same per-layer sparsity, for T in
+   ``sample_counts``, each repeated ``repeats`` times (fresh MC noise, and a fresh
+   random mask for random pruning): mean and standard deviation;
+6. sweep the pruning threshold: sparsity, accuracy (principled and random) and the
+   stored size of the pruned model (:func:`tfbnn.pruning.export_sparse`, a sparse
+   ``.npz``; :func:`tfbnn.pruning.save_compressed`, a deflated ``.keras``).
+
+Outputs (``output_dir``, default ``saved_models/experiments/vd_sparsity/<dataset>_<method>/``):
+``study.png`` (accuracy vs T with error bars; sparsity per epoch per layer; accuracy
+and stored size vs sparsity), ``accuracy_vs_samples.csv``, ``sparsity_per_epoch.csv``,
+``sparsity.csv``, ``threshold_sweep.csv``, ``storage.csv``, ``results.json`` and the
+pruned model ``pruned.npz``.
+
+Datasets: ``digits`` (default, offline, 8x8 inputs: LeNet-300-100 is 64-300-100-10),
+``moons`` (offline, 2-D), ``mnist`` and ``fashion_mnist`` (tensorflow-datasets,
+downloaded on first use; 784-300-100-10 as in the paper).
+
+Run: ``python -m tfbnn.experiments.vd_sparsity --method vd`` (about a minute on 2 CPU
+cores with the defaults) or, once registered, ``tfbnn vd-sparsity --method graves``.
+"""
+
+import math
+import os
+import time
+
+from tfbnn.experiments import _common
+
+__all__ = [
+    "DEFAULTS",
+    "MODELS",
+    "METHODS",
+    "DATASETS",
+    "build_model",
+    "mc_accuracy",
+    "run_experiment",
+    "add_arguments",
+    "add_vd_sparsity_parser",
+    "run",
+    "main",
+]
+
+NAME = "vd_sparsity"
+MODELS = {"lenet300_100": (300, 100), "mlp": None}
+METHODS = ("vd", "vd_multiplicative", "graves")
+METHOD_LABELS = {"vd": "sparse VD (Molchanov)", "vd_multiplicative": "Gaussian VD (Kingma)", "graves": "Graves"}
+DATASETS = ("digits", "moons", "mnist", "fashion_mnist")
+VARIANTS = ("none", "principled", "random")
+_SWEEP = {"log_alpha": (-4.0, -2.0, 0.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0),
+          "snr": (0.1, 0.25, 0.5, 0.83, 1.0, 1.5, 2.0, 3.0, 5.0)}
+
+DEFAULTS = {
+    "model": "lenet300_100",
+    "hidden_units": (300, 100),
+    "method": "vd",
+    "dataset": "digits",
+    "max_examples": None,
+    "pretrain_epochs": 10,
+    "epochs": 30,
+    "warmup_epochs": 2.0,
+    "anneal_epochs": 13.0,
+    "kl_beta": 1.0,
+    "batch_size": 64,
+    "learning_rate": 1e-3,
+    "init_scale": "moped",
+    "moped_delta": 0.1,
+    "threshold": None,
+    "num_samples": 10,
+    "sample_counts": (1, 2, 5, 10, 20, 50),
+    "repeats": 5,
+    "sweep": True,
+    "seed": 0,
+}
+
+DESCRIPTION = (
+    "Sparsity study of variational dropout / Graves layers (Molchanov et al. 2017; Graves 2011) on\n"
+    "LeNet-300-100: pre-train the deterministic MLP, convert it to the Bayesian variant\n"
+    "(tfbnn.convert), warm up and anneal the KL, report per-layer sparsity (log alpha > 3 or\n"
+    "|mu|/sigma < 0.83), then Monte Carlo accuracy with no / principled / random pruning and\n"
+    "accuracy against the number of MC samples with error bars over repeats, a threshold sweep\n"
+    "with the stored size of the pruned model. Writes study.png next to CSV and JSON files.\n"
+    "The default dataset (digits) is offline; mnist and fashion_mnist download via tfds."
+)
+
+
+# -- building blocks -------------------------------------------------------------------------
+def build_model(input_shape, num_classes, hidden_units=(300, 100), name="lenet300_100"):
+    """The deterministic MLP ``input -> hidden_units (ReLU) -> num_classes (softmax)``.
+
+    Layer names are ``fc1, fc2, ...`` (the output layer is the last ``fc``), so the
+    converted model's sparsity report reads as in the paper.
+    """
+    import keras
+
+    stack = [keras.Input(tuple(input_shape))]
+    stack += [keras.layers.Dense(u, activation="relu", name=f"fc{i + 1}") for i, u in enumerate(hidden_units)]
+    stack.append(keras.layers.Dense(num_classes, activation="softmax", name=f"fc{len(hidden_units) + 1}"))
+    return keras.Sequential(stack, name=name)
+
+
+def mc_accuracy(model, x, y, num_samples, masks=None, batch_size=512):
+    """Accuracy of the Monte Carlo predictive (``tfbnn.predict`` with T samples), pruned by ``masks`` if given."""
+    import numpy as np
+
+    import tfbnn
+    from tfbnn import pruning
+
+    def accuracy():
+        res = tfbnn.predict(model, x, num_samples=num_samples, batch_size=batch_size, task="classification")
+        return float(np.mean(res.predicted_class == y))
+
+    if masks is None:
+        return accuracy()
+    with pruning.pruned(model, masks):
+        return accuracy()
+
+
+def _criterion(method):
+    return "snr" if method == "graves" else "log_alpha"
+
+
+def _load(s):
+    from tfbnn import cli, datasets
+
+    kwargs = {}
+    if s["dataset"] in datasets.OFFLINE_DATASETS:
+        kwargs["seed"] = s["seed"]
+        if s["dataset"] == "moons":
+            kwargs["num_examples"] = s["max_examples"] or 2000
+            kwargs["noise"] = 0.2
+        elif s["max_examples"] is not None:
+            raise ValueError("`max_examples` applies to moons, mnist and fashion_mnist. "
+                             f"Received: max_examples={s['max_examples']}")
+    elif s["max_examples"] is not None:
+        kwargs["max_examples"] = s["max_examples"]
+    try:
+        return datasets.load(s["dataset"], **kwargs)
+    except RuntimeError as e:
+        raise cli.CommandError(str(e)) from None
+
+
+def _check_settings(s):
+    if s["model"] not in MODELS:
+        raise ValueError(f"Expected `model` in {list(MODELS)}. Received: model={s['model']!r}")
+    if s["method"] not in METHODS:
+        raise ValueError(f"Unknown method. Expected one of {list(METHODS)}. Received: method={s['method']!r}")
+    if s["dataset"] not in DATASETS:
+        raise ValueError(f"Expected `dataset` in {list(DATASETS)}. Received: dataset={s['dataset']!r}")
+    for key in ("pretrain_epochs", "epochs", "batch_size", "num_samples", "repeats"):
+        v = s[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "pretrain_epochs" else 1):
+            raise ValueError(f"Expected `{key}` to be a positive integer. Received: {key}={v!r}")
+    for key in ("learning_rate", "anneal_epochs", "kl_beta"):
+        v = s[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+            raise ValueError(f"Expected `{key}` to be a positive number. Received: {key}={v!r}")
+    v = s["warmup_epochs"]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"Expected `warmup_epochs` to be a non-negative number. Received: warmup_epochs={v!r}")
+    counts = s["sample_counts"]
+    if not counts or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in counts):
+        raise ValueError(f"Expected `sample_counts` to be positive integers. Received: sample_counts={counts!r}")
+    hidden = s["hidden_units"]
+    if not hidden or any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in hidden):
+        raise ValueError(f"Expected `hidden_units` to be positive integers. Received: hidden_units={hidden!r}")
+    if s["threshold"] is not None:
+        from tfbnn import pruning
+
+        pruning._check_threshold(_criterion(s["method"]), s["threshold"])
+    from tfbnn import convert
+
+    convert._check_init_scale(s["init_scale"], s["moped_delta"])
+
+
+# -- the study -----------------------------------------------------------------------------------
+def _pretrain(s, ds):
+    import keras
+
+    model = build_model(ds.input_shape, ds.num_classes, s["hidden_units"], name=s["model"])
+    model.compile(keras.optimizers.Adam(s["learning_rate"]), "sparse_categorical_crossentropy",
+                  metrics=["accuracy"], jit_compile=False)
+    if s["pretrain_epochs"]:
+        history = model.fit(ds.x_train, ds.y_train, epochs=s["pretrain_epochs"], batch_size=s["batch_size"], verbose=0)
+        _common.check_finite_history(history, "the deterministic pre-training")
+    accuracy = float(model.evaluate(ds.x_test, ds.y_test, batch_size=512, verbose=0)[1])
+    return model, accuracy
+
+
+def _train_bayesian(s, ds, det):
+    import keras
+
+    import tfbnn
+    from tfbnn import convert, pruning
+
+    model = convert.to_bayesian(det, method=s["method"], init_scale=s["init_scale"], moped_delta=s["moped_delta"],
+                                seed=s["seed"])
+    model.compile(keras.optimizers.Adam(s["learning_rate"]), "sparse_categorical_crossentropy",
+                  metrics=["accuracy"], jit_compile=False)
+    schedule = tfbnn.schedules.WarmUp(warmup_epochs=s["warmup_epochs"], epochs=s["anneal_epochs"], end=s["kl_beta"])
+    monitor = pruning.SparsityMonitor(criterion=_criterion(s["method"]), threshold=s["threshold"])
+    history = model.fit(ds.x_train, ds.y_train, epochs=s["epochs"], batch_size=s["batch_size"], verbose=0,
+                        callbacks=[tfbnn.KLAnnealing(ds.num_examples, schedule), monitor])
+    _common.check_finite_history(history, f"the {s['method']} model")
+    return model, history
+
+
+def _per_epoch_rows(history):
+    h = history.history
+    rows = []
+    for epoch in range(len(h["loss"])):
+        row = {"epoch": epoch + 1, "kl_beta": h["kl_beta"][epoch], "loss": h["loss"][epoch],
+               "train_accuracy": h["accuracy"][epoch], "sparsity": h["sparsity"][epoch]}
+        row.update({k.split("/", 1)[1]: h[k][epoch] for k in h if k.startswith("sparsity/")})
+        rows.append(row)
+    return rows
+
+
+def _accuracy_vs_samples(s, model, ds, masks):
+    from tfbnn import pruning
+
+    rows = []
+    for t in s["sample_counts"]:
+        for r in range(s["repeats"]):
+            for variant in VARIANTS:
+                if variant == "none":
+                    m = None
+                elif variant == "principled":
+                    m = masks
+                else:
+                    m = pruning.random_masks(masks, seed=s["seed"] * 1000 + r)
+                rows.append({"variant": variant, "num_samples": t, "repeat": r,
+                             "accuracy": mc_accuracy(model, ds.x_test, ds.y_test, t, m)})
+    return rows
+
+
+def _summarise(rows):
+    import numpy as np
+
+    summary = []
+    for variant in VARIANTS:
+        for t in sorted({r["num_samples"] for r in rows}):
+            acc = [r["accuracy"] for r in rows if r["variant"] == variant and r["num_samples"] == t]
+            summary.append({"variant": variant, "num_samples": t, "mean": float(np.mean(acc)),
+                            "std": float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0, "repeats": len(acc)})
+    return summary
+
+
+def _storage(s, model, masks, output_dir):
+    import numpy as np
+
+    from tfbnn import pruning
+
+    sparsity = pruning.sparsity(masks)
+    rows = []
+    plain = os.path.join(output_dir, ".dense.keras")
+    pruning._uncompiled_copy(model).save(plain)  # no optimizer state
+    rows.append({"format": ".keras (Keras, uncompressed)", "pruned": False, "sparsity": 0.0,
+                 "bytes": os.path.getsize(plain)})
+    os.remove(plain)
+    packed = os.path.join(output_dir, ".dense_deflated.keras")
+    rows.append({"format": ".keras deflated", "pruned": False, "sparsity": 0.0,
+                 "bytes": pruning.save_compressed(model, packed)})
+    os.remove(packed)
+    everything = {name: np.ones_like(mask) for name, mask in masks.items()}
+    dense_npz = os.path.join(output_dir, ".dense.npz")
+    rows.append({"format": "sparse .npz (means)", "pruned": False, "sparsity": 0.0,
+                 "bytes": pruning.export_sparse(model, dense_npz, everything)})
+    os.remove(dense_npz)
+    with pruning.pruned(model, masks):
+        packed = os.path.join(output_dir, "pruned.keras")
+        rows.append({"format": ".keras deflated", "pruned": True, "sparsity": sparsity,
+                     "bytes": pruning.save_compressed(model, packed)})
+        path = os.path.join(output_dir, "pruned.npz")
+        rows.append({"format": "sparse .npz (means)", "pruned": True, "sparsity": sparsity,
+                     "bytes": pruning.export_sparse(model, path, masks)})
+        scales = os.path.join(output_dir, ".pruned_scales.npz")
+        rows.append({"format": "sparse .npz (means + scales)", "pruned": True, "sparsity": sparsity,
+                     "bytes": pruning.export_sparse(model, scales, masks, include_scales=True)})
+        os.remove(scales)
+    return rows, [path, packed]
+
+
+def _sweep(s, model, ds, output_dir):
+    from tfbnn import pruning
+
+    criterion = _criterion(s["method"])
+    rows = []
+    tmp = os.path.join(output_dir, ".sweep.npz")
+    for threshold in _SWEEP[criterion]:
+        masks = pruning.compute_masks(model, criterion=criterion, threshold=threshold)
+        rows.append({
+            "criterion": criterion,
+            "threshold": threshold,
+            "sparsity": pruning.sparsity(masks),
+            "accuracy_principled": mc_accuracy(model, ds.x_test, ds.y_test, s["num_samples"], masks),
+            "accuracy_random": mc_accuracy(model, ds.x_test, ds.y_test, s["num_samples"],
+                                           pruning.random_masks(masks, seed=s["seed"])),
+            "sparse_npz_bytes": pruning.export_sparse(model, tmp, masks),
+        })
+    os.remove(tmp)
+    return rows
+
+
+def _plot(result, path):
+    from matplotlib.figure import Figure
+
+    from tfbnn import plots
+
+    summary, epochs, sweep = result["accuracy_summary"], result["sparsity_per_epoch"], result["threshold_sweep"]
+    ncols = 3 if sweep else 2
+    fig = Figure(figsize=(5.2 * ncols, 4.0), layout="constrained")
+    axes = fig.subplots(1, ncols)
+    colors = {"none": "tab:blue", "principled": "tab:green", "random": "tab:red"}
+    ax = axes[0]
+    for variant in VARIANTS:
+        rows = [r for r in summary if r["variant"] == variant]
+        label = {"none": "no pruning", "principled": f"principled ({100 * result['sparsity']:.1f}% pruned)",
+                 "random": "random, same sparsity"}[variant]
+        ax.errorbar([r["num_samples"] for r in rows], [r["mean"] for r in rows], yerr=[r["std"] for r in rows],
+                    marker="o", capsize=3, color=colors[variant], label=label)
+    ax.set(xscale="log", xlabel="MC samples T", ylabel="test accuracy",
+           title=f"{result['settings']['dataset']}, {METHOD_LABELS[result['settings']['method']]}")
+    ax.axhline(result["deterministic_accuracy"], color="0.5", linestyle=":", label="deterministic (pre-trained)")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    layer_names = [k for k in epochs[0] if k not in ("epoch", "kl_beta", "loss", "train_accuracy", "sparsity")]
+    for name in layer_names:
+        ax.plot([r["epoch"] for r in epochs], [100 * r[name] for r in epochs], label=name)
+    ax.plot([r["epoch"] for r in epochs], [100 * r["sparsity"] for r in epochs], "k--", label="all")
+    twin = ax.twinx()
+    twin.plot([r["epoch"] for r in epochs], [r["kl_beta"] for r in epochs], color="0.6", linewidth=1)
+    twin.set_ylabel("KL weight beta", color="0.5")
+    ax.set(xlabel="epoch", ylabel="sparsity (%)", title="Sparsity per layer during training")
+    ax.legend(fontsize=8)
+    if sweep:
+        ax = axes[2]
+        x = [100 * r["sparsity"] for r in sweep]
+        ax.plot(x, [r["accuracy_principled"] for r in sweep], "o-", color="tab:green", label="principled")
+        ax.plot(x, [r["accuracy_random"] for r in sweep], "o-", color="tab:red", label="random")
+        ax.set(xlabel="sparsity (%)", ylabel=f"accuracy (T = {result['settings']['num_samples']})",
+               title="Threshold sweep")
+        twin = ax.twinx()
+        twin.plot(x, [r["sparse_npz_bytes"] / 1024 for r in sweep], "s--", color="tab:purple", label="stored size")
+        twin.set_ylabel("sparse .npz size (KiB)", color="tab:purple")
+        ax.legend(fontsize=8, loc="lower left")
+    plots.save(fig, path)
+    return path
+
+
+def run_experiment(output_dir=None, verbose=True, **settings):
+    """Runs the whole study; writes the PNG, CSVs, JSON and the pruned model.
+
+    Args:
+        output_dir: folder for the outputs (default
+            ``saved_models/experiments/vd_sparsity/<dataset>_<method>``).
+        verbose: bool, print progress and the tables.
+        **settings: overrides of :data:`DEFAULTS`.
+
+    Returns:
+        dict: ``settings``, ``deterministic_accuracy``, ``sparsity`` (principled,
+        overall), ``sparsity_report`` (per layer), ``accuracy`` (``{variant: mean,
+        std}`` at ``num_samples``), ``accuracy_summary``, ``accuracy_rows``,
+        ``sparsity_per_epoch``, ``threshold_sweep``, ``storage`` and ``files``.
+    """
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **settings}
+    if s["model"] == "lenet300_100":
+        if tuple(s["hidden_units"]) != MODELS["lenet300_100"]:
+            raise ValueError(
+                "LeNet-300-100 has hidden layers (300, 100); use model='mlp' for other sizes. "
+                f"Received: hidden_units={s['hidden_units']!r}"
+            )
+    s["hidden_units"], s["sample_counts"] = tuple(s["hidden_units"]), tuple(s["sample_counts"])
+    if s["num_samples"] not in s["sample_counts"]:
+        s["sample_counts"] = tuple(sorted(set(s["sample_counts"]) | {s["num_samples"]}))
+    _check_settings(s)
+    output_dir = _common.prepare_output_dir(
+        output_dir or os.path.join(_common.DEFAULT_ROOT, NAME, f"{s['dataset']}_{s['method']}"))
+
+    import keras
+
+    from tfbnn import pruning
+
+    keras.utils.set_random_seed(s["seed"])
+    ds = _load(s)
+    say = print if verbose else (lambda *a, **k: None)
+    sizes = " -> ".join(str(v) for v in (ds.input_shape[0],) + s["hidden_units"] + (ds.num_classes,))
+    say(f"{NAME}: {ds.name} (N = {ds.num_examples}), {s['model']} {sizes}, method {s['method']}", flush=True)
+    start = time.perf_counter()
+    det, det_accuracy = _pretrain(s, ds)
+    say(f"  pre-trained deterministic net: test accuracy {det_accuracy:.4f} ({time.perf_counter() - start:.0f} s)",
+        flush=True)
+    model, history = _train_bayesian(s, ds, det)
+    say(f"  trained {s['method']} for {s['epochs']} epochs (beta 0 -> {s['kl_beta']:g}) "
+        f"({time.perf_counter() - start:.0f} s)", flush=True)
+
+    masks = pruning.compute_masks(model, criterion=_criterion(s["method"]), threshold=s["threshold"])
+    report = pruning.sparsity_report(model, masks, criterion=_criterion(s["method"]))
+    say("\n" + str(report) + "\n", flush=True)
+    rows = _accuracy_vs_samples(s, model, ds, masks)
+    summary = _summarise(rows)
+    at_t = {r["variant"]: {"mean": r["mean"], "std": r["std"]} for r in summary if r["num_samples"] == s["num_samples"]}
+    storage, model_files = _storage(s, model, masks, output_dir)
+    sweep = _sweep(s, model, ds, output_dir) if s["sweep"] else []
+    result = {
+        "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
+        "dataset": {"name": ds.name, "num_examples": ds.num_examples, "num_test_examples": ds.num_test_examples},
+        "deterministic_accuracy": det_accuracy,
+        "sparsity": report.sparsity,
+        "sparsity_report": report.as_dict(),
+        "accuracy": at_t,
+        "accuracy_summary": summary,
+        "accuracy_rows": rows,
+        "sparsity_per_epoch": _per_epoch_rows(history),
+        "threshold_sweep": sweep,
+        "storage": storage,
+        "seconds": time.perf_counter() - start,
+    }
+    files = [
+        _plot(result, os.path.join(output_dir, "study.png")),
+        _common.write_csv(os.path.join(output_dir, "accuracy_vs_samples.csv"), summary),
+        _common.write_csv(os.path.join(output_dir, "accuracy_rows.csv"), rows),
+        _common.write_csv(os.path.join(output_dir, "sparsity_per_epoch.csv"), result["sparsity_per_epoch"]),
+        _common.write_csv(os.path.join(output_dir, "sparsity.csv"), result["sparsity_report"]["layers"]),
+        _common.write_csv(os.path.join(output_dir, "storage.csv"), storage),
+    ]
+    if sweep:
+        files.append(_common.write_csv(os.path.join(output_dir, "threshold_sweep.csv"), sweep))
+    files += model_files
+    files.append(_common.write_json(os.path.join(output_dir, "results.json"), result))
+    result["files"] = files
+    t = s["num_samples"]
+    say(f"MC accuracy (T = {t}, {s['repeats']} repeats): "
+        + ", ".join(f"{v} {100 * at_t[v]['mean']:.2f} +- {100 * at_t[v]['std']:.2f}%" for v in VARIANTS)
+        + f"; deterministic {100 * det_accuracy:.2f}%")
+    say("stored size: " + ", ".join(f"{r['format']}{' pruned' if r['pruned'] else ''} {r['bytes']} B" for r in storage))
+    return result
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def _threshold(text):
+    from tfbnn import cli
+
+    return cli._float(text, "a number")
+
+
+def _init_scale(text):
+    from tfbnn import cli
+
+    if text == "moped":
+        return text
+    return cli._positive_float(text)
+
+
+def add_arguments(parser):
+    """The options of the study (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
+    from tfbnn import cli
+
+    d = DEFAULTS
+    parser.add_argument("--model", choices=list(MODELS), default=d["model"],
+                        help="lenet300_100 (hidden 300-100) or mlp (hidden sizes from --hidden-units)")
+    parser.add_argument("--hidden-units", type=cli._positive_int, nargs="+", default=None, metavar="U",
+                        help="hidden layer sizes of --model mlp (default: 300 100)")
+    parser.add_argument("--method", choices=METHODS, default=d["method"],
+                        help="vd: sparse variational dropout (Molchanov, additive); vd_multiplicative: Kingma's "
+                             "(alpha <= 1, does not sparsify); graves: GravesDense (log-variance posterior, "
+                             "fitted Gaussian prior)")
+    parser.add_argument("--dataset", choices=DATASETS, default=d["dataset"],
+                        help="digits / moons are offline; mnist / fashion_mnist download via tensorflow-datasets")
+    parser.add_argument("--max-examples", type=cli._positive_int, default=d["max_examples"], metavar="N",
+                        help="training examples to use (mnist, fashion_mnist; moons: points generated)")
+    parser.add_argument("--pretrain-epochs", type=cli._non_negative_int, default=d["pretrain_epochs"],
+                        help="epochs of deterministic pre-training")
+    parser.add_argument("--epochs", type=cli._positive_int, default=d["epochs"], help="epochs of Bayesian training")
+    parser.add_argument("--warmup-epochs", type=_threshold, default=d["warmup_epochs"],
+                        help="epochs with beta = 0 after conversion")
+    parser.add_argument("--anneal-epochs", type=cli._positive_float, default=d["anneal_epochs"],
+                        help="epochs of the linear beta ramp after the warm-up")
+    parser.add_argument("--kl-beta", type=cli._positive_float, default=d["kl_beta"],
+                        help="final beta (default: 1, the ELBO; lower it when the KL overwhelms a small N)")
+    parser.add_argument("--batch-size", type=cli._positive_int, default=d["batch_size"], help="minibatch size")
+    parser.add_argument("--learning-rate", type=cli._positive_float, default=d["learning_rate"], help="Adam rate")
+    parser.add_argument("--init-scale", type=_init_scale, default=d["init_scale"],
+                        help="initial posterior std after conversion: a number, or moped (delta * |w|)")
+    parser.add_argument("--moped-delta", type=cli._positive_float, default=d["moped_delta"], help="MOPED delta")
+    parser.add_argument("--threshold", type=_threshold, default=d["threshold"],
+                        help="pruning threshold (default: log alpha 3 for vd, |mu|/sigma 0.83 for graves)")
+    parser.add_argument("--num-samples", type=cli._positive_int, default=d["num_samples"], metavar="T",
+                        help="MC samples of the headline accuracy and the sweep")
+    parser.add_argument("--sample-counts", type=cli._positive_int, nargs="+", default=list(d["sample_counts"]),
+                        metavar="T", help="numbers of MC samples for the accuracy-vs-T curve")
+    parser.add_argument("--repeats", type=cli._positive_int, default=d["repeats"],
+                        help="repeats per point (error bars: std over repeats)")
+    parser.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the threshold sweep")
+    parser.add_argument("--seed", type=cli._non_negative_int, default=d["seed"], help="seed of data and models")
+    parser.add_argument("--output-dir", default=None, metavar="DIR",
+                        help="output folder (default: saved_models/experiments/vd_sparsity/<dataset>_<method>)")
+
+
+def run(args):
+    """Runs the study from parsed arguments; returns the exit status."""
+    settings = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
+    settings["hidden_units"] = DEFAULTS["hidden_units"]
+    if args.hidden_units is not None:
+        if args.model != "mlp":
+            raise ValueError(f"--hidden-units applies to --model mlp. Received: --model {args.model}")
+        settings["hidden_units"] = tuple(args.hidden_units)
+    settings["sample_counts"] = tuple(args.sample_counts)
+    result = run_experiment(output_dir=args.output_dir, **settings)
+    print("\nWrote " + ", ".join(result["files"]))
+    return 0
+
+
+def add_vd_sparsity_parser(subparsers):
+    """Registers ``tfbnn vd-sparsity`` (append to ``tfbnn.cli.SUBCOMMANDS``)."""
+    return _common.add_subcommand(subparsers, "vd-sparsity",
+                                  "sparsity study: pre-train, convert (vd | graves), anneal, prune vs random",
+                                  DESCRIPTION, add_arguments, run)
+
+
+def main(argv=None):
+    """``python -m tfbnn.experiments.vd_sparsity [options]``; returns the exit status."""
+    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,436 @@
+"""A Transformer-encoder text classifier with a Bayesian feed-forward block.
+
+The model (``keras.layers.TextVectorization`` outside it, max length 120, embedding
+32): token + position embedding, one encoder block (multi-head self-attention,
+residual + LayerNorm, feed-forward ``ff1`` (ReLU) -> ``ff2``, residual + LayerNorm),
+global average pooling, softmax. The feed-forward block is deterministic
+(``keras.layers.Dense``), sparse variational dropout
+(:class:`tfbnn.layers.DenseVariationalDropout`) or Bayes-by-Backprop
+(:class:`tfbnn.layers.DenseLocalReparameterization`), chosen by
+``build_transformer_classifier(feed_forward=...)``; every other layer stays
+deterministic.
+
+The experiment follows the sparsity study's path: train the deterministic model,
+convert only its feed-forward block (:func:`tfbnn.convert.to_bayesian` with
+``layers=["ff1", "ff2"]``; attention, embeddings and norms are kept), train on
+``mean NLL + beta KL / N`` with beta warmed up and annealed, and report Monte Carlo
+accuracy (T samples, mean +- std over repeats), NLL, ECE, the feed-forward block's
+sparsity and accuracy with principled vs random pruning of that block. The
+deterministic baseline trains for as many epochs more.
+
+Data: IMDB reviews via tensorflow-datasets (``--dataset imdb``, downloads on first
+use; offline tests run it under ``tfds.testing.mock_data``) or the offline generated
+``synthetic_reviews``.
+
+Outputs (``--output-dir``, default ``saved_models/experiments/vd_transformer/<dataset>/``):
+``results.png``, ``results.csv``, ``results.json``.
+"""
+
+import math
+import os
+import time
+
+from tfbnn.experiments import _common
+
+__all__ = ["DEFAULTS", "FEED_FORWARD", "TokenAndPositionEmbedding", "build_transformer_classifier",
+           "run_experiment", "add_arguments", "add_vd_transformer_parser", "run", "main"]
+
+NAME = "vd_transformer"
+FEED_FORWARD = ("deterministic", "vd", "bbb")
+DATASETS = ("imdb", "synthetic_reviews")
+_CONVERT_METHOD = {"vd": "vd", "bbb": "local_reparameterization"}
+
+DEFAULTS = {
+    "dataset": "imdb",
+    "variants": FEED_FORWARD,
+    "max_examples": None,
+    "max_test_examples": None,
+    "vocab_size": 20000,
+    "max_length": 120,
+    "embed_dim": 32,
+    "num_heads": 2,
+    "ff_dim": 32,
+    "dropout": 0.1,
+    "pretrain_epochs": 2,
+    "epochs": 2,
+    "warmup_epochs": 0.25,
+    "anneal_epochs": 1.0,
+    "batch_size": 32,
+    "learning_rate": 1e-3,
+    "init_scale": "moped",
+    "moped_delta": 0.1,
+    "num_samples": 10,
+    "repeats": 3,
+    "seed": 0,
+}
+
+DESCRIPTION = (
+    "Transformer-encoder text classifier (TextVectorization, max length 120, embedding 32) whose\n"
+    "feed-forward block is deterministic, sparse variational dropout or Bayes-by-Backprop: train the\n"
+    "deterministic model, convert the feed-forward block, anneal the KL, and report MC accuracy, NLL,\n"
+    "ECE, the block's sparsity and principled vs random pruning. IMDB via tensorflow-datasets, or the\n"
+    "offline synthetic_reviews. Writes results.png next to results.csv / results.json."
+)
+
+
+def _embedding_layer_class():
+    import keras
+
+    @keras.saving.register_keras_serializable(package="tfbnn")
+    class TokenAndPositionEmbedding(keras.layers.Layer):
+        """Token embedding plus a learned position embedding.
+
+        Args:
+            vocab_size: int, number of token ids.
+            max_length: int, the sequence length (positions ``0..max_length-1``).
+            embed_dim: int, embedding size.
+
+        Input shape: ``(batch, length)`` int token ids, ``length <= max_length``.
+        Output shape: ``(batch, length, embed_dim)``.
+        """
+
+        def __init__(self, vocab_size, max_length, embed_dim, **kwargs):
+            super().__init__(**kwargs)
+            self.vocab_size, self.max_length, self.embed_dim = int(vocab_size), int(max_length), int(embed_dim)
+            self.token = keras.layers.Embedding(self.vocab_size, self.embed_dim, name="token")
+            self.position = keras.layers.Embedding(self.max_length, self.embed_dim, name="position")
+
+        def build(self, input_shape):
+            self.token.build(input_shape)
+            self.position.build((self.max_length,))
+
+        def call(self, inputs):
+            positions = keras.ops.arange(keras.ops.shape(inputs)[-1])
+            return self.token(inputs) + self.position(positions)
+
+        def compute_output_shape(self, input_shape):
+            return tuple(input_shape) + (self.embed_dim,)
+
+        def get_config(self):
+            config = super().get_config()
+            config.update({"vocab_size": self.vocab_size, "max_length": self.max_length, "embed_dim": self.embed_dim})
+            return config
+
+    return TokenAndPositionEmbedding
+
+
+def __getattr__(name):  # the layer class is made on first use, keeping `import` of this module light
+    if name == "TokenAndPositionEmbedding":
+        cls = _embedding_layer_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)
+
+
+def build_transformer_classifier(vocab_size, max_length=120, embed_dim=32, num_heads=2, ff_dim=32,
+                                 feed_forward="deterministic", num_classes=2, dropout=0.1, prior="normal",
+                                 kl_weight=None, seed=None, name=None):
+    """The Transformer-encoder classifier; ``feed_forward`` picks the block's layers.
+
+    Args:
+        vocab_size: int > 0, token ids ``0..vocab_size-1``.
+        max_length: int > 0, sequence length. Default 120.
+        embed_dim: int > 0. Default 32.
+        num_heads: int > 0, attention heads. Default 2.
+        ff_dim: int > 0, hidden units of the feed-forward block. Default 32.
+        feed_forward: ``"deterministic"`` (``keras.layers.Dense``), ``"vd"``
+            (:class:`tfbnn.layers.DenseVariationalDropout`, additive) or ``"bbb"``
+            (:class:`tfbnn.layers.DenseLocalReparameterization` with ``prior``).
+        num_classes: int >= 2.
+        dropout: float in [0, 1), Keras dropout after attention, feed-forward and pooling.
+        prior: the Bayes-by-Backprop kernel prior.
+        kl_weight: float or None (``beta / N``; or set it with ``tfbnn.KLAnnealing``).
+        seed: int or None, seeds of the Bayesian layers.
+        name: str or None.
+
+    Returns:
+        An uncompiled functional ``keras.Model`` from int token ids ``(batch, max_length)``
+        to class probabilities; the feed-forward layers are named ``ff1`` and ``ff2``.
+    """
+    import keras
+
+    from tfbnn import layers
+
+    if feed_forward not in FEED_FORWARD:
+        raise ValueError(f"Expected `feed_forward` in {FEED_FORWARD}. Received: feed_forward={feed_forward!r}")
+    for arg, value in (("vocab_size", vocab_size), ("max_length", max_length), ("embed_dim", embed_dim),
+                       ("num_heads", num_heads), ("ff_dim", ff_dim), ("num_classes", num_classes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (2 if arg == "num_classes" else 1):
+            raise ValueError(f"Expected `{arg}` to be a positive integer. Received: {arg}={value!r}")
+
+    def ff(units, activation, layer_name, i):
+        if feed_forward == "deterministic":
+            return keras.layers.Dense(units, activation=activation, name=layer_name)
+        layer_seed = None if seed is None else seed + i
+        if feed_forward == "vd":
+            return layers.DenseVariationalDropout(units, activation=activation, kl_weight=kl_weight, seed=layer_seed,
+                                                  name=layer_name)
+        return layers.DenseLocalReparameterization(units, activation=activation, kernel_prior=prior, bias_prior=None,
+                                                   kl_weight=kl_weight, seed=layer_seed, name=layer_name)
+
+    embedding = _embedding_layer_class()
+    inputs = keras.Input((max_length,), dtype="int32", name="tokens")
+    x = embedding(vocab_size, max_length, embed_dim, name="embedding")(inputs)
+    attention = keras.layers.MultiHeadAttention(num_heads, key_dim=embed_dim, name="attention")(x, x)
+    attention = keras.layers.Dropout(dropout, name="attention_dropout")(attention)
+    x = keras.layers.LayerNormalization(epsilon=1e-6, name="norm1")(keras.layers.Add(name="residual1")([x, attention]))
+    h = ff(ff_dim, "relu", "ff1", 1)(x)
+    h = ff(embed_dim, None, "ff2", 2)(h)
+    h = keras.layers.Dropout(dropout, name="ff_dropout")(h)
+    x = keras.layers.LayerNormalization(epsilon=1e-6, name="norm2")(keras.layers.Add(name="residual2")([x, h]))
+    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+    x = keras.layers.Dropout(dropout, name="pool_dropout")(x)
+    outputs = keras.layers.Dense(num_classes, activation="softmax", name="classifier")(x)
+    return keras.Model(inputs, outputs, name=name or f"transformer_{feed_forward}")
+
+
+# -- the experiment -------------------------------------------------------------------------------
+def _load(s):
+    from tfbnn import cli
+    from tfbnn.datasets import text
+
+    if s["dataset"] == "synthetic_reviews":
+        return text.make_synthetic_reviews(num_examples=s["max_examples"] or 4000, seed=s["seed"])
+    try:
+        return text.load_imdb(max_examples=s["max_examples"], max_test_examples=s["max_test_examples"])
+    except RuntimeError as e:
+        raise cli.CommandError(str(e)) from None
+
+
+def _vectorize(s, ds):
+    import keras
+    import numpy as np
+
+    vectorizer = keras.layers.TextVectorization(max_tokens=s["vocab_size"], output_sequence_length=s["max_length"])
+    vectorizer.adapt(ds.x_train.astype(str))
+    to_ids = lambda texts: np.asarray(vectorizer(texts.astype(str)), dtype=np.int32)  # noqa: E731
+    return to_ids(ds.x_train), to_ids(ds.x_test), len(vectorizer.get_vocabulary())
+
+
+def _compile(model, s):
+    import keras
+
+    model.compile(keras.optimizers.Adam(s["learning_rate"]), "sparse_categorical_crossentropy", metrics=["accuracy"],
+                  jit_compile=False)
+
+
+def _evaluate(s, model, x_test, y_test, variant):
+    import numpy as np
+
+    import tfbnn
+    from tfbnn import metrics, pruning
+
+    def mc(masks=None):
+        def once():
+            if variant == "deterministic":
+                return model.predict(x_test, batch_size=256, verbose=0)
+            return tfbnn.predict(model, x_test, num_samples=s["num_samples"], batch_size=64,
+                                 task="classification").mean_probs
+
+        if masks is None:
+            return once()
+        with pruning.pruned(model, masks):
+            return once()
+
+    repeats = 1 if variant == "deterministic" else s["repeats"]
+    probs = [mc() for _ in range(repeats)]
+    accuracy = [float(np.mean(p.argmax(-1) == y_test)) for p in probs]
+    row = {
+        "variant": variant,
+        "accuracy": float(np.mean(accuracy)),
+        "accuracy_std": float(np.std(accuracy, ddof=1)) if repeats > 1 else 0.0,
+        "nll": float(np.mean(metrics.negative_log_likelihood(probs[0], y_test))),
+        "ece": float(metrics.expected_calibration_error(probs[0], y_test)),
+        "ff_sparsity": 0.0,
+        "accuracy_principled": None,
+        "accuracy_random": None,
+    }
+    if variant != "deterministic":
+        masks = pruning.compute_masks(model)
+        row["ff_sparsity"] = pruning.sparsity(masks)
+        row["accuracy_principled"] = float(np.mean(mc(masks).argmax(-1) == y_test))
+        row["accuracy_random"] = float(np.mean(mc(pruning.random_masks(masks, seed=s["seed"])).argmax(-1) == y_test))
+    return row
+
+
+def _plot(rows, path, title):
+    from matplotlib.figure import Figure
+
+    from tfbnn import plots
+
+    fig = Figure(figsize=(10.0, 4.0), layout="constrained")
+    ax, ax2 = fig.subplots(1, 2)
+    names = [r["variant"] for r in rows]
+    xs = range(len(rows))
+    ax.bar([x - 0.25 for x in xs], [r["accuracy"] for r in rows], width=0.25, yerr=[r["accuracy_std"] for r in rows],
+           capsize=3, label="no pruning")
+    ax.bar(xs, [r["accuracy_principled"] or 0 for r in rows], width=0.25, label="principled pruning")
+    ax.bar([x + 0.25 for x in xs], [r["accuracy_random"] or 0 for r in rows], width=0.25, label="random pruning")
+    ax.set_xticks(list(xs), [f"{n}\n({100 * r['ff_sparsity']:.0f}% FF pruned)" if n != "deterministic" else n
+                             for n, r in zip(names, rows)])
+    ax.set(ylabel="test accuracy", title=title, ylim=(0.0, 1.0))
+    ax.legend(fontsize=8, loc="lower right")
+    ax2.bar([x - 0.2 for x in xs], [r["nll"] for r in rows], width=0.4, label="NLL")
+    ax2.bar([x + 0.2 for x in xs], [r["ece"] for r in rows], width=0.4, label="ECE")
+    ax2.set_xticks(list(xs), names)
+    ax2.set(title="NLL and ECE (lower is better)")
+    ax2.legend(fontsize=8)
+    plots.save(fig, path)
+    return path
+
+
+def _check_settings(s):
+    if s["dataset"] not in DATASETS:
+        raise ValueError(f"Expected `dataset` in {list(DATASETS)}. Received: dataset={s['dataset']!r}")
+    unknown = [v for v in s["variants"] if v not in FEED_FORWARD]
+    if not s["variants"] or unknown:
+        raise ValueError(f"Expected `variants` from {list(FEED_FORWARD)}. Received: variants={list(s['variants'])!r}")
+    for key in ("vocab_size", "max_length", "embed_dim", "num_heads", "ff_dim", "epochs", "batch_size",
+                "num_samples", "repeats"):
+        v = s[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"Expected `{key}` to be a positive integer. Received: {key}={v!r}")
+    for key in ("learning_rate", "anneal_epochs"):
+        v = s[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+            raise ValueError(f"Expected `{key}` to be a positive number. Received: {key}={v!r}")
+    if not 0 <= s["dropout"] < 1:
+        raise ValueError(f"Expected `dropout` in [0, 1). Received: dropout={s['dropout']!r}")
+    from tfbnn import convert
+
+    convert._check_init_scale(s["init_scale"], s["moped_delta"])
+
+
+def run_experiment(output_dir=None, verbose=True, **settings):
+    """Trains the deterministic transformer, converts its feed-forward block, evaluates; writes files.
+
+    Returns:
+        dict with ``rows`` (one per variant), ``vocabulary_size`` and ``files``.
+    """
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **settings}
+    s["variants"] = tuple(dict.fromkeys(s["variants"]))
+    _check_settings(s)
+    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME, s["dataset"]))
+
+    import keras
+
+    import tfbnn
+    from tfbnn import convert
+
+    keras.utils.set_random_seed(s["seed"])
+    say = print if verbose else (lambda *a, **k: None)
+    start = time.perf_counter()
+    ds = _load(s)
+    x_train, x_test, vocabulary = _vectorize(s, ds)
+    say(f"{NAME}: {ds.name}, N = {ds.num_examples} train / {ds.num_test_examples} test, vocabulary {vocabulary}",
+        flush=True)
+    det = build_transformer_classifier(vocabulary, s["max_length"], s["embed_dim"], s["num_heads"], s["ff_dim"],
+                                       dropout=s["dropout"], seed=s["seed"])
+    _compile(det, s)
+    if s["pretrain_epochs"]:
+        history = det.fit(x_train, ds.y_train, epochs=s["pretrain_epochs"], batch_size=s["batch_size"], verbose=0)
+        _common.check_finite_history(history, "the deterministic transformer")
+    rows = []
+    for variant in s["variants"]:
+        if variant == "deterministic":
+            model = keras.models.clone_model(det)
+            model.set_weights(det.get_weights())
+            _compile(model, s)
+            callbacks = []
+        else:
+            model = convert.to_bayesian(det, method=_CONVERT_METHOD[variant], layers=["ff1", "ff2"],
+                                        init_scale=s["init_scale"], moped_delta=s["moped_delta"], seed=s["seed"])
+            _compile(model, s)
+            schedule = tfbnn.schedules.WarmUp(warmup_epochs=s["warmup_epochs"], epochs=s["anneal_epochs"])
+            callbacks = [tfbnn.KLAnnealing(ds.num_examples, schedule)]
+        history = model.fit(x_train, ds.y_train, epochs=s["epochs"], batch_size=s["batch_size"], verbose=0,
+                            callbacks=callbacks)
+        _common.check_finite_history(history, f"the {variant} transformer")
+        row = _evaluate(s, model, x_test, ds.y_test, variant)
+        row["seconds"] = time.perf_counter() - start
+        rows.append(row)
+        pruned = ("" if variant == "deterministic" else
+                  f"  FF sparsity {100 * row['ff_sparsity']:.1f}%: principled {row['accuracy_principled']:.4f}, "
+                  f"random {row['accuracy_random']:.4f}")
+        say(f"  {variant:13s} accuracy {row['accuracy']:.4f} +- {row['accuracy_std']:.4f}  NLL {row['nll']:.4f}  "
+            f"ECE {row['ece']:.4f}{pruned}  ({row['seconds']:.0f} s)", flush=True)
+    files = [
+        _plot(rows, os.path.join(output_dir, "results.png"), f"{ds.name}: Transformer, Bayesian feed-forward block"),
+        _common.write_csv(os.path.join(output_dir, "results.csv"), rows),
+        _common.write_json(os.path.join(output_dir, "results.json"),
+                           {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
+                            "dataset": {"name": ds.name, "num_examples": ds.num_examples,
+                                        "num_test_examples": ds.num_test_examples, "vocabulary": vocabulary},
+                            "rows": rows}),
+    ]
+    return {"rows": rows, "vocabulary_size": vocabulary, "files": files}
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def add_arguments(parser):
+    """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
+    from tfbnn import cli
+    from tfbnn.experiments.vd_sparsity import _init_scale, _threshold
+
+    d = DEFAULTS
+    parser.add_argument("--dataset", choices=DATASETS, default=d["dataset"],
+                        help="imdb (tensorflow-datasets, downloads on first use) or the offline synthetic_reviews")
+    parser.add_argument("--variants", choices=FEED_FORWARD, nargs="+", default=list(d["variants"]),
+                        help="feed-forward blocks to compare")
+    parser.add_argument("--max-examples", type=cli._positive_int, default=d["max_examples"], metavar="N",
+                        help="training reviews to use (synthetic_reviews: reviews generated, default 4000)")
+    parser.add_argument("--max-test-examples", type=cli._positive_int, default=d["max_test_examples"], metavar="N",
+                        help="test reviews to use (imdb)")
+    parser.add_argument("--vocab-size", type=cli._positive_int, default=d["vocab_size"],
+                        help="TextVectorization max_tokens")
+    parser.add_argument("--max-length", type=cli._positive_int, default=d["max_length"], help="tokens per review")
+    parser.add_argument("--embed-dim", type=cli._positive_int, default=d["embed_dim"], help="embedding size")
+    parser.add_argument("--num-heads", type=cli._positive_int, default=d["num_heads"], help="attention heads")
+    parser.add_argument("--ff-dim", type=cli._positive_int, default=d["ff_dim"], help="feed-forward hidden units")
+    parser.add_argument("--pretrain-epochs", type=cli._non_negative_int, default=d["pretrain_epochs"],
+                        help="epochs of the deterministic model before conversion")
+    parser.add_argument("--epochs", type=cli._positive_int, default=d["epochs"], help="epochs after conversion")
+    parser.add_argument("--warmup-epochs", type=_threshold, default=d["warmup_epochs"], help="epochs with beta = 0")
+    parser.add_argument("--anneal-epochs", type=cli._positive_float, default=d["anneal_epochs"],
+                        help="epochs of the beta ramp 0 -> 1")
+    parser.add_argument("--batch-size", type=cli._positive_int, default=d["batch_size"], help="minibatch size")
+    parser.add_argument("--learning-rate", type=cli._positive_float, default=d["learning_rate"], help="Adam rate")
+    parser.add_argument("--init-scale", type=_init_scale, default=d["init_scale"],
+                        help="initial posterior std after conversion: a number, or moped (delta * |w|)")
+    parser.add_argument("--moped-delta", type=cli._positive_float, default=d["moped_delta"], help="MOPED delta")
+    parser.add_argument("--num-samples", type=cli._positive_int, default=d["num_samples"], metavar="T",
+                        help="MC samples per prediction")
+    parser.add_argument("--repeats", type=cli._positive_int, default=d["repeats"], help="MC repeats (error bars)")
+    parser.add_argument("--seed", type=cli._non_negative_int, default=d["seed"], help="seed")
+    parser.add_argument("--output-dir", default=None, metavar="DIR",
+                        help="output folder (default: saved_models/experiments/vd_transformer/<dataset>)")
+
+
+def run(args):
+    """Runs the experiment from parsed arguments; returns the exit status."""
+    settings = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
+    settings["variants"] = tuple(args.variants)
+    result = run_experiment(output_dir=args.output_dir, **settings)
+    print("\nWrote " + ", ".join(result["files"]))
+    return 0
+
+
+def add_vd_transformer_parser(subparsers):
+    """Registers ``tfbnn vd-transformer`` (append to ``tfbnn.cli.SUBCOMMANDS``)."""
+    return _common.add_subcommand(subparsers, "vd-transformer",
+                                  "Transformer text classifier with a VD / BbB feed-forward block (IMDB)",
+                                  DESCRIPTION, add_arguments, run)
+
+
+def main(argv=None):
+    """``python -m tfbnn.experiments.vd_transformer [options]``; returns the exit status."""
+    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
