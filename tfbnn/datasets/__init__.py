@@ -25,6 +25,14 @@ from tfbnn.datasets import corruptions
 from tfbnn.datasets.base import ArrayDataset
 from tfbnn.datasets.offline import load_digits, make_moons
 from tfbnn.datasets.tfds_loader import TFDS_DATASETS, load_tfds
+from tfbnn.datasets.pipelines import (
+    PIPELINE_DATASETS,
+    DataPipeline,
+    from_arrays,
+    load_pipeline,
+    text_vectorizer,
+    vectorize_text,
+)
 
 __all__ = [
     "ArrayDataset",
@@ -36,6 +44,12 @@ __all__ = [
     "load_digits",
     "make_moons",
     "load_tfds",
+    "DataPipeline",
+    "PIPELINE_DATASETS",
+    "from_arrays",
+    "load_pipeline",
+    "text_vectorizer",
+    "vectorize_text",
 ]
 
 _LOADERS = {
