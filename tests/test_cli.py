@@ -25,7 +25,9 @@ def _assert_one_error_line(err):
 def test_help_lists_the_subcommand(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert "train" in out and "usage: tfbnn" in out
+    assert "usage: tfbnn" in out
+    for command in ("train", "evaluate", "export", "tune", "vd-sparsity", "vd-regression", "vd-transformer"):
+        assert command in out
 
 
 def test_train_help_explains_every_option(capsys):
@@ -139,7 +141,10 @@ def test_failed_save_keeps_the_old_model(tmp_path, capsys, monkeypatch):
 
 
 def test_parser_has_one_function_per_subcommand():
-    assert cli.SUBCOMMANDS[:3] == [cli.add_train_parser, cli.add_evaluate_parser, cli.add_export_parser]
+    assert cli.SUBCOMMANDS[:4] == [cli.add_train_parser, cli.add_evaluate_parser, cli.add_export_parser,
+                                   cli.add_tune_parser]
+    names = [add.__name__ for add in cli.SUBCOMMANDS[4:]]
+    assert names == ["add_vd_sparsity_parser", "add_vd_regression_parser", "add_vd_transformer_parser"]
     parser = cli.build_parser()
     args = parser.parse_args(["train"])
     assert args.func is cli.run_train and args.dataset == "digits" and args.baseline
@@ -204,3 +209,18 @@ def test_export_command_writes_a_servable_saved_model(trained, tmp_path, capsys)
     # A second export to the same folder needs --overwrite.
     assert cli.main(["export", str(trained), "--output", str(out)]) == 2
     _assert_one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.heavy
+def test_train_under_mirrored_strategy_on_two_logical_cpus(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "mirrored.keras"
+    out = subprocess.run(
+        [sys.executable, "-m", "tfbnn.cli", "train", *TINY, "--strategy", "mirrored", "--cpu-devices", "2",
+         "--output", str(path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "MirroredStrategy, 2 replica(s)" in out.stdout and path.exists()

@@ -16,8 +16,9 @@ from tfbnn import _quiet
 if _quiet.running_the_command():  # the `tfbnn` command: keep TF's start-up log out of its output
     _quiet.import_tensorflow_quietly()
 
-from tfbnn import callbacks, datasets, export, kl, layers, priors, schedules, utils  # noqa: E402
-from tfbnn import calibration, evaluation, inference, likelihoods, metrics, plots  # noqa: E402
+from tfbnn import callbacks, datasets, distribute, export, kl, layers, priors, schedules, utils  # noqa: E402
+from tfbnn import calibration, convert, evaluation, inference, likelihoods, metrics, plots, pruning, tuning  # noqa: E402
+from tfbnn.pruning import SparsityMonitor  # noqa: E402
 from tfbnn.calibration import TemperatureScaling  # noqa: E402
 from tfbnn.inference import ClassificationPrediction, RegressionPrediction, predict  # noqa: E402
 from tfbnn.likelihoods import GaussianHead, gaussian_nll  # noqa: E402
@@ -31,6 +32,13 @@ from tfbnn.metrics import (  # noqa: E402
 )
 from tfbnn.callbacks import KLAnnealing  # noqa: E402
 from tfbnn.layers import (  # noqa: E402
+    Conv2DVariationalDropout,
+    DenseVariationalDropout,
+    GravesDense,
+    Conv1DFlipout,
+    Conv1DReparameterization,
+    Conv2DFlipout,
+    Conv2DReparameterization,
     BayesianLayer,
     DenseFlipout,
     DenseLocalReparameterization,
@@ -54,6 +62,7 @@ __version__ = "0.1.0"
 __all__ = [
     "callbacks",
     "datasets",
+    "distribute",
     "export",
     "kl",
     "layers",
@@ -63,6 +72,10 @@ __all__ = [
     "calibration",
     "evaluation",
     "plots",
+    "convert",
+    "pruning",
+    "SparsityMonitor",
+    "tuning",
     "inference",
     "likelihoods",
     "metrics",
@@ -71,6 +84,13 @@ __all__ = [
     "DenseReparameterization",
     "DenseFlipout",
     "DenseLocalReparameterization",
+    "Conv1DReparameterization",
+    "Conv1DFlipout",
+    "Conv2DReparameterization",
+    "Conv2DFlipout",
+    "DenseVariationalDropout",
+    "Conv2DVariationalDropout",
+    "GravesDense",
     "MCDropout",
     "MCSpatialDropout2D",
     "StochasticLayer",

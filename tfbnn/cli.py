@@ -288,6 +288,9 @@ def add_train_parser(subparsers):
         "normal prior (no weight-sized random draw; XLA helps), off otherwise (XLA makes "
         "weight-sized normal draws very slow on CPU)",
     )
+    from tfbnn.distribute import add_strategy_argument
+
+    add_strategy_argument(training)
 
     evaluation = parser.add_argument_group("evaluation and output")
     evaluation.add_argument(
@@ -521,6 +524,10 @@ def run_train(args):
     _prepare_output(output)
     anneal_epochs = args.anneal_epochs if args.anneal_epochs is not None else max(args.epochs / 2, 1e-3)
 
+    from tfbnn import distribute
+
+    strategy = distribute.strategy_from_args(args)  # first: --cpu-devices must precede any TF op
+
     import keras
     import numpy as np
 
@@ -532,16 +539,17 @@ def run_train(args):
     ds = _load_data(args)
     n = ds.num_examples
 
-    model = build_mlp(
-        ds.input_shape, ds.num_classes, args.hidden_units, args.depth, args.layer, prior, args.seed,
-        name=f"bbb_mlp_{ds.name}",
-    )
-    model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate=args.learning_rate),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-        jit_compile=_jit_compile(args),
-    )
+    with strategy.scope():
+        model = build_mlp(
+            ds.input_shape, ds.num_classes, args.hidden_units, args.depth, args.layer, prior, args.seed,
+            name=f"bbb_mlp_{ds.name}",
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(learning_rate=args.learning_rate),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+            jit_compile=distribute.jit_compile_for(strategy, _jit_compile(args), warn=args.jit_compile == "on"),
+        )
     annealing = tfbnn.KLAnnealing(num_examples=n, schedule=schedule)
     guard = _make_nan_guard()
 
@@ -552,17 +560,14 @@ def run_train(args):
         f"  model:    BbB MLP {' -> '.join(map(str, sizes))}, {args.layer}, prior {prior!r}, "
         f"{model.count_params()} parameters\n"
         f"  training: {args.epochs} epochs, batch {args.batch_size}, Adam lr {args.learning_rate:g}, "
-        f"KL schedule {schedule!r}, seed {args.seed}",
+        f"KL schedule {schedule!r}, seed {args.seed}\n"
+        f"  strategy: {type(strategy).__name__}, {strategy.num_replicas_in_sync} replica(s)",
         flush=True,
     )
     start = time.perf_counter()
-    history = model.fit(
-        ds.x_train,
-        ds.y_train,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        callbacks=[annealing, guard],
-        verbose=_verbosity(args.verbose),
+    history = distribute.fit(
+        model, ds.x_train, ds.y_train, epochs=args.epochs, batch_size=args.batch_size,
+        callbacks=[annealing, guard], verbose=_verbosity(args.verbose), seed=args.seed,
     )
     train_seconds = time.perf_counter() - start
 
@@ -593,7 +598,9 @@ def run_train(args):
         )
     baseline = _deterministic_baseline(args, ds, sizes) if args.baseline else None
 
-    save_atomically(model, output)
+    chief = distribute.is_chief(strategy)
+    if chief:
+        save_atomically(model, output)
 
     kl_note = " (MC estimate)" if not prior.has_closed_form_kl else ""
     quality = [("test metric (MC predictive)", "BbB", "deterministic" if baseline else "")]
@@ -626,7 +633,8 @@ def run_train(args):
     )
     print()
     print(table)
-    print(f"\nSaved the model to {output}", flush=True)
+    print(f"\nSaved the model to {output}" if chief else "\n(not the chief: the chief saves the model)",
+          flush=True)
     return 0
 
 
@@ -774,9 +782,36 @@ def run_export(args):
     return 0
 
 
+def add_tune_parser(subparsers):
+    """Registers ``tfbnn tune`` (KerasTuner searches; see :mod:`tfbnn.tuning_cli`)."""
+    from tfbnn.tuning_cli import add_tune_parser as add  # lazy: tuning_cli imports this module
+
+    return add(subparsers)
+
+
+def _experiment(module):
+    """The ``add_<module>_parser`` of :mod:`tfbnn.experiments.<module>`, imported when used."""
+
+    def add(subparsers):
+        import importlib
+
+        return getattr(importlib.import_module(f"tfbnn.experiments.{module}"), f"add_{module}_parser")(subparsers)
+
+    add.__name__ = f"add_{module}_parser"
+    return add
+
+
 #: The subcommands, in the order ``tfbnn --help`` lists them. Each entry adds its
 #: parser to the subparsers action and sets ``func``.
-SUBCOMMANDS = [add_train_parser, add_evaluate_parser, add_export_parser]
+SUBCOMMANDS = [
+    add_train_parser,
+    add_evaluate_parser,
+    add_export_parser,
+    add_tune_parser,
+    _experiment("vd_sparsity"),
+    _experiment("vd_regression"),
+    _experiment("vd_transformer"),
+]
 
 
 # -- entry point ------------------------------------------------------------------
