@@ -1,0 +1,130 @@
+"""The model zoo: classifiers whose Bayesian method is one argument.
+
+Every builder takes ``method`` (``"deterministic"``, ``"mc_dropout"``, ``"bbb"``,
+``"vd"``, ``"ibnn"``) with that method's options, ``num_classes``, ``input_shape``,
+``num_examples`` (N; required for the methods with a KL term) and ``seed``, and
+returns an uncompiled functional ``keras.Model`` that outputs softmax
+probabilities (compile it with ``"sparse_categorical_crossentropy"``; the outputs go
+straight into :func:`tfbnn.predict` and :mod:`tfbnn.metrics`). How a method turns
+into layers is decided in one place, :class:`LayerFactory` (:mod:`tfbnn.models.methods`),
+which also gives every Bayesian layer ``kl_weight = 1 / N`` and its own seed.
+
+====================  ============================  =====================================
+name                  builder                       deterministic parameters, 10 classes
+====================  ============================  =====================================
+``mlp``               :func:`mlp` (presets below)   2,395,210 (784-1200-1200-10)
+``lenet5``            :func:`lenet5`                62,006 (32x32x3)
+``alexnet``           :func:`alexnet`               37,323,146 (32x32x3)
+``resnet50``          :func:`resnet50`              23,608,202 (= keras.applications)
+``vgg16``             :func:`vgg16`                 33,638,218 (= keras.applications)
+``wide_resnet28_10``  :func:`wide_resnet28_10`      36,479,194 trainable
+====================  ============================  =====================================
+
+MLP presets, also accepted by :func:`build`: ``mlp_blundell`` (2 x 1200),
+``lenet_300_100``, ``mlp_400``, ``mlp_800``, ``mlp_1200``.
+
+Method options: ``mc_dropout``: ``rate`` (default 0.1); ``bbb``: ``estimator``
+(``"flipout"`` default, ``"reparameterization"``, ``"local_reparameterization"``) and
+``prior`` (a name such as ``"normal"``, ``"scale_mixture"``, or a
+:class:`tfbnn.priors.Prior`); ``vd``: ``parameterization`` (``"additive"`` default,
+``"multiplicative"``); ``ibnn``: ``num_components`` (K, default 4), ``prior_stddev``.
+
+Example:
+    >>> import tfbnn.models
+    >>> model = tfbnn.models.build("lenet5", method="bbb", estimator="flipout", num_examples=50_000)
+    >>> model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    >>> model.fit(x, y, callbacks=[tfbnn.KLAnnealing(num_examples=50_000)])
+    >>> res = tfbnn.predict(model, x_test, num_samples=32)
+"""
+
+from tfbnn.models.alexnet import alexnet
+from tfbnn.models.lenet import lenet5
+from tfbnn.models.methods import BAYESIAN_METHODS, ESTIMATORS, METHOD_OPTIONS, METHODS, LayerFactory, get_factory
+from tfbnn.models.mlp import PRESETS as MLP_PRESETS
+from tfbnn.models.mlp import mlp
+from tfbnn.models.resnet import resnet50
+from tfbnn.models.vgg import vgg16
+from tfbnn.models.wide_resnet import wide_resnet, wide_resnet28_10
+
+__all__ = [
+    "MODELS",
+    "PRESETS",
+    "METHODS",
+    "BAYESIAN_METHODS",
+    "ESTIMATORS",
+    "METHOD_OPTIONS",
+    "LayerFactory",
+    "get_factory",
+    "build",
+    "get_builder",
+    "mlp",
+    "lenet5",
+    "alexnet",
+    "resnet50",
+    "vgg16",
+    "wide_resnet",
+    "wide_resnet28_10",
+]
+
+#: Model name -> builder.
+MODELS = {
+    "mlp": mlp,
+    "lenet5": lenet5,
+    "alexnet": alexnet,
+    "resnet50": resnet50,
+    "vgg16": vgg16,
+    "wide_resnet28_10": wide_resnet28_10,
+}
+
+#: Preset name -> (model name, fixed builder arguments).
+PRESETS = {name: ("mlp", {"hidden_units": units}) for name, units in MLP_PRESETS.items()}
+
+
+def _names():
+    return list(MODELS) + list(PRESETS)
+
+
+def get_builder(name):
+    """The builder of a model or preset name (a preset's fixed arguments bound)."""
+    if isinstance(name, str) and name in MODELS:
+        return MODELS[name]
+    if isinstance(name, str) and name in PRESETS:
+        family, fixed = PRESETS[name]
+
+        def preset(method="deterministic", **kwargs):
+            clash = sorted(set(fixed) & set(kwargs))
+            if clash:
+                raise ValueError(
+                    f"The preset {name!r} fixes {clash}; use build({family!r}, ...) to choose them. "
+                    f"Received: {', '.join(f'{k}={kwargs[k]!r}' for k in clash)}"
+                )
+            if kwargs.get("name") is None:
+                kwargs["name"] = f"{name}_{getattr(method, 'method', method)}"
+            return MODELS[family](method, **fixed, **kwargs)
+
+        preset.__name__ = name
+        preset.__doc__ = f"The {family} preset {name!r}: {family}(method, {fixed}, ...)."
+        return preset
+    raise ValueError(f"Unknown model. Expected one of {_names()}. Received: model={name!r}")
+
+
+def build(name, method="deterministic", **kwargs):
+    """Builds the zoo model ``name`` for ``method``.
+
+    Args:
+        name: a model name of :data:`MODELS` or a preset of :data:`PRESETS`.
+        method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
+            or a :class:`LayerFactory`.
+        **kwargs: the builder's arguments (``num_classes``, ``input_shape``,
+            ``num_examples``, ``seed``, family options such as ``stem``) and the
+            method's options (``rate``, ``estimator``, ``prior``, ``parameterization``,
+            ``num_components``, ``prior_stddev``).
+
+    Returns:
+        An uncompiled functional ``keras.Model`` with softmax outputs.
+
+    Raises:
+        ValueError: an unknown model, method or option, a missing ``num_examples``
+            for a Bayesian method, or a bad ``input_shape`` / ``num_classes``.
+    """
+    return get_builder(name)(method, **kwargs)

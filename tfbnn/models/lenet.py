@@ -1,0 +1,78 @@
+"""LeNet-5 (LeCun et al. 1998), the small convolutional net of the CIFAR comparison.
+
+Backbone::
+
+    conv1  6 filters 5x5, sigmoid  -> average pool 2x2
+    conv2 16 filters 5x5, sigmoid  -> average pool 2x2
+    flatten -> dense 120, sigmoid -> dense 84, sigmoid
+
+Head: softmax dense. ``padding="valid"`` (default) is the original network: 62,006
+parameters at 32x32x3 with 10 classes, 61,706 at 32x32x1 (LeCun's padded MNIST).
+Inputs smaller than 16x16 (the offline 8x8 digits) need ``padding="same"``.
+
+Bayesian layers per method: ``bbb`` / ``vd`` / ``ibnn`` make both convolutions and all
+three dense layers Bayesian; ``mc_dropout`` adds
+:class:`tfbnn.layers.MCSpatialDropout2D` after each conv stage (after the pooling)
+and :class:`tfbnn.layers.MCDropout` after each hidden dense layer (Gal and
+Ghahramani's "LeNet-all").
+"""
+
+import keras
+
+from tfbnn.models import _common
+
+__all__ = ["lenet5"]
+
+_PADDINGS = ("valid", "same")
+
+
+def lenet5(
+    method="deterministic",
+    *,
+    num_classes=10,
+    input_shape=(32, 32, 3),
+    num_examples=None,
+    seed=None,
+    padding="valid",
+    activation="sigmoid",
+    name=None,
+    **method_options,
+):
+    """LeNet-5 for ``method``; softmax outputs.
+
+    Args:
+        method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
+            or a :class:`tfbnn.models.LayerFactory`.
+        num_classes: int >= 2.
+        input_shape: ``(height, width, channels)``. Default ``(32, 32, 3)``.
+        num_examples: int, N (required for bbb, vd, ibnn).
+        seed: int or None.
+        padding: ``"valid"`` (default, the original; needs >= 16x16 inputs) or
+            ``"same"`` (keeps the size through the convolutions; for tiny inputs).
+        activation: activation of the conv and hidden dense layers. Default
+            ``"sigmoid"`` (as in the comparison); ``"relu"`` trains faster.
+        name: model name; default ``"lenet5_<method>"``.
+        **method_options: the method's options.
+
+    Returns:
+        An uncompiled functional ``keras.Model``.
+
+    Example:
+        >>> model = tfbnn.models.lenet5("mc_dropout", rate=0.2)
+    """
+    if padding not in _PADDINGS:
+        raise ValueError(f"Expected `padding` in {_PADDINGS}. Received: padding={padding!r}")
+    min_side = 16 if padding == "valid" else 4
+    factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
+                                       input_shape, 3, min_side, "lenet5")
+    x = inputs
+    for i, filters in enumerate((6, 16), 1):
+        x = factory.conv2d(filters, 5, padding=padding, activation=activation, name=f"conv{i}")(x)
+        x = keras.layers.AveragePooling2D(2, name=f"pool{i}")(x)
+        x = factory.spatial_dropout(x, name=f"dropout_conv{i}")
+    x = keras.layers.Flatten(name="flatten")(x)
+    for i, units in enumerate((120, 84), 1):
+        x = factory.dense(units, activation=activation, name=f"fc{i}")(x)
+        x = factory.dropout(x, name=f"dropout_fc{i}")
+    outputs = _common.classifier_head(x, factory, num_classes)
+    return keras.Model(inputs, outputs, name=_common.model_name(name, "lenet5", factory))

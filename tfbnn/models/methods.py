@@ -1,0 +1,261 @@
+"""The one way every zoo builder chooses its Bayesian method: :class:`LayerFactory`.
+
+A builder describes its architecture once, asking a :class:`LayerFactory` for each
+weight layer (``dense``, ``conv2d``), for dropout after a block (``dropout``,
+``spatial_dropout``) and for batch norm. The factory decides, from the method, what
+those layers are:
+
+* ``deterministic``: ``keras.layers.Dense`` / ``keras.layers.Conv2D``; no dropout
+  (``dropout(x)`` returns ``x``).
+* ``mc_dropout`` (option ``rate``, default 0.1): the same Keras layers, plus
+  :class:`~tfbnn.layers.MCDropout` (``dropout``) / :class:`~tfbnn.layers.MCSpatialDropout2D`
+  (``spatial_dropout``) with ``rate``, which stay on at inference.
+* ``bbb`` (options ``estimator``, default ``"flipout"``, and ``prior``, default
+  ``"normal"``, a name or a :class:`tfbnn.priors.Prior`, used for kernels and biases):
+
+  ================================  ==============================  ========================
+  estimator                         dense                           conv2d
+  ================================  ==============================  ========================
+  ``"flipout"``                     DenseFlipout                    Conv2DFlipout
+  ``"reparameterization"``          DenseReparameterization         Conv2DReparameterization
+  ``"local_reparameterization"``    DenseLocalReparameterization    Conv2DFlipout (*)
+  ================================  ==============================  ========================
+
+  (*) tfbnn has no local-reparameterization convolution; Flipout is the convolution
+  whose noise differs per example.
+* ``vd`` (option ``parameterization``, ``"additive"`` (Molchanov, default) or
+  ``"multiplicative"`` (Kingma)): DenseVariationalDropout / Conv2DVariationalDropout.
+* ``ibnn`` (options ``num_components``, K, default 4, and ``prior_stddev``, default
+  0.1): NodeDense / NodeConv2D.
+
+So for ``bbb``, ``vd`` and ``ibnn`` *every* convolution and dense layer of a zoo model
+is Bayesian (the stem, the residual shortcuts and the softmax head included), and
+``mc_dropout`` keeps deterministic weights and adds dropout that stays on at
+inference where each family's docstring says. Batch normalization is always the
+deterministic ``keras.layers.BatchNormalization``.
+
+The ELBO scale: every Bayesian layer gets ``kl_weight = 1 / num_examples`` (``beta = 1``
+of the convention in :mod:`tfbnn.callbacks`; :class:`tfbnn.KLAnnealing` moves it), so
+``num_examples`` (N, the training examples) is required for ``bbb``, ``vd`` and
+``ibnn``: a missing or non-positive N is an error, never a silently dominating KL.
+
+Seeds: with ``seed`` an int, the i-th stochastic layer the factory makes (0-based, in
+build order) gets ``seed + i + 1`` (the convention of ``tfbnn train``'s MLP), so all
+of them differ; with ``seed=None`` every layer draws its own seed from Keras' global
+RNG (``keras.utils.set_random_seed`` makes that reproducible).
+
+Example:
+    >>> f = LayerFactory("bbb", {"estimator": "reparameterization"}, num_examples=50_000, seed=0)
+    >>> f.dense(10, activation="softmax")  # a DenseReparameterization with kl_weight 2e-5, seed 1
+"""
+
+import math
+
+import keras
+
+from tfbnn import layers as layers_lib
+from tfbnn import priors as priors_lib
+from tfbnn.layers.variational_dropout import _resolve_parameterization
+
+__all__ = [
+    "METHODS",
+    "BAYESIAN_METHODS",
+    "ESTIMATORS",
+    "METHOD_OPTIONS",
+    "LayerFactory",
+    "get_factory",
+]
+
+#: Names accepted for ``method``.
+METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn")
+#: Methods whose layers carry a KL term (they need ``num_examples``).
+BAYESIAN_METHODS = ("bbb", "vd", "ibnn")
+#: Gradient estimators of the ``bbb`` method.
+ESTIMATORS = ("flipout", "reparameterization", "local_reparameterization")
+#: The options each method accepts, with their defaults.
+METHOD_OPTIONS = {
+    "deterministic": {},
+    "mc_dropout": {"rate": 0.1},
+    "bbb": {"estimator": "flipout", "prior": "normal"},
+    "vd": {"parameterization": "additive"},
+    "ibnn": {"num_components": 4, "prior_stddev": 0.1},
+}
+
+_BBB_DENSE = {
+    "flipout": layers_lib.DenseFlipout,
+    "reparameterization": layers_lib.DenseReparameterization,
+    "local_reparameterization": layers_lib.DenseLocalReparameterization,
+}
+_BBB_CONV = {
+    "flipout": layers_lib.Conv2DFlipout,
+    "reparameterization": layers_lib.Conv2DReparameterization,
+    "local_reparameterization": layers_lib.Conv2DFlipout,
+}
+
+
+def _check_method(method):
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"Unknown method. Expected one of {list(METHODS)}. Received: method={method!r}")
+    return method
+
+
+def _check_num_examples(method, num_examples):
+    if num_examples is None and method not in BAYESIAN_METHODS:
+        return None
+    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples <= 0:
+        raise ValueError(
+            f"Expected `num_examples` (N, the number of training examples) to be a positive integer: "
+            f"method={method!r} gives every Bayesian layer kl_weight = 1 / N (the per-example ELBO "
+            f"mean NLL + KL / N). Received: num_examples={num_examples!r}"
+        )
+    return num_examples
+
+
+def _check_seed(seed):
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"Expected `seed` to be a non-negative integer or None. Received: seed={seed!r}")
+    return seed
+
+
+def _check_options(method, options):
+    allowed = METHOD_OPTIONS[method]
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        received = ", ".join(f"{k}={options[k]!r}" for k in unknown)
+        raise ValueError(
+            f"Unknown option for method={method!r}. Expected one of {sorted(allowed)}. Received: {received}"
+        )
+    resolved = {**allowed, **options}
+    if method == "mc_dropout":
+        rate = resolved["rate"]
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+            raise ValueError(f"Expected `rate` in [0, 1). Received: rate={rate!r}")
+        resolved["rate"] = float(rate)
+    elif method == "bbb":
+        if resolved["estimator"] not in ESTIMATORS:
+            raise ValueError(
+                f"Unknown estimator. Expected one of {list(ESTIMATORS)}. Received: estimator={resolved['estimator']!r}"
+            )
+        resolved["prior"] = priors_lib.get(resolved["prior"])
+    elif method == "vd":
+        resolved["parameterization"] = _resolve_parameterization(resolved["parameterization"])
+    elif method == "ibnn":
+        k = resolved["num_components"]
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"Expected `num_components` (K) to be an integer >= 1. Received: num_components={k!r}")
+        s = resolved["prior_stddev"]
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not (math.isfinite(s) and s > 0):
+            raise ValueError(f"Expected `prior_stddev` to be a positive float. Received: prior_stddev={s!r}")
+    return resolved
+
+
+class LayerFactory:
+    """Makes the weight, dropout and normalization layers of one zoo model for one method.
+
+    Args:
+        method: one of :data:`METHODS`.
+        options: dict of the method's options (:data:`METHOD_OPTIONS`): ``rate``
+            (mc_dropout), ``estimator`` and ``prior`` (bbb), ``parameterization`` (vd),
+            ``num_components`` and ``prior_stddev`` (ibnn). Unknown keys are an error.
+        num_examples: int > 0, N; required for ``bbb``, ``vd`` and ``ibnn``
+            (``kl_weight = 1 / N``), optional (unused) otherwise.
+        seed: int >= 0 or None; the i-th stochastic layer gets ``seed + i + 1``.
+
+    Attributes:
+        method, options (resolved, defaults filled in), num_examples, seed,
+        kl_weight (``1 / N`` or None), is_bayesian.
+    """
+
+    def __init__(self, method="deterministic", options=None, num_examples=None, seed=None):
+        self.method = _check_method(method)
+        self.options = _check_options(self.method, options)
+        self.num_examples = _check_num_examples(self.method, num_examples)
+        self.seed = _check_seed(seed)
+        self.is_bayesian = self.method in BAYESIAN_METHODS
+        self.kl_weight = 1.0 / self.num_examples if self.is_bayesian else None
+        self._count = 0
+
+    def __repr__(self):
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return f"LayerFactory(method={self.method!r}, {opts}{', ' if opts else ''}num_examples={self.num_examples})"
+
+    def _next_seed(self):
+        self._count += 1
+        return None if self.seed is None else self.seed + self._count
+
+    def _bayesian_kwargs(self):
+        kwargs = {"kl_weight": self.kl_weight, "seed": self._next_seed()}
+        if self.method == "bbb":
+            prior = self.options["prior"]
+            kwargs.update(kernel_prior=prior, bias_prior=prior)
+        elif self.method == "vd":
+            kwargs["parameterization"] = self.options["parameterization"]
+        elif self.method == "ibnn":
+            kwargs.update(num_components=self.options["num_components"], prior_stddev=self.options["prior_stddev"])
+        return kwargs
+
+    # -- weight layers -------------------------------------------------------------
+    def dense(self, units, activation=None, use_bias=True, name=None):
+        """A dense layer of this method (see the module table)."""
+        if not self.is_bayesian:
+            return keras.layers.Dense(units, activation=activation, use_bias=use_bias, name=name)
+        cls = {
+            "bbb": _BBB_DENSE.get(self.options.get("estimator")),
+            "vd": layers_lib.DenseVariationalDropout,
+            "ibnn": layers_lib.NodeDense,
+        }[self.method]
+        return cls(units, activation=activation, use_bias=use_bias, name=name, **self._bayesian_kwargs())
+
+    def conv2d(self, filters, kernel_size, strides=1, padding="valid", activation=None, use_bias=True, name=None):
+        """A 2-D convolution (channels last) of this method (see the module table)."""
+        if not self.is_bayesian:
+            return keras.layers.Conv2D(
+                filters, kernel_size, strides=strides, padding=padding, activation=activation,
+                use_bias=use_bias, name=name,
+            )
+        cls = {
+            "bbb": _BBB_CONV.get(self.options.get("estimator")),
+            "vd": layers_lib.Conv2DVariationalDropout,
+            "ibnn": layers_lib.NodeConv2D,
+        }[self.method]
+        return cls(
+            filters, kernel_size, strides=strides, padding=padding, activation=activation, use_bias=use_bias,
+            name=name, **self._bayesian_kwargs(),
+        )
+
+    # -- dropout after a block (MC dropout only) ---------------------------------------
+    def dropout(self, x, name=None):
+        """``MCDropout(rate)(x)`` for ``mc_dropout`` (element-wise); ``x`` unchanged otherwise."""
+        if self.method != "mc_dropout":
+            return x
+        return layers_lib.MCDropout(self.options["rate"], seed=self._next_seed(), name=name)(x)
+
+    def spatial_dropout(self, x, name=None):
+        """``MCSpatialDropout2D(rate)(x)`` for ``mc_dropout`` (whole feature maps); ``x`` otherwise."""
+        if self.method != "mc_dropout":
+            return x
+        return layers_lib.MCSpatialDropout2D(self.options["rate"], seed=self._next_seed(), name=name)(x)
+
+    # -- normalization -------------------------------------------------------------------
+    def batch_norm(self, name=None, **kwargs):
+        """``keras.layers.BatchNormalization``: deterministic for every method."""
+        return keras.layers.BatchNormalization(name=name, **kwargs)
+
+
+def get_factory(method, options=None, num_examples=None, seed=None):
+    """A :class:`LayerFactory` from a method name, or ``method`` itself when it is one.
+
+    Passing a ready factory together with options, ``num_examples`` or ``seed`` is an
+    error (they belong to the factory).
+    """
+    if isinstance(method, LayerFactory):
+        extra = {k: v for k, v in (("num_examples", num_examples), ("seed", seed)) if v is not None}
+        extra.update(options or {})
+        if extra:
+            raise ValueError(
+                "Expected either a LayerFactory or a method name with its options, not both. "
+                f"Received: method={method!r} with {extra}"
+            )
+        return method
+    return LayerFactory(method, options, num_examples, seed)

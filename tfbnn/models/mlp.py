@@ -1,0 +1,98 @@
+"""Multilayer perceptrons: Blundell's 2 x 1200, LeNet-300-100, one hidden layer of 400/800/1200.
+
+Backbone: ``Flatten`` (for image inputs), then one ReLU dense layer per entry of
+``hidden_units``. Head: a softmax dense layer (:func:`tfbnn.models._common.classifier_head`).
+
+Bayesian layers per method (:mod:`tfbnn.models.methods`): ``bbb`` / ``vd`` / ``ibnn``
+make every dense layer, head included, Bayesian; ``mc_dropout`` adds
+:class:`tfbnn.layers.MCDropout` (``rate``) after every hidden layer.
+
+Presets (:data:`PRESETS`, also names of :func:`tfbnn.models.build`):
+
+=================  ============  ===================================  ========================================
+name               hidden units  parameters (784 inputs, 10 classes)  source
+=================  ============  ===================================  ========================================
+``mlp_blundell``   1200, 1200    2,395,210                            Blundell et al. 2015 (MNIST, sec. 5.1)
+``lenet_300_100``  300, 100      266,610                              LeCun et al. 1998; Molchanov et al. 2017
+``mlp_400``        400           318,010                              Blundell et al. 2015 (one hidden layer
+``mlp_800``        800           636,010                              of 400, 800 or 1200 units)
+``mlp_1200``       1200          954,010
+=================  ============  ===================================  ========================================
+"""
+
+import keras
+
+from tfbnn.models import _common
+
+__all__ = ["mlp", "PRESETS"]
+
+#: Preset name -> hidden units.
+PRESETS = {
+    "mlp_blundell": (1200, 1200),
+    "lenet_300_100": (300, 100),
+    "mlp_400": (400,),
+    "mlp_800": (800,),
+    "mlp_1200": (1200,),
+}
+
+
+def _check_hidden_units(hidden_units):
+    if isinstance(hidden_units, str):
+        if hidden_units not in PRESETS:
+            raise ValueError(
+                f"Unknown MLP preset. Expected one of {list(PRESETS)}. Received: hidden_units={hidden_units!r}"
+            )
+        return PRESETS[hidden_units]
+    units = tuple(hidden_units) if isinstance(hidden_units, (tuple, list)) else None
+    if units is None or not all(isinstance(u, int) and not isinstance(u, bool) and u > 0 for u in units):
+        raise ValueError(
+            "Expected `hidden_units` to be a preset name or a sequence of positive integers. "
+            f"Received: hidden_units={hidden_units!r}"
+        )
+    return units
+
+
+def mlp(
+    method="deterministic",
+    *,
+    hidden_units=(1200, 1200),
+    num_classes=10,
+    input_shape=(784,),
+    num_examples=None,
+    seed=None,
+    activation="relu",
+    name=None,
+    **method_options,
+):
+    """A classifier MLP for ``method``; softmax outputs.
+
+    Args:
+        method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
+            or a :class:`tfbnn.models.LayerFactory`.
+        hidden_units: tuple of ints, or a preset name of :data:`PRESETS`. Default
+            ``(1200, 1200)`` (Blundell et al. 2015).
+        num_classes: int >= 2.
+        input_shape: shape of one example; inputs of rank > 1 are flattened.
+        num_examples: int, N (required for bbb, vd, ibnn: ``kl_weight = 1 / N``).
+        seed: int or None, the base seed of the stochastic layers.
+        activation: hidden activation. Default ``"relu"``.
+        name: model name; default ``"mlp_<method>"``.
+        **method_options: the method's options (``rate``; ``estimator``, ``prior``;
+            ``parameterization``; ``num_components``, ``prior_stddev``).
+
+    Returns:
+        An uncompiled functional ``keras.Model`` (compile with
+        ``"sparse_categorical_crossentropy"``).
+
+    Example:
+        >>> model = tfbnn.models.mlp("bbb", hidden_units="lenet_300_100", num_examples=60_000)
+    """
+    units = _check_hidden_units(hidden_units)
+    factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
+                                       input_shape, None, 1, "mlp")
+    x = keras.layers.Flatten(name="flatten")(inputs) if len(inputs.shape) > 2 else inputs
+    for i, u in enumerate(units, 1):
+        x = factory.dense(u, activation=activation, name=f"dense_{i}")(x)
+        x = factory.dropout(x, name=f"dropout_{i}")
+    outputs = _common.classifier_head(x, factory, num_classes)
+    return keras.Model(inputs, outputs, name=_common.model_name(name, "mlp", factory))
