@@ -1,0 +1,304 @@
+"""LeNet model-size sweep: iBNN versus Bayes-by-Backprop as the hidden width grows.
+
+Trinh et al. (2022) compare node-based iBNNs with Bayes-by-Backprop (BbB) on LeNet-5
+scaled to 1x, 4x, 16x and 64x its hidden width: BbB has two variational parameters
+per weight and its KL grows with the model, iBNN has ``2 K`` per input node and keeps
+deterministic weights, so its accuracy and NLL hold up (or improve) as the model
+grows while BbB's degrade.
+
+Model (``width`` = multiplier w; every hidden layer is scaled):
+
+===================  =======================================  =====================================
+                     28x28x1 (Fashion-MNIST)                  8x8x1 (offline digits stand-in)
+===================  =======================================  =====================================
+conv 1               6w filters 5x5 valid, ReLU, max-pool 2   6w filters 3x3 same, ReLU, max-pool 2
+conv 2               16w filters 5x5 valid, ReLU, max-pool 2  16w filters 3x3 same, ReLU, max-pool 2
+dense                120w, 84w ReLU, 10 softmax               120w, 84w ReLU, 10 softmax
+===================  =======================================  =====================================
+
+* iBNN: :class:`tfbnn.layers.NodeConv2D` (noise per input channel) and
+  :class:`tfbnn.layers.NodeDense`; :func:`tfbnn.ibnn.make_optimizer` (Adam with cosine
+  decay for the weights, a constant larger rate for the variational parameters);
+  prediction with ``n`` samples per component.
+* BbB: :class:`tfbnn.layers.Conv2DFlipout` and
+  :class:`tfbnn.layers.DenseLocalReparameterization` (N(0, 1) priors, closed-form KL);
+  Adam with cosine decay.
+
+Both minimise ``mean NLL + beta KL / N`` with ``beta`` annealed 0 -> 1 over the first
+half of training. Test metrics use T Monte Carlo samples (iBNN ``T = K n``; BbB the
+same T): accuracy and ECE of the mean probabilities, NLL by log-mean-exp over samples.
+
+Data: ``--dataset fashion_mnist`` loads Fashion-MNIST through tensorflow-datasets
+(needs internet once); the default ``digits`` is the offline stand-in (scikit-learn's
+8x8 digits, 1437 train / 360 test, as 8x8x1 images) so that the sweep runs anywhere.
+The 64x model on digits has about 75 M weights (BbB: 150 M variational parameters).
+
+Outputs (``--output-dir``, default ``saved_models/experiments/ibnn_lenet/``):
+``model_size.png`` (test accuracy and NLL against the width multiplier), ``results.csv``,
+``results.json``.
+
+Run: ``python -m tfbnn.experiments.ibnn_lenet`` or ``tfbnn ibnn-lenet``.
+"""
+
+import math
+import os
+import time
+
+from tfbnn.experiments import _common
+
+__all__ = ["DEFAULTS", "build_lenet", "run_experiment", "add_arguments", "add_ibnn_lenet_parser", "run", "main"]
+
+NAME = "ibnn_lenet"
+METHODS = ("ibnn", "bbb")
+METHOD_LABELS = {"ibnn": "iBNN", "bbb": "BbB"}
+BASE_WIDTHS = (6, 16, 120, 84)
+
+DEFAULTS = {
+    "dataset": "digits",
+    "widths": (1, 4, 16, 64),
+    "methods": METHODS,
+    "epochs": 20,
+    "batch_size": 64,
+    "learning_rate": 1e-3,
+    "variational_learning_rate": 1e-2,
+    "num_components": 4,
+    "prior_stddev": 0.1,
+    "samples_per_component": 5,
+    "max_examples": None,
+    "max_test_examples": None,
+    "seed": 0,
+}
+
+DESCRIPTION = (
+    "LeNet-5 width sweep (1x, 4x, 16x, 64x hidden width) of iBNN (NodeConv2D / NodeDense) vs\n"
+    "Bayes-by-Backprop (Conv2DFlipout / DenseLocalReparameterization), after Trinh et al. 2022.\n"
+    "--dataset fashion_mnist uses tensorflow-datasets (downloads once); the default, digits, is\n"
+    "the offline stand-in (8x8x1 images). Writes model_size.png (accuracy and NLL vs width)\n"
+    "next to results.csv / results.json."
+)
+
+
+def build_lenet(method, input_shape, num_classes, width=1, num_components=4, prior_stddev=0.1, seed=0):
+    """LeNet-5 with every hidden layer ``width`` times wider, as iBNN or BbB (see the module table)."""
+    import keras
+
+    from tfbnn import layers
+
+    if method not in METHODS:
+        raise ValueError(f"Unknown method. Expected one of {METHODS}. Received: method={method!r}")
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"Expected `width` to be a positive integer multiplier. Received: width={width!r}")
+    c1, c2, f1, f2 = (w * width for w in BASE_WIDTHS)
+    small = min(input_shape[:2]) < 20
+    kernel, padding = (3, "same") if small else (5, "valid")
+    count = iter(range(seed, seed + 10))
+    if method == "ibnn":
+        node = {"num_components": num_components, "prior_stddev": prior_stddev}
+
+        def conv(f):
+            return layers.NodeConv2D(f, kernel, padding=padding, activation="relu", seed=next(count), **node)
+
+        def dense(u, act):
+            return layers.NodeDense(u, activation=act, seed=next(count), **node)
+    else:
+
+        def conv(f):
+            return layers.Conv2DFlipout(f, kernel, padding=padding, activation="relu", seed=next(count))
+
+        def dense(u, act):
+            return layers.DenseLocalReparameterization(u, activation=act, seed=next(count))
+
+    return keras.Sequential(
+        [
+            keras.Input(tuple(input_shape)),
+            conv(c1), keras.layers.MaxPooling2D(2),
+            conv(c2), keras.layers.MaxPooling2D(2),
+            keras.layers.Flatten(),
+            dense(f1, "relu"), dense(f2, "relu"), dense(num_classes, "softmax"),
+        ],
+        name=f"{method}_lenet_x{width}",
+    )
+
+
+def _weight_count(model, method):
+    """Deterministic-equivalent weights (kernels and biases) of the network."""
+    names = ("kernel", "bias") if method == "ibnn" else ("kernel_loc", "bias_loc")
+    return int(sum(w.numpy().size for w in model.weights if w.name in names))
+
+
+def _train_and_evaluate(method, ds, width, s):
+    import keras
+    import numpy as np
+
+    import tfbnn
+    from tfbnn import ibnn, metrics
+
+    keras.utils.set_random_seed(s["seed"])
+    model = build_lenet(method, ds.input_shape, ds.num_classes, width, s["num_components"], s["prior_stddev"],
+                        seed=s["seed"] + 10 * width)
+    steps = math.ceil(ds.num_examples / s["batch_size"]) * s["epochs"]
+    schedule = keras.optimizers.schedules.CosineDecay(s["learning_rate"], decay_steps=steps, alpha=0.01)
+    if method == "ibnn":
+        optimizer = ibnn.make_optimizer(keras.optimizers.Adam(schedule),
+                                        variational_learning_rate=s["variational_learning_rate"])
+    else:
+        optimizer = keras.optimizers.Adam(schedule)
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    annealing = tfbnn.KLAnnealing(num_examples=ds.num_examples,
+                                  schedule=tfbnn.schedules.Linear(epochs=max(s["epochs"] / 2, 1e-3)))
+    start = time.perf_counter()
+    history = model.fit(ds.x_train, ds.y_train, batch_size=s["batch_size"], epochs=s["epochs"], verbose=0,
+                        callbacks=[annealing])
+    seconds = time.perf_counter() - start
+    _common.check_finite_history(history, model.name)
+    num_samples = s["num_components"] * s["samples_per_component"]
+    res = tfbnn.predict(model, ds.x_test, num_samples=num_samples, batch_size=128, task="classification")
+    row = {
+        "method": METHOD_LABELS[method],
+        "width": width,
+        "weights": _weight_count(model, method),
+        "variational_parameters": int(sum(w.numpy().size for w in model.trainable_weights))
+        if method == "bbb" else int(sum(w.numpy().size for w in ibnn.variational_weights(model))),
+        "accuracy": metrics.accuracy(res.mean_probs, ds.y_test),
+        "nll": ibnn.predictive_nll(model, ds.x_test, ds.y_test, num_samples=num_samples, batch_size=128),
+        "ece": metrics.expected_calibration_error(res.mean_probs, ds.y_test),
+        "mutual_information": float(np.mean(res.mutual_information)),
+        "kl_per_example": float(tfbnn.kl_divergence(model)) / ds.num_examples,
+        "final_train_loss": float(history.history["loss"][-1]),
+        "train_seconds": seconds,
+        "num_samples": num_samples,
+    }
+    keras.backend.clear_session()
+    return row
+
+
+def _plot(rows, widths, methods, dataset, path):
+    from matplotlib.figure import Figure
+
+    from tfbnn import plots
+
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for method in methods:
+        label = METHOD_LABELS[method]
+        mine = sorted((r for r in rows if r["method"] == label), key=lambda r: r["width"])
+        for ax, key in zip(axes, ("accuracy", "nll")):
+            ax.plot([r["width"] for r in mine], [r[key] for r in mine], marker="o", label=label)
+    for ax, title in zip(axes, ("test accuracy", "test NLL (log-mean-exp over samples)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(widths), [f"{w}x" for w in widths])
+        ax.set(xlabel="hidden width multiplier", title=title)
+        ax.legend()
+    fig.suptitle(f"LeNet-5 model size on {dataset}: iBNN vs Bayes-by-Backprop")
+    plots.save(fig, path)
+    return path
+
+
+def run_experiment(output_dir=None, verbose=True, **settings):
+    """Trains and evaluates every (method, width); writes the PNG, CSV and JSON.
+
+    Args:
+        output_dir: folder; default ``saved_models/experiments/ibnn_lenet``.
+        verbose: bool, one line per model.
+        **settings: overrides of :data:`DEFAULTS` (``dataset``, ``widths``, ``methods``,
+            ``epochs``, ``batch_size``, ``learning_rate``, ``variational_learning_rate``,
+            ``num_components``, ``prior_stddev``, ``samples_per_component``,
+            ``max_examples``, ``max_test_examples``, ``seed``).
+
+    Returns:
+        dict with ``rows`` and ``files``.
+    """
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **settings}
+    s["widths"], s["methods"] = tuple(s["widths"]), tuple(s["methods"])
+    if not s["widths"] or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in s["widths"]):
+        raise ValueError(f"Expected `widths` to be positive integers. Received: widths={s['widths']!r}")
+    if not s["methods"] or any(m not in METHODS for m in s["methods"]):
+        raise ValueError(f"Expected `methods` from {METHODS}. Received: methods={s['methods']!r}")
+    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
+    ds = _common.load_images(s["dataset"], seed=s["seed"], max_examples=s["max_examples"],
+                             max_test_examples=s["max_test_examples"])
+    if verbose:
+        print(f"  {ds.name}: {ds.num_examples} train / {ds.num_test_examples} test images {ds.input_shape}",
+              flush=True)
+    rows = []
+    for width in s["widths"]:
+        for method in s["methods"]:
+            row = _train_and_evaluate(method, ds, width, s)
+            rows.append(row)
+            if verbose:
+                print(f"  {row['method']:5s} {width:3d}x ({row['weights']:>10,d} weights): accuracy "
+                      f"{row['accuracy']:.4f}  NLL {row['nll']:.4f}  ECE {row['ece']:.4f}  "
+                      f"({row['train_seconds']:.0f} s)", flush=True)
+    files = [
+        _plot(rows, s["widths"], s["methods"], ds.name, os.path.join(output_dir, "model_size.png")),
+        _common.write_csv(os.path.join(output_dir, "results.csv"), rows),
+        _common.write_json(os.path.join(output_dir, "results.json"),
+                           {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
+                            "num_examples": ds.num_examples, "rows": rows}),
+    ]
+    return {"rows": rows, "files": files}
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def add_arguments(parser):
+    """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
+    from tfbnn import cli
+
+    d = DEFAULTS
+    parser.add_argument("--dataset", choices=_common.IMAGE_DATASETS, default=d["dataset"],
+                        help="digits: offline 8x8x1 stand-in; fashion_mnist: tensorflow-datasets (downloads once)")
+    parser.add_argument("--widths", type=cli._positive_int, nargs="+", default=list(d["widths"]), metavar="W",
+                        help="hidden-width multipliers")
+    parser.add_argument("--methods", choices=METHODS, nargs="+", default=list(d["methods"]), help="methods to run")
+    parser.add_argument("--epochs", type=cli._positive_int, default=d["epochs"], help="epochs per model")
+    parser.add_argument("--batch-size", type=cli._positive_int, default=d["batch_size"], help="minibatch size")
+    parser.add_argument("--learning-rate", type=cli._positive_float, default=d["learning_rate"],
+                        help="initial Adam learning rate of the weights (cosine decay)")
+    parser.add_argument("--variational-learning-rate", type=cli._positive_float,
+                        default=d["variational_learning_rate"], help="iBNN: constant rate of the node parameters")
+    parser.add_argument("--num-components", type=cli._positive_int, default=d["num_components"], metavar="K",
+                        help="iBNN mixture components")
+    parser.add_argument("--prior-stddev", type=cli._positive_float, default=d["prior_stddev"], metavar="S",
+                        help="iBNN prior N(1, S^2)")
+    parser.add_argument("--samples-per-component", type=cli._positive_int, default=d["samples_per_component"],
+                        metavar="n", help="test samples: K * n for both methods")
+    parser.add_argument("--max-examples", type=cli._positive_int, default=None, metavar="N",
+                        help="fashion_mnist: at most N training examples")
+    parser.add_argument("--max-test-examples", type=cli._positive_int, default=None, metavar="N",
+                        help="fashion_mnist: at most N test examples")
+    parser.add_argument("--seed", type=cli._non_negative_int, default=d["seed"], help="seed")
+    parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
+                        help="where model_size.png, results.csv and results.json go")
+
+
+def run(args):
+    """Runs the experiment from parsed arguments; returns the exit status."""
+    settings = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
+    settings["widths"], settings["methods"] = tuple(args.widths), tuple(dict.fromkeys(args.methods))
+    _common.prepare_output_dir(args.output_dir)
+    _common.quiet_tensorflow()
+    print(f"{NAME}: LeNet widths {list(args.widths)} on {args.dataset}, {args.epochs} epochs per model", flush=True)
+    result = run_experiment(output_dir=args.output_dir, **settings)
+    print("\nWrote " + ", ".join(result["files"]))
+    return 0
+
+
+def add_ibnn_lenet_parser(subparsers):
+    """Registers ``tfbnn ibnn-lenet`` (append to ``tfbnn.cli.SUBCOMMANDS``)."""
+    return _common.add_subcommand(subparsers, "ibnn-lenet",
+                                  "LeNet width sweep (1x-64x) of iBNN vs Bayes-by-Backprop (plot + CSV)",
+                                  DESCRIPTION, add_arguments, run)
+
+
+def main(argv=None):
+    """``python -m tfbnn.experiments.ibnn_lenet [options]``; returns the exit status."""
+    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,334 @@
+"""1-D regression y = x^3 from 30 points: iBNN versus Bayes-by-Backprop as depth grows.
+
+The toy problem of Hernandez-Lobato & Adams (2015), used by Trinh et al. (2022) to show
+that Bayes-by-Backprop (BbB) fits degrade as the network deepens while the node-based
+iBNN keeps fitting: 30 inputs ``x ~ U(-4, 4)``, targets ``y = x^3 + eps``,
+``eps ~ N(0, 3^2)``; MLPs with 1 to 5 hidden layers of 256 ReLU units.
+
+* iBNN: :class:`tfbnn.layers.NodeDense` layers (K components, prior N(1, s^2)),
+  trained with :func:`tfbnn.ibnn.make_optimizer` (a constant, larger learning rate for
+  the variational parameters) and predicted with ``n`` samples per component.
+* BbB: :class:`tfbnn.layers.DenseReparameterization` (Blundell et al. 2015, one weight
+  sample per step, N(0, 1) prior on weights and biases).
+
+Both minimise ``mean NLL + beta KL / N`` (N = 30) with the known noise scale in the
+Gaussian likelihood and ``beta`` annealed 0 -> 1 over the first half of training
+(:class:`tfbnn.KLAnnealing`). Inputs are scaled by 1/4 and targets by 1/64 for training;
+everything reported is in the original units.
+
+Outputs (``--output-dir``, default ``saved_models/experiments/ibnn_regression/``):
+
+* ``bands.png`` -- one panel per (method, depth): training points, truth, predictive mean,
+  epistemic and total +-2 std bands and a few coherent function draws
+  (``weight_samples(joint=True)``), on ``[-6, 6]`` (extrapolation beyond |x| = 4);
+* ``results.csv`` / ``results.json`` -- per (method, depth): R^2 and RMSE of the predictive
+  mean against x^3 on [-4, 4], mean epistemic std inside and outside the data range, test
+  NLL (log-mean-exp over samples) and whether the fit collapsed (R^2 < 0.5).
+
+Run: ``python -m tfbnn.experiments.ibnn_regression`` (about 2-4 minutes on 2 CPU cores)
+or, once registered, ``tfbnn ibnn-regression``.
+"""
+
+import math
+import os
+import time
+
+from tfbnn.experiments import _common
+
+__all__ = ["DEFAULTS", "make_data", "build_model", "run_experiment", "add_arguments",
+           "add_ibnn_regression_parser", "run", "main"]
+
+NAME = "ibnn_regression"
+METHODS = ("ibnn", "bbb")
+METHOD_LABELS = {"ibnn": "iBNN", "bbb": "BbB"}
+X_RANGE = 4.0
+PLOT_RANGE = 6.0
+_X_SCALE = 4.0
+_Y_SCALE = 64.0
+COLLAPSE_R2 = 0.5
+
+DEFAULTS = {
+    "depths": (1, 2, 3, 4, 5),
+    "units": 256,
+    "num_points": 30,
+    "noise_std": 3.0,
+    "epochs": 100,
+    "steps_per_epoch": 20,
+    "learning_rate": 1e-2,
+    "variational_learning_rate": 1e-2,
+    "num_components": 4,
+    "prior_stddev": 0.1,
+    "train_samples": 1,
+    "samples_per_component": 25,
+    "bbb_samples": 100,
+    "methods": METHODS,
+    "seed": 0,
+}
+
+DESCRIPTION = (
+    "iBNN vs Bayes-by-Backprop on y = x^3 + N(0, 3^2) from 30 points, with 1-5 hidden layers of\n"
+    "256 ReLU units (Trinh et al. 2022). Writes bands.png (predictive bands per method and depth)\n"
+    "next to results.csv / results.json (R^2 of the mean vs x^3, epistemic std in and out of the\n"
+    "data range, test NLL, whether the fit collapsed)."
+)
+
+
+def make_data(num_points=30, noise_std=3.0, seed=0, num_test=200):
+    """Training and test points of ``y = x^3 + N(0, noise_std^2)``, ``x ~ U(-4, 4)`` (original units)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-X_RANGE, X_RANGE, size=num_points)
+    x_test = rng.uniform(-X_RANGE, X_RANGE, size=num_test)
+    y = x**3 + noise_std * rng.standard_normal(num_points)
+    y_test = x_test**3 + noise_std * rng.standard_normal(num_test)
+    return x.astype("float32"), y.astype("float32"), x_test.astype("float32"), y_test.astype("float32")
+
+
+def build_model(method, depth, units=256, num_components=4, prior_stddev=0.1, seed=0):
+    """The MLP ``1 -> units x depth (ReLU) -> 1`` of ``method`` ("ibnn" or "bbb")."""
+    import keras
+
+    from tfbnn import layers
+
+    if method not in METHODS:
+        raise ValueError(f"Unknown method. Expected one of {METHODS}. Received: method={method!r}")
+
+    def make(width, activation, i):
+        if method == "ibnn":
+            return layers.NodeDense(width, activation=activation, num_components=num_components,
+                                    prior_stddev=prior_stddev, seed=seed + i)
+        return layers.DenseReparameterization(width, activation=activation, seed=seed + i)
+
+    stack = [keras.Input((1,))] + [make(units, "relu", i) for i in range(depth)] + [make(1, None, depth)]
+    return keras.Sequential(stack, name=f"{method}_depth{depth}")
+
+
+def _train(model, method, x, y, settings, noise_std):
+    import keras
+    import numpy as np
+
+    import tfbnn
+    from tfbnn import ibnn
+
+    lr = settings["learning_rate"]
+    if method == "ibnn":
+        optimizer = ibnn.make_optimizer(keras.optimizers.Adam(lr),
+                                        variational_learning_rate=settings["variational_learning_rate"])
+        if settings["train_samples"] > 1:
+            model = ibnn.IBNNModel(model, num_train_samples=settings["train_samples"])
+    else:
+        optimizer = keras.optimizers.Adam(lr)
+    model.compile(optimizer=optimizer, loss=_common.fixed_noise_gaussian_nll(noise_std / _Y_SCALE))
+    steps = settings["steps_per_epoch"]
+    # Every step sees the full training set (one batch of N points, in order).
+    xs = np.tile((x / _X_SCALE)[:, None], (steps, 1))
+    ys = np.tile((y / _Y_SCALE)[:, None], (steps, 1))
+    annealing = tfbnn.KLAnnealing(num_examples=len(x),
+                                  schedule=tfbnn.schedules.Linear(epochs=max(settings["epochs"] / 2, 1e-3)))
+    history = model.fit(xs, ys, batch_size=len(x), epochs=settings["epochs"], shuffle=False, verbose=0,
+                        callbacks=[annealing])
+    _common.check_finite_history(history, f"{model.name}")
+    return model, history
+
+
+def _evaluate(model, method, settings, x_test, y_test, noise_std):
+    import numpy as np
+
+    import tfbnn
+    from tfbnn import ibnn
+
+    if method == "ibnn":
+        num_samples = ibnn.ibnn_num_samples(model, settings["samples_per_component"])
+    else:
+        num_samples = settings["bbb_samples"]
+    grid = np.linspace(-PLOT_RANGE, PLOT_RANGE, 241).astype("float32")
+    res = tfbnn.predict(model, grid[:, None] / _X_SCALE, num_samples=num_samples, task="regression",
+                        joint=True, return_samples=True, batch_size=256)
+    mean = res.mean[:, 0] * _Y_SCALE
+    epistemic = res.epistemic_std[:, 0] * _Y_SCALE
+    inside = np.abs(grid) <= X_RANGE
+    truth = grid**3
+    sse = float(np.sum((mean[inside] - truth[inside]) ** 2))
+    sst = float(np.sum((truth[inside] - truth[inside].mean()) ** 2))
+    test = tfbnn.predict(model, x_test[:, None] / _X_SCALE, num_samples=num_samples, task="regression",
+                         return_samples=True, batch_size=256)
+    mu = test.samples[..., 0].astype("float64") * _Y_SCALE  # (T, N)
+    log_p = -0.5 * ((y_test[None] - mu) / noise_std) ** 2 - math.log(noise_std) - 0.5 * math.log(2 * math.pi)
+    peak = log_p.max(axis=0)
+    nll = float(-np.mean(peak + np.log(np.mean(np.exp(log_p - peak), axis=0))))
+    r2 = 1.0 - sse / sst
+    numbers = {
+        "r2_in_range": r2,
+        "rmse_in_range": math.sqrt(sse / inside.sum()),
+        "epistemic_std_in_range": float(epistemic[inside].mean()),
+        "epistemic_std_out_of_range": float(epistemic[~inside].mean()),
+        "test_nll": nll,
+        "collapsed": bool(r2 < COLLAPSE_R2),
+        "num_samples": num_samples,
+    }
+    curves = {"grid": grid, "mean": mean, "epistemic": epistemic,
+              "total": np.sqrt(epistemic**2 + noise_std**2), "samples": res.samples[:20, :, 0] * _Y_SCALE}
+    return numbers, curves
+
+
+def _plot(panels, depths, methods, x, y, path):
+    from matplotlib.figure import Figure
+
+    from tfbnn import plots
+
+    fig = Figure(figsize=(3.2 * len(depths), 2.9 * len(methods)), layout="constrained")
+    axes = fig.subplots(len(methods), len(depths), squeeze=False)
+    for r, method in enumerate(methods):
+        for c, depth in enumerate(depths):
+            ax = axes[r][c]
+            row, curves = panels[(method, depth)]
+            plots.regression_bands(
+                x, y, curves["grid"], curves["mean"], epistemic_std=curves["epistemic"],
+                total_std=curves["total"], samples=curves["samples"], true_fn=lambda g: g**3, ax=ax,
+                title=f"{METHOD_LABELS[method]}, {depth} hidden layer{'s' if depth > 1 else ''}\n"
+                      f"R$^2$ = {row['r2_in_range']:.2f}{' (collapsed)' if row['collapsed'] else ''}",
+            )
+            ax.set_ylim(-150, 150)
+            ax.axvspan(-PLOT_RANGE, -X_RANGE, color="0.9", zorder=0)
+            ax.axvspan(X_RANGE, PLOT_RANGE, color="0.9", zorder=0)
+            if (r, c) != (0, 0) and ax.get_legend() is not None:
+                ax.get_legend().remove()
+    fig.suptitle("y = x$^3$ + N(0, 3$^2$), 30 points: predictive bands (grey: outside the data)")
+    plots.save(fig, path)
+    return path
+
+
+def _check_settings(s):
+    if not s["depths"] or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in s["depths"]):
+        raise ValueError(f"Expected `depths` to be positive integers. Received: depths={s['depths']!r}")
+    unknown = [m for m in s["methods"] if m not in METHODS]
+    if not s["methods"] or unknown:
+        raise ValueError(f"Expected `methods` from {METHODS}. Received: methods={s['methods']!r}")
+    for key in ("units", "num_points", "epochs", "steps_per_epoch", "num_components", "train_samples",
+                "samples_per_component", "bbb_samples"):
+        v = s[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"Expected `{key}` to be a positive integer. Received: {key}={v!r}")
+    for key in ("noise_std", "learning_rate", "variational_learning_rate", "prior_stddev"):
+        v = s[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+            raise ValueError(f"Expected `{key}` to be a positive number. Received: {key}={v!r}")
+
+
+def run_experiment(output_dir=None, verbose=True, **settings):
+    """Trains and evaluates every (method, depth); writes the PNG, CSV and JSON.
+
+    Args:
+        output_dir: folder for the outputs; default ``saved_models/experiments/ibnn_regression``.
+        verbose: bool, print one line per model.
+        **settings: overrides of :data:`DEFAULTS` (``depths``, ``units``, ``epochs``,
+            ``steps_per_epoch``, ``learning_rate``, ``variational_learning_rate``,
+            ``num_components``, ``prior_stddev``, ``train_samples``,
+            ``samples_per_component``, ``bbb_samples``, ``methods``, ``seed``, ...).
+
+    Returns:
+        dict with ``rows`` (one dict per method and depth) and ``files``.
+    """
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **settings}
+    s["depths"], s["methods"] = tuple(s["depths"]), tuple(s["methods"])
+    _check_settings(s)
+    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
+
+    import keras
+
+    x, y, x_test, y_test = make_data(s["num_points"], s["noise_std"], s["seed"])
+    rows, panels = [], {}
+    for method in s["methods"]:
+        for depth in s["depths"]:
+            keras.utils.set_random_seed(s["seed"])
+            model = build_model(method, depth, s["units"], s["num_components"], s["prior_stddev"],
+                                seed=s["seed"] + 100 * depth)
+            start = time.perf_counter()
+            model, _ = _train(model, method, x, y, s, s["noise_std"])
+            seconds = time.perf_counter() - start
+            numbers, curves = _evaluate(model, method, s, x_test, y_test, s["noise_std"])
+            row = {"method": METHOD_LABELS[method], "depth": depth, "units": s["units"], **numbers,
+                   "train_seconds": seconds}
+            rows.append(row)
+            panels[(method, depth)] = (row, curves)
+            if verbose:
+                print(f"  {row['method']:5s} depth {depth}: R^2 {row['r2_in_range']:+.3f}  test NLL "
+                      f"{row['test_nll']:.3f}  epistemic std in/out {row['epistemic_std_in_range']:.2f}/"
+                      f"{row['epistemic_std_out_of_range']:.2f}  ({seconds:.0f} s)", flush=True)
+            keras.backend.clear_session()
+    files = [
+        _plot(panels, s["depths"], s["methods"], x, y, os.path.join(output_dir, "bands.png")),
+        _common.write_csv(os.path.join(output_dir, "results.csv"), rows),
+        _common.write_json(os.path.join(output_dir, "results.json"),
+                           {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
+                            "rows": rows}),
+    ]
+    return {"rows": rows, "files": files}
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def add_arguments(parser):
+    """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
+    from tfbnn import cli
+
+    d = DEFAULTS
+    parser.add_argument("--depths", type=cli._positive_int, nargs="+", default=list(d["depths"]), metavar="D",
+                        help="numbers of hidden layers")
+    parser.add_argument("--units", type=cli._positive_int, default=d["units"], help="units per hidden layer")
+    parser.add_argument("--methods", choices=METHODS, nargs="+", default=list(d["methods"]),
+                        help="ibnn (NodeDense) and/or bbb (DenseReparameterization)")
+    parser.add_argument("--epochs", type=cli._positive_int, default=d["epochs"], help="epochs")
+    parser.add_argument("--steps-per-epoch", type=cli._positive_int, default=d["steps_per_epoch"],
+                        help="full-batch steps per epoch (KL annealed over the first half of the epochs)")
+    parser.add_argument("--learning-rate", type=cli._positive_float, default=d["learning_rate"],
+                        help="Adam learning rate of the weights")
+    parser.add_argument("--variational-learning-rate", type=cli._positive_float,
+                        default=d["variational_learning_rate"], help="iBNN: Adam rate of the node parameters")
+    parser.add_argument("--num-components", type=cli._positive_int, default=d["num_components"], metavar="K",
+                        help="iBNN mixture components")
+    parser.add_argument("--prior-stddev", type=cli._positive_float, default=d["prior_stddev"], metavar="S",
+                        help="iBNN prior N(1, S^2)")
+    parser.add_argument("--train-samples", type=cli._positive_int, default=d["train_samples"], metavar="S",
+                        help="iBNN noise samples per example in training")
+    parser.add_argument("--samples-per-component", type=cli._positive_int, default=d["samples_per_component"],
+                        metavar="n", help="iBNN prediction: n samples per component (K * n in all)")
+    parser.add_argument("--bbb-samples", type=cli._positive_int, default=d["bbb_samples"], metavar="T",
+                        help="BbB prediction samples")
+    parser.add_argument("--seed", type=cli._non_negative_int, default=d["seed"], help="seed of data and models")
+    parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
+                        help="where bands.png, results.csv and results.json go")
+
+
+def run(args):
+    """Runs the experiment from parsed arguments; returns the exit status."""
+    settings = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
+    settings["depths"], settings["methods"] = tuple(args.depths), tuple(dict.fromkeys(args.methods))
+    _common.prepare_output_dir(args.output_dir)
+    _common.quiet_tensorflow()
+    print(f"{NAME}: y = x^3 from {settings['num_points']} points, depths {list(args.depths)}, "
+          f"{args.epochs} x {args.steps_per_epoch} steps per model", flush=True)
+    result = run_experiment(output_dir=args.output_dir, **settings)
+    print("\nWrote " + ", ".join(result["files"]))
+    return 0
+
+
+def add_ibnn_regression_parser(subparsers):
+    """Registers ``tfbnn ibnn-regression`` (append to ``tfbnn.cli.SUBCOMMANDS``)."""
+    return _common.add_subcommand(subparsers, "ibnn-regression",
+                                  "iBNN vs Bayes-by-Backprop on y = x^3 with 1-5 hidden layers (bands + CSV)",
+                                  DESCRIPTION, add_arguments, run)
+
+
+def main(argv=None):
+    """``python -m tfbnn.experiments.ibnn_regression [options]``; returns the exit status."""
+    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

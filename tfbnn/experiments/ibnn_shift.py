@@ -1,0 +1,254 @@
+"""Uncertainty under covariate shift: iBNN versus MC dropout.
+
+The shift curves of Trinh et al. (2022, sec. 6): the test inputs are corrupted with
+growing intensity -- Gaussian noise ``x' = (1 - gamma) x + gamma eps`` and salt and
+pepper with probability ``p`` (eq. 28) -- and for each level we record accuracy, NLL,
+ECE and the mean total / aleatoric / epistemic uncertainty (predictive entropy,
+expected entropy, mutual information; eqs. 26-27) through
+:func:`tfbnn.datasets.corruptions.shift_sweep`. A model whose uncertainty tracks the
+shift gets less accurate but more uncertain, mostly epistemically.
+
+Models: the same MLP (``--hidden-units`` x ``--depth`` ReLU, softmax output) on the
+flattened images, as
+
+* iBNN: :class:`tfbnn.layers.NodeDense` layers, :func:`tfbnn.ibnn.make_optimizer`,
+  ``beta`` annealed 0 -> 1 over the first half of training; ``K * n`` test samples;
+* MC dropout (Gal & Ghahramani 2016): ``keras.layers.Dense`` with ``Dropout`` after
+  every hidden layer, kept on at test time (``mc_dropout=True``), the same number of
+  test samples.
+
+Data: ``digits`` (offline, default) or ``fashion_mnist`` (tensorflow-datasets).
+
+Outputs (``--output-dir``, default ``saved_models/experiments/ibnn_shift/``):
+``shift_gaussian.png``, ``shift_salt_and_pepper.png`` (uncertainty and accuracy against
+intensity, both models), ``results.csv`` (one row per model, corruption and level) and
+``results.json``.
+
+Run: ``python -m tfbnn.experiments.ibnn_shift`` or ``tfbnn ibnn-shift``.
+
+Reference:
+    Trinh, Heinonen, Acerbi, Kaski. Tackling Covariate Shift with Node-based Bayesian
+    Neural Networks. ICML 2022.
+"""
+
+import os
+import time
+
+from tfbnn.experiments import _common
+
+__all__ = ["DEFAULTS", "build_mlp", "run_experiment", "add_arguments", "add_ibnn_shift_parser", "run", "main"]
+
+NAME = "ibnn_shift"
+METHODS = ("ibnn", "mc_dropout")
+METHOD_LABELS = {"ibnn": "iBNN", "mc_dropout": "MC dropout"}
+CORRUPTION_LABELS = {"gaussian": "Gaussian noise intensity gamma", "salt_and_pepper": "salt-and-pepper probability p"}
+
+DEFAULTS = {
+    "dataset": "digits",
+    "hidden_units": 128,
+    "depth": 2,
+    "epochs": 40,
+    "batch_size": 32,
+    "learning_rate": 3e-3,
+    "variational_learning_rate": 3e-2,
+    "num_components": 4,
+    "prior_stddev": 0.1,
+    "dropout_rate": 0.2,
+    "samples_per_component": 10,
+    "corruptions": ("gaussian", "salt_and_pepper"),
+    "max_examples": None,
+    "max_test_examples": None,
+    "seed": 0,
+}
+
+DESCRIPTION = (
+    "Accuracy and total / aleatoric / epistemic uncertainty under growing input corruption\n"
+    "(Gaussian noise, salt and pepper) for an iBNN MLP (NodeDense) vs the same MLP with MC\n"
+    "dropout, after Trinh et al. 2022. Writes shift_<corruption>.png next to results.csv /\n"
+    "results.json."
+)
+
+
+def build_mlp(method, input_dim, num_classes, hidden_units=128, depth=2, num_components=4, prior_stddev=0.1,
+              dropout_rate=0.2, seed=0):
+    """The MLP of ``method`` ("ibnn": NodeDense layers; "mc_dropout": Dense + Dropout)."""
+    import keras
+
+    from tfbnn import layers
+
+    if method not in METHODS:
+        raise ValueError(f"Unknown method. Expected one of {METHODS}. Received: method={method!r}")
+    stack = [keras.Input((input_dim,))]
+    if method == "ibnn":
+        node = {"num_components": num_components, "prior_stddev": prior_stddev}
+        stack += [layers.NodeDense(hidden_units, activation="relu", seed=seed + i, **node) for i in range(depth)]
+        stack.append(layers.NodeDense(num_classes, activation="softmax", seed=seed + depth, **node))
+    else:
+        for i in range(depth):
+            stack += [keras.layers.Dense(hidden_units, activation="relu"),
+                      keras.layers.Dropout(dropout_rate, seed=seed + i)]
+        stack.append(keras.layers.Dense(num_classes, activation="softmax"))
+    return keras.Sequential(stack, name=f"{method}_mlp")
+
+
+def _train(method, ds, s):
+    import keras
+
+    import tfbnn
+    from tfbnn import ibnn
+
+    keras.utils.set_random_seed(s["seed"])
+    x = ds.x_train.reshape(ds.num_examples, -1)
+    model = build_mlp(method, x.shape[1], ds.num_classes, s["hidden_units"], s["depth"], s["num_components"],
+                      s["prior_stddev"], s["dropout_rate"], seed=s["seed"])
+    callbacks = []
+    if method == "ibnn":
+        optimizer = ibnn.make_optimizer(keras.optimizers.Adam(s["learning_rate"]),
+                                        variational_learning_rate=s["variational_learning_rate"])
+        callbacks.append(tfbnn.KLAnnealing(num_examples=ds.num_examples,
+                                           schedule=tfbnn.schedules.Linear(epochs=max(s["epochs"] / 2, 1e-3))))
+    else:
+        optimizer = keras.optimizers.Adam(s["learning_rate"])
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    start = time.perf_counter()
+    history = model.fit(x, ds.y_train, batch_size=s["batch_size"], epochs=s["epochs"], verbose=0,
+                        callbacks=callbacks)
+    _common.check_finite_history(history, model.name)
+    return model, time.perf_counter() - start
+
+
+def run_experiment(output_dir=None, verbose=True, **settings):
+    """Trains both models, sweeps both corruptions, writes the PNGs, CSV and JSON.
+
+    Args:
+        output_dir: folder; default ``saved_models/experiments/ibnn_shift``.
+        verbose: bool.
+        **settings: overrides of :data:`DEFAULTS`.
+
+    Returns:
+        dict with ``rows`` (one per method, corruption and level), ``files`` and
+        ``summary`` (per method and corruption: accuracy and epistemic uncertainty at
+        the lowest and highest level).
+    """
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **settings}
+    s["corruptions"] = tuple(s["corruptions"])
+    from tfbnn.datasets import corruptions as corruptions_lib
+
+    if not s["corruptions"] or any(c not in corruptions_lib.CORRUPTIONS for c in s["corruptions"]):
+        raise ValueError(f"Expected `corruptions` from {list(corruptions_lib.CORRUPTIONS)}. "
+                         f"Received: corruptions={s['corruptions']!r}")
+    rate = s["dropout_rate"]
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1:
+        raise ValueError(f"Expected `dropout_rate` in (0, 1). Received: dropout_rate={rate!r}")
+    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
+
+    import keras
+
+    from tfbnn import plots
+
+    ds = _common.load_images(s["dataset"], seed=s["seed"], max_examples=s["max_examples"],
+                             max_test_examples=s["max_test_examples"])
+    x_test = ds.x_test.reshape(ds.num_test_examples, -1)
+    num_samples = s["num_components"] * s["samples_per_component"]
+    sweeps = {c: {} for c in s["corruptions"]}
+    rows, summary = [], []
+    for method in METHODS:
+        model, seconds = _train(method, ds, s)
+        label = METHOD_LABELS[method]
+        for corruption in s["corruptions"]:
+            sweep = corruptions_lib.shift_sweep(model, x_test, ds.y_test, corruption, num_samples=num_samples,
+                                                seed=s["seed"], batch_size=128, mc_dropout=method == "mc_dropout")
+            sweeps[corruption][label] = sweep
+            rows += [{"method": label, "corruption": corruption, **r} for r in sweep]
+            first, last = sweep[0], sweep[-1]
+            summary.append({
+                "method": label, "corruption": corruption,
+                "accuracy_clean": first["accuracy"], "accuracy_most_shifted": last["accuracy"],
+                "epistemic_clean": first["mutual_information"], "epistemic_most_shifted": last["mutual_information"],
+                "total_clean": first["predictive_entropy"], "total_most_shifted": last["predictive_entropy"],
+            })
+            if verbose:
+                print(f"  {label:10s} {corruption:15s} accuracy {first['accuracy']:.3f} -> {last['accuracy']:.3f}  "
+                      f"epistemic {first['mutual_information']:.3f} -> {last['mutual_information']:.3f}  "
+                      f"total {first['predictive_entropy']:.3f} -> {last['predictive_entropy']:.3f}", flush=True)
+        if verbose:
+            print(f"  ({label} trained in {seconds:.0f} s)", flush=True)
+        keras.backend.clear_session()
+    files = []
+    for corruption, by_model in sweeps.items():
+        fig = plots.uncertainty_vs_shift(by_model, xlabel=CORRUPTION_LABELS[corruption],
+                                         title=f"{ds.name}: uncertainty under {corruption.replace('_', ' ')}")
+        files.append(plots.save(fig, os.path.join(output_dir, f"shift_{corruption}.png")))
+    files.append(_common.write_csv(os.path.join(output_dir, "results.csv"), rows))
+    files.append(_common.write_json(os.path.join(output_dir, "results.json"), {
+        "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
+        "num_samples": num_samples, "summary": summary, "rows": rows}))
+    return {"rows": rows, "summary": summary, "files": files}
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def add_arguments(parser):
+    """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
+    from tfbnn import cli
+
+    d = DEFAULTS
+    parser.add_argument("--dataset", choices=_common.IMAGE_DATASETS, default=d["dataset"],
+                        help="digits: offline; fashion_mnist: tensorflow-datasets (downloads once)")
+    parser.add_argument("--hidden-units", type=cli._positive_int, default=d["hidden_units"], help="units per layer")
+    parser.add_argument("--depth", type=cli._positive_int, default=d["depth"], help="hidden layers")
+    parser.add_argument("--epochs", type=cli._positive_int, default=d["epochs"], help="epochs per model")
+    parser.add_argument("--batch-size", type=cli._positive_int, default=d["batch_size"], help="minibatch size")
+    parser.add_argument("--learning-rate", type=cli._positive_float, default=d["learning_rate"],
+                        help="Adam learning rate of the weights")
+    parser.add_argument("--variational-learning-rate", type=cli._positive_float,
+                        default=d["variational_learning_rate"], help="iBNN: rate of the node parameters")
+    parser.add_argument("--num-components", type=cli._positive_int, default=d["num_components"], metavar="K",
+                        help="iBNN mixture components")
+    parser.add_argument("--prior-stddev", type=cli._positive_float, default=d["prior_stddev"], metavar="S",
+                        help="iBNN prior N(1, S^2)")
+    parser.add_argument("--dropout-rate", type=cli._open_unit_interval, default=d["dropout_rate"],
+                        help="MC dropout rate")
+    parser.add_argument("--samples-per-component", type=cli._positive_int, default=d["samples_per_component"],
+                        metavar="n", help="test samples: K * n for both models")
+    parser.add_argument("--corruptions", choices=("gaussian", "salt_and_pepper"), nargs="+",
+                        default=list(d["corruptions"]), help="corruptions to sweep")
+    parser.add_argument("--max-examples", type=cli._positive_int, default=None, metavar="N",
+                        help="fashion_mnist: at most N training examples")
+    parser.add_argument("--max-test-examples", type=cli._positive_int, default=None, metavar="N",
+                        help="fashion_mnist: at most N test examples")
+    parser.add_argument("--seed", type=cli._non_negative_int, default=d["seed"], help="seed")
+    parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
+                        help="where the PNGs, results.csv and results.json go")
+
+
+def run(args):
+    """Runs the experiment from parsed arguments; returns the exit status."""
+    settings = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
+    settings["corruptions"] = tuple(dict.fromkeys(args.corruptions))
+    _common.prepare_output_dir(args.output_dir)
+    _common.quiet_tensorflow()
+    print(f"{NAME}: iBNN vs MC dropout MLP on {args.dataset}, {args.epochs} epochs each", flush=True)
+    result = run_experiment(output_dir=args.output_dir, **settings)
+    print("\nWrote " + ", ".join(result["files"]))
+    return 0
+
+
+def add_ibnn_shift_parser(subparsers):
+    """Registers ``tfbnn ibnn-shift`` (append to ``tfbnn.cli.SUBCOMMANDS``)."""
+    return _common.add_subcommand(subparsers, "ibnn-shift",
+                                  "uncertainty under input corruption: iBNN vs MC dropout (plots + CSV)",
+                                  DESCRIPTION, add_arguments, run)
+
+
+def main(argv=None):
+    """``python -m tfbnn.experiments.ibnn_shift [options]``; returns the exit status."""
+    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,661 @@
+"""Node-based implicit Bayesian layers (iBNN): a mixture posterior over input-node noise.
+
+In an implicit Bayesian neural network (Trinh, Heinonen, Acerbi, Kaski 2022) the
+weights ``U_l`` and biases ``b_l`` stay deterministic (point estimates) and every
+layer multiplies its inputs by latent noise, one variable per input node (dense)
+or per input channel (convolution)::
+
+    f_l(x) = sigma( U_l (z_l o f_{l-1}(x)) + b_l ),      z_l in R^{d_l}
+
+so the weights ``W_l = U_l diag(z_l)`` are implicitly random with only ``d_l``
+latent variables per layer instead of ``d_l x d_{l+1}``.
+
+Variational posterior (eq. 19), prior (eq. 21), per layer::
+
+    q(z_l) = (1 / K) sum_k N(z_l | mu_k, diag sigma_k^2),   sigma_k = softplus(rho_k)
+    p(z_l) = N(z_l | 1, s^2 I)
+
+KL (``kl_estimator="mixture_mean"``, the default; eqs. 22-24): the mixture is
+replaced by the Gaussian of the mean of K independent component draws,
+``q_hat = N(m, v)``, ``m = (1/K) sum_k mu_k``, ``v = (1/K^2) sum_k sigma_k^2``::
+
+    KL(q || p) ~ KL(q_hat || p) = sum_j  log(s / sqrt(v_j)) + (v_j + (m_j - 1)^2) / (2 s^2) - 1/2
+
+Closed form and cheap, as in the authors' code. Note it pushes ``sum_k sigma_k^2``
+towards ``K^2 s^2`` (each ``sigma_k`` towards ``sqrt(K) s``) and does not see how far
+apart the component means are. ``kl_estimator="monte_carlo"`` instead estimates
+the true KL of this layer's mixture, ``E_q[log q(z) - log p(z)]``, with
+``num_kl_samples`` reparameterized draws from every component (stratified over
+the components; unbiased; costs ``num_kl_samples * K^2 * d`` log-densities).
+
+Initialisation (as the reference code): ``mu_k ~ N(1, sigma0^2)`` (``init_stddev``)
+and ``sigma_k ~ |N(0.05, 0.02^2)|`` (``init_scale_mean``, ``init_scale_stddev``),
+stored as ``rho = log(expm1(sigma))``, the inverse softplus.
+
+Which mixture component a row uses (the rows of one call, leading axis):
+
+=========================================  ============================================
+situation                                  component of row r
+=========================================  ============================================
+training, ``model.fit`` (Algorithm 1)      example ``i = r`` uses ``i mod K``
+training with S samples per example        the batch is tiled sample-major to
+(:class:`tfbnn.ibnn.IBNNModel`)            ``(S * B, ...)``; row ``s * B + i`` uses
+                                           ``i mod K`` (all S draws of an example
+                                           come from its component)
+Monte Carlo prediction                     rows ``t * B .. t * B + B - 1`` are sample
+(:func:`tfbnn.weight_samples`, T blocks)   ``t``, which uses component ``t mod K``; with
+                                           ``T = K * n`` every component gives ``n``
+                                           samples of every example
+a plain inference call (``predict``)       ``i mod K``, one draw per example
+``inference_mode="mean"``                  no noise: ``z = E_q[z] = (1/K) sum_k mu_k``
+=========================================  ============================================
+
+Each row draws its own ``eps``; with ``weight_samples(model, T, joint=True)`` the
+rows of a sample block share one ``z`` (a coherent function draw). The
+pre-activation is linear in ``z``, so ``"mean"`` mode is the network at the
+posterior mean of the noise (the analogue of Bayes-by-Backprop's ``W = mu``).
+
+The KL is added to ``layer.losses`` as ``kl_weight * KL`` (the ELBO convention of
+:mod:`tfbnn.callbacks`; ``kl_weight = beta / N``). The variational parameters are
+the weights named ``node_loc`` and ``node_rho``: :func:`tfbnn.ibnn.make_optimizer`
+gives them their own (large, constant) learning rate.
+
+Reference:
+    Trinh, Heinonen, Acerbi, Kaski. Tackling Covariate Shift with Node-based
+    Bayesian Neural Networks. ICML 2022 (eqs. 19-24, Algorithm 1). The implicit
+    BNN model first appeared in their "Scalable Bayesian neural networks by
+    layer-wise input augmentation" (arXiv, 2020).
+"""
+
+import math
+import warnings
+
+import keras
+import tensorflow as tf
+
+from tfbnn.layers.base import BayesianLayer
+
+__all__ = [
+    "NodeDense",
+    "NodeConv2D",
+    "NodeNoise",
+    "KL_ESTIMATORS",
+    "VARIATIONAL_WEIGHT_NAMES",
+]
+
+#: Values of ``kl_estimator``.
+KL_ESTIMATORS = ("mixture_mean", "monte_carlo")
+#: Names of the variational weights of every node layer (``(K, d)`` each).
+VARIATIONAL_WEIGHT_NAMES = ("node_loc", "node_rho")
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+_PRIOR_MEAN = 1.0
+# The smallest initial sigma (|N(0.05, 0.02^2)| can come out at ~0; log(expm1(0)) = -inf).
+_MIN_INIT_SCALE = 1e-6
+
+
+# -- argument checks ------------------------------------------------------------
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"Expected `{name}` to be an integer >= {minimum}. Received: {name}={value!r}")
+    return value
+
+
+def _check_float(name, value, positive):
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if ok:
+        ok = value > 0 if positive else value >= 0
+    if not ok:
+        what = "a positive" if positive else "a non-negative"
+        raise ValueError(f"Expected `{name}` to be {what} finite float. Received: {name}={value!r}")
+    return float(value)
+
+
+def _pair(name, value):
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value, value)
+    if (
+        not isinstance(value, (tuple, list))
+        or len(value) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in value)
+    ):
+        raise ValueError(f"Expected `{name}` to be a positive int or a pair of them. Received: {name}={value!r}")
+    return tuple(value)
+
+
+class _InverseSoftplusAbsNormal(keras.initializers.Initializer):
+    """``rho = log(expm1(|N(mean, stddev^2)|))``, so that ``softplus(rho) = |N(mean, stddev^2)|``."""
+
+    def __init__(self, mean, stddev, seed=None):
+        self.mean, self.stddev, self.seed = mean, stddev, seed
+
+    def __call__(self, shape, dtype=None):
+        draw = keras.initializers.RandomNormal(self.mean, self.stddev, seed=self.seed)(shape, dtype=dtype)
+        scale = tf.maximum(tf.abs(draw), _MIN_INIT_SCALE)
+        return tf.math.log(tf.math.expm1(scale))
+
+    def get_config(self):
+        return {"mean": self.mean, "stddev": self.stddev, "seed": self.seed}
+
+
+# -- the shared node-noise machinery ------------------------------------------------
+
+
+class _NodeLayer(BayesianLayer):
+    """Mixture posterior over per-node multiplicative noise; see the module docstring.
+
+    Args:
+        num_components: int >= 1, ``K``, mixture components (eq. 19). Default 4.
+        prior_stddev: float > 0, ``s``, the prior ``N(1, s^2)`` (eq. 21). Default 0.1.
+        init_stddev: float >= 0, ``sigma0``: component means start at
+            ``N(1, sigma0^2)``. Default 0.5 (the authors' value; it makes the
+            components differ from the start). 0 starts every mean at 1.
+        init_scale_mean, init_scale_stddev: floats, ``> 0`` and ``>= 0``: component
+            scales start at ``|N(init_scale_mean, init_scale_stddev^2)|``. Default
+            0.05 and 0.02 (the reference code).
+        kl_estimator: ``"mixture_mean"`` (default, eqs. 22-24, closed form) or
+            ``"monte_carlo"`` (an unbiased estimate of this layer's mixture KL).
+        num_kl_samples: int >= 1, draws per component of the Monte Carlo KL. Default 1.
+        kl_weight, inference_mode, seed: see :class:`tfbnn.layers.BayesianLayer`.
+            ``seed`` also seeds the initial ``mu_k`` and ``sigma_k``.
+    """
+
+    def __init__(
+        self,
+        num_components=4,
+        prior_stddev=0.1,
+        init_stddev=0.5,
+        init_scale_mean=0.05,
+        init_scale_stddev=0.02,
+        kl_estimator="mixture_mean",
+        num_kl_samples=1,
+        kl_weight=None,
+        inference_mode="sample",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
+        self.num_components = _check_int("num_components", num_components, 1)
+        self.prior_stddev = _check_float("prior_stddev", prior_stddev, positive=True)
+        self.init_stddev = _check_float("init_stddev", init_stddev, positive=False)
+        self.init_scale_mean = _check_float("init_scale_mean", init_scale_mean, positive=True)
+        self.init_scale_stddev = _check_float("init_scale_stddev", init_scale_stddev, positive=False)
+        if kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"Expected `kl_estimator` in {KL_ESTIMATORS}. Received: kl_estimator={kl_estimator!r}")
+        self.kl_estimator = kl_estimator
+        self.num_kl_samples = _check_int("num_kl_samples", num_kl_samples, 1)
+        # Samples per example in training: set by tfbnn.ibnn.IBNNModel while it traces
+        # its train step on a batch tiled sample-major to (S * B, ...).
+        self._train_samples = 1
+
+    # -- weights -----------------------------------------------------------------
+    def _init_seed(self, offset):
+        return None if self.seed is None else self.seed * 2 + offset
+
+    def _build_node_weights(self, num_nodes):
+        self.num_nodes = int(num_nodes)
+        shape = (self.num_components, self.num_nodes)
+        if self.init_stddev == 0:
+            loc_init = keras.initializers.Constant(_PRIOR_MEAN)
+        else:
+            loc_init = keras.initializers.RandomNormal(_PRIOR_MEAN, self.init_stddev, seed=self._init_seed(0))
+        self.node_loc = self.add_weight(name="node_loc", shape=shape, initializer=loc_init)
+        self.node_rho = self.add_weight(
+            name="node_rho",
+            shape=shape,
+            initializer=_InverseSoftplusAbsNormal(self.init_scale_mean, self.init_scale_stddev, self._init_seed(1)),
+        )
+        self._build_kl_weight()
+
+    def node_scale(self):
+        """``sigma_k = softplus(rho_k)``, shape ``(K, d)``."""
+        return tf.nn.softplus(self.node_rho)
+
+    def node_mean(self):
+        """The mixture mean ``E_q[z] = (1/K) sum_k mu_k``, shape ``(d,)``."""
+        return tf.reduce_mean(self.node_loc, axis=0)
+
+    # -- which component each row uses ---------------------------------------------
+    def component_index(self, num_rows):
+        """The component each of ``num_rows`` rows uses now (int32 ``(num_rows,)``; see the module table).
+
+        For inspection: :meth:`call` gets the same assignment by broadcasting the ``(K, d)``
+        parameters against noise drawn in a ``(..., groups, K, ...)`` layout.
+        """
+        rows = tf.range(num_rows)
+        if self._mc_prediction:
+            return (rows // (num_rows // self._weight_samples)) % self.num_components
+        return (rows % (num_rows // self._train_samples)) % self.num_components
+
+    def _check_sample_blocks(self, blocks):
+        if blocks % self.num_components:
+            warnings.warn(
+                f"Layer '{self.name}': {blocks} Monte Carlo samples do not cover its "
+                f"{self.num_components} mixture components equally; use a multiple of K, "
+                "e.g. tfbnn.ibnn.ibnn_num_samples(model, n).",
+                stacklevel=3,
+            )
+
+    # -- the noise -------------------------------------------------------------------
+    def _standard_normal(self, leading, dtype):
+        """``N(0, 1)`` noise of shape ``(*leading, d)`` from the layer's seed stream.
+
+        Box-Muller on philox uniforms, the two outputs of each pair side by side:
+        exact Gaussian draws (up to ``|eps| < 5.7``, the float32 resolution of ``u``) at about two
+        thirds of the cost of ``stateless_normal`` on CPU, where drawing one value per
+        example and node is most of what this layer adds to a Dense layer.
+        """
+        d = self.num_nodes
+        half = (d + 1) // 2
+        u = tf.random.stateless_uniform(tf.stack([2, *leading, half]), seed=self._next_seed(), dtype=dtype,
+                                        alg="philox")
+        radius = tf.sqrt(-2.0 * tf.math.log1p(-u[0]))  # 1 - u in (0, 1]
+        angle = (2.0 * math.pi) * u[1]
+        eps = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=-1)
+        return eps if 2 * half == d else eps[..., :d]
+
+    def _noise(self, inputs, training, axis):
+        """``z`` shaped to broadcast against ``inputs`` along ``axis``.
+
+        The component pattern is periodic in the rows, so ``eps`` is drawn as
+        ``(..., groups, K, ...)`` and the ``(K, d)`` parameters broadcast against it;
+        no gather (a gather and its scatter-add gradient cost about as much as the
+        layer's matmul) and no per-row copies of the parameters.
+        """
+        rank = inputs.shape.rank
+        shape = [1] * rank
+        shape[axis % rank] = self.num_nodes
+        if not self._sampling(training):
+            return tf.cast(tf.reshape(self.node_mean(), shape), inputs.dtype)
+        shape[0] = -1
+        k, d = self.num_components, self.num_nodes
+        num_rows = tf.shape(inputs)[0]
+        loc, scale = self.node_loc, self.node_scale()
+        if self._mc_prediction:
+            # T sample blocks of B rows; block t uses component t mod K.
+            blocks = self._weight_samples
+            self._check_sample_blocks(blocks)
+            tf.debugging.assert_equal(
+                num_rows % blocks, 0,
+                message=f"Layer '{self.name}': inside weight_samples(model, {blocks}) the batch must be tiled "
+                "to (T * B, ...) rows",
+            )
+            per_block = num_rows // blocks
+            groups = -(-blocks // k)
+            noise_rows = 1 if self._joint_samples else per_block  # joint: one z per block
+            eps = self._standard_normal([groups, k, noise_rows], loc.dtype)
+            z = loc[None, :, None, :] + scale[None, :, None, :] * eps
+            z = tf.reshape(z, tf.stack([groups * k, noise_rows, d]))[:blocks]
+            if self._joint_samples:
+                z = tf.broadcast_to(z, tf.stack([blocks, per_block, d]))
+        else:
+            # S copies of a batch of B examples (S = 1 outside IBNNModel); example i uses i mod K.
+            copies = self._train_samples
+            per_copy = num_rows // copies
+            groups = (per_copy + k - 1) // k
+            eps = self._standard_normal([copies, groups, k], loc.dtype)
+            z = tf.reshape(loc + scale * eps, tf.stack([copies, groups * k, d]))[:, :per_copy]
+        return tf.cast(tf.reshape(z, shape), inputs.dtype)
+
+    # -- KL ------------------------------------------------------------------------------
+    def kl_divergence(self):
+        """``KL(q || p)`` of this layer's noise, summed over nodes, unscaled.
+
+        ``"mixture_mean"``: ``KL(q_hat || p)`` in closed form (eqs. 22-24).
+        ``"monte_carlo"``: a fresh stratified estimate of the mixture KL.
+        """
+        if self.kl_estimator == "monte_carlo":
+            return self._monte_carlo_kl()
+        k = float(self.num_components)
+        s = self.prior_stddev
+        mean = self.node_mean()
+        variance = tf.reduce_sum(tf.square(self.node_scale()), axis=0) / (k * k)
+        return tf.reduce_sum(
+            math.log(s) - 0.5 * tf.math.log(variance) + (variance + tf.square(mean - _PRIOR_MEAN)) / (2 * s * s) - 0.5
+        )
+
+    def _monte_carlo_kl(self):
+        loc, scale = self.node_loc, self.node_scale()
+        k, m = self.num_components, self.num_kl_samples
+        eps = self._normal(tf.stack([m, k, self.num_nodes]), loc.dtype)
+        z = loc + scale * eps  # (M, K, d): M draws from every component
+        # log q(z) = logsumexp_j log N(z | mu_j, sigma_j^2) - log K, densities over the whole vector.
+        centred = (z[:, :, None, :] - loc[None, None]) / scale[None, None]  # (M, K, K_j, d)
+        log_components = tf.reduce_sum(-0.5 * tf.square(centred) - tf.math.log(scale)[None, None], axis=-1)
+        log_q = tf.reduce_logsumexp(log_components, axis=-1) - math.log(k) - self.num_nodes * _HALF_LOG_2PI
+        s = self.prior_stddev
+        log_p = tf.reduce_sum(-0.5 * tf.square((z - _PRIOR_MEAN) / s), axis=-1) - self.num_nodes * (
+            math.log(s) + _HALF_LOG_2PI
+        )
+        return tf.reduce_mean(log_q - log_p)
+
+    def _add_node_kl(self, training):
+        if not self._mc_prediction:
+            self._add_kl_loss(self.kl_divergence(), training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_components": self.num_components,
+                "prior_stddev": self.prior_stddev,
+                "init_stddev": self.init_stddev,
+                "init_scale_mean": self.init_scale_mean,
+                "init_scale_stddev": self.init_scale_stddev,
+                "kl_estimator": self.kl_estimator,
+                "num_kl_samples": self.num_kl_samples,
+            }
+        )
+        return config
+
+
+def _known_dim(layer, input_shape, axis, what):
+    dim = input_shape[axis]
+    if dim is None:
+        raise ValueError(
+            f"The {what} dimension of the inputs of '{layer.name}' must be known. "
+            f"Received: input_shape={tuple(input_shape)}"
+        )
+    return int(dim)
+
+
+# -- the layers --------------------------------------------------------------------------
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class NodeDense(_NodeLayer):
+    """Dense layer with iBNN node noise: ``activation((z o x) U + b)``, ``z ~ q(z)``.
+
+    ``U`` (``kernel``, ``(d, units)``) and ``b`` (``bias``) are deterministic; ``z``
+    has one entry per input node, drawn per example from the K-component mixture
+    posterior (eq. 19) and shared across any middle axes of the input. See
+    :mod:`tfbnn.layers.node` for the posterior, prior, KL and which component a
+    row uses.
+
+    Args:
+        units: int > 0, output dimension.
+        activation: activation name or callable.
+        use_bias: bool. Default True.
+        kernel_initializer, bias_initializer: Keras initializers of ``U`` and ``b``.
+        num_components, prior_stddev, init_stddev, init_scale_mean,
+        init_scale_stddev, kl_estimator, num_kl_samples, kl_weight,
+        inference_mode, seed: see :class:`_NodeLayer` (K = 4, s = 0.1, sigma0 = 0.5).
+
+    Call arguments:
+        inputs: tensor ``(batch, ..., d)``.
+        training: bool; the layer samples in training and, in ``"sample"``
+            inference mode, at inference too.
+
+    Input shape: ``(batch, ..., d)``, rank >= 2. Output shape: ``(batch, ..., units)``.
+
+    Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> model = keras.Sequential([
+        ...     keras.Input((4,)),
+        ...     tfbnn.layers.NodeDense(8, activation="relu", num_components=2, seed=1),
+        ...     tfbnn.layers.NodeDense(3, activation="softmax", num_components=2, seed=2),
+        ... ])
+        >>> model(np.zeros((5, 4), "float32")).shape
+        TensorShape([5, 3])
+
+    Reference:
+        Trinh, Heinonen, Acerbi, Kaski. Tackling Covariate Shift with Node-based
+        Bayesian Neural Networks. ICML 2022 (eqs. 19-24).
+    """
+
+    def __init__(
+        self,
+        units,
+        activation=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.units = _check_int("units", units, 1)
+        self.activation = keras.activations.get(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    def build(self, input_shape):
+        if len(input_shape) < 2:
+            raise ValueError(
+                f"Layer '{self.name}' expects inputs of rank >= 2 (batch, ..., features). "
+                f"Received: input_shape={tuple(input_shape)}"
+            )
+        input_dim = _known_dim(self, input_shape, -1, "last")
+        self.kernel = self.add_weight(name="kernel", shape=(input_dim, self.units), initializer=self.kernel_initializer)
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(name="bias", shape=(self.units,), initializer=self.bias_initializer)
+        self._build_node_weights(input_dim)
+        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
+
+    def call(self, inputs, training=None):
+        outputs = keras.ops.matmul(inputs * self._noise(inputs, training, -1), self.kernel)
+        if self.use_bias:
+            outputs = outputs + self.bias
+        self._add_node_kl(training)
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.units,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "units": self.units,
+                "activation": keras.activations.serialize(self.activation),
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config
+
+
+def _conv_output_length(length, kernel, stride, padding, dilation):
+    if length is None:
+        return None
+    if padding == "same":
+        return (length + stride - 1) // stride
+    return (length - ((kernel - 1) * dilation + 1)) // stride + 1
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class NodeConv2D(_NodeLayer):
+    """2-D convolution with iBNN node noise per input channel: ``activation(conv(z o x, U) + b)``.
+
+    ``z`` has one entry per input channel (``(K, C_in)`` variational parameters),
+    drawn per example and shared over all spatial positions; the kernel ``U``
+    (``(kh, kw, C_in, filters)``, the layout of ``keras.layers.Conv2D``) and the
+    bias are deterministic. Posterior, prior, KL and component assignment: see
+    :mod:`tfbnn.layers.node`.
+
+    Args:
+        filters: int > 0, output channels.
+        kernel_size: int or pair of ints.
+        strides: int or pair. Default 1.
+        padding: ``"valid"`` (default) or ``"same"``.
+        data_format: ``"channels_last"`` (default) or ``"channels_first"``.
+        dilation_rate: int or pair. Default 1.
+        activation, use_bias, kernel_initializer, bias_initializer: as in
+            ``keras.layers.Conv2D``.
+        num_components, prior_stddev, init_stddev, ...: see :class:`_NodeLayer`.
+
+    Input shape: ``(batch, rows, cols, C_in)`` (channels_last).
+    Output shape: ``(batch, new_rows, new_cols, filters)``.
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> layer = tfbnn.layers.NodeConv2D(4, 3, padding="same", num_components=2, seed=1)
+        >>> layer(np.zeros((2, 8, 8, 3), "float32")).shape
+        TensorShape([2, 8, 8, 4])
+        >>> tuple(layer.node_loc.shape)  # (K, C_in)
+        (2, 3)
+
+    Reference:
+        Trinh, Heinonen, Acerbi, Kaski. Tackling Covariate Shift with Node-based
+        Bayesian Neural Networks. ICML 2022.
+    """
+
+    def __init__(
+        self,
+        filters,
+        kernel_size,
+        strides=1,
+        padding="valid",
+        data_format="channels_last",
+        dilation_rate=1,
+        activation=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.filters = _check_int("filters", filters, 1)
+        self.kernel_size = _pair("kernel_size", kernel_size)
+        self.strides = _pair("strides", strides)
+        self.dilation_rate = _pair("dilation_rate", dilation_rate)
+        if padding not in ("valid", "same"):
+            raise ValueError(f"Expected `padding` in ('valid', 'same'). Received: padding={padding!r}")
+        if data_format not in ("channels_last", "channels_first"):
+            raise ValueError(
+                f"Expected `data_format` in ('channels_last', 'channels_first'). Received: data_format={data_format!r}"
+            )
+        self.padding = padding
+        self.data_format = data_format
+        self.activation = keras.activations.get(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    @property
+    def _channel_axis(self):
+        return -1 if self.data_format == "channels_last" else 1
+
+    def build(self, input_shape):
+        if len(input_shape) != 4:
+            raise ValueError(
+                f"Layer '{self.name}' expects inputs of rank 4 (batch, rows, cols, channels). "
+                f"Received: input_shape={tuple(input_shape)}"
+            )
+        channels = _known_dim(self, input_shape, self._channel_axis, "channel")
+        self.kernel = self.add_weight(
+            name="kernel", shape=self.kernel_size + (channels, self.filters), initializer=self.kernel_initializer
+        )
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(name="bias", shape=(self.filters,), initializer=self.bias_initializer)
+        self._build_node_weights(channels)
+        self.input_spec = keras.layers.InputSpec(ndim=4, axes={self._channel_axis: channels})
+
+    def call(self, inputs, training=None):
+        outputs = keras.ops.conv(
+            inputs * self._noise(inputs, training, self._channel_axis),
+            self.kernel,
+            strides=self.strides,
+            padding=self.padding,
+            data_format=self.data_format,
+            dilation_rate=self.dilation_rate,
+        )
+        if self.use_bias:
+            bias = self.bias if self.data_format == "channels_last" else tf.reshape(self.bias, (1, self.filters, 1, 1))
+            outputs = outputs + bias
+        self._add_node_kl(training)
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        spatial = (1, 2) if self.data_format == "channels_last" else (2, 3)
+        sizes = [
+            _conv_output_length(input_shape[axis], k, s, self.padding, d)
+            for axis, k, s, d in zip(spatial, self.kernel_size, self.strides, self.dilation_rate)
+        ]
+        if self.data_format == "channels_last":
+            return (input_shape[0], sizes[0], sizes[1], self.filters)
+        return (input_shape[0], self.filters, sizes[0], sizes[1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "filters": self.filters,
+                "kernel_size": self.kernel_size,
+                "strides": self.strides,
+                "padding": self.padding,
+                "data_format": self.data_format,
+                "dilation_rate": self.dilation_rate,
+                "activation": keras.activations.serialize(self.activation),
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class NodeNoise(_NodeLayer):
+    """The iBNN node noise alone: ``z o x`` with one ``z`` entry per channel of ``axis``.
+
+    Put it in front of any layer (``keras.layers.Dense``, ``Conv2D``, ...) to make
+    that layer's inputs noisy exactly as :class:`NodeDense` / :class:`NodeConv2D`
+    do; :func:`tfbnn.ibnn.add_node_noise` inserts one before every Dense / Conv2D
+    of a trained model (the pretrained start). ``NodeNoise() + Dense`` computes the
+    same function as :class:`NodeDense` with the same weights.
+
+    Args:
+        axis: int, the channel axis carrying the nodes (default -1; 1 for
+            channels_first convolutions). Not the batch axis.
+        num_components, prior_stddev, init_stddev, ...: see :class:`_NodeLayer`.
+
+    Input shape: any, rank >= 2, with a known ``axis`` dimension ``d``.
+    Output shape: the input shape.
+
+    Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> model = keras.Sequential([keras.Input((6, 6, 3)),
+        ...                           tfbnn.layers.NodeNoise(num_components=2, seed=0),
+        ...                           keras.layers.Conv2D(4, 3)])
+        >>> model(np.ones((2, 6, 6, 3), "float32")).shape
+        TensorShape([2, 4, 4, 4])
+    """
+
+    def __init__(self, axis=-1, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(axis, bool) or not isinstance(axis, int) or axis == 0:
+            raise ValueError(f"Expected `axis` to be a non-zero integer (not the batch axis). Received: axis={axis!r}")
+        self.axis = axis
+
+    def build(self, input_shape):
+        rank = len(input_shape)
+        if rank < 2 or not -rank <= self.axis < rank or self.axis % rank == 0:
+            raise ValueError(
+                f"Layer '{self.name}' expects inputs of rank >= 2 with a channel axis {self.axis} "
+                f"that is not the batch axis. Received: input_shape={tuple(input_shape)}"
+            )
+        dim = _known_dim(self, input_shape, self.axis, f"axis-{self.axis}")
+        self._build_node_weights(dim)
+        self.input_spec = keras.layers.InputSpec(ndim=rank, axes={self.axis: dim})
+
+    def call(self, inputs, training=None):
+        outputs = inputs * self._noise(inputs, training, self.axis)
+        self._add_node_kl(training)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config["axis"] = self.axis
+        return config
