@@ -17,7 +17,7 @@ if _quiet.running_the_command():  # the `tfbnn` command: keep TF's start-up log 
     _quiet.import_tensorflow_quietly()
 
 from tfbnn import callbacks, datasets, distribute, export, kl, layers, priors, schedules, utils  # noqa: E402
-from tfbnn import calibration, convert, evaluation, inference, likelihoods, metrics, plots, pruning, tuning  # noqa: E402
+from tfbnn import calibration, convert, evaluation, models, inference, likelihoods, metrics, plots, pruning, tuning  # noqa: E402
 from tfbnn.pruning import SparsityMonitor  # noqa: E402
 from tfbnn.calibration import TemperatureScaling  # noqa: E402
 from tfbnn.inference import ClassificationPrediction, RegressionPrediction, predict  # noqa: E402
@@ -72,6 +72,7 @@ __all__ = [
     "calibration",
     "evaluation",
     "plots",
+    "models",
     "convert",
     "pruning",
     "SparsityMonitor",

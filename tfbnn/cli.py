@@ -31,7 +31,7 @@ __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 LAYER_NAMES = ("reparameterization", "flipout", "local_reparameterization")
 PRIOR_NAMES = ("normal", "scale_mixture")
 SCHEDULE_NAMES = ("constant", "linear", "warmup", "cosine", "cyclic", "blundell")
-DATASET_NAMES = ("digits", "moons", "mnist", "fashion_mnist")
+DATASET_NAMES = ("digits", "moons", "mnist", "fashion_mnist", "cifar10", "cifar100")
 
 SHIFT_GAMMA = 0.5  # x' = (1 - gamma) x + gamma * eps, eps ~ N(0, 1)
 
@@ -307,6 +307,9 @@ def add_train_parser(subparsers):
         help="where to save the model (must end in .keras); default: "
         "saved_models/bbb_mlp_<dataset>.keras",
     )
+    from tfbnn.experiments import cifar_comparison
+
+    cifar_comparison.add_arguments(parser)  # --model / --method: the model-zoo comparison
     parser.set_defaults(func=run_train)
     return parser
 
@@ -520,6 +523,10 @@ def _jit_compile(args):
 
 def run_train(args):
     """``tfbnn train``: returns the exit status."""
+    if getattr(args, "model", None) is not None:
+        from tfbnn.experiments import cifar_comparison
+
+        return cifar_comparison.run(args)
     output = args.output or os.path.join("saved_models", f"bbb_mlp_{args.dataset}.keras")
     _prepare_output(output)
     anneal_epochs = args.anneal_epochs if args.anneal_epochs is not None else max(args.epochs / 2, 1e-3)
