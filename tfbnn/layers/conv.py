@@ -24,6 +24,7 @@ import keras
 import tensorflow as tf
 
 from tfbnn import kl as kl_lib
+from tfbnn.layers._conv_utils import conv_output_shape
 from tfbnn.layers.dense import _DenseBayesian
 
 __all__ = ["Conv1DReparameterization", "Conv1DFlipout", "Conv2DReparameterization", "Conv2DFlipout"]
@@ -102,15 +103,8 @@ class _ConvBayesian(_DenseBayesian):
         return shape if num_samples == 1 else tf.concat([[num_samples], shape], axis=0)
 
     def compute_output_shape(self, input_shape):
-        spatial = []
-        for n, k, s, d in zip(input_shape[1:-1], self.kernel_size, self.strides, self.dilation_rate):
-            if n is None:
-                spatial.append(None)
-            elif self.padding == "same":
-                spatial.append(-(-n // s))
-            else:
-                spatial.append((n - d * (k - 1) - 1) // s + 1)
-        return (input_shape[0], *spatial, self.filters)
+        return conv_output_shape(input_shape, self.filters, self.kernel_size, self.strides, self.padding,
+                                 self.dilation_rate)
 
     def get_config(self):
         config = super().get_config()

@@ -58,6 +58,7 @@ import tensorflow as tf
 
 from tfbnn import kl as kl_lib
 from tfbnn.layers.base import BayesianLayer
+from tfbnn.layers._conv_utils import conv_output_shape
 
 __all__ = [
     "DenseVariationalDropout",
@@ -351,15 +352,6 @@ class DenseVariationalDropout(_VariationalDropout):
         return config
 
 
-def _conv_output_length(length, kernel, stride, padding, dilation):
-    if length is None:
-        return None
-    effective = (kernel - 1) * dilation + 1
-    if padding == "same":
-        return (length + stride - 1) // stride
-    return (length - effective) // stride + 1
-
-
 def _pair(name, value):
     if isinstance(value, int) and not isinstance(value, bool):
         value = (value, value)
@@ -468,14 +460,8 @@ class Conv2DVariationalDropout(_VariationalDropout):
         return outputs + tf.reshape(self.bias, (1, self.filters, 1, 1))
 
     def compute_output_shape(self, input_shape):
-        spatial = (1, 2) if self.data_format == "channels_last" else (2, 3)
-        sizes = [
-            _conv_output_length(input_shape[axis], k, s, self.padding, d)
-            for axis, k, s, d in zip(spatial, self.kernel_size, self.strides, self.dilation_rate)
-        ]
-        if self.data_format == "channels_last":
-            return (input_shape[0], sizes[0], sizes[1], self.filters)
-        return (input_shape[0], self.filters, sizes[0], sizes[1])
+        return conv_output_shape(input_shape, self.filters, self.kernel_size, self.strides, self.padding,
+                                 self.dilation_rate, self.data_format)
 
     def get_config(self):
         config = super().get_config()

@@ -1,0 +1,26 @@
+"""Shape arithmetic shared by the convolutional layer families."""
+
+__all__ = ["conv_output_length", "conv_output_shape"]
+
+
+def conv_output_length(length, kernel, stride, padding, dilation):
+    """Output length of one spatial axis (None stays None), as ``keras.layers.Conv*``."""
+    if length is None:
+        return None
+    if padding == "same":
+        return (length + stride - 1) // stride
+    return (length - ((kernel - 1) * dilation + 1)) // stride + 1
+
+
+def conv_output_shape(input_shape, filters, kernel_size, strides, padding, dilation_rate,
+                      data_format="channels_last"):
+    """Output shape of a convolution over ``len(kernel_size)`` spatial axes."""
+    rank = len(kernel_size)
+    first = 1 if data_format == "channels_last" else 2
+    sizes = [
+        conv_output_length(input_shape[first + i], kernel_size[i], strides[i], padding, dilation_rate[i])
+        for i in range(rank)
+    ]
+    if data_format == "channels_last":
+        return (input_shape[0], *sizes, filters)
+    return (input_shape[0], filters, *sizes)
