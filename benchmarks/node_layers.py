@@ -8,8 +8,9 @@
      node_dense_multi   the same with tfbnn.ibnn.make_optimizer (MultiOptimizer: Adam for the
                         weights, Adam(1e-2) for the variational parameters)
 
-   All models are built in one process and timed in interleaved rounds (one epoch of
-   ``--steps`` steps each per round, after a warm-up epoch), so that load changes on a
+   All models are built in one process and timed in interleaved rounds (per round and
+   model, the second epoch of a two-epoch ``fit`` of ``--steps`` steps, so fit's start-up
+   work is left out; after a warm-up epoch), so that load changes on a
    shared machine hit every model alike; the median ms per step and its ratio to
    keras Dense are reported, with XLA off and/or on, in wall-clock time and in process
    CPU time (all threads; less sensitive to other processes on a shared machine).
@@ -83,12 +84,23 @@ def train_step_times(xla, steps, rounds):
         models[impl] = model
     wall = {impl: [] for impl in IMPLS}
     cpu = {impl: [] for impl in IMPLS}
+
+    class Timer(keras.callbacks.Callback):
+        """Times the last epoch of a fit call, leaving out fit's start-up work."""
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start, self.start_cpu = time.perf_counter(), time.process_time()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.wall = 1000 * (time.perf_counter() - self.start) / steps
+            self.cpu = 1000 * (time.process_time() - self.start_cpu) / steps
+
     for _ in range(rounds):
         for impl, model in models.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-            wall[impl].append(1000 * (time.perf_counter() - start) / steps)
-            cpu[impl].append(1000 * (time.process_time() - start_cpu) / steps)
+            timer = Timer()
+            model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[timer])
+            wall[impl].append(timer.wall)
+            cpu[impl].append(timer.cpu)
     medians = {impl: {"wall_ms": statistics.median(wall[impl]), "cpu_ms": statistics.median(cpu[impl])}
                for impl in IMPLS}
     return medians, {"wall_ms": wall, "cpu_ms": cpu}, models["node_dense"], x
@@ -178,7 +190,7 @@ def report(train_rows, predict_rows):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=20, help="train steps per timed epoch (default 20)")
+    parser.add_argument("--steps", type=int, default=30, help="train steps per timed epoch (default 30)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timed epochs per model (default 5)")
     parser.add_argument("--xla", choices=["off", "on", "both"], default="off")
     parser.add_argument("--examples", type=int, default=1024, help="examples to predict (default 1024)")

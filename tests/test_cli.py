@@ -144,7 +144,8 @@ def test_parser_has_one_function_per_subcommand():
     assert cli.SUBCOMMANDS[:4] == [cli.add_train_parser, cli.add_evaluate_parser, cli.add_export_parser,
                                    cli.add_tune_parser]
     names = [add.__name__ for add in cli.SUBCOMMANDS[4:]]
-    assert names == ["add_vd_sparsity_parser", "add_vd_regression_parser", "add_vd_transformer_parser"]
+    assert names == ["add_vd_sparsity_parser", "add_vd_regression_parser", "add_vd_transformer_parser",
+                     "add_ibnn_regression_parser", "add_ibnn_lenet_parser", "add_ibnn_shift_parser"]
     parser = cli.build_parser()
     args = parser.parse_args(["train"])
     assert args.func is cli.run_train and args.dataset == "digits" and args.baseline

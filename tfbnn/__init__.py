@@ -17,7 +17,7 @@ if _quiet.running_the_command():  # the `tfbnn` command: keep TF's start-up log 
     _quiet.import_tensorflow_quietly()
 
 from tfbnn import callbacks, datasets, distribute, export, kl, layers, priors, schedules, utils  # noqa: E402
-from tfbnn import calibration, convert, evaluation, models, inference, likelihoods, metrics, plots, pruning, tuning  # noqa: E402
+from tfbnn import calibration, convert, evaluation, ibnn, models, inference, likelihoods, metrics, plots, pruning, tuning  # noqa: E402
 from tfbnn.pruning import SparsityMonitor  # noqa: E402
 from tfbnn.calibration import TemperatureScaling  # noqa: E402
 from tfbnn.inference import ClassificationPrediction, RegressionPrediction, predict  # noqa: E402
@@ -35,6 +35,9 @@ from tfbnn.layers import (  # noqa: E402
     Conv2DVariationalDropout,
     DenseVariationalDropout,
     GravesDense,
+    NodeConv2D,
+    NodeDense,
+    NodeNoise,
     Conv1DFlipout,
     Conv1DReparameterization,
     Conv2DFlipout,
@@ -73,6 +76,7 @@ __all__ = [
     "evaluation",
     "plots",
     "models",
+    "ibnn",
     "convert",
     "pruning",
     "SparsityMonitor",
@@ -92,6 +96,9 @@ __all__ = [
     "DenseVariationalDropout",
     "Conv2DVariationalDropout",
     "GravesDense",
+    "NodeDense",
+    "NodeConv2D",
+    "NodeNoise",
     "MCDropout",
     "MCSpatialDropout2D",
     "StochasticLayer",

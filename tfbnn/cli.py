@@ -818,6 +818,9 @@ SUBCOMMANDS = [
     _experiment("vd_sparsity"),
     _experiment("vd_regression"),
     _experiment("vd_transformer"),
+    _experiment("ibnn_regression"),
+    _experiment("ibnn_lenet"),
+    _experiment("ibnn_shift"),
 ]
 
 
