@@ -1,6 +1,6 @@
 """Shape arithmetic shared by the convolutional layer families."""
 
-__all__ = ["conv_output_length", "conv_output_shape"]
+__all__ = ["conv_output_length", "conv_output_shape", "pair"]
 
 
 def conv_output_length(length, kernel, stride, padding, dilation):
@@ -24,3 +24,16 @@ def conv_output_shape(input_shape, filters, kernel_size, strides, padding, dilat
     if data_format == "channels_last":
         return (input_shape[0], *sizes, filters)
     return (input_shape[0], filters, *sizes)
+
+
+def pair(name, value):
+    """``value`` as a pair of positive ints (an int ``n`` gives ``(n, n)``); else a ValueError naming ``name``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value, value)
+    if (
+        not isinstance(value, (tuple, list))
+        or len(value) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in value)
+    ):
+        raise ValueError(f"Expected `{name}` to be a positive int or a pair of them. Received: {name}={value!r}")
+    return tuple(value)

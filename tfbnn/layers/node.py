@@ -73,6 +73,8 @@ import warnings
 import keras
 import tensorflow as tf
 
+from tfbnn.layers._conv_utils import conv_output_shape
+from tfbnn.layers._conv_utils import pair as _pair
 from tfbnn.layers.base import BayesianLayer
 
 __all__ = [
@@ -110,18 +112,6 @@ def _check_float(name, value, positive):
         what = "a positive" if positive else "a non-negative"
         raise ValueError(f"Expected `{name}` to be {what} finite float. Received: {name}={value!r}")
     return float(value)
-
-
-def _pair(name, value):
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = (value, value)
-    if (
-        not isinstance(value, (tuple, list))
-        or len(value) != 2
-        or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in value)
-    ):
-        raise ValueError(f"Expected `{name}` to be a positive int or a pair of them. Received: {name}={value!r}")
-    return tuple(value)
 
 
 class _InverseSoftplusAbsNormal(keras.initializers.Initializer):
@@ -460,14 +450,6 @@ class NodeDense(_NodeLayer):
         return config
 
 
-def _conv_output_length(length, kernel, stride, padding, dilation):
-    if length is None:
-        return None
-    if padding == "same":
-        return (length + stride - 1) // stride
-    return (length - ((kernel - 1) * dilation + 1)) // stride + 1
-
-
 @keras.saving.register_keras_serializable(package="tfbnn")
 class NodeConv2D(_NodeLayer):
     """2-D convolution with iBNN node noise per input channel: ``activation(conv(z o x, U) + b)``.
@@ -575,14 +557,8 @@ class NodeConv2D(_NodeLayer):
         return outputs
 
     def compute_output_shape(self, input_shape):
-        spatial = (1, 2) if self.data_format == "channels_last" else (2, 3)
-        sizes = [
-            _conv_output_length(input_shape[axis], k, s, self.padding, d)
-            for axis, k, s, d in zip(spatial, self.kernel_size, self.strides, self.dilation_rate)
-        ]
-        if self.data_format == "channels_last":
-            return (input_shape[0], sizes[0], sizes[1], self.filters)
-        return (input_shape[0], self.filters, sizes[0], sizes[1])
+        return conv_output_shape(input_shape, self.filters, self.kernel_size, self.strides, self.padding,
+                                 self.dilation_rate, self.data_format)
 
     def get_config(self):
         config = super().get_config()

@@ -59,6 +59,7 @@ import tensorflow as tf
 from tfbnn import kl as kl_lib
 from tfbnn.layers.base import BayesianLayer
 from tfbnn.layers._conv_utils import conv_output_shape
+from tfbnn.layers._conv_utils import pair as _pair
 
 __all__ = [
     "DenseVariationalDropout",
@@ -350,18 +351,6 @@ class DenseVariationalDropout(_VariationalDropout):
         config = super().get_config()
         config["units"] = self.units
         return config
-
-
-def _pair(name, value):
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = (value, value)
-    if (
-        not isinstance(value, (tuple, list))
-        or len(value) != 2
-        or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in value)
-    ):
-        raise ValueError(f"Expected `{name}` to be a positive int or a pair of them. Received: {name}={value!r}")
-    return tuple(value)
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
