@@ -117,11 +117,12 @@ class _ConvBayesian(_DenseBayesian):
 class _ConvReparameterization(_ConvBayesian):
     def call(self, inputs, training=None):
         sampling = self._sampling(training)
-        loc, scale = self.kernel_loc, self.kernel_scale()
+        loc = self.kernel_loc
+        scale, kl = self._kernel_scale_and_kl()
         if sampling:
-            kernel, kl = self._sample(loc, scale, self.kernel_prior, self._num_samples(sampling))
+            kernel, kl = self._sample(loc, scale, self.kernel_prior, self._num_samples(sampling), kl)
         else:
-            kernel, kl = loc, self._kl(loc, scale, self.kernel_prior)
+            kernel, kl = loc, (self._kl(loc, scale, self.kernel_prior) if kl is None else kl)
         bias, bias_kl = self._bias(sampling)
         return self._finish(self._convolve(inputs, kernel), bias, kl + bias_kl, training)
 
@@ -129,7 +130,8 @@ class _ConvReparameterization(_ConvBayesian):
 class _ConvFlipout(_ConvBayesian):
     def call(self, inputs, training=None):
         sampling = self._sampling(training)
-        loc, scale = self.kernel_loc, self.kernel_scale()
+        loc = self.kernel_loc
+        scale, kl = self._kernel_scale_and_kl()
         outputs = self._conv(inputs, loc)
         if sampling:
             num_samples = self._num_samples(sampling)
@@ -137,11 +139,9 @@ class _ConvFlipout(_ConvBayesian):
             delta = scale * eps
             s_in, s_out = self._signs(inputs)
             outputs = outputs + self._convolve(inputs * s_in, delta) * s_out
-            if self.kernel_prior.has_closed_form_kl:
-                kl = self._kl(loc, scale, self.kernel_prior)
-            else:
+            if kl is None:
                 kl = kl_lib.monte_carlo_kl(loc + delta, eps, scale, self.kernel_prior) / num_samples
-        else:
+        elif kl is None:
             kl = self._kl(loc, scale, self.kernel_prior)
         bias, bias_kl = self._bias(sampling)
         return self._finish(outputs, bias, kl + bias_kl, training)

@@ -36,6 +36,8 @@ The KL (closed form for a Normal prior, Monte Carlo for the scale mixture) is
 added to ``layer.losses`` as ``kl_weight * KL``; see :class:`BayesianLayer`.
 """
 
+import math
+
 import keras
 import tensorflow as tf
 
@@ -63,6 +65,43 @@ def _softplus_scale(rho):
 
 def _log_variance_scale(rho):
     return tf.exp(0.5 * tf.clip_by_value(rho, *_LOG_VARIANCE_RANGE))
+
+
+def _softplus_scale_and_normal_kl(loc, rho, prior):
+    """``sigma = softplus(rho) + 1e-6`` and ``sum KL(N(loc, sigma^2) || N(m, s^2))``, one hand-written gradient.
+
+    The values are those of :func:`_softplus_scale` and :func:`tfbnn.kl.closed_form_kl`::
+
+        KL = (||sigma||^2 + ||loc - m||^2) / (2 s^2) - sum log sigma + n (log s - 1/2)
+
+    and the gradient is written out, with ``d sigma / d rho = sigmoid(rho)``::
+
+        dL/d loc = g_kl (loc - m) / s^2
+        dL/d rho = sigmoid(rho) (g_sigma + g_kl (sigma / s^2 - 1 / sigma))
+
+    Without XLA every op is one pass over a weight-sized tensor, and these are
+    about half the passes autodiff makes of the same expressions (the
+    forward and backward weight-wise work of a Bayes-by-Backprop train step; see
+    ``benchmarks/dense_layers.py``). Under XLA both fuse to the same loops.
+    """
+    inv_var = 1.0 / prior.scale**2
+    constant = math.log(prior.scale) - 0.5
+
+    @tf.custom_gradient
+    def fused(loc, rho):
+        scale = tf.nn.softplus(rho) + _MIN_SCALE
+        centred = loc if prior.loc == 0.0 else loc - prior.loc
+        n = tf.cast(tf.size(loc), loc.dtype)
+        kl = (tf.nn.l2_loss(scale) + tf.nn.l2_loss(centred)) * inv_var - tf.reduce_sum(tf.math.log(scale)) + n * constant
+
+        def grad(g_scale, g_kl):
+            kl_part = g_kl * (inv_var * scale - tf.math.reciprocal(scale))
+            g_rho = tf.math.sigmoid(rho) * (kl_part if g_scale is None else g_scale + kl_part)
+            return g_kl * inv_var * centred, g_rho
+
+        return (scale, kl), grad
+
+    return fused(tf.convert_to_tensor(loc), tf.convert_to_tensor(rho))
 
 
 def _default_log_variance_initializer():
@@ -188,16 +227,33 @@ class _DenseBayesian(BayesianLayer):
     def bias_scale(self):
         return self._scale(self.bias_rho) if self.bayesian_bias else None
 
-    def _sample(self, loc, scale, prior, num_samples=1):
+    def _scale_and_kl(self, loc, rho, prior):
+        """``(sigma, KL)``: the KL in closed form where the prior has one, else None.
+
+        Softplus sigma with a Normal prior goes through one fused op with a
+        hand-written gradient (:func:`_softplus_scale_and_normal_kl`).
+        """
+        if self.posterior_parameterization == "softplus" and type(prior) is priors_lib.Normal:
+            return _softplus_scale_and_normal_kl(loc, rho, prior)
+        scale = self._scale(rho)
+        return scale, (kl_lib.closed_form_kl(loc, scale, prior) if prior.has_closed_form_kl else None)
+
+    def _kernel_scale_and_kl(self):
+        return self._scale_and_kl(self.kernel_loc, self.kernel_rho, self.kernel_prior)
+
+    def _sample(self, loc, scale, prior, num_samples=1, kl=None):
         """Weight sample(s) and the KL (closed form, or MC averaged over the samples).
 
-        With ``num_samples = T > 1`` the sample has a leading axis of size T.
+        ``kl``: the closed-form KL when already computed. With ``num_samples = T > 1``
+        the sample has a leading axis of size T.
         """
         shape = tf.shape(loc)
         if num_samples > 1:
             shape = tf.concat([[num_samples], shape], axis=0)
         eps = self._normal(shape, loc.dtype)
         sample = loc + scale * eps
+        if kl is not None:
+            return sample, kl
         if prior.has_closed_form_kl:
             return sample, kl_lib.closed_form_kl(loc, scale, prior)
         return sample, kl_lib.monte_carlo_kl(sample, eps, scale, prior) / num_samples
@@ -209,22 +265,64 @@ class _DenseBayesian(BayesianLayer):
         """Monte Carlo prediction with an independent weight sample per row."""
         return sampling and self._mc_prediction and not self._joint_samples
 
-    def _local_reparameterization(self, inputs):
+    def _local_reparameterization(self, inputs, scale=None, bias_scale=None):
         """Pre-activations sampled per row (Kingma et al. 2015, eq. 6), bias included.
 
         For a mean-field Gaussian posterior this is exact: each row's output has the
         distribution it would have under its own independent weight sample.
+        ``scale`` / ``bias_scale``: sigma of kernel and bias when already computed.
+
+        In Monte Carlo prediction (``T`` sample blocks of ``B`` rows) the first
+        Bayesian layer usually sees the batch tiled ``T`` times; when all blocks
+        are equal (checked, one read of the inputs) the mean and variance are
+        computed on one block and broadcast, so its matmuls cost ``1/T``. Only the
+        noise differs between blocks, so the result is the same in distribution
+        and, for a given seed, in value.
         """
-        loc, scale = self.kernel_loc, self.kernel_scale()
-        mean = keras.ops.matmul(inputs, loc)
+        if scale is None:
+            scale = self.kernel_scale()
+        if self.bayesian_bias and bias_scale is None:
+            bias_scale = self.bias_scale()
+        blocks = self._weight_samples
+        rows = inputs.shape[0]
+        if self._mc_prediction and self._share_tiled_moments and (rows is None or rows % blocks == 0):
+            mean, variance = self._moments_of_tiled_rows(inputs, scale, bias_scale, blocks)
+        else:
+            mean, variance = self._moments(inputs, scale, bias_scale)
+        eps = self._normal(tf.shape(mean), mean.dtype)
+        # The floor keeps d sqrt(v)/dv finite where a ReLU zeroes a whole input row.
+        return mean + tf.sqrt(variance + 1e-12) * eps
+
+    # Set False to always compute the moments of every row (for tests and benchmarks).
+    _share_tiled_moments = True
+
+    def _moments(self, inputs, scale, bias_scale):
+        """Mean and variance of the pre-activations, ``x mu + b_mu`` and ``x^2 sigma^2 + b_sigma^2``."""
+        mean = keras.ops.matmul(inputs, self.kernel_loc)
         variance = keras.ops.matmul(tf.square(inputs), tf.square(scale))
         if self.use_bias:
             mean = mean + self.bias_loc
             if self.bayesian_bias:
-                variance = variance + tf.square(self.bias_scale())
-        eps = self._normal(tf.shape(mean), mean.dtype)
-        # The floor keeps d sqrt(v)/dv finite where a ReLU zeroes a whole input row.
-        return mean + tf.sqrt(variance + 1e-12) * eps
+                variance = variance + tf.square(bias_scale)
+        return mean, variance
+
+    def _moments_of_tiled_rows(self, inputs, scale, bias_scale, blocks):
+        """:meth:`_moments`, computed once when the ``blocks`` row blocks of ``inputs`` are equal."""
+        shape = tf.shape(inputs)
+        rows = shape[0]
+        per_block = rows // blocks
+
+        def blocks_equal():
+            flat = tf.reshape(inputs, tf.stack([blocks, -1]))
+            return tf.reduce_all(tf.equal(flat, flat[:1]))
+
+        def once():
+            mean, variance = self._moments(inputs[:per_block], scale, bias_scale)
+            reps = tf.concat([[blocks], tf.ones([tf.rank(mean) - 1], tf.int32)], axis=0)
+            return tf.tile(mean, reps), tf.tile(variance, reps)
+
+        tiled = tf.cond(tf.equal(rows % blocks, 0), blocks_equal, lambda: tf.constant(False))
+        return tf.cond(tiled, once, lambda: self._moments(inputs, scale, bias_scale))
 
     def _kl(self, loc, scale, prior):
         if prior.has_closed_form_kl:
@@ -240,16 +338,20 @@ class _DenseBayesian(BayesianLayer):
         """``KL(q || p)`` of kernel and bias, summed, unscaled (MC for the scale mixture)."""
         return self._kl(self.kernel_loc, self.kernel_scale(), self.kernel_prior) + self._bias_kl()
 
+    def _bias_scale_and_kl(self):
+        """``(sigma, KL)`` of a Bayesian bias (KL None for a Monte Carlo prior)."""
+        return self._scale_and_kl(self.bias_loc, self.bias_rho, self.bias_prior)
+
     def _bias(self, sampling):
         """Bias sample(s) (or mean) and its KL."""
         if not self.use_bias:
             return None, 0.0
         if not self.bayesian_bias:
             return self.bias_loc, 0.0
-        scale = self.bias_scale()
+        scale, kl = self._bias_scale_and_kl()
         if sampling:
-            return self._sample(self.bias_loc, scale, self.bias_prior, self._num_samples(sampling))
-        return self.bias_loc, self._kl(self.bias_loc, scale, self.bias_prior)
+            return self._sample(self.bias_loc, scale, self.bias_prior, self._num_samples(sampling), kl)
+        return self.bias_loc, (self._kl(self.bias_loc, scale, self.bias_prior) if kl is None else kl)
 
     def _matmul(self, inputs, kernel):
         """``inputs @ kernel``; a kernel of rank 3 holds one sample per block of rows."""
@@ -330,11 +432,12 @@ class DenseReparameterization(_DenseBayesian):
         sampling = self._sampling(training)
         if self._per_row_sampling(sampling):
             return self._finish(self._local_reparameterization(inputs), None, 0.0, training)
-        loc, scale = self.kernel_loc, self.kernel_scale()
+        loc = self.kernel_loc
+        scale, kl = self._kernel_scale_and_kl()
         if sampling:
-            kernel, kl = self._sample(loc, scale, self.kernel_prior, self._num_samples(sampling))
+            kernel, kl = self._sample(loc, scale, self.kernel_prior, self._num_samples(sampling), kl)
         else:
-            kernel, kl = loc, self._kl(loc, scale, self.kernel_prior)
+            kernel, kl = loc, (self._kl(loc, scale, self.kernel_prior) if kl is None else kl)
         bias, bias_kl = self._bias(sampling)
         outputs = self._matmul(inputs, kernel)
         return self._finish(outputs, bias, kl + bias_kl, training)
@@ -372,7 +475,8 @@ class DenseFlipout(_DenseBayesian):
         sampling = self._sampling(training)
         if self._per_row_sampling(sampling):
             return self._finish(self._local_reparameterization(inputs), None, 0.0, training)
-        loc, scale = self.kernel_loc, self.kernel_scale()
+        loc = self.kernel_loc
+        scale, kl = self._kernel_scale_and_kl()
         outputs = keras.ops.matmul(inputs, loc)
         if sampling:
             num_samples = self._num_samples(sampling)
@@ -382,11 +486,9 @@ class DenseFlipout(_DenseBayesian):
             signs = self._signs(inputs)
             perturbation = self._matmul(inputs * signs[0], delta) * signs[1]
             outputs = outputs + perturbation
-            if self.kernel_prior.has_closed_form_kl:
-                kl = kl_lib.closed_form_kl(loc, scale, self.kernel_prior)
-            else:
+            if kl is None:
                 kl = kl_lib.monte_carlo_kl(loc + delta, eps, scale, self.kernel_prior) / num_samples
-        else:
+        elif kl is None:
             kl = self._kl(loc, scale, self.kernel_prior)
         bias, bias_kl = self._bias(sampling)
         return self._finish(outputs, bias, kl + bias_kl, training)
@@ -432,9 +534,15 @@ class DenseLocalReparameterization(_DenseBayesian):
     """
 
     def call(self, inputs, training=None):
-        kl = 0.0 if self._mc_prediction else self.kl_divergence()
+        scale, kl = self._kernel_scale_and_kl()
+        bias_scale, bias_kl = self._bias_scale_and_kl() if self.bayesian_bias else (None, 0.0)
+        if self._mc_prediction:
+            kl = 0.0
+        else:
+            kl = self._kl(self.kernel_loc, scale, self.kernel_prior) if kl is None else kl
+            kl = kl + (self._kl(self.bias_loc, bias_scale, self.bias_prior) if bias_kl is None else bias_kl)
         if self._sampling(training):
-            outputs = self._local_reparameterization(inputs)
+            outputs = self._local_reparameterization(inputs, scale, bias_scale)
         else:
             outputs = keras.ops.matmul(inputs, self.kernel_loc)
             if self.use_bias:
