@@ -204,3 +204,42 @@ def test_per_row_samples_have_the_weight_sampling_distribution():
     np.testing.assert_allclose(per_row.std(0), joint.std(0), rtol=0.05)
     sigma_k, sigma_b = layer.kernel_scale().numpy(), layer.bias_scale().numpy()
     np.testing.assert_allclose(per_row.std(0), np.sqrt((x**2) @ sigma_k**2 + sigma_b**2)[0], rtol=0.03)
+
+
+@pytest.mark.parametrize(
+    "cls", [tfbnn.DenseReparameterization, tfbnn.DenseFlipout, tfbnn.DenseLocalReparameterization]
+)
+def test_monte_carlo_moments_of_a_tiled_batch_are_computed_once(cls, monkeypatch):
+    """Inside weight_samples(T) a batch tiled T times gets its mean/variance matmuls on one block only,
+    with the same outputs (same seed) as computing every row; other inputs take the full path."""
+    num_samples, batch = 5, 3
+    layer = cls(4, seed=7)
+    x = np.random.default_rng(0).normal(size=(batch, 6)).astype("float32")
+    layer(x)
+    rows_seen = []
+    moments = type(layer)._moments
+
+    def recording(self, inputs, scale, bias_scale):
+        rows_seen.append(int(inputs.shape[0]))
+        return moments(self, inputs, scale, bias_scale)
+
+    monkeypatch.setattr(type(layer), "_moments", recording)
+
+    def run(inputs, share):
+        state = layer.seed_generator.state.numpy()
+        monkeypatch.setattr(type(layer), "_share_tiled_moments", share)
+        with tfbnn.weight_samples(layer, num_samples):
+            out = np.asarray(layer(inputs))
+        layer.seed_generator.state.assign(state)
+        return out
+
+    tiled = np.tile(x, (num_samples, 1))
+    shared, full = run(tiled, True), run(tiled, False)
+    assert rows_seen == [batch, num_samples * batch]
+    np.testing.assert_allclose(shared, full, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(shared[:batch], shared[batch:2 * batch])  # the blocks still differ by their noise
+
+    rows_seen.clear()
+    distinct = np.random.default_rng(1).normal(size=(num_samples * batch, 6)).astype("float32")
+    np.testing.assert_allclose(run(distinct, True), run(distinct, False), rtol=1e-5, atol=1e-6)
+    assert rows_seen == [num_samples * batch, num_samples * batch]
