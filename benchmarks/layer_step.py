@@ -1,0 +1,122 @@
+"""Forward + backward time of one Bayesian dense layer, without the optimizer or Keras' train step.
+
+``dense_layers.py`` times whole train steps, so it also times what Keras 3 and
+tf_keras do around the layers (the train-step function, the Adam update of every
+variable). This isolates the layers. One 1200 -> 1200 layer at batch 128 (the middle
+layer of the Blundell MLP): the time to compute the loss ``sum(y) + layer losses`` and
+its gradient with respect to the layer's trainable weights, inside one
+``tf.function`` (XLA off and on). It covers keras ``Dense``, the three tfbnn layers,
+and TFP's three layers (tf_keras), all with an N(0, 1) prior and a closed-form KL.
+
+Every function runs in one process, in ``--rounds`` interleaved rounds of ``--calls``
+calls each, so that slow stretches of a shared machine hit them all. The table
+reports the best round (ms per call) and the ratios to keras ``Dense`` and to the
+TFP equivalent.
+
+Usage:
+    python benchmarks/layer_step.py [--rounds 15] [--calls 5]
+
+Writes benchmarks/results/layer_step.json and prints a table.
+"""
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tensorflow_probability as tfp  # noqa: E402
+
+import tfbnn  # noqa: E402
+
+BATCH, UNITS = 128, 1200
+N = 60_000  # the KL scale 1/N (any positive value: it only scales one term)
+TFP_EQUIVALENT = {"tfbnn_reparam": "tfp_reparam", "tfbnn_flipout": "tfp_flipout", "tfbnn_local": "tfp_local"}
+
+
+def _layers():
+    tfd = tfp.distributions
+
+    def divergence(q, p, _):
+        return tfd.kl_divergence(q, p) / N
+
+    return {
+        "keras_dense": keras.layers.Dense(UNITS),
+        "tfbnn_reparam": tfbnn.DenseReparameterization(UNITS, kl_weight=1 / N, seed=1),
+        "tfbnn_flipout": tfbnn.DenseFlipout(UNITS, kl_weight=1 / N, seed=2),
+        "tfbnn_local": tfbnn.DenseLocalReparameterization(UNITS, kl_weight=1 / N, seed=3),
+        "tfp_reparam": tfp.layers.DenseReparameterization(UNITS, kernel_divergence_fn=divergence),
+        "tfp_flipout": tfp.layers.DenseFlipout(UNITS, kernel_divergence_fn=divergence),
+        "tfp_local": tfp.layers.DenseLocalReparameterization(UNITS, kernel_divergence_fn=divergence),
+    }
+
+
+def _step(layer, x, keras3):
+    def step():
+        with tf.GradientTape() as tape:
+            y = layer(x, training=True) if keras3 else layer(x)
+            loss = tf.reduce_sum(y)
+            if layer.losses:
+                loss = loss + tf.add_n(layer.losses)
+        return tape.gradient(loss, layer.trainable_weights)
+
+    return step
+
+
+def run(rounds, calls):
+    x = tf.constant(np.random.default_rng(0).normal(size=(BATCH, UNITS)).astype("float32"))
+    layers = _layers()
+    for layer in layers.values():
+        layer(x)
+    rows = []
+    for xla in (False, True):
+        steps = {name: tf.function(_step(layer, x, not name.startswith("tfp_")), jit_compile=xla)
+                 for name, layer in layers.items()}
+        for step in steps.values():
+            step()  # trace and compile
+        times = {name: [] for name in steps}
+        for _ in range(rounds):
+            for name, step in steps.items():
+                start = time.perf_counter()
+                for _ in range(calls):
+                    step()
+                times[name].append(1000 * (time.perf_counter() - start) / calls)
+        for name, values in times.items():
+            rows.append({"impl": name, "xla": xla, "ms": min(values), "median_ms": float(np.median(values))})
+    return rows
+
+
+def report(rows):
+    lines = ["| layer (1200 -> 1200, batch 128) | XLA | ms fwd+bwd (best) | x keras Dense | x TFP equivalent |",
+             "|---|---|---|---|---|"]
+    by_key = {(r["impl"], r["xla"]): r for r in rows}
+    for r in rows:
+        base = by_key[("keras_dense", r["xla"])]["ms"]
+        tfp_row = by_key.get((TFP_EQUIVALENT.get(r["impl"]), r["xla"]))
+        vs_tfp = f"{r['ms'] / tfp_row['ms']:.2f}" if tfp_row else "-"
+        lines.append(f"| {r['impl']} | {'on' if r['xla'] else 'off'} | {r['ms']:.2f} | {r['ms'] / base:.2f} | {vs_tfp} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                      "layer_step.json"))
+    args = parser.parse_args()
+    rows = run(args.rounds, args.calls)
+    table = report(rows)
+    print(table)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"rows": rows, "table": table, "rounds": args.rounds, "calls": args.calls}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
