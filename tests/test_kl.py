@@ -67,7 +67,7 @@ def test_monte_carlo_kl_of_scale_mixture_agrees_with_large_sample_estimate():
     layer.kernel_rho.assign(np.full((100, 200), rho, "float32"))
     sigma = float(layer.kernel_scale().numpy()[0, 0])
     per_weight = _mixture_kl_by_quadrature(mu, sigma, prior)
-    kernel_kl = [float(layer._kl(layer.kernel_loc, layer.kernel_scale(), prior)) for _ in range(5)]
+    kernel_kl = [float(layer._kl(layer.kernel_loc, layer.kernel_scale(), prior, None)) for _ in range(5)]
     estimate = np.mean(kernel_kl) / (100 * 200)
     # 100k one-sample terms: the standard error is far below 1% of the KL.
     np.testing.assert_allclose(estimate, per_weight, rtol=0.01)

@@ -122,7 +122,7 @@ class _ConvReparameterization(_ConvBayesian):
         if sampling:
             kernel, kl = self._sample(loc, scale, self.kernel_prior, self._num_samples(sampling), kl)
         else:
-            kernel, kl = loc, (self._kl(loc, scale, self.kernel_prior) if kl is None else kl)
+            kernel, kl = loc, self._kl(loc, scale, self.kernel_prior, kl)
         bias, bias_kl = self._bias(sampling)
         return self._finish(self._convolve(inputs, kernel), bias, kl + bias_kl, training)
 
@@ -141,8 +141,8 @@ class _ConvFlipout(_ConvBayesian):
             outputs = outputs + self._convolve(inputs * s_in, delta) * s_out
             if kl is None:
                 kl = kl_lib.monte_carlo_kl(loc + delta, eps, scale, self.kernel_prior) / num_samples
-        elif kl is None:
-            kl = self._kl(loc, scale, self.kernel_prior)
+        else:
+            kl = self._kl(loc, scale, self.kernel_prior, kl)
         bias, bias_kl = self._bias(sampling)
         return self._finish(outputs, bias, kl + bias_kl, training)
 

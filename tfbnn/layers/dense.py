@@ -242,10 +242,10 @@ class _DenseBayesian(BayesianLayer):
         return self._scale_and_kl(self.kernel_loc, self.kernel_rho, self.kernel_prior)
 
     def _sample(self, loc, scale, prior, num_samples=1, kl=None):
-        """Weight sample(s) and the KL (closed form, or MC averaged over the samples).
+        """Weight sample(s) and the KL: ``kl`` (the closed form of :meth:`_scale_and_kl`)
+        when given, else the Monte Carlo estimate averaged over the samples.
 
-        ``kl``: the closed-form KL when already computed. With ``num_samples = T > 1``
-        the sample has a leading axis of size T.
+        With ``num_samples = T > 1`` the sample has a leading axis of size T.
         """
         shape = tf.shape(loc)
         if num_samples > 1:
@@ -254,8 +254,6 @@ class _DenseBayesian(BayesianLayer):
         sample = loc + scale * eps
         if kl is not None:
             return sample, kl
-        if prior.has_closed_form_kl:
-            return sample, kl_lib.closed_form_kl(loc, scale, prior)
         return sample, kl_lib.monte_carlo_kl(sample, eps, scale, prior) / num_samples
 
     def _num_samples(self, sampling):
@@ -324,19 +322,18 @@ class _DenseBayesian(BayesianLayer):
         tiled = tf.cond(tf.equal(rows % blocks, 0), blocks_equal, lambda: tf.constant(False))
         return tf.cond(tiled, once, lambda: self._moments(inputs, scale, bias_scale))
 
-    def _kl(self, loc, scale, prior):
-        if prior.has_closed_form_kl:
-            return kl_lib.closed_form_kl(loc, scale, prior)
-        return self._sample(loc, scale, prior)[1]
-
-    def _bias_kl(self):
-        if not self.bayesian_bias:
-            return 0.0
-        return self._kl(self.bias_loc, self.bias_scale(), self.bias_prior)
+    def _kl(self, loc, scale, prior, kl):
+        """``kl`` (the closed form from :meth:`_scale_and_kl`), or a one-sample Monte Carlo estimate if None."""
+        return self._sample(loc, scale, prior)[1] if kl is None else kl
 
     def kl_divergence(self):
         """``KL(q || p)`` of kernel and bias, summed, unscaled (MC for the scale mixture)."""
-        return self._kl(self.kernel_loc, self.kernel_scale(), self.kernel_prior) + self._bias_kl()
+        scale, kl = self._kernel_scale_and_kl()
+        total = self._kl(self.kernel_loc, scale, self.kernel_prior, kl)
+        if self.bayesian_bias:
+            scale, kl = self._bias_scale_and_kl()
+            total = total + self._kl(self.bias_loc, scale, self.bias_prior, kl)
+        return total
 
     def _bias_scale_and_kl(self):
         """``(sigma, KL)`` of a Bayesian bias (KL None for a Monte Carlo prior)."""
@@ -351,7 +348,7 @@ class _DenseBayesian(BayesianLayer):
         scale, kl = self._bias_scale_and_kl()
         if sampling:
             return self._sample(self.bias_loc, scale, self.bias_prior, self._num_samples(sampling), kl)
-        return self.bias_loc, (self._kl(self.bias_loc, scale, self.bias_prior) if kl is None else kl)
+        return self.bias_loc, self._kl(self.bias_loc, scale, self.bias_prior, kl)
 
     def _matmul(self, inputs, kernel):
         """``inputs @ kernel``; a kernel of rank 3 holds one sample per block of rows."""
@@ -437,7 +434,7 @@ class DenseReparameterization(_DenseBayesian):
         if sampling:
             kernel, kl = self._sample(loc, scale, self.kernel_prior, self._num_samples(sampling), kl)
         else:
-            kernel, kl = loc, (self._kl(loc, scale, self.kernel_prior) if kl is None else kl)
+            kernel, kl = loc, self._kl(loc, scale, self.kernel_prior, kl)
         bias, bias_kl = self._bias(sampling)
         outputs = self._matmul(inputs, kernel)
         return self._finish(outputs, bias, kl + bias_kl, training)
@@ -488,8 +485,8 @@ class DenseFlipout(_DenseBayesian):
             outputs = outputs + perturbation
             if kl is None:
                 kl = kl_lib.monte_carlo_kl(loc + delta, eps, scale, self.kernel_prior) / num_samples
-        elif kl is None:
-            kl = self._kl(loc, scale, self.kernel_prior)
+        else:
+            kl = self._kl(loc, scale, self.kernel_prior, kl)
         bias, bias_kl = self._bias(sampling)
         return self._finish(outputs, bias, kl + bias_kl, training)
 
@@ -539,8 +536,9 @@ class DenseLocalReparameterization(_DenseBayesian):
         if self._mc_prediction:
             kl = 0.0
         else:
-            kl = self._kl(self.kernel_loc, scale, self.kernel_prior) if kl is None else kl
-            kl = kl + (self._kl(self.bias_loc, bias_scale, self.bias_prior) if bias_kl is None else bias_kl)
+            kl = self._kl(self.kernel_loc, scale, self.kernel_prior, kl)
+            if self.bayesian_bias:
+                kl = kl + self._kl(self.bias_loc, bias_scale, self.bias_prior, bias_kl)
         if self._sampling(training):
             outputs = self._local_reparameterization(inputs, scale, bias_scale)
         else:
