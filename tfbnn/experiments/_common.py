@@ -141,6 +141,22 @@ def load_images(name, seed=0, max_examples=None, max_test_examples=None):
 # -- command-line plumbing (the pattern of tfbnn.cli) ----------------------------------------
 
 
+def run_with_settings(args, defaults, run_experiment, banner, **overrides):
+    """The ``run(args)`` of an experiment: settings from ``args`` (``defaults`` for the
+    missing ones, then ``overrides``), a prepared output folder, ``banner``, the run and
+    the list of written files. Returns the exit status 0.
+    """
+    settings = {k: getattr(args, k, v) for k, v in defaults.items()}
+    settings.update(overrides)
+    prepare_output_dir(args.output_dir)
+    quiet_tensorflow()
+    print(banner, flush=True)
+    result = run_experiment(output_dir=args.output_dir, **settings)
+    print("\nWrote " + ", ".join(result["files"]))
+    return 0
+
+
+
 def add_subcommand(subparsers, name, help_text, description, add_arguments, run):
     """Adds ``name`` to a ``tfbnn``-style subparsers action with ``func=run``."""
     from tfbnn import cli

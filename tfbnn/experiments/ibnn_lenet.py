@@ -278,14 +278,9 @@ def add_arguments(parser):
 
 def run(args):
     """Runs the experiment from parsed arguments; returns the exit status."""
-    settings = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
-    settings["widths"], settings["methods"] = tuple(args.widths), tuple(dict.fromkeys(args.methods))
-    _common.prepare_output_dir(args.output_dir)
-    _common.quiet_tensorflow()
-    print(f"{NAME}: LeNet widths {list(args.widths)} on {args.dataset}, {args.epochs} epochs per model", flush=True)
-    result = run_experiment(output_dir=args.output_dir, **settings)
-    print("\nWrote " + ", ".join(result["files"]))
-    return 0
+    banner = f"{NAME}: LeNet widths {list(args.widths)} on {args.dataset}, {args.epochs} epochs per model"
+    return _common.run_with_settings(args, DEFAULTS, run_experiment, banner, widths=tuple(args.widths),
+                                     methods=tuple(dict.fromkeys(args.methods)))
 
 
 def add_ibnn_lenet_parser(subparsers):

@@ -307,15 +307,11 @@ def add_arguments(parser):
 
 def run(args):
     """Runs the experiment from parsed arguments; returns the exit status."""
-    settings = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
-    settings["depths"], settings["methods"] = tuple(args.depths), tuple(dict.fromkeys(args.methods))
-    _common.prepare_output_dir(args.output_dir)
-    _common.quiet_tensorflow()
-    print(f"{NAME}: y = x^3 from {settings['num_points']} points, depths {list(args.depths)}, "
-          f"{args.epochs} x {args.steps_per_epoch} steps per model", flush=True)
-    result = run_experiment(output_dir=args.output_dir, **settings)
-    print("\nWrote " + ", ".join(result["files"]))
-    return 0
+    num_points = getattr(args, "num_points", DEFAULTS["num_points"])
+    banner = (f"{NAME}: y = x^3 from {num_points} points, depths {list(args.depths)}, "
+              f"{args.epochs} x {args.steps_per_epoch} steps per model")
+    return _common.run_with_settings(args, DEFAULTS, run_experiment, banner, depths=tuple(args.depths),
+                                     methods=tuple(dict.fromkeys(args.methods)))
 
 
 def add_ibnn_regression_parser(subparsers):

@@ -228,14 +228,9 @@ def add_arguments(parser):
 
 def run(args):
     """Runs the experiment from parsed arguments; returns the exit status."""
-    settings = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
-    settings["corruptions"] = tuple(dict.fromkeys(args.corruptions))
-    _common.prepare_output_dir(args.output_dir)
-    _common.quiet_tensorflow()
-    print(f"{NAME}: iBNN vs MC dropout MLP on {args.dataset}, {args.epochs} epochs each", flush=True)
-    result = run_experiment(output_dir=args.output_dir, **settings)
-    print("\nWrote " + ", ".join(result["files"]))
-    return 0
+    banner = f"{NAME}: iBNN vs MC dropout MLP on {args.dataset}, {args.epochs} epochs each"
+    return _common.run_with_settings(args, DEFAULTS, run_experiment, banner,
+                                     corruptions=tuple(dict.fromkeys(args.corruptions)))
 
 
 def add_ibnn_shift_parser(subparsers):
