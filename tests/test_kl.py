@@ -1,6 +1,7 @@
 """KL numbers against closed forms, tfd.kl_divergence and a numerical integral."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
 
@@ -84,9 +85,11 @@ def test_monte_carlo_kl_from_noise_matches_log_prob_difference():
     np.testing.assert_allclose(float(kl_lib.monte_carlo_kl(w, eps, scale, prior)), float(expected), rtol=1e-5)
 
 
-def test_fused_softplus_scale_and_kl_matches_tfd_values_and_autodiff_gradients():
-    """The hand-written gradient of the fused sigma/KL op equals autodiff through tfd.kl_divergence."""
-    from tfbnn.layers.dense import _softplus_scale_and_normal_kl
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["eager", "xla"])
+def test_fused_softplus_scale_and_kl_matches_tfd_values_and_autodiff_gradients(jit_compile):
+    """The hand-written gradient of the fused sigma/KL op equals autodiff through tfd.kl_divergence,
+    in eager mode and in the one-reduction form the op takes inside an XLA-compiled function."""
+    from tfbnn.layers.dense import _in_xla_context, _softplus_scale_and_normal_kl
 
     rng = np.random.default_rng(3)
     loc = tf.constant(rng.normal(0.2, 0.5, (7, 5)), tf.float32)
@@ -94,11 +97,13 @@ def test_fused_softplus_scale_and_kl_matches_tfd_values_and_autodiff_gradients()
     rho = tf.constant(np.linspace(-30.0, 30.0, 35).reshape(7, 5), tf.float32)
     g_sigma = tf.constant(rng.normal(size=(7, 5)), tf.float32)  # an arbitrary upstream gradient of sigma
     prior = priors.Normal(0.3, 1.7)
+    contexts = []
 
     def loss(fused):
         with tf.GradientTape() as tape:
             tape.watch([loc, rho])
             if fused:
+                contexts.append(_in_xla_context())
                 scale, kl = _softplus_scale_and_normal_kl(loc, rho, prior)
             else:
                 scale = tf.nn.softplus(rho) + 1e-6
@@ -106,7 +111,8 @@ def test_fused_softplus_scale_and_kl_matches_tfd_values_and_autodiff_gradients()
             value = tf.reduce_sum(scale * g_sigma) + 0.37 * kl
         return (scale, kl), tape.gradient(value, [loc, rho])
 
-    (scale, kl), grads = loss(True)
+    (scale, kl), grads = tf.function(lambda: loss(True), jit_compile=True)() if jit_compile else loss(True)
+    assert contexts == [jit_compile]
     (scale_ref, kl_ref), grads_ref = loss(False)
     np.testing.assert_allclose(scale, scale_ref, rtol=1e-6)
     np.testing.assert_allclose(kl, kl_ref, rtol=1e-5)

@@ -67,6 +67,20 @@ def _log_variance_scale(rho):
     return tf.exp(0.5 * tf.clip_by_value(rho, *_LOG_VARIANCE_RANGE))
 
 
+def _in_xla_context():
+    """True while tracing a function that XLA compiles (``jit_compile=True``, TPU).
+
+    TensorFlow enters an XLA control-flow context for such functions; the check
+    is TensorFlow's own (``control_flow_util``, internal). False if it is missing.
+    """
+    try:
+        from tensorflow.python.framework import ops
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - a TensorFlow without the internal module
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
+
+
 def _softplus_scale_and_normal_kl(loc, rho, prior):
     """``sigma = softplus(rho) + 1e-6`` and ``sum KL(N(loc, sigma^2) || N(m, s^2))``, one hand-written gradient.
 
@@ -82,7 +96,12 @@ def _softplus_scale_and_normal_kl(loc, rho, prior):
     Without XLA every op is one pass over a weight-sized tensor, and these are
     about half the passes autodiff makes of the same expressions (the
     forward and backward weight-wise work of a Bayes-by-Backprop train step; see
-    ``benchmarks/dense_layers.py``). Under XLA both fuse to the same loops.
+    ``benchmarks/dense_layers.py``). Under XLA the KL is written as one sum of
+    one elementwise expression instead, which XLA compiles to a single loop: its
+    CPU backend turns each of three separate large sums into a tree of
+    reduce-window passes. In an interleaved comparison of whole XLA train steps of
+    the 784-1200-1200-10 local-reparameterization MLP (batch 128) one sum took 103
+    ms of CPU time per step against 112 ms for three (wall 62 against 67 ms).
     """
     inv_var = 1.0 / prior.scale**2
     constant = math.log(prior.scale) - 0.5
@@ -92,7 +111,13 @@ def _softplus_scale_and_normal_kl(loc, rho, prior):
         scale = tf.nn.softplus(rho) + _MIN_SCALE
         centred = loc if prior.loc == 0.0 else loc - prior.loc
         n = tf.cast(tf.size(loc), loc.dtype)
-        kl = (tf.nn.l2_loss(scale) + tf.nn.l2_loss(centred)) * inv_var - tf.reduce_sum(tf.math.log(scale)) + n * constant
+        if _in_xla_context():
+            # One reduction of one elementwise expression: XLA makes it a single loop.
+            kl = tf.reduce_sum((0.5 * inv_var) * (tf.square(scale) + tf.square(centred)) - tf.math.log(scale))
+        else:
+            # The fewest separate passes: squares and sums are fused in L2Loss.
+            kl = (tf.nn.l2_loss(scale) + tf.nn.l2_loss(centred)) * inv_var - tf.reduce_sum(tf.math.log(scale))
+        kl = kl + n * constant
 
         def grad(g_scale, g_kl):
             kl_part = g_kl * (inv_var * scale - tf.math.reciprocal(scale))
