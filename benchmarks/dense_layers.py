@@ -13,6 +13,18 @@ Implementations:
   keras_dense                       keras.layers.Dense (Keras 3), the baseline
   tfbnn_{reparam,flipout,local}     tfbnn dense layers, N(0, 1) prior, closed-form KL
   tfp_{reparam,flipout,local}       tfp.layers.Dense* under tf_keras (Keras 2), same prior
+  tf_keras_dense                    tf_keras.layers.Dense: the Dense of TFP's framework
+  floor_local                       lower bound of local reparameterization, not a layer
+                                    anyone should train: the mean and variance matmuls
+                                    (x mu, x^2 v), one normal draw per example and unit,
+                                    and twice Dense's variables, with v a free variable
+                                    (no softplus, no KL)
+  floor_local_softplus              floor_local with v = (softplus(rho) + 1e-6)^2, the
+                                    posterior parameterization the layers must use (no KL)
+
+The two floor rows split tfbnn_local's time into what the method itself costs
+(two matmuls, twice the variables, the noise), what sigma = softplus(rho) adds, and
+(the rest, up to tfbnn_local) what the closed-form KL and its gradient add.
 
 Usage:
     python benchmarks/dense_layers.py                 # all, XLA off and on
@@ -32,9 +44,12 @@ import time
 
 IMPLEMENTATIONS = [
     "keras_dense",
+    "floor_local",
+    "floor_local_softplus",
     "tfbnn_reparam",
     "tfbnn_flipout",
     "tfbnn_local",
+    "tf_keras_dense",
     "tfp_reparam",
     "tfp_flipout",
     "tfp_local",
@@ -48,6 +63,33 @@ def _rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _floor_layer(keras, softplus):
+    """The lower bound of a local-reparameterization layer (see the module docstring)."""
+    import tensorflow as tf
+
+    class LocalReparameterizationFloor(keras.layers.Layer):
+        def __init__(self, units, activation=None):
+            super().__init__()
+            self.units, self.activation = units, keras.activations.get(activation)
+            self.seed_generator = keras.random.SeedGenerator(0)
+
+        def build(self, input_shape):
+            shape = (input_shape[-1], self.units)
+            self.kernel_loc = self.add_weight(shape=shape, initializer="glorot_uniform")
+            # the softplus floor stores rho = -5 (sigma ~ 0.0067), the other sigma^2 itself
+            self.kernel_var = self.add_weight(shape=shape, initializer=keras.initializers.Constant(-5.0 if softplus else 4.5e-5))
+            self.bias = self.add_weight(shape=(self.units,), initializer="zeros")
+
+        def call(self, x):
+            var = tf.square(tf.nn.softplus(self.kernel_var) + 1e-6) if softplus else self.kernel_var
+            mean = tf.matmul(x, self.kernel_loc) + self.bias
+            std = tf.sqrt(tf.matmul(tf.square(x), var) + 1e-12)
+            eps = tf.random.stateless_normal(tf.shape(mean), seed=self.seed_generator.next(), alg="philox")
+            return self.activation(mean + std * eps)
+
+    return LocalReparameterizationFloor
+
+
 def _keras3_model(impl, n):
     import keras
 
@@ -55,6 +97,8 @@ def _keras3_model(impl, n):
 
     if impl == "keras_dense":
         make = lambda units, act: keras.layers.Dense(units, activation=act)  # noqa: E731
+    elif impl.startswith("floor_"):
+        make = _floor_layer(keras, softplus=impl == "floor_local_softplus")
     else:
         cls = {
             "tfbnn_reparam": tfbnn.DenseReparameterization,
@@ -71,6 +115,10 @@ def _tf_keras_model(impl, n):
     import tensorflow_probability as tfp
     import tf_keras
 
+    if impl == "tf_keras_dense":
+        layers = [tf_keras.Input((SIZES[0],))]
+        layers += [tf_keras.layers.Dense(u, activation="relu") for u in SIZES[1:-1]]
+        return tf_keras, tf_keras.Sequential(layers + [tf_keras.layers.Dense(SIZES[-1])])
     cls = {
         "tfp_reparam": tfp.layers.DenseReparameterization,
         "tfp_flipout": tfp.layers.DenseFlipout,
@@ -99,7 +147,7 @@ def worker(impl, xla, steps, epochs):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(n, SIZES[0])).astype("float32")
     y = rng.integers(0, SIZES[-1], size=n).astype("int32")
-    lib, model = (_tf_keras_model if impl.startswith("tfp_") else _keras3_model)(impl, n)
+    lib, model = (_tf_keras_model if impl.startswith(("tfp_", "tf_keras_")) else _keras3_model)(impl, n)
     model.compile(
         optimizer=lib.optimizers.Adam(1e-3),
         loss=lib.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -148,20 +196,24 @@ def run_all(args):
 
 
 def report(rows):
-    lines = ["| layer | XLA | ms / step (best) | x keras Dense | x TFP equivalent | peak RSS (MB) | RSS over import (MB) |",
-             "|---|---|---|---|---|---|---|"]
+    """Markdown table; "x own Dense" divides TFP's rows by tf_keras Dense (their framework's)."""
+    lines = ["| layer | XLA | ms / step (best) | x keras Dense | x own Dense | x TFP equivalent | peak RSS (MB) | RSS over import (MB) |",
+             "|---|---|---|---|---|---|---|---|"]
     by_key = {(r["impl"], r["xla"]): r for r in rows if "error" not in r}
+
+    def ratio(r, other):
+        return f"{r['ms_per_step'] / other['ms_per_step']:.2f}" if other else "-"
+
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['impl']} | {'on' if r['xla'] else 'off'} | failed: {r['error'][:60]} | | | | |")
+            lines.append(f"| {r['impl']} | {'on' if r['xla'] else 'off'} | failed: {r['error'][:60]} | | | | | |")
             continue
         base = by_key.get(("keras_dense", r["xla"]))
+        own = by_key.get(("tf_keras_dense" if r["impl"].startswith(("tfp_", "tf_keras_")) else "keras_dense", r["xla"]))
         tfp_row = by_key.get((TFP_EQUIVALENT.get(r["impl"]), r["xla"]))
-        ratio = f"{r['ms_per_step'] / base['ms_per_step']:.2f}" if base else "-"
-        vs_tfp = f"{r['ms_per_step'] / tfp_row['ms_per_step']:.2f}" if tfp_row else "-"
         lines.append(
-            f"| {r['impl']} | {'on' if r['xla'] else 'off'} | {r['ms_per_step']:.1f} | {ratio} | {vs_tfp} | "
-            f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] - r['rss_after_import_mb']:.0f} |"
+            f"| {r['impl']} | {'on' if r['xla'] else 'off'} | {r['ms_per_step']:.1f} | {ratio(r, base)} | {ratio(r, own)} | "
+            f"{ratio(r, tfp_row)} | {r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] - r['rss_after_import_mb']:.0f} |"
         )
     return "\n".join(lines)
 
