@@ -81,6 +81,19 @@ def test_tfds_loader_rejects_bad_arguments():
         datasets.load_tfds("mnist", max_examples=0)
 
 
+def test_tfds_loaders_turn_a_missing_dataset_into_one_runtime_error(tmp_path):
+    """No data in data_dir and no download: each tfds loader says which dataset, why, and the original error."""
+    from tfbnn.datasets import pipelines, text
+
+    with pytest.raises(RuntimeError, match=r"Could not load 'mnist' with tensorflow-datasets.*no internet access\?\)"):
+        datasets.load_tfds("mnist", data_dir=str(tmp_path), download=False)
+    with pytest.raises(RuntimeError, match=r"'imdb_reviews'.*synthetic_reviews works offline\)\. \w+"):
+        text.load_imdb(data_dir=str(tmp_path), download=False)
+    with pytest.raises(RuntimeError, match=r"Could not load 'fashion_mnist'") as info:
+        pipelines._load_tfds("fashion_mnist", str(tmp_path), False, None, None)
+    assert info.value.__cause__ is not None  # the original tfds error is chained
+
+
 def test_load_dispatch_and_unknown_name():
     assert datasets.load("digits", seed=1).name == "digits"
     assert datasets.load("moons", num_examples=100, noise=0.1, seed=0).num_examples == 80

@@ -306,27 +306,10 @@ def _build(name, train_raw, test_raw, transform, settings):
 
 
 def _load_tfds(name, data_dir, download, max_examples, max_test_examples):
-    import tensorflow_datasets as tfds
+    from tfbnn.datasets import _tfds
 
-    try:
-        (train, test), info = tfds.load(
-            name,
-            split=["train", "test"],
-            as_supervised=True,
-            with_info=True,
-            shuffle_files=False,
-            data_dir=data_dir,
-            download=download,
-        )
-    except Exception as e:  # tfds raises many types (network, missing files, imports).
-        raise RuntimeError(
-            f"Could not load {name!r} with tensorflow-datasets, which downloads it on first use "
-            f"(no internet access?). {type(e).__name__}: {e}"
-        ) from e
-    try:
-        num_classes = int(info.features["label"].num_classes)
-    except (KeyError, AttributeError, TypeError):
-        num_classes = TFDS_PIPELINE_DATASETS[name][2]
+    (train, test), info = _tfds.load_train_test(name, data_dir, download)
+    num_classes = _tfds.num_classes(info, TFDS_PIPELINE_DATASETS[name][2])
     if max_examples is not None:
         train = train.take(max_examples)
     if max_test_examples is not None:

@@ -9,19 +9,12 @@ import math
 
 import numpy as np
 
+from tfbnn.datasets import _tfds
 from tfbnn.datasets.base import ArrayDataset
 
 __all__ = ["load_imdb", "make_synthetic_reviews"]
 
 _ITERATION_BATCH = 1024
-
-
-def _check_max(name, value):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"Expected `{name}` to be a positive integer or None. Received: {name}={value!r}")
-    return int(value)
 
 
 def _texts(ds, limit):
@@ -54,18 +47,10 @@ def load_imdb(max_examples=None, max_test_examples=None, data_dir=None, download
     Raises:
         RuntimeError: tensorflow-datasets could not provide the data (no internet?).
     """
-    max_examples = _check_max("max_examples", max_examples)
-    max_test_examples = _check_max("max_test_examples", max_test_examples)
-    import tensorflow_datasets as tfds
-
-    try:
-        train, test = tfds.load("imdb_reviews", split=["train", "test"], as_supervised=True, data_dir=data_dir,
-                                download=download)
-    except Exception as e:  # tfds raises many types (network, missing files, imports).
-        raise RuntimeError(
-            "Could not load 'imdb_reviews' with tensorflow-datasets, which downloads it on first use "
-            f"(no internet access? --dataset synthetic_reviews works offline). {type(e).__name__}: {e}"
-        ) from e
+    max_examples = _tfds.check_max("max_examples", max_examples)
+    max_test_examples = _tfds.check_max("max_test_examples", max_test_examples)
+    (train, test), _ = _tfds.load_train_test("imdb_reviews", data_dir, download,
+                                             offline_hint=" --dataset synthetic_reviews works offline")
     x_train, y_train = _texts(train, max_examples)
     x_test, y_test = _texts(test, max_test_examples)
     if len(x_train) == 0:

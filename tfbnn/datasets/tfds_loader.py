@@ -8,6 +8,7 @@ need internet access once. Offline, tests run them under
 
 import numpy as np
 
+from tfbnn.datasets import _tfds
 from tfbnn.datasets.base import ArrayDataset
 
 __all__ = ["load_tfds", "TFDS_DATASETS"]
@@ -16,14 +17,6 @@ __all__ = ["load_tfds", "TFDS_DATASETS"]
 TFDS_DATASETS = {"mnist": 10, "fashion_mnist": 10}
 
 _ITERATION_BATCH = 1024
-
-
-def _check_max(name, value):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"Expected `{name}` to be a positive integer or None. Received: {name}={value!r}")
-    return int(value)
 
 
 def _to_numpy(ds, limit):
@@ -86,29 +79,10 @@ def load_tfds(name, max_examples=None, max_test_examples=None, data_dir=None, do
             f"Unknown tensorflow-datasets dataset. Expected one of {sorted(TFDS_DATASETS)}. "
             f"Received: dataset={name!r}"
         )
-    max_examples = _check_max("max_examples", max_examples)
-    max_test_examples = _check_max("max_test_examples", max_test_examples)
-
-    import tensorflow_datasets as tfds
-
-    try:
-        (train, test), info = tfds.load(
-            name,
-            split=["train", "test"],
-            as_supervised=True,
-            with_info=True,
-            data_dir=data_dir,
-            download=download,
-        )
-    except Exception as e:  # tfds raises many types (network, missing files, imports).
-        raise RuntimeError(
-            f"Could not load {name!r} with tensorflow-datasets, which downloads it on first use "
-            f"(no internet access?). {type(e).__name__}: {e}"
-        ) from e
-    try:
-        num_classes = int(info.features["label"].num_classes)
-    except (KeyError, AttributeError, TypeError):
-        num_classes = TFDS_DATASETS[name]
+    max_examples = _tfds.check_max("max_examples", max_examples)
+    max_test_examples = _tfds.check_max("max_test_examples", max_test_examples)
+    (train, test), info = _tfds.load_train_test(name, data_dir, download)
+    num_classes = _tfds.num_classes(info, TFDS_DATASETS[name])
     x_train, y_train = _to_numpy(train, max_examples)
     x_test, y_test = _to_numpy(test, max_test_examples)
     if len(x_train) == 0:
