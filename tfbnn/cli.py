@@ -835,7 +835,16 @@ def main(argv=None):
     ``tfbnn: error: ...`` line to stderr and return 2, whether argparse or the
     library (a ``ValueError``) rejects them; a failed run returns 1.
     """
-    parser = build_parser()
+    return run_command(build_parser(), argv, interrupted="interrupted; no model was written")
+
+
+def run_command(parser, argv, interrupted=None):
+    """Parses ``argv`` with ``parser`` and runs the chosen subcommand's ``func``; the exit status.
+
+    ``--help``: 0; a bad option (argparse or a ``ValueError`` of the library): one
+    ``tfbnn: error: ...`` line and 2; a :class:`CommandError`: its line and its
+    status; with ``interrupted``, Ctrl-C prints ``tfbnn: <interrupted>`` and gives 130.
+    """
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
@@ -849,7 +858,9 @@ def main(argv=None):
         print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
         return e.exit_status
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; no model was written", file=sys.stderr)
+        if interrupted is None:
+            raise
+        print(f"{PROG}: {interrupted}", file=sys.stderr)
         return 130
 
 

@@ -30,10 +30,10 @@ from tfbnn.cli import (
     _HelpFormatter,
     _load_data,
     _non_negative_int,
-    _one_line,
     _positive_float,
     _positive_int,
     format_table,
+    run_command,
 )
 
 __all__ = ["add_tune_parser", "run_tune", "main", "TUNE_DEFAULTS"]
@@ -540,19 +540,7 @@ def build_parser():
 
 def main(argv=None):
     """``python -m tfbnn.tuning_cli tune ...``: the exit status, as :func:`tfbnn.cli.main` returns it."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    try:
-        return args.func(args)
-    except ValueError as e:
-        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
-        return 2
-    except CommandError as e:
-        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
-        return e.exit_status
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":
