@@ -225,3 +225,30 @@ def test_train_under_mirrored_strategy_on_two_logical_cpus(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "MirroredStrategy, 2 replica(s)" in out.stdout and path.exists()
+
+
+def test_run_command_exit_statuses_and_interrupts(capsys):
+    """The shared entry point of `tfbnn` and `python -m tfbnn.tuning_cli`: 2 and one line for a
+    ValueError, the CommandError's own status, 130 and the given line for Ctrl-C (re-raised without one)."""
+    import argparse
+
+    from tfbnn.cli import CommandError, run_command
+
+    def parser_raising(error):
+        parser = argparse.ArgumentParser(prog="tfbnn")
+
+        def func(args):
+            raise error
+
+        parser.set_defaults(func=func)
+        return parser
+
+    assert run_command(parser_raising(ValueError("Expected `x` > 0.\nReceived: x=-1")), []) == 2
+    assert capsys.readouterr().err == "tfbnn: error: Expected `x` > 0. Received: x=-1\n"
+    failed = CommandError("the run failed")
+    assert run_command(parser_raising(failed), []) == failed.exit_status
+    assert run_command(parser_raising(KeyboardInterrupt()), [], interrupted="stopped; nothing written") == 130
+    assert capsys.readouterr().err.endswith("tfbnn: stopped; nothing written\n")
+    with pytest.raises(KeyboardInterrupt):
+        run_command(parser_raising(KeyboardInterrupt()), [])
+    assert run_command(parser_raising(ValueError("unused")), ["--bad-option"]) == 2

@@ -26,7 +26,7 @@ import time
 
 PROG = "tfbnn"
 
-__all__ = ["main", "build_parser", "SUBCOMMANDS"]
+__all__ = ["main", "run_command", "build_parser", "SUBCOMMANDS"]
 
 LAYER_NAMES = ("reparameterization", "flipout", "local_reparameterization")
 PRIOR_NAMES = ("normal", "scale_mixture")
