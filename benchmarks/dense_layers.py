@@ -18,7 +18,8 @@ Implementations:
                                     anyone should train: the mean and variance matmuls
                                     (x mu, x^2 v), one normal draw per example and unit,
                                     and twice Dense's variables, with v a free variable
-                                    (no softplus, no KL)
+                                    (no softplus, no KL; Adam may drive v negative and
+                                    the loss to NaN, which changes none of the work)
   floor_local_softplus              floor_local with v = (softplus(rho) + 1e-6)^2, the
                                     posterior parameterization the layers must use (no KL)
 
