@@ -43,6 +43,8 @@ import subprocess
 import sys
 import time
 
+from _results import default_path, write_json
+
 IMPLEMENTATIONS = [
     "keras_dense",
     "floor_local",
@@ -225,7 +227,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=7, help="timed epochs; the best is reported (default 7)")
     parser.add_argument("--xla", choices=["off", "on", "both"], default="both")
     parser.add_argument("--impl", action="append", choices=IMPLEMENTATIONS, help="restrict to these (repeatable)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "dense_layers.json"))
+    parser.add_argument("--out", default=default_path("dense_layers.json"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--xla-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -235,10 +237,7 @@ def main():
     rows = run_all(args)
     table = report(rows)
     print(table)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"rows": rows, "table": table, "steps": args.steps, "epochs": args.epochs}, f, indent=1)
-    print(f"wrote {args.out}")
+    write_json(args.out, {"rows": rows, "table": table, "steps": args.steps, "epochs": args.epochs})
 
 
 if __name__ == "__main__":

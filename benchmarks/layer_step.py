@@ -20,7 +20,6 @@ Writes benchmarks/results/layer_step.json and prints a table.
 """
 
 import argparse
-import json
 import os
 import time
 
@@ -32,6 +31,8 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_probability as tfp  # noqa: E402
 
 import tfbnn  # noqa: E402
+
+from _results import default_path, write_json  # noqa: E402
 
 BATCH, UNITS = 128, 1200
 N = 60_000  # the KL scale 1/N (any positive value: it only scales one term)
@@ -106,16 +107,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=5)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                      "layer_step.json"))
+    parser.add_argument("--out", default=default_path("layer_step.json"))
     args = parser.parse_args()
     rows = run(args.rounds, args.calls)
     table = report(rows)
     print(table)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"rows": rows, "table": table, "rounds": args.rounds, "calls": args.calls}, f, indent=1)
-    print(f"wrote {args.out}")
+    write_json(args.out, {"rows": rows, "table": table, "rounds": args.rounds, "calls": args.calls})
 
 
 if __name__ == "__main__":

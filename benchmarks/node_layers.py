@@ -37,10 +37,11 @@ Prints a markdown table and writes benchmarks/results/node_layers.json.
 """
 
 import argparse
-import json
 import os
 import statistics
 import time
+
+from _results import default_path, write_json
 
 SIZES = (784, 1200, 1200, 10)
 BATCH = 128
@@ -197,8 +198,7 @@ def main():
     parser.add_argument("--batch", type=int, nargs="+", default=[32, 256],
                         help="prediction batch sizes (default 32, the tfbnn.predict default, and 256)")
     parser.add_argument("--samples-per-component", type=int, default=5, help="n (default 5: T = 20)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                      "node_layers.json"))
+    parser.add_argument("--out", default=default_path("node_layers.json"))
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     train_rows, node_model, x = [], None, None
@@ -215,11 +215,8 @@ def main():
                                              args.rounds))
     table = report(train_rows, predict_rows)
     print(table)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"train": train_rows, "predict": predict_rows, "table": table, "steps": args.steps,
-                   "rounds": args.rounds}, f, indent=1)
-    print(f"wrote {args.out}")
+    write_json(args.out, {"train": train_rows, "predict": predict_rows, "table": table, "steps": args.steps,
+                          "rounds": args.rounds})
 
 
 if __name__ == "__main__":

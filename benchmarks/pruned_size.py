@@ -17,7 +17,6 @@ Run: ``python benchmarks/pruned_size.py``.
 """
 
 import argparse
-import json
 import os
 import tempfile
 
@@ -25,6 +24,8 @@ import keras
 import numpy as np
 
 from tfbnn import convert, pruning
+
+from _results import default_path, write_json
 
 SPARSITIES = (0.0, 0.5, 0.9, 0.95, 0.98, 0.99)
 
@@ -71,7 +72,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=["vd", "graves"], choices=["vd", "vd_multiplicative", "graves"])
     parser.add_argument("--sparsities", nargs="+", type=float, default=list(SPARSITIES))
-    parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results", "pruned_size.json"))
+    parser.add_argument("--output", default=default_path("pruned_size.json"))
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -86,10 +87,7 @@ def main(argv=None):
         print(f"{r['method']:8s} {100 * r['sparsity']:7.1f}% {r['keras_bytes']:10d} {r['keras_deflated_bytes']:10d} "
               f"{r['sparse_npz_bytes']:10d} {r['sparse_npz_with_scales_bytes']:10d}  "
               f"{r['sparse_npz_bytes'] / base[r['method']]:.3f}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w") as f:
-        json.dump({"model": "LeNet-300-100 (784-300-100-10)", "rows": rows}, f, indent=1)
-    print(f"wrote {args.output}")
+    write_json(args.output, {"model": "LeNet-300-100 (784-300-100-10)", "rows": rows})
     return 0
 
 

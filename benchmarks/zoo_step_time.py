@@ -23,11 +23,12 @@ Prints a markdown table and writes benchmarks/results/zoo_step_time.json.
 """
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import time
+
+from _results import default_path, write_json
 
 METHODS = {
     "deterministic": ("deterministic", {}),
@@ -116,8 +117,7 @@ def main():
                         help="train steps per timed round (default: 20 for lenet5, 3 for resnet50)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds; medians are reported (default 3)")
     parser.add_argument("--resnet-stem", choices=("imagenet", "cifar"), default="imagenet")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                      "zoo_step_time.json"))
+    parser.add_argument("--out", default=default_path("zoo_step_time.json"))
     args = parser.parse_args()
     methods = ["deterministic"] + [m for m in args.methods if m != "deterministic"]
 
@@ -134,12 +134,10 @@ def main():
     table = report(rows)
     print()
     print(table)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"rows": rows, "steps": args.steps or STEPS, "rounds": args.rounds, "resnet_stem": args.resnet_stem,
-                   "tensorflow": tf.__version__, "cpu_count": os.cpu_count(), "machine": platform.machine(),
-                   "load_average": os.getloadavg()}, f, indent=1)
-    print(f"\nWrote {args.out}")
+    print()
+    write_json(args.out, {"rows": rows, "steps": args.steps or STEPS, "rounds": args.rounds, "resnet_stem": args.resnet_stem,
+                          "tensorflow": tf.__version__, "cpu_count": os.cpu_count(), "machine": platform.machine(),
+                          "load_average": os.getloadavg()})
 
 
 if __name__ == "__main__":

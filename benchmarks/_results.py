@@ -1,0 +1,19 @@
+"""Where the benchmark scripts keep their numbers: ``benchmarks/results/`` (git-ignored), as JSON."""
+
+import json
+import os
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def default_path(filename):
+    """``benchmarks/results/<filename>``, the default of each script's output option."""
+    return os.path.join(RESULTS_DIR, filename)
+
+
+def write_json(path, payload):
+    """Writes ``payload`` to ``path`` (creating its folder) and says where."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+    print(f"wrote {path}")
