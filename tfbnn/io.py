@@ -1,0 +1,197 @@
+"""Ground-level file helpers: atomic writes, JSON/CSV records, output folders, tables.
+
+Every file tfbnn writes as the result of a run (a model, a history, a report) goes
+through :func:`atomic_write`: the content is written to a temporary file in the
+target's folder and moved into place with ``os.replace`` only when it is complete,
+so a crash or a failed run never leaves a half-written file and never replaces a
+good one. Temporary files carry the marker ``.tfbnn-tmp`` and the writer's process
+id; a temporary file whose process is gone (a run killed while saving) is removed
+the next time anything is written to the same target.
+
+This module imports nothing from TensorFlow or Keras (only :func:`save_model` uses
+the model it is given), so every layer of the package may use it.
+"""
+
+import contextlib
+import csv
+import glob
+import json
+import math
+import os
+import uuid
+
+from tfbnn.errors import RunError
+
+__all__ = [
+    "atomic_write",
+    "write_text",
+    "write_json",
+    "write_csv",
+    "read_json",
+    "save_model",
+    "prepare_output_dir",
+    "format_table",
+    "plain",
+    "TMP_MARKER",
+]
+
+#: Part of the name of every temporary file (``.<name>.tfbnn-tmp.<pid>.<random><ext>``).
+TMP_MARKER = ".tfbnn-tmp"
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def _remove_stale_temporaries(path):
+    """Removes temporary files of ``path`` left by processes that no longer run."""
+    folder, base = os.path.split(os.path.abspath(path))
+    for tmp in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(base)}{TMP_MARKER}.*")):
+        try:
+            pid = int(os.path.basename(tmp)[len(base) + len(TMP_MARKER) + 2:].split(".", 1)[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _pid_alive(pid):
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+
+
+@contextlib.contextmanager
+def atomic_write(path):
+    """Yields a temporary path next to ``path``; moves it onto ``path`` when the block succeeds.
+
+    The temporary name keeps ``path``'s extension (Keras decides the format from it).
+    If the block raises, the temporary file is removed and ``path`` is untouched.
+
+    Example:
+        >>> with atomic_write("out/model.keras") as tmp:
+        ...     model.save(tmp)
+    """
+    path = os.fspath(path)
+    _remove_stale_temporaries(path)
+    folder, base = os.path.split(os.path.abspath(path))
+    ext = os.path.splitext(base)[1]
+    tmp = os.path.join(folder, f".{base}{TMP_MARKER}.{os.getpid()}.{uuid.uuid4().hex[:8]}{ext}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            with contextlib.suppress(OSError):
+                if os.path.isdir(tmp):
+                    import shutil
+
+                    shutil.rmtree(tmp)
+                else:
+                    os.remove(tmp)
+
+
+def plain(value):
+    """``value`` as a JSON/CSV-friendly Python object (NumPy scalars and arrays converted;
+    non-finite floats as strings, floats rounded to 6 decimals)."""
+    if isinstance(value, float):
+        return round(value, 6) if math.isfinite(value) else str(value)
+    if hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0:  # NumPy arrays
+        return [plain(v) for v in value.tolist()]
+    if hasattr(value, "item"):  # NumPy scalars
+        return plain(value.item())
+    if isinstance(value, tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def write_text(path, text):
+    """Writes ``text`` to ``path`` atomically; returns ``path``."""
+    with atomic_write(path) as tmp:
+        with open(tmp, "w") as f:
+            f.write(text)
+    return path
+
+
+def write_json(path, obj, indent=1):
+    """Writes ``obj`` as JSON, atomically (NumPy values converted); returns ``path``."""
+    return write_text(path, json.dumps(obj, indent=indent, default=plain) + "\n")
+
+
+def read_json(path):
+    """The JSON object in ``path``."""
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_csv(path, rows, columns=None):
+    """Writes a list of flat dicts as CSV, atomically; returns ``path``.
+
+    Columns: ``columns`` first (if given), then the other keys in first-seen order.
+    Missing values are empty cells.
+    """
+    columns = list(columns or [])
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    with atomic_write(path) as tmp:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({k: "" if row.get(k) is None else plain(row.get(k)) for k in columns})
+    return path
+
+
+def save_model(model, path):
+    """Saves a Keras ``model`` to ``path`` (``.keras``) atomically; returns ``path``.
+
+    Raises:
+        RunError: the file could not be written (the message says why and that an
+            existing ``path`` was left untouched).
+    """
+    try:
+        with atomic_write(path) as tmp:
+            model.save(tmp)
+    except OSError as e:
+        kept = f"; {path} was left untouched" if os.path.exists(path) else ""
+        raise RunError(f"could not save the model to {path}: {e}{kept}") from e
+    return path
+
+
+def prepare_output_dir(path, argument="output_dir"):
+    """Creates the folder ``path`` (and parents); returns it.
+
+    Fails early, before any training, when the folder cannot be made or written.
+
+    Raises:
+        ValueError: naming ``argument`` (e.g. ``"--output-dir"``) and ``path``.
+    """
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create the output folder {path!r}: {e.strerror}. Received: {argument}={path}") from None
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"the output folder {path!r} is not writable. Received: {argument}={path}")
+    return path
+
+
+def format_table(title, sections):
+    """Plain aligned text.
+
+    ``sections`` is a list of row lists; a row is ``(label, value, ...)``. Labels
+    share one width across sections, values are right-aligned per section, and
+    sections are separated by a blank line.
+    """
+    sections = [[tuple(str(c) for c in row) for row in rows] for rows in sections if rows]
+    label_width = max(len(row[0]) for rows in sections for row in rows)
+    lines = [title, "-" * len(title)]
+    for k, rows in enumerate(sections):
+        if k:
+            lines.append("")
+        ncol = max(len(row) for row in rows)
+        widths = [max((len(row[i]) for row in rows if len(row) > i), default=0) for i in range(ncol)]
+        for row in rows:
+            cells = [row[0].ljust(label_width)] + [c.rjust(widths[i]) for i, c in enumerate(row[1:], 1)]
+            lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
