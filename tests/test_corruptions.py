@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 import tfbnn
+from tfbnn import evaluation
 from tfbnn.datasets import corruptions
 
 X = np.random.default_rng(0).uniform(size=(20, 6)).astype("float32")
@@ -51,10 +52,10 @@ BAD_CALLS = [
     (lambda: corruptions.salt_and_pepper(X, 0.1, seed=0, low=1.0, high=0.0), "low=1.0, high=0.0"),
     (lambda: corruptions.gaussian_noise(X, 0.1, seed=-1), "seed=-1"),
     (lambda: corruptions.gaussian_noise(np.array(["a"]), 0.1, seed=0), "dtype"),
-    (lambda: corruptions.shift_sweep(None, X, np.zeros(20), corruption="blur"), "corruption='blur'"),
-    (lambda: corruptions.shift_sweep(None, X, np.zeros(20), levels=(0.0, 1.2)), "gamma=1.2"),
-    (lambda: corruptions.shift_sweep(None, X, np.zeros(20), "salt_and_pepper", levels=(-0.5,)), "p=-0.5"),
-    (lambda: corruptions.shift_sweep(None, X, np.zeros(19)), r"x.shape=\(20, 6\), y.shape=\(19,\)"),
+    (lambda: evaluation.shift_sweep(None, X, np.zeros(20), corruption="blur"), "corruption='blur'"),
+    (lambda: evaluation.shift_sweep(None, X, np.zeros(20), levels=(0.0, 1.2)), "gamma=1.2"),
+    (lambda: evaluation.shift_sweep(None, X, np.zeros(20), "salt_and_pepper", levels=(-0.5,)), "p=-0.5"),
+    (lambda: evaluation.shift_sweep(None, X, np.zeros(19)), r"x.shape=\(20, 6\), y.shape=\(19,\)"),
 ]
 
 
@@ -81,7 +82,7 @@ def test_shift_sweep_on_a_trained_bayesian_classifier():
     model.fit(batches, epochs=1, shuffle=False, verbose=0)  # 90 steps in one epoch: less per-epoch overhead
 
     levels = (0.0, 0.5, 1.0)
-    rows = corruptions.shift_sweep(model, x[:150], y[:150], "gaussian", levels=levels, num_samples=10, seed=0)
+    rows = evaluation.shift_sweep(model, x[:150], y[:150], "gaussian", levels=levels, num_samples=10, seed=0)
     assert [r["level"] for r in rows] == list(levels)
     keys = {"level", "accuracy", "nll", "ece", "predictive_entropy", "expected_entropy", "mutual_information"}
     assert all(set(r) == keys for r in rows)
@@ -90,9 +91,9 @@ def test_shift_sweep_on_a_trained_bayesian_classifier():
     for r in rows:
         assert r["mutual_information"] == pytest.approx(r["predictive_entropy"] - r["expected_entropy"], abs=1e-5)
     with tfbnn.posterior_mean(model):  # a deterministic model: equal seeds give equal rows
-        twice = [corruptions.shift_sweep(model, x[:150], y[:150], levels=levels, num_samples=10, seed=4) for _ in range(2)]
+        twice = [evaluation.shift_sweep(model, x[:150], y[:150], levels=levels, num_samples=10, seed=4) for _ in range(2)]
     assert twice[0] == twice[1]
     assert all(r["mutual_information"] == pytest.approx(0.0, abs=1e-6) for r in twice[0])
 
-    sp = corruptions.shift_sweep(model, x[:150], y[:150], "salt_and_pepper", num_samples=10, seed=1)
+    sp = evaluation.shift_sweep(model, x[:150], y[:150], "salt_and_pepper", num_samples=10, seed=1)
     assert [r["level"] for r in sp] == list(corruptions.DEFAULT_LEVELS["salt_and_pepper"])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tfbnn
-from tfbnn import convert, pruning, schedules
+from tfbnn import callbacks, convert, pruning, schedules
 
 VD = tfbnn.layers.DenseVariationalDropout
 
@@ -163,7 +163,7 @@ def test_sparsity_monitor_logs_per_layer_sparsity_each_epoch():
         VD(3, activation="softmax", seed=2, name="out"),
     ])
     model.compile(keras.optimizers.Adam(0.05), "sparse_categorical_crossentropy")
-    monitor = pruning.SparsityMonitor()
+    monitor = callbacks.SparsityMonitor()
     history = model.fit(x, y, epochs=3, batch_size=32, verbose=0,
                         callbacks=[tfbnn.KLAnnealing(64, "constant"), monitor])
     for key in ("sparsity", "sparsity/h", "sparsity/out"):
@@ -172,7 +172,7 @@ def test_sparsity_monitor_logs_per_layer_sparsity_each_epoch():
     assert history.history["sparsity/h"][-1] == pytest.approx(monitor.reports[-1].per_layer()["h"])
     assert history.history["sparsity"][-1] == pytest.approx(pruning.sparsity_report(model).sparsity)
     with pytest.raises(ValueError, match="threshold=-1"):
-        pruning.SparsityMonitor(criterion="snr", threshold=-1)
+        callbacks.SparsityMonitor(criterion="snr", threshold=-1)
 
 
 # -- stored size --------------------------------------------------------------------------------

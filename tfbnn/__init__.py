@@ -11,58 +11,56 @@ Flat public API::
     tfbnn.metrics.ExpectedCalibrationError()  # calibration metrics
 """
 
-from tfbnn import _quiet
+import importlib
 
-if _quiet.running_the_command():  # the `tfbnn` command: keep TF's start-up log out of its output
-    _quiet.import_tensorflow_quietly()
+from tfbnn import startup
 
-from tfbnn import callbacks, datasets, distribute, export, kl, layers, priors, schedules, utils  # noqa: E402
-from tfbnn import calibration, convert, evaluation, ibnn, models, inference, likelihoods, metrics, plots, pruning, tuning  # noqa: E402
-from tfbnn.pruning import SparsityMonitor  # noqa: E402
-from tfbnn.calibration import TemperatureScaling  # noqa: E402
-from tfbnn.inference import ClassificationPrediction, RegressionPrediction, predict  # noqa: E402
-from tfbnn.likelihoods import GaussianHead, gaussian_nll  # noqa: E402
-from tfbnn.metrics import (  # noqa: E402
-    BrierScore,
-    ExpectedCalibrationError,
-    NegativeLogLikelihood,
-    brier_score,
-    expected_calibration_error,
-    negative_log_likelihood,
-)
-from tfbnn.callbacks import KLAnnealing  # noqa: E402
-from tfbnn.layers import (  # noqa: E402
-    Conv2DVariationalDropout,
-    DenseVariationalDropout,
-    GravesDense,
-    NodeConv2D,
-    NodeDense,
-    NodeNoise,
-    Conv1DFlipout,
-    Conv1DReparameterization,
-    Conv2DFlipout,
-    Conv2DReparameterization,
-    BayesianLayer,
-    DenseFlipout,
-    DenseLocalReparameterization,
-    DenseReparameterization,
-    MCDropout,
-    MCSpatialDropout2D,
-    StochasticLayer,
-)
-from tfbnn.utils import (  # noqa: E402
-    bayesian_layers,
-    kl_divergence,
-    posterior_mean,
-    set_inference_mode,
-    set_kl_weight,
-    stochastic_layers,
-    weight_samples,
-)
+# Submodules and the names re-exported from them. `import tfbnn` loads the core
+# (TensorFlow, Keras, the layers, so that saved models deserialize) but never
+# KerasTuner or matplotlib: tuning, plots, evaluation, training, experiments and
+# the command line load on first use (``tfbnn.tuning``). The `tfbnn` command loads
+# nothing here, so that it parses its arguments before TensorFlow starts.
+_CORE = ("errors", "io", "priors", "kl", "layers", "schedules", "utils", "callbacks", "inference", "likelihoods",
+         "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "models", "datasets")
+_LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
+_NAMES = {
+    "callbacks": ("KLAnnealing", "SparsityMonitor"),
+    "calibration": ("TemperatureScaling",),
+    "inference": ("ClassificationPrediction", "RegressionPrediction", "predict"),
+    "likelihoods": ("GaussianHead", "gaussian_nll"),
+    "metrics": ("BrierScore", "ExpectedCalibrationError", "NegativeLogLikelihood", "brier_score",
+                "expected_calibration_error", "negative_log_likelihood"),
+    "layers": ("Conv2DVariationalDropout", "DenseVariationalDropout", "GravesDense", "NodeConv2D", "NodeDense",
+               "NodeNoise", "Conv1DFlipout", "Conv1DReparameterization", "Conv2DFlipout", "Conv2DReparameterization",
+               "BayesianLayer", "DenseFlipout", "DenseLocalReparameterization", "DenseReparameterization",
+               "MCDropout", "MCSpatialDropout2D", "StochasticLayer"),
+    "utils": ("bayesian_layers", "kl_divergence", "posterior_mean", "set_inference_mode", "set_kl_weight",
+              "stochastic_layers", "weight_samples"),
+}
+_HOME = {name: module for module, names in _NAMES.items() for name in names}
+
+
+def __getattr__(name):
+    if name in _CORE or name in _LAZY_MODULES:
+        return importlib.import_module(f"tfbnn.{name}")
+    if name in _HOME:
+        return getattr(importlib.import_module(f"tfbnn.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'tfbnn' has no attribute {name!r}")
+
+
+if not startup.running_the_command():
+    for _module in _CORE:
+        globals()[_module] = importlib.import_module(f"tfbnn.{_module}")
+    for _name, _module in _HOME.items():
+        globals()[_name] = getattr(globals()[_module], _name)
+    del _name, _module
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "errors",
+    "io",
+    "training",
     "callbacks",
     "datasets",
     "distribute",

@@ -15,14 +15,17 @@ into each layer's non-trainable ``kl_weight`` variable before every batch, so th
 change takes effect inside the compiled train step.
 """
 
+import math
+import time
 import warnings
 
 import keras
 
+from tfbnn import pruning
 from tfbnn import schedules as schedules_lib
 from tfbnn.utils import bayesian_layers, set_kl_weight
 
-__all__ = ["KLAnnealing"]
+__all__ = ["KLAnnealing", "SparsityMonitor", "NaNGuard", "EpochTimer"]
 
 
 def _check_num_examples(num_examples):
@@ -106,3 +109,93 @@ class KLAnnealing(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs["kl_beta"] = self.beta
+
+
+class SparsityMonitor(keras.callbacks.Callback):
+    """Logs the sparsity the posterior implies, per layer, at the end of every epoch.
+
+    Adds ``sparsity`` (all prunable kernels) and ``sparsity/<layer name>`` to the
+    epoch logs (so to ``History`` and TensorBoard) and keeps every epoch's
+    :class:`SparsityReport` in ``self.reports``.
+
+    Args:
+        criterion: ``"auto"``, ``"snr"`` or ``"log_alpha"`` (see :func:`compute_masks`).
+        threshold: float or None (the criterion's default).
+        verbose: 0 or 1; 1 prints one line per epoch.
+
+    Example:
+        >>> monitor = tfbnn.callbacks.SparsityMonitor()
+        >>> history = model.fit(x, y, epochs=5, callbacks=[tfbnn.KLAnnealing(len(x)), monitor])
+        >>> history.history["sparsity"]
+    """
+
+    def __init__(self, criterion="auto", threshold=None, verbose=0):
+        super().__init__()
+        if criterion not in pruning.CRITERIA:
+            raise ValueError(f"Expected `criterion` in {pruning.CRITERIA}. Received: criterion={criterion!r}")
+        if threshold is not None:
+            pruning.check_threshold("snr" if criterion == "snr" else "log_alpha", threshold)
+        self.criterion = criterion
+        self.threshold = threshold
+        self.verbose = verbose
+        self.reports = []
+
+    def on_train_begin(self, logs=None):
+        pruning.require_prunable_layers(self.model)
+
+    def on_epoch_end(self, epoch, logs=None):
+        report = pruning.sparsity_report(self.model, criterion=self.criterion, threshold=self.threshold)
+        self.reports.append(report)
+        if logs is not None:
+            logs["sparsity"] = report.sparsity
+            for row in report.layers:
+                logs[f"sparsity/{row.name}"] = row.sparsity
+        if self.verbose:
+            per_layer = ", ".join(f"{r.name} {100 * r.sparsity:.1f}%" for r in report.layers)
+            print(f"epoch {epoch + 1}: sparsity {100 * report.sparsity:.2f}% ({per_layer})")
+
+
+class NaNGuard(keras.callbacks.TerminateOnNaN):
+    """``keras.callbacks.TerminateOnNaN`` that remembers where the loss stopped being finite.
+
+    After training, ``where`` is ``None`` or ``(epoch, batch, loss)`` (1-based) of the
+    first non-finite batch loss, and :meth:`message` says it in words, so a failed run
+    can report where training diverged.
+
+    Example:
+        >>> guard = tfbnn.callbacks.NaNGuard()
+        >>> model.fit(x, y, callbacks=[guard])
+        >>> if guard.where: print(guard.message())
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.epoch = 0
+        self.where = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and self.where is None and not math.isfinite(float(loss)):
+            self.where = (self.epoch + 1, batch + 1, float(loss))
+        super().on_batch_end(batch, logs)
+
+    def message(self):
+        """``"the loss became nan at epoch E, batch B"``, or ``""`` when training stayed finite."""
+        if self.where is None:
+            return ""
+        epoch, batch, loss = self.where
+        return f"the loss became {loss} at epoch {epoch}, batch {batch}"
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """Adds ``seconds``, the wall time of the epoch, to the epoch logs (and so to ``History``)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["seconds"] = time.perf_counter() - self._start

@@ -4,22 +4,22 @@
 accuracy, NLL, Brier score, ECE (15 equal-width bins), the area under the
 accuracy-coverage curve, and the total / aleatoric / epistemic uncertainty on clean
 inputs and on Gaussian-shifted inputs ``x' = (1 - gamma) x + gamma eps``, plus a
-sweep over shift intensities. :func:`write_report` saves the figures next to a JSON
-of the numbers. The ``tfbnn evaluate`` command and ``tfbnn train``'s results table
-use both.
+sweep over shift intensities (:func:`shift_sweep`). The clean and shifted numbers
+are rows of that same sweep (one stream of corruption noise), so they agree with
+its table. :func:`write_report` saves the figures next to a JSON of the numbers.
+The ``tfbnn evaluate`` command and :func:`tfbnn.training.run` use both.
 """
 
 import dataclasses
-import json
 import os
 
 import numpy as np
 
-from tfbnn import inference, metrics, plots
+from tfbnn import inference, io, metrics, plots
 from tfbnn.datasets import corruptions
 from tfbnn.utils import bayesian_layers, posterior_mean
 
-__all__ = ["Evaluation", "evaluate_classifier", "write_report"]
+__all__ = ["Evaluation", "evaluate_classifier", "shift_sweep", "write_report"]
 
 
 @dataclasses.dataclass
@@ -67,12 +67,12 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
         (Bayesian models), and the ``sweep`` rows.
     """
     labels = np.asarray(y)
-    clean = inference.predict(model, x, num_samples=num_samples, batch_size=batch_size, task="classification")
-    x_shift = corruptions.gaussian_noise(x, shift_gamma, seed=seed)
-    shifted = inference.predict(model, x_shift, num_samples=num_samples, batch_size=batch_size,
-                                task="classification")
-    sweep = corruptions.shift_sweep(model, x, labels, "gaussian", levels=sweep_levels, num_samples=num_samples,
-                                    seed=seed, batch_size=batch_size) if sweep_levels else []
+    sweep_levels = tuple(sweep_levels or ())
+    levels = tuple(sorted({0.0, float(shift_gamma), *map(float, sweep_levels)}))
+    rows, predictions = shift_sweep(model, x, labels, "gaussian", levels=levels, num_samples=num_samples,
+                                    seed=seed, batch_size=batch_size, return_predictions=True)
+    clean, shifted = predictions[levels.index(0.0)], predictions[levels.index(float(shift_gamma))]
+    sweep = [row for row in rows if row["level"] in set(map(float, sweep_levels))]
     numbers = {
         "num_examples": int(len(labels)),
         "num_samples": int(num_samples),
@@ -111,7 +111,90 @@ def write_report(evaluation, folder, name="model"):
     if e.sweep:
         figures["shift.png"] = plots.uncertainty_vs_shift({name: e.sweep}, xlabel="Gaussian shift gamma")
     paths = [plots.save(fig, os.path.join(folder, fname)) for fname, fig in figures.items()]
-    json_path = os.path.join(folder, "metrics.json")
-    with open(json_path, "w") as f:
-        json.dump(e.numbers, f, indent=2)
+    json_path = io.write_json(os.path.join(folder, "metrics.json"), e.numbers, indent=2)
     return [json_path] + paths
+
+
+def shift_sweep(
+    model,
+    x,
+    y,
+    corruption="gaussian",
+    levels=None,
+    num_samples=30,
+    seed=0,
+    batch_size=None,
+    from_logits=False,
+    mc_dropout=False,
+    return_predictions=False,
+):
+    """Accuracy and uncertainty of a classifier under corruptions of growing intensity.
+
+    For each level the test inputs are corrupted (a fresh draw per level from one
+    stream seeded by ``seed``) and :func:`tfbnn.inference.predict` summarises T
+    samples. Uncertainties are means over the examples, in nats (Depeweg et al.
+    2018; Trinh et al. 2022, eq. 26-27).
+
+    Args:
+        model: a Keras classifier (softmax outputs, or logits with ``from_logits``).
+        x: array ``(N, ...)`` of clean inputs.
+        y: ``(N,)`` integer labels or ``(N, C)`` one-hot.
+        corruption: ``"gaussian"`` (:func:`gaussian_noise`, level = gamma) or
+            ``"salt_and_pepper"`` (:func:`salt_and_pepper`, level = p).
+        levels: sequence of intensities in [0, 1]; default
+            ``DEFAULT_LEVELS[corruption]``.
+        num_samples: int >= 1, T. Default 30.
+        seed: int or None, seed of the corruption noise.
+        batch_size, from_logits, mc_dropout: passed to :func:`tfbnn.inference.predict`.
+        return_predictions: bool; also return each level's
+            :class:`tfbnn.inference.ClassificationPrediction`.
+
+    Returns:
+        A list with one dict per level: ``level``, ``accuracy``, ``nll``, ``ece``,
+        ``predictive_entropy`` (total), ``expected_entropy`` (aleatoric),
+        ``mutual_information`` (epistemic). ``pandas.DataFrame(rows)`` tabulates it.
+        With ``return_predictions``: ``(rows, predictions)``.
+
+    Example:
+        >>> model = keras.Sequential([keras.Input((4,)),
+        ...                           tfbnn.layers.DenseFlipout(3, activation="softmax", seed=0)])
+        >>> x, y = np.random.default_rng(0).random((20, 4)).astype("float32"), np.zeros(20, int)
+        >>> rows = tfbnn.evaluation.shift_sweep(model, x, y, "gaussian", levels=(0.0, 0.5), num_samples=5)
+        >>> len(rows), sorted(rows[0])
+        (2, ['accuracy', 'ece', 'expected_entropy', 'level', 'mutual_information', 'nll', 'predictive_entropy'])
+    """
+    levels = corruptions.check_levels(corruption, levels)
+    x = np.asarray(x)
+    if x.dtype.kind not in "fiu":
+        raise ValueError(f"Expected numeric inputs `x`. Received: x of dtype {x.dtype}")
+    labels = np.asarray(y)
+    if labels.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"Expected `x` and `y` to have the same number of examples. Received: x.shape={x.shape}, y.shape={labels.shape}"
+        )
+    rng = seed if isinstance(seed, np.random.Generator) else corruptions.make_rng(seed)
+    corrupt = corruptions.CORRUPTIONS[corruption]
+    rows, predictions = [], []
+    for level in levels:
+        res = inference.predict(
+            model,
+            corrupt(x, level, seed=rng),
+            num_samples=num_samples,
+            batch_size=batch_size,
+            task="classification",
+            from_logits=from_logits,
+            mc_dropout=mc_dropout,
+        )
+        predictions.append(res)
+        rows.append(
+            {
+                "level": float(level),
+                "accuracy": metrics.accuracy(res.mean_probs, labels),
+                "nll": metrics.negative_log_likelihood(res.mean_probs, labels),
+                "ece": metrics.expected_calibration_error(res.mean_probs, labels),
+                "predictive_entropy": float(np.mean(res.predictive_entropy)),
+                "expected_entropy": float(np.mean(res.expected_entropy)),
+                "mutual_information": float(np.mean(res.mutual_information)),
+            }
+        )
+    return (rows, predictions) if return_predictions else rows

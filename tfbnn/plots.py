@@ -8,7 +8,7 @@ works headless and leaves the user's pyplot state alone; :func:`save` writes it.
 * :func:`entropy_histograms` -- uncertainty in- vs out-of-distribution.
 * :func:`accuracy_coverage` -- selective prediction curves.
 * :func:`uncertainty_vs_shift` -- total / aleatoric / epistemic entropy and accuracy
-  against corruption intensity (from :func:`tfbnn.datasets.corruptions.shift_sweep`).
+  against corruption intensity (from :func:`tfbnn.evaluation.shift_sweep`).
 * :func:`learning_curves` -- loss and metrics per epoch from a Keras ``History``.
 
 Example:
@@ -147,7 +147,7 @@ def uncertainty_vs_shift(sweeps, xlabel="corruption intensity", title="Uncertain
     """Mean total / aleatoric / epistemic entropy and accuracy against shift intensity.
 
     Args:
-        sweeps: the rows of :func:`tfbnn.datasets.corruptions.shift_sweep`, or a dict
+        sweeps: the rows of :func:`tfbnn.evaluation.shift_sweep`, or a dict
             ``{label: rows}`` to compare models.
     """
     if not isinstance(sweeps, dict):

@@ -71,7 +71,8 @@ __all__ = [
     "LayerSparsity",
     "SparsityReport",
     "sparsity_report",
-    "SparsityMonitor",
+    "require_prunable_layers",
+    "check_threshold",
     "export_sparse",
     "load_sparse",
     "restore_sparse",
@@ -99,7 +100,8 @@ def prunable_layers(model):
     return [layer for layer in bayesian_layers(model) if _is_prunable(layer)]
 
 
-def _layers_for(model_or_layer):
+def require_prunable_layers(model_or_layer):
+    """The prunable layers of a model (at least one) or ``[layer]``; a clear ``ValueError`` otherwise."""
     if isinstance(model_or_layer, keras.Model):
         layers = prunable_layers(model_or_layer)
         if not layers:
@@ -124,7 +126,8 @@ def _check_names_unique(layers):
 
 
 # -- criteria --------------------------------------------------------------------
-def _check_threshold(criterion, threshold):
+def check_threshold(criterion, threshold):
+    """``threshold`` as a float, checked for ``criterion`` (``"snr"``: > 0; ``"log_alpha"``: finite)."""
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating, np.integer)):
         raise ValueError(f"Expected `threshold` to be a number. Received: threshold={threshold!r}")
     threshold = float(threshold)
@@ -153,10 +156,10 @@ def signal_to_noise(layer):
 
 def _one_or_many(model_or_layer, fn):
     if isinstance(model_or_layer, keras.Model):
-        layers = _layers_for(model_or_layer)
+        layers = require_prunable_layers(model_or_layer)
         _check_names_unique(layers)
         return {layer.name: fn(layer) for layer in layers}
-    return fn(_layers_for(model_or_layer)[0])
+    return fn(require_prunable_layers(model_or_layer)[0])
 
 
 def snr_mask(model_or_layer, threshold=DEFAULT_SNR_THRESHOLD):
@@ -169,7 +172,7 @@ def snr_mask(model_or_layer, threshold=DEFAULT_SNR_THRESHOLD):
     Returns:
         A boolean array shaped like the kernel (``True`` = kept), or a dict of them.
     """
-    threshold = _check_threshold("snr", threshold)
+    threshold = check_threshold("snr", threshold)
 
     def mask(layer):
         return (signal_to_noise(layer) >= threshold) & ~_already_pruned(layer)
@@ -191,7 +194,7 @@ def log_alpha_mask(model_or_layer, threshold=DEFAULT_LOG_ALPHA_THRESHOLD):
     Raises:
         ValueError: the layer (or every layer of the model) has no ``log alpha``.
     """
-    threshold = _check_threshold("log_alpha", threshold)
+    threshold = check_threshold("log_alpha", threshold)
 
     def mask(layer):
         if not isinstance(layer, _VariationalDropout):
@@ -203,7 +206,7 @@ def log_alpha_mask(model_or_layer, threshold=DEFAULT_LOG_ALPHA_THRESHOLD):
         return (np.asarray(layer.log_alpha().numpy()) <= threshold) & ~_already_pruned(layer)
 
     if isinstance(model_or_layer, keras.Model):
-        layers = [l for l in _layers_for(model_or_layer) if isinstance(l, _VariationalDropout)]
+        layers = [l for l in require_prunable_layers(model_or_layer) if isinstance(l, _VariationalDropout)]
         if not layers:
             raise ValueError(
                 "The log-alpha criterion needs variational-dropout layers and the model has none; "
@@ -236,7 +239,7 @@ def compute_masks(model, criterion="auto", threshold=None):
     """
     if criterion not in CRITERIA:
         raise ValueError(f"Expected `criterion` in {CRITERIA}. Received: criterion={criterion!r}")
-    layers = _layers_for(model)
+    layers = require_prunable_layers(model)
     _check_names_unique(layers)
     masks = {}
     for layer in layers:
@@ -521,50 +524,6 @@ def sparsity_report(model, masks=None, criterion="auto", threshold=None):
             )
         )
     return SparsityReport(tuple(rows))
-
-
-class SparsityMonitor(keras.callbacks.Callback):
-    """Logs the sparsity the posterior implies, per layer, at the end of every epoch.
-
-    Adds ``sparsity`` (all prunable kernels) and ``sparsity/<layer name>`` to the
-    epoch logs (so to ``History`` and TensorBoard) and keeps every epoch's
-    :class:`SparsityReport` in ``self.reports``.
-
-    Args:
-        criterion: ``"auto"``, ``"snr"`` or ``"log_alpha"`` (see :func:`compute_masks`).
-        threshold: float or None (the criterion's default).
-        verbose: 0 or 1; 1 prints one line per epoch.
-
-    Example:
-        >>> monitor = tfbnn.pruning.SparsityMonitor()
-        >>> history = model.fit(x, y, epochs=5, callbacks=[tfbnn.KLAnnealing(len(x)), monitor])
-        >>> history.history["sparsity"]
-    """
-
-    def __init__(self, criterion="auto", threshold=None, verbose=0):
-        super().__init__()
-        if criterion not in CRITERIA:
-            raise ValueError(f"Expected `criterion` in {CRITERIA}. Received: criterion={criterion!r}")
-        if threshold is not None:
-            _check_threshold("snr" if criterion == "snr" else "log_alpha", threshold)
-        self.criterion = criterion
-        self.threshold = threshold
-        self.verbose = verbose
-        self.reports = []
-
-    def on_train_begin(self, logs=None):
-        _layers_for(self.model)
-
-    def on_epoch_end(self, epoch, logs=None):
-        report = sparsity_report(self.model, criterion=self.criterion, threshold=self.threshold)
-        self.reports.append(report)
-        if logs is not None:
-            logs["sparsity"] = report.sparsity
-            for row in report.layers:
-                logs[f"sparsity/{row.name}"] = row.sparsity
-        if self.verbose:
-            per_layer = ", ".join(f"{r.name} {100 * r.sparsity:.1f}%" for r in report.layers)
-            print(f"epoch {epoch + 1}: sparsity {100 * report.sparsity:.2f}% ({per_layer})")
 
 
 # -- stored size ----------------------------------------------------------------------

@@ -19,51 +19,80 @@ Inputs are float32 in ``[0, 1]`` (moons: raw coordinates), labels int32, and
               callbacks=[tfbnn.KLAnnealing(num_examples=ds.num_examples)])
 """
 
-import functools
+import importlib
 
-from tfbnn.datasets import corruptions
-from tfbnn.datasets.base import ArrayDataset
-from tfbnn.datasets.offline import load_digits, make_moons
-from tfbnn.datasets.tfds_loader import TFDS_DATASETS, load_tfds
-from tfbnn.datasets.pipelines import (
+from tfbnn.datasets.catalog import (
+    ARRAY_DATASETS,
+    CATALOG,
+    CIFAR_DATASETS,
+    CLASSIFICATION_DATASETS,
+    IMAGE_DATASETS,
+    OFFLINE_DATASETS,
     PIPELINE_DATASETS,
-    DataPipeline,
-    from_arrays,
-    load_pipeline,
-    text_vectorizer,
-    vectorize_text,
+    TFDS_PIPELINE_DATASETS,
 )
 
 __all__ = [
     "ArrayDataset",
     "corruptions",
+    "regression",
     "DATASETS",
+    "ARRAY_DATASETS",
+    "CATALOG",
+    "CIFAR_DATASETS",
+    "CLASSIFICATION_DATASETS",
+    "IMAGE_DATASETS",
     "OFFLINE_DATASETS",
     "TFDS_DATASETS",
     "load",
+    "load_images",
     "load_digits",
     "make_moons",
     "load_tfds",
     "DataPipeline",
     "PIPELINE_DATASETS",
+    "TFDS_PIPELINE_DATASETS",
     "from_arrays",
     "load_pipeline",
     "text_vectorizer",
     "vectorize_text",
 ]
 
-_LOADERS = {
-    "digits": load_digits,
-    "moons": make_moons,
-    "mnist": functools.partial(load_tfds, "mnist"),
-    "fashion_mnist": functools.partial(load_tfds, "fashion_mnist"),
+#: Names accepted by :func:`load` (= :data:`ARRAY_DATASETS`).
+DATASETS = ARRAY_DATASETS
+
+# Loaded on first use, so that the name lists above come without TensorFlow.
+_LAZY = {
+    "ArrayDataset": "tfbnn.datasets.base",
+    "load_digits": "tfbnn.datasets.offline",
+    "make_moons": "tfbnn.datasets.offline",
+    "load_tfds": "tfbnn.datasets.tfds_loader",
+    "TFDS_DATASETS": "tfbnn.datasets.tfds_loader",
+    "DataPipeline": "tfbnn.datasets.pipelines",
+    "from_arrays": "tfbnn.datasets.pipelines",
+    "load_pipeline": "tfbnn.datasets.pipelines",
+    "text_vectorizer": "tfbnn.datasets.pipelines",
+    "vectorize_text": "tfbnn.datasets.pipelines",
 }
+_SUBMODULES = ("corruptions", "regression", "text", "pipelines", "offline", "tfds_loader", "base", "catalog")
 
-#: Names accepted by :func:`load`.
-DATASETS = tuple(_LOADERS)
 
-#: Names that never download (bundled or generated).
-OFFLINE_DATASETS = ("digits", "moons")
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tfbnn.datasets.{name}")
+    raise AttributeError(f"module 'tfbnn.datasets' has no attribute {name!r}")
+
+
+def _loader(name):
+    from tfbnn.datasets import offline, tfds_loader
+
+    if name == "digits":
+        return offline.load_digits
+    if name == "moons":
+        return offline.make_moons
+    return lambda **kwargs: tfds_loader.load_tfds(name, **kwargs)
 
 
 def load(name, **kwargs):
@@ -89,12 +118,45 @@ def load(name, **kwargs):
         >>> ds.name, ds.num_classes, ds.num_examples
         ('moons', 2, 160)
     """
-    loader = _LOADERS.get(name) if isinstance(name, str) else None
-    if loader is None:
-        raise ValueError(f"Unknown dataset. Expected one of {list(DATASETS)}. Received: dataset={name!r}")
+    if not isinstance(name, str) or name not in ARRAY_DATASETS:
+        raise ValueError(f"Unknown dataset. Expected one of {list(ARRAY_DATASETS)}. Received: dataset={name!r}")
     try:
-        return loader(**kwargs)
+        return _loader(name)(**kwargs)
     except TypeError as e:
         if "unexpected keyword argument" in str(e):
             raise ValueError(f"Bad argument for dataset {name!r}: {e}. Received: {kwargs}") from None
         raise
+
+
+def load_images(name, seed=0, max_examples=None, max_test_examples=None):
+    """An image classification dataset as an :class:`ArrayDataset` of ``(n, h, w, 1)`` images.
+
+    ``"digits"`` is offline (scikit-learn's 1797 8x8 digits, 1437 train / 360 test,
+    as 8x8x1; the stand-in for Fashion-MNIST on machines without internet);
+    ``"mnist"`` and ``"fashion_mnist"`` come from tensorflow-datasets (28x28x1).
+
+    Raises:
+        ValueError: another name, or ``max_examples`` with ``digits``.
+        RuntimeError: tensorflow-datasets could not provide the data.
+    """
+    import numpy as np
+
+    from tfbnn.datasets.base import ArrayDataset
+
+    grey = ("digits", "mnist", "fashion_mnist")
+    if name not in grey:
+        raise ValueError(f"Unknown dataset. Expected one of {list(grey)}. Received: dataset={name!r}")
+    if name == "digits":
+        if max_examples is not None or max_test_examples is not None:
+            raise ValueError(f"`max_examples` applies to the tensorflow-datasets sets, not digits. "
+                             f"Received: max_examples={max_examples}, max_test_examples={max_test_examples}")
+        ds = load("digits", seed=seed)
+    else:
+        ds = load(name, max_examples=max_examples, max_test_examples=max_test_examples)
+    side = CATALOG[name][1][0]
+
+    def images(x):
+        return np.ascontiguousarray(x.reshape(len(x), side, side, 1), dtype=np.float32)
+
+    return ArrayDataset(images(ds.x_train), ds.y_train, images(ds.x_test), ds.y_test,
+                        num_classes=ds.num_classes, name=ds.name)

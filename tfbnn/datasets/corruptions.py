@@ -8,10 +8,10 @@ intensity ``gamma`` (Gaussian noise) or ``p`` (salt and pepper)::
                       x'_j = high with probability p / 2,
                       x'_j = x_j  otherwise                    (eq. 28)
 
-:func:`shift_sweep` applies increasing intensities to a test set and reports,
-per level, accuracy and the mean total / aleatoric / epistemic uncertainty of
-:func:`tfbnn.inference.predict`: under a growing shift a good Bayesian model gets
-less accurate and more uncertain.
+:func:`tfbnn.evaluation.shift_sweep` applies increasing intensities to a test set
+and reports, per level, accuracy and the mean total / aleatoric / epistemic
+uncertainty: under a growing shift a good Bayesian model gets less accurate and
+more uncertain.
 
 All randomness is NumPy's ``Generator`` seeded by ``seed`` (an int, or a
 ``numpy.random.Generator`` to continue a stream); the same seed gives the same
@@ -26,18 +26,17 @@ import math
 
 import numpy as np
 
-from tfbnn import inference, metrics
+__all__ = ["gaussian_noise", "salt_and_pepper", "check_levels", "make_rng", "CORRUPTIONS", "DEFAULT_LEVELS"]
 
-__all__ = ["gaussian_noise", "salt_and_pepper", "shift_sweep", "CORRUPTIONS", "DEFAULT_LEVELS"]
-
-#: Default intensities of :func:`shift_sweep` per corruption (0 = clean data).
+#: Default intensities of :func:`tfbnn.evaluation.shift_sweep` per corruption (0 = clean data).
 DEFAULT_LEVELS = {
     "gaussian": (0.0, 0.2, 0.4, 0.6, 0.8),
     "salt_and_pepper": (0.0, 0.05, 0.1, 0.2, 0.3),
 }
 
 
-def _rng(seed):
+def make_rng(seed):
+    """A NumPy Generator from an int seed (or None: OS entropy); a Generator is returned as is."""
     if isinstance(seed, np.random.Generator):
         return seed
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
@@ -81,7 +80,7 @@ def gaussian_noise(x, gamma, seed=None):
     """
     gamma = _check_fraction(gamma, "gamma")
     x = _as_float_array(x)
-    eps = _rng(seed).standard_normal(x.shape)
+    eps = make_rng(seed).standard_normal(x.shape)
     return ((1.0 - gamma) * x + gamma * eps).astype(x.dtype)
 
 
@@ -111,7 +110,7 @@ def salt_and_pepper(x, p, seed=None, low=0.0, high=1.0):
     if not (math.isfinite(low) and math.isfinite(high) and low <= high):
         raise ValueError(f"Expected finite `low` <= `high`. Received: low={low!r}, high={high!r}")
     x = _as_float_array(x)
-    rng = _rng(seed)
+    rng = make_rng(seed)
     corrupt = rng.random(x.shape) < p
     salt = rng.random(x.shape) < 0.5
     return np.where(corrupt, np.where(salt, high, low), x).astype(x.dtype)
@@ -120,50 +119,12 @@ def salt_and_pepper(x, p, seed=None, low=0.0, high=1.0):
 CORRUPTIONS = {"gaussian": gaussian_noise, "salt_and_pepper": salt_and_pepper}
 
 
-def shift_sweep(
-    model,
-    x,
-    y,
-    corruption="gaussian",
-    levels=None,
-    num_samples=30,
-    seed=0,
-    batch_size=None,
-    from_logits=False,
-    mc_dropout=False,
-):
-    """Accuracy and uncertainty of a classifier under corruptions of growing intensity.
+def check_levels(corruption, levels=None):
+    """The intensities of a sweep of ``corruption``, checked (default :data:`DEFAULT_LEVELS`).
 
-    For each level the test inputs are corrupted (a fresh draw per level from one
-    stream seeded by ``seed``) and :func:`tfbnn.inference.predict` summarises T
-    samples. Uncertainties are means over the examples, in nats (Depeweg et al.
-    2018; Trinh et al. 2022, eq. 26-27).
-
-    Args:
-        model: a Keras classifier (softmax outputs, or logits with ``from_logits``).
-        x: array ``(N, ...)`` of clean inputs.
-        y: ``(N,)`` integer labels or ``(N, C)`` one-hot.
-        corruption: ``"gaussian"`` (:func:`gaussian_noise`, level = gamma) or
-            ``"salt_and_pepper"`` (:func:`salt_and_pepper`, level = p).
-        levels: sequence of intensities in [0, 1]; default
-            ``DEFAULT_LEVELS[corruption]``.
-        num_samples: int >= 1, T. Default 30.
-        seed: int or None, seed of the corruption noise.
-        batch_size, from_logits, mc_dropout: passed to :func:`tfbnn.inference.predict`.
-
-    Returns:
-        A list with one dict per level: ``level``, ``accuracy``, ``nll``, ``ece``,
-        ``predictive_entropy`` (total), ``expected_entropy`` (aleatoric),
-        ``mutual_information`` (epistemic). ``pandas.DataFrame(rows)`` tabulates it.
-
-    Example:
-        >>> from tfbnn.datasets import corruptions
-        >>> model = keras.Sequential([keras.Input((4,)),
-        ...                           tfbnn.layers.DenseFlipout(3, activation="softmax", seed=0)])
-        >>> x, y = np.random.default_rng(0).random((20, 4)).astype("float32"), np.zeros(20, int)
-        >>> rows = corruptions.shift_sweep(model, x, y, "gaussian", levels=(0.0, 0.5), num_samples=5)
-        >>> len(rows), sorted(rows[0])
-        (2, ['accuracy', 'ece', 'expected_entropy', 'level', 'mutual_information', 'nll', 'predictive_entropy'])
+    Raises:
+        ValueError: an unknown corruption, no level, or a level outside [0, 1]
+            (named ``gamma`` for Gaussian noise, ``p`` for salt and pepper).
     """
     if corruption not in CORRUPTIONS:
         raise ValueError(f"Unknown corruption. Expected one of {list(CORRUPTIONS)}. Received: corruption={corruption!r}")
@@ -171,36 +132,4 @@ def shift_sweep(
     if not levels:
         raise ValueError(f"Expected at least one level. Received: levels={levels!r}")
     name = "gamma" if corruption == "gaussian" else "p"
-    for level in levels:
-        _check_fraction(level, name)
-    x = _as_float_array(x)
-    labels = np.asarray(y)
-    if labels.shape[0] != x.shape[0]:
-        raise ValueError(
-            f"Expected `x` and `y` to have the same number of examples. Received: x.shape={x.shape}, y.shape={labels.shape}"
-        )
-    rng = _rng(seed)
-    corrupt = CORRUPTIONS[corruption]
-    rows = []
-    for level in levels:
-        res = inference.predict(
-            model,
-            corrupt(x, level, seed=rng),
-            num_samples=num_samples,
-            batch_size=batch_size,
-            task="classification",
-            from_logits=from_logits,
-            mc_dropout=mc_dropout,
-        )
-        rows.append(
-            {
-                "level": float(level),
-                "accuracy": metrics.accuracy(res.mean_probs, labels),
-                "nll": metrics.negative_log_likelihood(res.mean_probs, labels),
-                "ece": metrics.expected_calibration_error(res.mean_probs, labels),
-                "predictive_entropy": float(np.mean(res.predictive_entropy)),
-                "expected_entropy": float(np.mean(res.expected_entropy)),
-                "mutual_information": float(np.mean(res.mutual_information)),
-            }
-        )
-    return rows
+    return tuple(_check_fraction(level, name) for level in levels)

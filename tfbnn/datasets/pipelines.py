@@ -60,6 +60,7 @@ __all__ = [
     "PIPELINE_DATASETS",
     "TFDS_PIPELINE_DATASETS",
     "CIFAR_MEAN_STD",
+    "CIFAR_DATASETS",
     "load_pipeline",
     "from_arrays",
     "augment_cifar",
@@ -67,19 +68,7 @@ __all__ = [
     "vectorize_text",
 ]
 
-# name -> (kind, shape of one example, number of classes)
-TFDS_PIPELINE_DATASETS = {
-    "mnist": ("image", (28, 28, 1), 10),
-    "fashion_mnist": ("image", (28, 28, 1), 10),
-    "cifar10": ("image", (32, 32, 3), 10),
-    "cifar100": ("image", (32, 32, 3), 100),
-    "imdb_reviews": ("text", (), 2),
-}
-_OFFLINE = ("digits", "moons", "toy_regression", "cubic")
-_CIFAR = ("cifar10", "cifar100")
-
-#: Names accepted by :func:`load_pipeline`.
-PIPELINE_DATASETS = tuple(TFDS_PIPELINE_DATASETS) + _OFFLINE
+from tfbnn.datasets.catalog import CIFAR_DATASETS, PIPELINE_DATASETS, TFDS_PIPELINE_DATASETS  # noqa: E402
 
 #: Per-channel (mean, std) of the training images, in [0, 1] units.
 CIFAR_MEAN_STD = {
@@ -171,15 +160,15 @@ def _check_name(name):
 def _check_options(name, augment, standardize, flatten):
     kind = TFDS_PIPELINE_DATASETS.get(name, ("image" if name == "digits" else "vector",))[0]
     if augment is None:
-        augment = name in _CIFAR
-    if augment and name not in _CIFAR:
+        augment = name in CIFAR_DATASETS
+    if augment and name not in CIFAR_DATASETS:
         raise ValueError(
-            f"Augmentation (pad-crop-flip) is defined for {list(_CIFAR)} only. Received: augment={augment!r} "
+            f"Augmentation (pad-crop-flip) is defined for {list(CIFAR_DATASETS)} only. Received: augment={augment!r} "
             f"with dataset={name!r}"
         )
-    if standardize and name not in _CIFAR:
+    if standardize and name not in CIFAR_DATASETS:
         raise ValueError(
-            f"Per-channel standardization is defined for {list(_CIFAR)} only. Received: "
+            f"Per-channel standardization is defined for {list(CIFAR_DATASETS)} only. Received: "
             f"standardize={standardize!r} with dataset={name!r}"
         )
     if flatten and kind != "image":
@@ -334,11 +323,10 @@ def _offline_arrays(name, seed):
 
         ds = make_toy_regression(seed=seed)
         return ds.x_train, ds.y_train, ds.x_grid, ds.y_grid, None
-    # The y = x^3 + N(0, 3^2) problem with 30 points (Hernandez-Lobato and Adams 2015),
-    # from its one definition in the iBNN regression experiment.
-    from tfbnn.experiments.ibnn_regression import make_data
+    # The y = x^3 + N(0, 3^2) problem with 30 points (Hernandez-Lobato and Adams 2015).
+    from tfbnn.datasets.regression import make_cubic
 
-    x, y, x_test, y_test = make_data(seed=seed)
+    x, y, x_test, y_test = make_cubic(seed=seed)
     return x[:, None], y[:, None], x_test[:, None], y_test[:, None], None
 
 

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-__all__ = ["RegressionDataset", "make_toy_regression", "toy_regression_curve"]
+__all__ = ["RegressionDataset", "make_toy_regression", "toy_regression_curve", "make_cubic", "CUBIC_X_RANGE"]
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -105,3 +105,23 @@ def make_toy_regression(num_examples=40, noise_std=0.02, x_range=(0.0, 0.5), gri
         x_range=x_range,
         noise_std=float(noise_std),
     )
+
+
+#: Inputs of the cubic problem are drawn from U(-CUBIC_X_RANGE, CUBIC_X_RANGE).
+CUBIC_X_RANGE = 4.0
+
+
+def make_cubic(num_points=30, noise_std=3.0, seed=0, num_test=200):
+    """Points of ``y = x^3 + N(0, noise_std^2)``, ``x ~ U(-4, 4)`` (Hernandez-Lobato and Adams 2015).
+
+    The 1-D regression problem of the iBNN paper (Trinh et al. 2022, sec. 6.1).
+
+    Returns:
+        ``(x, y, x_test, y_test)``, 1-D float32 arrays in the original units.
+    """
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-CUBIC_X_RANGE, CUBIC_X_RANGE, size=num_points)
+    x_test = rng.uniform(-CUBIC_X_RANGE, CUBIC_X_RANGE, size=num_test)
+    y = x**3 + noise_std * rng.standard_normal(num_points)
+    y_test = x_test**3 + noise_std * rng.standard_normal(num_test)
+    return x.astype("float32"), y.astype("float32"), x_test.astype("float32"), y_test.astype("float32")

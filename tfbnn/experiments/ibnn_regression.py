@@ -74,15 +74,10 @@ DESCRIPTION = (
 
 
 def make_data(num_points=30, noise_std=3.0, seed=0, num_test=200):
-    """Training and test points of ``y = x^3 + N(0, noise_std^2)``, ``x ~ U(-4, 4)`` (original units)."""
-    import numpy as np
+    """Training and test points of ``y = x^3 + N(0, noise_std^2)`` (:func:`tfbnn.datasets.regression.make_cubic`)."""
+    from tfbnn.datasets.regression import make_cubic
 
-    rng = np.random.default_rng(seed)
-    x = rng.uniform(-X_RANGE, X_RANGE, size=num_points)
-    x_test = rng.uniform(-X_RANGE, X_RANGE, size=num_test)
-    y = x**3 + noise_std * rng.standard_normal(num_points)
-    y_test = x_test**3 + noise_std * rng.standard_normal(num_test)
-    return x.astype("float32"), y.astype("float32"), x_test.astype("float32"), y_test.astype("float32")
+    return make_cubic(num_points, noise_std, seed, num_test)
 
 
 def build_model(method, depth, units=256, num_components=4, prior_stddev=0.1, seed=0):

@@ -5,7 +5,7 @@ growing intensity -- Gaussian noise ``x' = (1 - gamma) x + gamma eps`` and salt 
 pepper with probability ``p`` (eq. 28) -- and for each level we record accuracy, NLL,
 ECE and the mean total / aleatoric / epistemic uncertainty (predictive entropy,
 expected entropy, mutual information; eqs. 26-27) through
-:func:`tfbnn.datasets.corruptions.shift_sweep`. A model whose uncertainty tracks the
+:func:`tfbnn.evaluation.shift_sweep`. A model whose uncertainty tracks the
 shift gets less accurate but more uncertain, mostly epistemically.
 
 Models: the same MLP (``--hidden-units`` x ``--depth`` ReLU, softmax output) on the
@@ -135,6 +135,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
     s = {**DEFAULTS, **settings}
     s["corruptions"] = tuple(s["corruptions"])
+    from tfbnn import evaluation
     from tfbnn.datasets import corruptions as corruptions_lib
 
     if not s["corruptions"] or any(c not in corruptions_lib.CORRUPTIONS for c in s["corruptions"]):
@@ -159,7 +160,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         model, seconds = _train(method, ds, s)
         label = METHOD_LABELS[method]
         for corruption in s["corruptions"]:
-            sweep = corruptions_lib.shift_sweep(model, x_test, ds.y_test, corruption, num_samples=num_samples,
+            sweep = evaluation.shift_sweep(model, x_test, ds.y_test, corruption, num_samples=num_samples,
                                                 seed=s["seed"], batch_size=128, mc_dropout=method == "mc_dropout")
             sweeps[corruption][label] = sweep
             rows += [{"method": label, "corruption": corruption, **r} for r in sweep]

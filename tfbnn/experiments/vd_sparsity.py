@@ -9,7 +9,7 @@ Reproduces the VariationalMLP study of sparse variational dropout (Molchanov et 
 3. train the Bayesian net on ``mean NLL + beta KL / N`` with ``beta`` held at 0 for
    ``warmup_epochs`` and then annealed linearly to ``kl_beta`` over ``anneal_epochs``
    (:class:`tfbnn.KLAnnealing` with :class:`tfbnn.schedules.WarmUp`), logging the
-   per-layer sparsity each epoch (:class:`tfbnn.pruning.SparsityMonitor`);
+   per-layer sparsity each epoch (:class:`tfbnn.callbacks.SparsityMonitor`);
 4. report the per-layer sparsity of the principled masks (``log alpha > 3`` for
    variational dropout, ``|mu| / sigma < 0.83`` for Graves; ``threshold`` overrides);
 5. measure Monte Carlo accuracy (``tfbnn.predict``, T samples) for no pruning,
@@ -204,14 +204,14 @@ def _train_bayesian(s, ds, det):
     import keras
 
     import tfbnn
-    from tfbnn import convert, pruning
+    from tfbnn import callbacks, convert
 
     model = convert.to_bayesian(det, method=s["method"], init_scale=s["init_scale"], moped_delta=s["moped_delta"],
                                 seed=s["seed"])
     model.compile(keras.optimizers.Adam(s["learning_rate"]), "sparse_categorical_crossentropy",
                   metrics=["accuracy"], jit_compile=False)
     schedule = tfbnn.schedules.WarmUp(warmup_epochs=s["warmup_epochs"], epochs=s["anneal_epochs"], end=s["kl_beta"])
-    monitor = pruning.SparsityMonitor(criterion=_criterion(s["method"]), threshold=s["threshold"])
+    monitor = callbacks.SparsityMonitor(criterion=_criterion(s["method"]), threshold=s["threshold"])
     history = model.fit(ds.x_train, ds.y_train, epochs=s["epochs"], batch_size=s["batch_size"], verbose=0,
                         callbacks=[tfbnn.KLAnnealing(ds.num_examples, schedule), monitor])
     _common.check_finite_history(history, f"the {s['method']} model")

@@ -1,8 +1,9 @@
-"""Quiet TensorFlow start-up for the `tfbnn` command (no TensorFlow import here).
+"""Start-up of the `tfbnn` command (no TensorFlow import here).
 
-Imported by ``tfbnn/__init__.py`` before anything imports TensorFlow, and only when
-the running program is the ``tfbnn`` console script: library users keep their own
-logging untouched.
+``tfbnn/__init__.py`` asks :func:`running_the_command` whether to load the core
+eagerly (a library user) or leave it to the command, which parses its arguments
+first and then calls :func:`import_tensorflow_quietly`: library users keep their
+own logging untouched.
 """
 
 import os
@@ -56,4 +57,5 @@ def import_tensorflow_quietly():
 
 
 def running_the_command():
+    """Whether the running program is the `tfbnn` console script."""
     return os.path.basename(sys.argv[0] if sys.argv else "") == "tfbnn"

@@ -1,0 +1,62 @@
+"""Recipes and the one training routine of tfbnn.
+
+A :class:`Recipe` is a declarative, JSON-serializable description of a training
+run (model and method, dataset and hold-out, optimizer, learning-rate schedule,
+epochs, batch size, KL schedule and ``beta``, samples per step, evaluation samples,
+seed); :func:`run` fits, evaluates and records it. The built-in recipes
+(:data:`RECIPES`) reproduce the seed studies' protocols as published.
+
+Layering: this package sits above the core (layers, schedules, callbacks,
+inference, metrics), :mod:`tfbnn.models` and :mod:`tfbnn.datasets`, and below
+:mod:`tfbnn.tuning`, :mod:`tfbnn.experiments` and the command line, which all use it.
+
+Example:
+    >>> import tfbnn.training as training
+    >>> recipe = training.get_recipe("blundell-mnist-1200")
+    >>> result = training.run(recipe.replace(dataset="digits").quick())   # a few steps, offline
+    >>> result.test["accuracy"], result.test["ece"], result.test["epistemic"]
+    >>> training.save_recipe(recipe.replace(epochs=50), "my_recipe.json")   # tfbnn run my_recipe.json
+"""
+
+from tfbnn.training.optim import LinearRamp, kl_schedule, learning_rate, make_optimizer, weight_decay_exclusions
+from tfbnn.training.recipe import KL_SCHEDULES, LR_SCHEDULES, METHODS, OPTIMIZERS, Recipe, load_recipe, save_recipe
+from tfbnn.training.recipes import RECIPES, get_recipe, recipe_names, resolve
+from tfbnn.training.run import (
+    DEFAULT_ROOT,
+    SHIFT_GAMMA,
+    RunResult,
+    build_model,
+    convert_model,
+    deterministic_version,
+    load_data,
+    results_table,
+    run,
+)
+
+__all__ = [
+    "Recipe",
+    "RunResult",
+    "run",
+    "RECIPES",
+    "get_recipe",
+    "recipe_names",
+    "resolve",
+    "load_recipe",
+    "save_recipe",
+    "build_model",
+    "convert_model",
+    "deterministic_version",
+    "load_data",
+    "results_table",
+    "make_optimizer",
+    "learning_rate",
+    "kl_schedule",
+    "weight_decay_exclusions",
+    "LinearRamp",
+    "OPTIMIZERS",
+    "LR_SCHEDULES",
+    "KL_SCHEDULES",
+    "METHODS",
+    "SHIFT_GAMMA",
+    "DEFAULT_ROOT",
+]

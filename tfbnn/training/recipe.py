@@ -1,0 +1,309 @@
+"""A declarative, serializable description of one training run: :class:`Recipe`.
+
+A recipe names everything a study fixes: the zoo model and its Bayesian method, the
+dataset and its validation hold-out, the optimizer (Adam or SGD with momentum /
+Nesterov, weight decay), the learning-rate schedule, epochs and batch size, the KL
+schedule and its final weight ``beta``, the weight samples per training step, the
+Monte Carlo samples of the evaluation, and the seed. It holds plain values only
+(strings, numbers, tuples, dicts), so it round-trips through JSON
+(:meth:`Recipe.to_dict` / :meth:`Recipe.from_dict`, :func:`load_recipe` /
+:func:`save_recipe`) and a file is a complete record of how a result was produced.
+
+:func:`tfbnn.training.run` executes a recipe.
+"""
+
+import dataclasses
+import json
+import math
+import numbers
+import os
+
+__all__ = [
+    "Recipe",
+    "OPTIMIZERS",
+    "LR_SCHEDULES",
+    "KL_SCHEDULES",
+    "METHODS",
+    "load_recipe",
+    "save_recipe",
+]
+
+#: Optimizers a recipe can name.
+OPTIMIZERS = ("adam", "sgd")
+#: Learning-rate schedules: constant; step (multiply by ``lr_decay`` at each epoch of
+#: ``lr_boundaries``); cosine (half-cosine to ``lr_final`` x lr over all epochs); linear
+#: (constant until ``lr_boundaries[0]``, then linear to ``lr_final`` x lr at
+#: ``lr_boundaries[1]``, then constant; default boundaries ``(0, epochs)``).
+LR_SCHEDULES = ("constant", "step", "cosine", "linear")
+#: KL-weight schedules (:mod:`tfbnn.schedules`), all ending at ``beta``.
+KL_SCHEDULES = ("constant", "linear", "warmup", "cosine", "cyclic", "blundell")
+#: Methods: the zoo's (:data:`tfbnn.models.METHODS`) plus ``graves`` (a deterministic
+#: zoo model converted by :func:`tfbnn.convert.to_bayesian`, Graves 2011).
+METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves")
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check(condition, field, value, expected):
+    if not condition:
+        raise ValueError(f"Expected recipe field `{field}` to be {expected}. Received: {field}={value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """One training run, as a study fixes it.
+
+    Args:
+        name: str, the run's name (the output folder's default name).
+        description: str, one line on what the recipe reproduces.
+        reference: str, the paper, section and table whose protocol this is.
+        model: a :func:`tfbnn.models.build` name or preset (``"mlp"``, ``"lenet5"``, ...).
+        model_options: dict of builder arguments (``hidden_units``, ``stem``, ...).
+        method: one of :data:`METHODS`.
+        method_options: dict of the method's options (``estimator``, ``prior`` (a name
+            or a :func:`tfbnn.priors.serialize` dict), ``rate``, ``parameterization``,
+            ``num_components``, ``prior_stddev``; for ``graves``: ``init_scale``).
+        dataset: a :func:`tfbnn.datasets.load_pipeline` name (``"digits"`` is offline).
+        max_examples, max_test_examples: int caps, or None (all).
+        validation_fraction: float in [0, 1), the seeded hold-out of the training split.
+        optimizer: ``"adam"`` or ``"sgd"``.
+        learning_rate: float > 0, the initial rate.
+        momentum: float in [0, 1), SGD only.
+        nesterov: bool, SGD only.
+        weight_decay: float >= 0. Keras' decoupled decay ``w <- w - lr * wd * w``,
+            applied to deterministic weights only (never to posterior parameters,
+            whose regularizer is the KL).
+        lr_schedule: one of :data:`LR_SCHEDULES`.
+        lr_boundaries: epochs at which ``step`` multiplies the rate by ``lr_decay``;
+            for ``linear``, ``(start, end)`` of the ramp.
+        lr_decay: float in (0, 1], the ``step`` factor.
+        lr_final: float in [0, 1], the final rate of ``linear`` / ``cosine`` as a
+            fraction of ``learning_rate``.
+        variational_learning_rate: float > 0 or None: iBNN's constant rate of the
+            node posteriors (:func:`tfbnn.ibnn.make_optimizer`).
+        epochs, batch_size: ints > 0.
+        pretrain_epochs: int >= 0. Train the deterministic model first for this many
+            epochs, then convert it (:func:`tfbnn.convert.to_bayesian`) to ``method``
+            (``bbb``, ``vd`` or ``graves``): "frequentist pre-training".
+        kl_schedule: one of :data:`KL_SCHEDULES`: how ``beta`` moves.
+        kl_epochs: float > 0 or None, the ramp length (``linear``, ``cosine``; the
+            ramp after ``warmup_epochs`` for ``warmup``; the cycle for ``cyclic``).
+            None: half of ``epochs``.
+        warmup_epochs: float >= 0, ``warmup``'s KL-free epochs.
+        beta: float >= 0, the final KL weight (1: the ELBO; < 1: a tempered
+            posterior; ``constant`` uses it throughout).
+        train_samples: int >= 1, noise samples per example per step (iBNN's ``S``).
+        eval_samples: int >= 1, ``T`` of the Monte Carlo test predictive.
+        ece_bins: int >= 1.
+        seed: int >= 0: data split, initialization, shuffling, every layer's noise.
+    """
+
+    name: str = "custom"
+    description: str = ""
+    reference: str = ""
+    model: str = "mlp"
+    model_options: dict = dataclasses.field(default_factory=dict)
+    method: str = "bbb"
+    method_options: dict = dataclasses.field(default_factory=dict)
+    dataset: str = "digits"
+    max_examples: object = None
+    max_test_examples: object = None
+    validation_fraction: float = 0.0
+    optimizer: str = "adam"
+    learning_rate: float = 1e-3
+    momentum: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    lr_schedule: str = "constant"
+    lr_boundaries: tuple = ()
+    lr_decay: float = 0.1
+    lr_final: float = 0.0
+    variational_learning_rate: object = None
+    epochs: int = 10
+    batch_size: int = 128
+    pretrain_epochs: int = 0
+    kl_schedule: str = "linear"
+    kl_epochs: object = None
+    warmup_epochs: float = 0.0
+    beta: float = 1.0
+    train_samples: int = 1
+    eval_samples: int = 32
+    ece_bins: int = 15
+    seed: int = 0
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        for field in ("name", "description", "reference", "model", "method", "dataset", "optimizer",
+                      "lr_schedule", "kl_schedule"):
+            _check(isinstance(getattr(self, field), str), field, getattr(self, field), "a string")
+        _check(bool(self.name) and "/" not in self.name and not self.name.startswith("."), "name", self.name,
+               "a non-empty file name")
+        for field in ("model_options", "method_options"):
+            _check(isinstance(getattr(self, field), dict), field, getattr(self, field), "a dict")
+        _check(self.method in METHODS, "method", self.method, f"one of {list(METHODS)}")
+        _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"one of {list(OPTIMIZERS)}")
+        _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule, f"one of {list(LR_SCHEDULES)}")
+        _check(self.kl_schedule in KL_SCHEDULES, "kl_schedule", self.kl_schedule, f"one of {list(KL_SCHEDULES)}")
+        for field, low in (("epochs", 1), ("batch_size", 1), ("pretrain_epochs", 0), ("train_samples", 1),
+                           ("eval_samples", 1), ("ece_bins", 1), ("seed", 0)):
+            value = getattr(self, field)
+            _check(_is_int(value) and value >= low, field, value, f"an integer >= {low}")
+            set_(self, field, int(value))
+        for field in ("max_examples", "max_test_examples"):
+            value = getattr(self, field)
+            _check(value is None or (_is_int(value) and value >= 1), field, value, "a positive integer or None")
+        checks = {
+            "learning_rate": (lambda v: v > 0, "a positive number"),
+            "momentum": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+            "weight_decay": (lambda v: v >= 0, "a non-negative number"),
+            "lr_decay": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
+            "lr_final": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+            "validation_fraction": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+            "warmup_epochs": (lambda v: v >= 0, "a non-negative number"),
+            "beta": (lambda v: v >= 0, "a non-negative number"),
+        }
+        for field, (ok, expected) in checks.items():
+            value = getattr(self, field)
+            _check(_is_real(value) and ok(value), field, value, expected)
+            set_(self, field, float(value))
+        for field in ("kl_epochs", "variational_learning_rate"):
+            value = getattr(self, field)
+            _check(value is None or (_is_real(value) and value > 0), field, value, "a positive number or None")
+        _check(isinstance(self.nesterov, bool), "nesterov", self.nesterov, "a bool")
+        boundaries = self.lr_boundaries
+        _check(isinstance(boundaries, (tuple, list)) and all(_is_real(b) and 0 <= b <= self.epochs for b in boundaries)
+               and list(boundaries) == sorted(set(boundaries)), "lr_boundaries", boundaries,
+               f"increasing epochs in [0, epochs={self.epochs}]")
+        set_(self, "lr_boundaries", tuple(boundaries))
+        self._check_combinations()
+
+    def _check_combinations(self):
+        if self.optimizer != "sgd" and (self.momentum or self.nesterov):
+            raise ValueError(
+                "`momentum` and `nesterov` apply to optimizer='sgd' only. "
+                f"Received: optimizer={self.optimizer!r}, momentum={self.momentum}, nesterov={self.nesterov}"
+            )
+        if self.nesterov and not self.momentum:
+            raise ValueError(f"`nesterov` needs momentum > 0. Received: momentum={self.momentum}")
+        if self.lr_schedule == "step" and not self.lr_boundaries:
+            raise ValueError("lr_schedule='step' needs `lr_boundaries` (epochs). Received: lr_boundaries=()")
+        if self.lr_schedule == "linear" and len(self.lr_boundaries) not in (0, 2):
+            raise ValueError("lr_schedule='linear' takes `lr_boundaries` (start, end) of its ramp, or none. "
+                             f"Received: lr_boundaries={self.lr_boundaries}")
+        if self.lr_schedule in ("constant", "cosine") and self.lr_boundaries:
+            raise ValueError(
+                f"`lr_boundaries` apply to lr_schedule 'step' and 'linear'. Received: lr_schedule={self.lr_schedule!r}, "
+                f"lr_boundaries={self.lr_boundaries}"
+            )
+        if self.variational_learning_rate is not None and self.method != "ibnn":
+            raise ValueError(
+                "`variational_learning_rate` applies to method='ibnn' only. "
+                f"Received: method={self.method!r}, variational_learning_rate={self.variational_learning_rate}"
+            )
+        if self.train_samples > 1 and self.method != "ibnn":
+            raise ValueError(
+                "`train_samples` > 1 (several noise samples per example and step) is available for "
+                f"method='ibnn' (tfbnn.ibnn.IBNNModel). Received: method={self.method!r}, "
+                f"train_samples={self.train_samples}"
+            )
+        if self.pretrain_epochs and self.method not in ("bbb", "vd", "graves"):
+            raise ValueError(
+                "`pretrain_epochs` (frequentist pre-training, then conversion) applies to methods "
+                f"'bbb', 'vd' and 'graves'. Received: method={self.method!r}, pretrain_epochs={self.pretrain_epochs}"
+            )
+        if self.kl_schedule == "blundell" and self.beta != 1.0:
+            raise ValueError(
+                "kl_schedule='blundell' fixes the minibatch weights (Blundell et al. 2015 eq. 9, averaging 1); "
+                f"use another schedule for beta != 1. Received: beta={self.beta}"
+            )
+
+    # -- derived values ---------------------------------------------------------------
+    @property
+    def is_bayesian(self):
+        """Whether the model has a KL term (the ELBO's ``beta`` and ``N`` apply)."""
+        return self.method in ("bbb", "vd", "ibnn", "graves")
+
+    @property
+    def ramp_epochs(self):
+        """The KL ramp length: ``kl_epochs``, or half of ``epochs``."""
+        return self.kl_epochs if self.kl_epochs is not None else max(self.epochs / 2.0, 1e-3)
+
+    def replace(self, **changes):
+        """A copy with ``changes`` (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def quick(self, epochs=1, max_examples=64, max_test_examples=32, batch_size=16, eval_samples=4):
+        """A copy for a smoke run of a few steps: same model, method and protocol, less of everything.
+
+        Learning-rate boundaries and KL ramps are rescaled to the shorter run.
+        """
+        scale = epochs / self.epochs
+        boundaries = tuple(sorted({min(max(b * scale, 1e-3), epochs * 0.999) for b in self.lr_boundaries}))
+        eval_samples = max(eval_samples, self.method_options.get("num_components", 1))
+        return self.replace(
+            epochs=epochs, batch_size=min(batch_size, self.batch_size),
+            max_examples=max_examples if self.max_examples is None else min(max_examples, self.max_examples),
+            max_test_examples=max_test_examples, eval_samples=eval_samples, lr_boundaries=boundaries,
+            pretrain_epochs=min(self.pretrain_epochs, 1),
+            kl_epochs=None if self.kl_epochs is None else max(self.kl_epochs * scale, 1e-3),
+            warmup_epochs=self.warmup_epochs * scale,
+        )
+
+    # -- serialization ----------------------------------------------------------------
+    def to_dict(self):
+        """A JSON-able dict (priors serialized); :meth:`from_dict` inverts it."""
+        out = dataclasses.asdict(self)
+        options = dict(out["method_options"])
+        if "prior" in options and not isinstance(options["prior"], (str, dict)):
+            from tfbnn import priors
+
+            options["prior"] = priors.serialize(options["prior"])
+        out["method_options"] = options
+        out["lr_boundaries"] = list(self.lr_boundaries)
+        return out
+
+    @classmethod
+    def from_dict(cls, config):
+        """A recipe from :meth:`to_dict`'s dict; unknown keys are an error."""
+        if not isinstance(config, dict):
+            raise ValueError(f"Expected a recipe dict. Received: {type(config).__name__}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(config) - fields)
+        if unknown:
+            raise ValueError(f"Unknown recipe field(s) {unknown}. Expected some of {sorted(fields)}.")
+        config = dict(config)
+        if "lr_boundaries" in config and isinstance(config["lr_boundaries"], list):
+            config["lr_boundaries"] = tuple(config["lr_boundaries"])
+        return cls(**config)
+
+    def to_json(self):
+        return json.dumps(self.to_dict(), indent=1)
+
+
+def save_recipe(recipe, path):
+    """Writes ``recipe`` as JSON to ``path`` (atomically); returns ``path``."""
+    from tfbnn import io
+
+    return io.write_json(path, recipe.to_dict())
+
+
+def load_recipe(path):
+    """The :class:`Recipe` in the JSON file ``path``.
+
+    Raises:
+        ValueError: the file is missing, not JSON, or not a valid recipe (named).
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"Expected an existing recipe file (.json). Received: recipe={path!r}")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"Could not read the recipe {path!r}: {e}") from None
+    return Recipe.from_dict(config)

@@ -1,0 +1,162 @@
+"""Built-in recipes: the main job and each seed study's protocol as published.
+
+=====================================  =====================================================
+name                                   protocol (source)
+=====================================  =====================================================
+``digits-bbb-mlp``                     the main job (``tfbnn train``): BbB MLP 64-64, local
+                                       reparameterization, N(0, 1) prior, Adam 3e-3, 60
+                                       epochs, KL ramp over the first half; offline digits
+``blundell-mnist-{400,800,1200}``      Blundell et al. 2015 sec. 5.1: 2 hidden ReLU layers of
+                                       400/800/1200 units, scale-mixture prior, minibatch
+                                       weights pi_i = 2^(M-i)/(2^M-1) (eq. 9), plain SGD lr
+                                       1e-3 (grid 1e-3..1e-5), batch 128, 600 epochs,
+                                       50,000 train / 10,000 validation
+``vd-lenet300-100``                    Molchanov et al. 2017 (official code,
+``vd-lenet300-100-pretrained``         lenet300-100-ard.py / optpolicy.py): sparse VD on
+``graves-lenet300-100``                LeNet-300-100, Adam 1e-3 flat for 100 epochs then
+``graves-lenet300-100-pretrained``     linear to 0 at 200, batch 100, KL weight 0 for 5
+                                       epochs then linear to 1 over 15; from random
+                                       initialisation or after frequentist pre-training;
+                                       Graves (2011) under the same protocol
+``ibnn-cifar10-vgg16``                 Trinh et al. 2022 (official code, README command):
+                                       VGG16, K = 4, SGD Nesterov 0.9, lr 0.05 flat to 50%
+                                       then linear to 1% at 90%, weight decay 5e-4 (weights
+                                       only), variational lr 0.05 constant, batch 128, 300
+                                       epochs, KL weight linear 0 -> 1 over 200 epochs,
+                                       4 training samples, 32 test samples
+``cifar10-{lenet5,alexnet,resnet50}-   the CIFAR-10 comparison of BbB and MC dropout (seed
+bbb`` / ``-mc_dropout``                study 004; BbB as Shridhar et al. 2019's code): BbB
+                                       with Adam 1e-3, constant beta = 0.1, N(0, 0.1)
+                                       prior; MC dropout with SGD lr 0.01 and rate 0.5;
+                                       batch 64, 200 epochs, 20% validation
+=====================================  =====================================================
+
+Every protocol field is in the recipe (``tfbnn recipes --show NAME`` prints it);
+``tests/test_training.py`` compares them with the published values. Where a paper
+does not state a value, the recipe's ``description`` says what was chosen.
+Datasets other than ``digits`` come from tensorflow-datasets (downloaded once);
+``Recipe.quick()`` gives a few-step version of any recipe.
+"""
+
+import math
+
+from tfbnn.training.recipe import Recipe, load_recipe
+
+__all__ = ["RECIPES", "get_recipe", "recipe_names", "resolve"]
+
+_BLUNDELL_PRIOR = {"class_name": "ScaleMixture", "config": {"pi": 0.25, "sigma1": 1.0, "sigma2": math.exp(-8.0)}}
+
+
+def _blundell(units):
+    return Recipe(
+        name=f"blundell-mnist-{units}",
+        description=(f"Bayes by Backprop, MLP 784-{units}-{units}-10 on MNIST with the scale-mixture prior "
+                     "(pi, sigma1, sigma2) = (1/4, e^0, e^-8), the best point of the paper's grid in the seed "
+                     "study (the paper does not name its best prior); one weight sample per step"),
+        reference="Blundell et al. 2015, Weight Uncertainty in Neural Networks, sec. 5.1, eq. 9, Table 1",
+        model="mlp", model_options={"hidden_units": (units, units)},
+        method="bbb", method_options={"estimator": "reparameterization", "prior": _BLUNDELL_PRIOR},
+        dataset="mnist", validation_fraction=1.0 / 6.0,
+        optimizer="sgd", learning_rate=1e-3, epochs=600, batch_size=128,
+        kl_schedule="blundell", eval_samples=10,
+    )
+
+
+def _molchanov(method, pretrained):
+    vd = method == "vd"
+    name = f"{'vd' if vd else 'graves'}-lenet300-100{'-pretrained' if pretrained else ''}"
+    return Recipe(
+        name=name,
+        description=("sparse variational dropout (additive, Molchanov) " if vd else "Graves (2011) variational "
+                     "inference ") + "on LeNet-300-100, MNIST, " +
+                    ("after 20 epochs of frequentist pre-training" if pretrained else "from random initialisation"),
+        reference=("Molchanov et al. 2017, Variational Dropout Sparsifies DNNs, sec. 5.1; official code "
+                   "experiments/lenet/lenet300-100-ard.py and nets/optpolicy.py (lr_linear, rw_linear)"),
+        model="lenet_300_100", method=method,
+        method_options={"parameterization": "additive"} if vd else {},
+        dataset="mnist", optimizer="adam", learning_rate=1e-3, lr_schedule="linear", lr_boundaries=(100, 200),
+        lr_final=0.0, epochs=200, batch_size=100, pretrain_epochs=20 if pretrained else 0,
+        kl_schedule="warmup", warmup_epochs=5, kl_epochs=15, eval_samples=10,
+    )
+
+
+def _ibnn_vgg16():
+    return Recipe(
+        name="ibnn-cifar10-vgg16",
+        description="node-based BNN (iBNN) VGG16 on CIFAR-10, K = 4 mixture components, prior N(1, 0.3^2)",
+        reference=("Trinh et al. 2022, Tackling Covariate Shift with Node-based BNNs, sec. 6; official code "
+                   "AaltoPML/node-BNN-covariate-shift README (StoVGG16 command)"),
+        model="vgg16", method="ibnn", method_options={"num_components": 4, "prior_stddev": 0.3},
+        dataset="cifar10", optimizer="sgd", learning_rate=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4,
+        lr_schedule="linear", lr_boundaries=(150, 270), lr_final=0.01, variational_learning_rate=0.05,
+        epochs=300, batch_size=128, kl_schedule="linear", kl_epochs=200, train_samples=4, eval_samples=32,
+    )
+
+
+def _cifar(model, method):
+    bbb = method == "bbb"
+    return Recipe(
+        name=f"cifar10-{model}-{method}",
+        description=(f"{model} on CIFAR-10: " + ("Bayes by Backprop, beta = 0.1 constant, prior N(0, 0.1^2)" if bbb
+                     else "MC dropout (rate 0.5, kept on at test time), SGD lr 0.01")),
+        reference=("seed study 004 (CIFAR-10 comparison of BbB and MC dropout on LeNet-5, AlexNet, ResNet-50); "
+                   "BbB settings as Shridhar et al. 2019 (PyTorch-BayesianCNN config_bayesian.py)"),
+        model=model, method=method,
+        method_options=({"estimator": "local_reparameterization",
+                         "prior": {"class_name": "Normal", "config": {"loc": 0.0, "scale": 0.1}}} if bbb
+                        else {"rate": 0.5}),
+        dataset="cifar10", validation_fraction=0.2,
+        optimizer="adam" if bbb else "sgd", learning_rate=1e-3 if bbb else 0.01,
+        epochs=200, batch_size=64, kl_schedule="constant", beta=0.1 if bbb else 1.0, eval_samples=32,
+    )
+
+
+def _main_job():
+    return Recipe(
+        name="digits-bbb-mlp",
+        description=("the main job: a small Bayes-by-Backprop MLP on the offline 8x8 digits (no download), "
+                     "about a minute on 2 CPU cores"),
+        reference="Blundell et al. 2015 (Bayes by Backprop); Kingma et al. 2015 (local reparameterization)",
+        model="mlp", model_options={"hidden_units": (64, 64)},
+        method="bbb", method_options={"estimator": "local_reparameterization", "prior": "normal"},
+        dataset="digits", optimizer="adam", learning_rate=3e-3, epochs=60, batch_size=32,
+        kl_schedule="linear", eval_samples=32,
+    )
+
+
+def _all():
+    recipes = [_main_job()]
+    recipes += [_blundell(u) for u in (400, 800, 1200)]
+    recipes += [_molchanov(m, p) for m in ("vd", "graves") for p in (False, True)]
+    recipes.append(_ibnn_vgg16())
+    recipes += [_cifar(m, meth) for m in ("lenet5", "alexnet", "resnet50") for meth in ("bbb", "mc_dropout")]
+    return {r.name: r for r in recipes}
+
+
+#: Built-in recipe name -> :class:`Recipe`.
+RECIPES = _all()
+
+
+def recipe_names():
+    """The built-in recipe names, in the order of the table above."""
+    return list(RECIPES)
+
+
+def get_recipe(name):
+    """The built-in recipe ``name``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+    """
+    if not isinstance(name, str) or name not in RECIPES:
+        raise ValueError(f"Unknown recipe. Expected one of {recipe_names()} or a .json file. Received: recipe={name!r}")
+    return RECIPES[name]
+
+
+def resolve(recipe):
+    """A :class:`Recipe` from a recipe, a built-in name or a JSON file path."""
+    if isinstance(recipe, Recipe):
+        return recipe
+    if isinstance(recipe, str) and recipe.endswith(".json"):
+        return load_recipe(recipe)
+    return get_recipe(recipe)

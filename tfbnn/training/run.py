@@ -1,0 +1,423 @@
+"""One training routine: :func:`run` fits, evaluates and records a :class:`Recipe`.
+
+What :func:`run` does, in order:
+
+1. seeds Keras (``keras.utils.set_random_seed(recipe.seed)``) and loads the dataset as
+   ``tf.data`` pipelines (:func:`tfbnn.datasets.load_pipeline`: seeded validation
+   hold-out, CIFAR standardization and augmentation); ``N`` of the ELBO is the number
+   of training examples actually used;
+2. builds the model through the zoo (:func:`tfbnn.models.build`), or builds the
+   deterministic zoo model, pre-trains it ``pretrain_epochs`` and converts it
+   (:func:`tfbnn.convert.to_bayesian`) for frequentist pre-training and Graves;
+3. compiles with the recipe's optimizer and learning-rate schedule
+   (:func:`tfbnn.training.make_optimizer`) and fits with
+   :class:`tfbnn.KLAnnealing` (``beta`` from :func:`tfbnn.training.kl_schedule`),
+   a NaN guard and per-epoch timing; iBNN with ``train_samples = S`` trains through
+   :class:`tfbnn.ibnn.IBNNModel`;
+4. evaluates the Monte Carlo predictive on the test split
+   (:func:`tfbnn.evaluation.evaluate_classifier`): accuracy, NLL, ECE, Brier score,
+   total / aleatoric / epistemic uncertainty on clean and Gaussian-shifted inputs;
+5. writes ``recipe.json``, ``history.csv``, ``history.json``, ``learning_curves.png``,
+   ``results.json`` and ``model.keras``.
+
+Outputs are atomic: everything is written to a hidden staging folder beside the
+output folder and moved into place only after the run succeeded, so a run that
+fails (the loss became NaN, a dataset could not be loaded) leaves neither an empty
+folder nor a half-written file, and never replaces the results of an earlier run.
+"""
+
+import dataclasses
+import os
+import shutil
+import time
+
+from tfbnn import io
+from tfbnn.errors import RunError
+from tfbnn.training.recipe import Recipe
+
+__all__ = ["run", "RunResult", "build_model", "convert_model", "deterministic_version", "load_data", "results_table",
+           "SHIFT_GAMMA", "DEFAULT_ROOT"]
+
+#: Gaussian shift of the clean-vs-shifted comparison: x' = (1 - g) x + g eps.
+SHIFT_GAMMA = 0.5
+#: Parent of the default output folders (git-ignored with saved_models/).
+DEFAULT_ROOT = os.path.join("saved_models", "runs")
+
+_CONVERT_BBB = ("flipout", "reparameterization", "local_reparameterization")
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What :func:`run` returns.
+
+    Attributes:
+        recipe: the :class:`Recipe` that ran.
+        model: the trained Keras model.
+        test: dict of test metrics (``accuracy``, ``nll``, ``ece``, ``brier``,
+            ``predictive_entropy``, ``aleatoric``, ``epistemic``, and the same under
+            ``shifted``; ``posterior_mean_accuracy`` for Bayesian models; ``kl``).
+        history: list of per-epoch dicts (loss, accuracy, nll, val_*, kl_beta, seconds).
+        num_examples: N, the training examples used.
+        train_seconds: float.
+        files: list of the written paths.
+        output_dir: the folder holding the files.
+        baseline: the deterministic baseline's test metrics, or None.
+    """
+
+    recipe: Recipe
+    model: object
+    test: dict
+    history: list
+    num_examples: int
+    train_seconds: float
+    files: list
+    output_dir: str
+    baseline: object = None
+
+
+def _is_mlp(recipe):
+    from tfbnn import models
+
+    return recipe.model == "mlp" or recipe.model in models.PRESETS
+
+
+def load_data(recipe):
+    """The recipe's :class:`tfbnn.datasets.DataPipeline` (``N`` = its ``num_examples``).
+
+    Raises:
+        RunError: tensorflow-datasets could not provide the data.
+    """
+    from tfbnn import datasets
+
+    try:
+        return datasets.load_pipeline(
+            recipe.dataset, batch_size=recipe.batch_size, validation_fraction=recipe.validation_fraction,
+            standardize=recipe.dataset in datasets.CIFAR_DATASETS, flatten=_is_mlp(recipe), seed=recipe.seed,
+            max_examples=recipe.max_examples, max_test_examples=recipe.max_test_examples,
+        )
+    except RuntimeError as e:
+        raise RunError(str(e)) from e
+
+
+def _adapted_model_options(recipe, input_shape):
+    """Builder options that fit a zoo model to small images (LeNet-5 'same' padding below
+    16x16, ResNet-50's CIFAR stem below 32x32), unless the recipe sets them."""
+    options = dict(recipe.model_options)
+    side = min(input_shape[:2]) if len(input_shape) == 3 else None
+    if side is not None and recipe.model == "lenet5" and side < 16:
+        options.setdefault("padding", "same")
+    if side is not None and recipe.model == "resnet50" and side < 32:
+        options.setdefault("stem", "cifar")
+    return options
+
+
+def _convert_method(recipe):
+    if recipe.method == "graves":
+        return "graves"
+    if recipe.method == "vd":
+        return "vd_multiplicative" if recipe.method_options.get("parameterization") == "multiplicative" else "vd"
+    return recipe.method_options.get("estimator", "flipout")
+
+
+def build_model(recipe, data):
+    """The recipe's model for ``data`` (uncompiled), through the zoo.
+
+    Methods of the zoo build directly. ``graves`` and recipes with
+    ``pretrain_epochs`` build the deterministic zoo model; :func:`run` pre-trains and
+    converts it (:func:`convert_model`).
+    """
+    from tfbnn import models
+
+    options = _adapted_model_options(recipe, data.input_shape)
+    common = dict(num_classes=data.num_classes, input_shape=data.input_shape, seed=recipe.seed, **options)
+    if recipe.method == "graves" or recipe.pretrain_epochs:
+        return models.build(recipe.model, method="deterministic", **common)
+    return models.build(recipe.model, method=recipe.method, num_examples=data.num_examples,
+                        **common, **recipe.method_options)
+
+
+def deterministic_version(recipe):
+    """The same recipe with deterministic layers (no KL, one sample, no pre-training)."""
+    return recipe.replace(method="deterministic", method_options={}, pretrain_epochs=0, train_samples=1,
+                          variational_learning_rate=None)
+
+
+def convert_model(recipe, deterministic, num_examples):
+    """The Bayesian copy of a (pre-trained) deterministic model (:func:`tfbnn.convert.to_bayesian`)."""
+    from tfbnn import convert
+
+    options = dict(recipe.method_options)
+    init_scale = options.pop("init_scale", 1e-3)
+    kwargs = {"prior": options["prior"]} if "prior" in options else {}
+    return convert.to_bayesian(deterministic, method=_convert_method(recipe), init_scale=init_scale,
+                               num_examples=num_examples, seed=recipe.seed, **kwargs)
+
+
+def _jit(jit_compile, recipe):
+    if jit_compile != "auto":
+        return bool(jit_compile)
+    # XLA helps local reparameterization (no weight-sized draw) and slows weight-sized
+    # normal draws on CPU (see the README's benchmarks).
+    options = recipe.method_options
+    return (recipe.method == "bbb" and options.get("estimator") == "local_reparameterization"
+            and options.get("prior", "normal") == "normal" and _is_mlp(recipe))
+
+
+def _compile(model, recipe, steps_per_epoch, jit_compile):
+    import keras
+
+    from tfbnn.training.optim import make_optimizer
+
+    model.compile(optimizer=make_optimizer(recipe, steps_per_epoch, model), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy", keras.metrics.SparseCategoricalCrossentropy(name="nll")],
+                  jit_compile=jit_compile)
+
+
+def _fit(model, recipe, data, epochs, verbose, extra_callbacks):
+    from tfbnn import callbacks
+    from tfbnn.training.optim import kl_schedule
+
+    guard = callbacks.NaNGuard()
+    cbs = [guard, callbacks.EpochTimer(), *extra_callbacks]
+    if recipe.is_bayesian:
+        schedule = kl_schedule(recipe.kl_schedule, recipe.ramp_epochs, recipe.beta, recipe.warmup_epochs)
+        cbs.insert(0, callbacks.KLAnnealing(num_examples=data.num_examples, schedule=schedule))
+    # The pipeline shuffles (seeded) itself; fit's own shuffle does not apply to a dataset.
+    history = model.fit(data.train, validation_data=data.validation, epochs=epochs, callbacks=cbs,
+                        verbose=verbose, shuffle=False)
+    if guard.where is not None or not _finite(history):
+        what = guard.message() or "the loss became non-finite"
+        raise RunError(f"training of {model.name} diverged: {what}; nothing was saved. "
+                       f"Try a smaller learning rate (the recipe has learning_rate={recipe.learning_rate:g}).")
+    return history
+
+
+def _finite(history):
+    import math
+
+    return all(math.isfinite(v) for v in history.history.get("loss", [])) and bool(history.history.get("loss"))
+
+
+def _arrays(dataset):
+    import numpy as np
+
+    xs, ys = zip(*((x.numpy(), y.numpy()) for x, y in dataset))
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def _eval_samples(recipe, model):
+    if recipe.method != "ibnn":
+        return recipe.eval_samples
+    from tfbnn import ibnn
+
+    k = ibnn.num_components(model)  # iBNN prediction draws the components in turn: a multiple of K
+    return -(-recipe.eval_samples // k) * k
+
+
+def _evaluate(model, recipe, data):
+    from tfbnn import evaluation, utils
+
+    x_test, y_test = _arrays(data.test)
+    t = _eval_samples(recipe, model)
+    result = evaluation.evaluate_classifier(model, x_test, y_test, num_samples=t, num_bins=recipe.ece_bins,
+                                            shift_gamma=SHIFT_GAMMA, sweep_levels=(), seed=recipe.seed,
+                                            batch_size=max(1, 2048 // t))
+    test = {**result.numbers["clean"], "shifted": result.numbers["shifted"], "num_samples": t}
+    for key in ("posterior_mean_accuracy", "posterior_mean_ece"):
+        if key in result.numbers:
+            test[key] = result.numbers[key]
+    test["kl"] = float(utils.kl_divergence(model)) if utils.bayesian_layers(model) else 0.0
+    return test
+
+
+def _history_rows(history):
+    logs = history.history
+    epochs = len(logs.get("loss", []))
+    return [{"epoch": i + 1, **{k: float(v[i]) for k, v in logs.items() if i < len(v)}} for i in range(epochs)]
+
+
+def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
+    """Builds, (pre-trains and converts,) compiles and fits; returns (model, trainable, history, seconds)."""
+    import contextlib
+
+    import keras
+
+    scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
+    jit = _jit(jit_compile, recipe)
+    start = time.perf_counter()
+    with scope:
+        model = build_model(recipe, data)
+        if recipe.method == "graves" or recipe.pretrain_epochs:
+            if recipe.pretrain_epochs:
+                det = deterministic_version(recipe)
+                _compile(model, det, data.steps_per_epoch, jit)
+                print(f"pre-training the deterministic {model.name} for {recipe.pretrain_epochs} epochs", flush=True)
+                _fit(model, det, data, recipe.pretrain_epochs, verbose, ())
+            model = convert_model(recipe, model, data.num_examples)
+        trainable = model
+        if recipe.train_samples > 1:
+            from tfbnn import ibnn
+
+            trainable = ibnn.IBNNModel(model, num_train_samples=recipe.train_samples)
+            trainable(keras.ops.zeros((1, *data.input_shape)))
+        _compile(trainable, recipe, data.steps_per_epoch, jit)
+    if verbose or recipe.method != "deterministic":
+        print(_describe(recipe, model, data), flush=True)
+    history = _fit(trainable, recipe, data, recipe.epochs, verbose, extra_callbacks)
+    return model, history, time.perf_counter() - start
+
+
+def _describe(recipe, model, data):
+    options = ", ".join(f"{k}={v}" for k, v in recipe.method_options.items())
+    opt = recipe.optimizer + (f" (momentum {recipe.momentum:g}{', Nesterov' if recipe.nesterov else ''})"
+                              if recipe.optimizer == "sgd" else "")
+    lines = [
+        f"{recipe.name}: {model.name} ({recipe.method}{': ' + options if options else ''}), "
+        f"{model.count_params():,} parameters",
+        f"  data:     {data.name}, N = {data.num_examples} training / {data.num_validation} validation / "
+        f"{data.num_test} test examples, {data.num_classes} classes",
+        f"  training: {recipe.epochs} epochs, batch {recipe.batch_size}, {opt} lr {recipe.learning_rate:g} "
+        f"({recipe.lr_schedule}), weight decay {recipe.weight_decay:g}, seed {recipe.seed}",
+    ]
+    if recipe.is_bayesian:
+        lines.append(f"  ELBO:     KL schedule {recipe.kl_schedule} to beta = {recipe.beta:g}, "
+                     f"{recipe.train_samples} sample(s) per example and step")
+    return "\n".join(lines)
+
+
+def results_table(result):
+    """The results of a :class:`RunResult` as aligned text (what :func:`run` prints)."""
+    r, t, b = result.recipe, result.test, result.baseline
+    label = r.method if r.method != "bbb" else "BbB"
+    quality = [("test metric (MC predictive)", label, "deterministic" if b else "")]
+    for key, name, fmt in (("accuracy", "accuracy", "{:.2%}"), ("nll", "NLL", "{:.4f}"),
+                           ("ece", f"ECE ({r.ece_bins} bins)", "{:.4f}"), ("brier", "Brier score", "{:.4f}")):
+        quality.append((name, fmt.format(t[key]), fmt.format(b[key]) if b else ""))
+    if "posterior_mean_accuracy" in t:
+        quality.append(("accuracy, posterior mean", f"{t['posterior_mean_accuracy']:.2%}", ""))
+    s = t["shifted"]
+    run_rows = [("training examples (N)", result.num_examples), ("MC samples (T)", t["num_samples"])]
+    if r.is_bayesian:
+        run_rows += [("KL(q || p) total", f"{t['kl']:.1f}"), ("KL / N (per example)", f"{t['kl'] / result.num_examples:.4f}")]
+    final = result.history[-1]["loss"] if result.history else float("nan")
+    run_rows += [("final training loss", f"{final:.4f}"), ("training time", f"{result.train_seconds:.1f} s")]
+    return io.format_table(
+        f"Results: {r.name} ({r.model}, {r.method}) on {r.dataset}",
+        [
+            run_rows,
+            quality,
+            [
+                ("uncertainty (mean, nats)", "clean", f"shifted (gamma={SHIFT_GAMMA:g})"),
+                ("predictive entropy (total)", f"{t['predictive_entropy']:.4f}", f"{s['predictive_entropy']:.4f}"),
+                ("expected entropy (aleatoric)", f"{t['aleatoric']:.4f}", f"{s['aleatoric']:.4f}"),
+                ("mutual information (epistemic)", f"{t['epistemic']:.4f}", f"{s['epistemic']:.4f}"),
+                ("accuracy", f"{t['accuracy']:.2%}", f"{s['accuracy']:.2%}"),
+            ],
+        ],
+    )
+
+
+def _write_outputs(stage, result, history_obj):
+    from tfbnn import plots
+
+    r = result.recipe
+    io.write_json(os.path.join(stage, "recipe.json"), r.to_dict())
+    io.write_csv(os.path.join(stage, "history.csv"), result.history, columns=["epoch"])
+    io.write_json(os.path.join(stage, "history.json"), result.history)
+    logs = {k: v for k, v in history_obj.history.items()
+            if k.removeprefix("val_") in ("loss", "accuracy", "nll")}
+    plots.save(plots.learning_curves(logs, title=f"{r.name}: {result.model.name} on {r.dataset}"),
+               os.path.join(stage, "learning_curves.png"))
+    io.write_json(os.path.join(stage, "results.json"), {
+        "recipe": r.name, "num_examples": result.num_examples, "train_seconds": result.train_seconds,
+        "test": result.test, "baseline": result.baseline,
+    })
+
+
+def _publish(stage, output_dir):
+    """Moves every staged file into ``output_dir`` (each move atomic); returns the paths."""
+    os.makedirs(output_dir, exist_ok=True)
+    paths = []
+    for name in sorted(os.listdir(stage)):
+        target = os.path.join(output_dir, name)
+        os.replace(os.path.join(stage, name), target)
+        paths.append(target)
+    return paths
+
+
+def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, jit_compile="auto",
+        strategy=None, callbacks=()):
+    """Fits, evaluates and records ``recipe``; returns a :class:`RunResult`.
+
+    Args:
+        recipe: a :class:`Recipe`, a built-in recipe name (:func:`tfbnn.training.get_recipe`)
+            or a path to a recipe JSON file.
+        output_dir: folder of the outputs; default ``saved_models/runs/<recipe.name>``.
+        model_path: where the ``.keras`` model goes; default ``<output_dir>/model.keras``.
+        verbose: Keras ``fit`` verbosity (0, 1 progress bar, 2 a line per epoch);
+            default 1 on a terminal, 2 otherwise.
+        baseline: bool; also train the deterministic version of the same recipe and
+            report its metrics beside (``RunResult.baseline``).
+        jit_compile: ``"auto"`` (XLA for local reparameterization MLPs with a Normal
+            prior, where it helps on CPU), True or False.
+        strategy: a ``tf.distribute.Strategy`` or None; the model is built and
+            compiled in its scope.
+        callbacks: extra Keras callbacks for the (main) fit.
+
+    Raises:
+        ValueError: a bad recipe or argument (named).
+        RunError: the run failed (training diverged, data unavailable, a file could
+            not be written); nothing saved earlier was lost and no output was left.
+
+    Example:
+        >>> result = tfbnn.training.run(tfbnn.training.get_recipe("digits-bbb-mlp").quick())
+        >>> result.test["accuracy"], result.files
+    """
+    from tfbnn.training.recipes import resolve
+
+    recipe = resolve(recipe)
+    output_dir = output_dir or os.path.join(DEFAULT_ROOT, recipe.name)
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    io.prepare_output_dir(parent, "output_dir")
+    if model_path is not None:
+        if not str(model_path).endswith(".keras"):
+            raise ValueError(f"Expected a model path ending in '.keras'. Received: model_path={model_path!r}")
+        io.prepare_output_dir(os.path.dirname(os.path.abspath(model_path)), "model_path")
+    if verbose is None:
+        import sys
+
+        verbose = 1 if getattr(sys.stdout, "isatty", lambda: False)() else 2
+
+    import keras
+
+    keras.utils.set_random_seed(recipe.seed)
+    data = load_data(recipe)
+    stage = os.path.join(parent, f".{os.path.basename(os.path.abspath(output_dir))}{io.TMP_MARKER}.{os.getpid()}")
+    shutil.rmtree(stage, ignore_errors=True)
+    os.makedirs(stage)
+    try:
+        keras.utils.set_random_seed(recipe.seed)
+        model, history, seconds = _train(recipe, data, verbose, jit_compile, callbacks, strategy)
+        test = _evaluate(model, recipe, data)
+        base = None
+        if baseline and recipe.method != "deterministic":
+            det = deterministic_version(recipe)
+            keras.utils.set_random_seed(recipe.seed)
+            print("deterministic baseline (the same recipe with deterministic layers) ...", flush=True)
+            det_model, _, _ = _train(det, data, 0, jit_compile, (), strategy)
+            base = _evaluate(det_model, det, data)
+        result = RunResult(recipe=recipe, model=model, test=test, history=_history_rows(history),
+                           num_examples=data.num_examples, train_seconds=seconds, files=[],
+                           output_dir=output_dir, baseline=base)
+        _write_outputs(stage, result, history)
+        if model_path is None:
+            io.save_model(model, os.path.join(stage, "model.keras"))
+        result.files = _publish(stage, output_dir)
+        if model_path is not None:
+            result.files.append(io.save_model(model, model_path))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    print()
+    print(results_table(result))
+    print(f"\nWrote {len(result.files)} files to {output_dir}/", flush=True)
+    return result
