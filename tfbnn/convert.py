@@ -93,7 +93,7 @@ def _check_positive(name, value):
     return float(value)
 
 
-def _check_init_scale(init_scale, moped_delta):
+def check_init_scale(init_scale, moped_delta):
     if init_scale == "moped":
         return "moped", _check_positive("moped_delta", moped_delta)
     if isinstance(init_scale, str):
@@ -295,7 +295,7 @@ def to_bayesian(
             scale, a subclassed model, or a Conv2D layer the method cannot convert.
     """
     method = _check_method(method)
-    mode, scale = _check_init_scale(init_scale, moped_delta)
+    mode, scale = check_init_scale(init_scale, moped_delta)
     if num_examples is not None:
         if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)) or num_examples <= 0:
             raise ValueError(

@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 #: Names accepted by :func:`get_strategy`.
-STRATEGIES = ("auto", "default", "mirrored", "multi_worker")
+from tfbnn.argtypes import STRATEGIES, add_strategy_argument  # noqa: E402  (TF-free, for the command line)
 
 
 def _tf_config(tf_config=None):
@@ -373,32 +373,6 @@ def _multi_worker_loop(model, strategy, dataset, epochs, steps, callbacks, verbo
 # -- command line -----------------------------------------------------------------
 
 
-def add_strategy_argument(parser):
-    """Adds ``--strategy`` and ``--cpu-devices`` to an ``argparse`` parser (or group).
-
-    Use :func:`strategy_from_args` on the parsed namespace, before TensorFlow has
-    run any op (``--cpu-devices`` splits the CPU, which must happen first).
-    """
-    parser.add_argument(
-        "--strategy",
-        choices=STRATEGIES,
-        default="auto",
-        help="tf.distribute strategy: auto = multi_worker when TF_CONFIG lists several tasks, mirrored "
-        "with several local GPUs, default otherwise; mirrored = MirroredStrategy over the local GPUs "
-        "(or the logical CPUs of --cpu-devices); multi_worker = MultiWorkerMirroredStrategy over the "
-        "TF_CONFIG cluster (run the same command on every worker). --batch-size is the global batch; "
-        "XLA is turned off with several replicas",
-    )
-    parser.add_argument(
-        "--cpu-devices",
-        type=_positive_int,
-        default=None,
-        metavar="K",
-        help="split the CPU into K logical devices (to try --strategy mirrored without GPUs)",
-    )
-    return parser
-
-
 def strategy_from_args(args):
     """The strategy of parsed ``--strategy`` / ``--cpu-devices`` options.
 
@@ -419,15 +393,3 @@ def strategy_from_args(args):
         if name == "auto":
             name = "mirrored" if cpu_devices > 1 else "default"
     return get_strategy(name)
-
-
-def _positive_int(text):
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value

@@ -40,17 +40,17 @@ Run: ``python -m tfbnn.experiments.cifar_comparison --model lenet5 --method bbb`
 once integrated, ``tfbnn train --model lenet5 --method bbb --dataset cifar10``.
 """
 
-import argparse
 import os
-import time
 
+from tfbnn import argtypes, io
+from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
 from tfbnn.experiments import _common
 
 __all__ = ["DEFAULTS", "DATASETS", "run_experiment", "add_arguments", "run", "main"]
 
 NAME = "cifar_comparison"
 #: Datasets this comparison accepts.
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
+DATASETS = tuple(d for d in CLASSIFICATION_DATASETS if d != "moons")
 DEFAULT_ROOT = os.path.join(_common.DEFAULT_ROOT, NAME)
 ECE_BINS = 15
 
@@ -88,16 +88,6 @@ DESCRIPTION = (
 
 
 # -- settings ----------------------------------------------------------------------------
-
-
-def _model_kwargs(model, input_shape):
-    """Builder arguments that adapt a model to small inputs (see the module docstring)."""
-    side = min(input_shape[:2]) if len(input_shape) == 3 else None
-    if model == "lenet5" and side is not None and side < 16:
-        return {"padding": "same"}
-    if model == "resnet50" and side is not None and side < 32:
-        return {"stem": "cifar"}
-    return {}
 
 
 def _method_options(method, estimator, prior, dropout_rate, num_components):
@@ -138,93 +128,11 @@ def _check_dataset(dataset):
         raise ValueError(f"Unknown dataset. Expected one of {list(DATASETS)}. Received: dataset={dataset!r}")
 
 
-def _load_data(dataset, model, batch_size, seed, max_examples, max_test_examples):
-    from tfbnn import datasets
-    from tfbnn.cli import CommandError
-
-    cifar = dataset.startswith("cifar")
-    try:
-        return datasets.load_pipeline(
-            dataset, batch_size=batch_size, validation_fraction=0.1, standardize=cifar, flatten=_is_mlp(model),
-            seed=seed, max_examples=max_examples, max_test_examples=max_test_examples,
-        )
-    except RuntimeError as e:  # tfds could not download
-        raise CommandError(str(e)) from None
-
-
-def _optimizer(method, learning_rate):
-    import keras
-
-    if method == "ibnn":
-        from tfbnn import ibnn
-
-        return ibnn.make_optimizer(keras.optimizers.Adam(learning_rate))
-    return keras.optimizers.Adam(learning_rate)
-
-
-def _epoch_timer():
-    """A callback adding ``seconds`` (wall time of the epoch) to the epoch logs."""
-    import keras
-
-    class EpochTimer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self._start = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            if logs is not None:
-                logs["seconds"] = time.perf_counter() - self._start
-
-    return EpochTimer()
-
-
-def _arrays(ds):
-    import numpy as np
-
-    xs, ys = [], []
-    for x, y in ds:
-        xs.append(x.numpy())
-        ys.append(y.numpy())
-    return np.concatenate(xs), np.concatenate(ys)
-
-
-def _evaluate(model, data, num_samples):
-    import numpy as np
-
-    from tfbnn import inference, metrics
-
-    x_test, y_test = _arrays(data.test)
-    # T * batch rows per vectorized call: keep it near 2048.
-    res = inference.predict(model, x_test, num_samples=num_samples, batch_size=max(1, 2048 // num_samples),
-                            task="classification")
-    return {
-        "accuracy": metrics.accuracy(res.mean_probs, y_test),
-        "nll": metrics.negative_log_likelihood(res.mean_probs, y_test),
-        "ece": metrics.expected_calibration_error(res.mean_probs, y_test, ECE_BINS),
-        "brier": metrics.brier_score(res.mean_probs, y_test),
-        "predictive_entropy": float(np.mean(res.predictive_entropy)),
-        "mutual_information": float(np.mean(res.mutual_information)),
-    }
-
-
 # -- outputs --------------------------------------------------------------------------------
 
 
-_CURVE_KEYS = ("loss", "accuracy", "nll")
 _COMPARISON_COLUMNS = ("run", "model", "method", "options", "dataset", "num_examples", "epochs", "parameters",
                        "accuracy", "nll", "ece", "brier", "mutual_information", "train_seconds")
-
-
-def _history_rows(history):
-    logs = history.history
-    epochs = len(logs.get("loss", []))
-    return [{"epoch": i + 1, **{k: float(v[i]) for k, v in logs.items() if i < len(v)}} for i in range(epochs)]
-
-
-def _write_curves(history, folder, title):
-    from tfbnn import plots
-
-    logs = {k: history.history[k] for key in _CURVE_KEYS for k in (key, f"val_{key}") if k in history.history}
-    return plots.save(plots.learning_curves(logs, title=title), os.path.join(folder, "learning_curves.png"))
 
 
 def _read_comparison(path):
@@ -253,8 +161,7 @@ def _update_comparison(root, row):
     rows.append({k: row[k] for k in _COMPARISON_COLUMNS})
     rows.sort(key=lambda r: (r["dataset"], r["model"], r["method"], r["run"]))
     _common.write_csv(path, rows)
-    with open(os.path.join(root, "comparison.md"), "w") as f:
-        f.write(_markdown(rows))
+    io.write_text(os.path.join(root, "comparison.md"), _markdown(rows))
     return rows, [path, os.path.join(root, "comparison.md")]
 
 
@@ -282,7 +189,7 @@ def run_experiment(
     model_path=None,
     verbose=2,
 ):
-    """Trains and evaluates one (model, method) pair; returns a dict of results and files.
+    """Trains and evaluates one (model, method) pair through :func:`tfbnn.training.run`.
 
     Args:
         model: a name of :data:`tfbnn.models.MODELS` or a preset.
@@ -290,9 +197,9 @@ def run_experiment(
         dataset: one of :data:`DATASETS`.
         estimator, prior: bbb's estimator and prior (name or :class:`tfbnn.priors.Prior`).
         dropout_rate: mc_dropout's rate. num_components: iBNN's K.
-        schedule: a :mod:`tfbnn.schedules` name or object for beta (KL methods).
-            ``"linear"`` / ``"warmup"`` / ... use ``anneal_epochs`` (default half of ``epochs``).
-        epochs, batch_size, learning_rate: training.
+        schedule: a KL schedule name (:data:`tfbnn.training.KL_SCHEDULES`), over
+            ``anneal_epochs`` (default half of ``epochs``).
+        epochs, batch_size, learning_rate: training (Adam).
         num_samples: T of the Monte Carlo test predictive (iBNN: rounded up to a multiple of K).
         seed: seeds Keras (initialization, shuffling), the data split and the layers.
         max_examples, max_test_examples: caps on the training / test examples.
@@ -308,102 +215,42 @@ def run_experiment(
     _check_dataset(dataset)
     root = _common.prepare_output_dir(output_dir or DEFAULT_ROOT)
     run_name = _run_label(model, method, dataset, estimator)
-    folder = _common.prepare_output_dir(os.path.join(root, run_name))
     _common.quiet_tensorflow()
 
-    import keras
+    from tfbnn import priors, training
 
-    from tfbnn import callbacks, cli, models
-
-    if model_path is None:
-        model_path = os.path.join(folder, "model.keras")
-    else:
-        cli._prepare_output(model_path)
-
-    keras.utils.set_random_seed(seed)
-    data = _load_data(dataset, model, batch_size, seed, max_examples, max_test_examples)
     options = _method_options(method, estimator, prior, dropout_rate, num_components)
-    net = models.build(model, method=method, num_classes=data.num_classes, input_shape=data.input_shape,
-                       num_examples=data.num_examples, seed=seed, **_model_kwargs(model, data.input_shape), **options)
-    net.compile(optimizer=_optimizer(method, learning_rate), loss="sparse_categorical_crossentropy",
-                metrics=["accuracy", keras.metrics.SparseCategoricalCrossentropy(name="nll")])
-    if method == "ibnn" and num_samples % num_components:
-        num_samples += num_components - num_samples % num_components
-
-    guard = cli._make_nan_guard()
-    cbs = [guard, _epoch_timer()]
-    if method in models.BAYESIAN_METHODS:
-        if isinstance(schedule, str):
-            schedule = cli._make_schedule(schedule, anneal_epochs or max(epochs / 2, 1e-3))
-        cbs.insert(0, callbacks.KLAnnealing(num_examples=data.num_examples, schedule=schedule))
-    option_text = ", ".join(f"{k}={v}" for k, v in options.items())
-    print(f"{NAME}: {net.name} on {data.name}, N = {data.num_examples} training / {data.num_validation} validation / "
-          f"{data.num_test} test examples; {net.count_params():,} parameters; {epochs} epochs, batch {batch_size}, "
-          f"Adam lr {learning_rate:g}{'; ' + option_text if option_text else ''}", flush=True)
-
-    start = time.perf_counter()
-    # The pipeline shuffles (seeded) itself; fit's own shuffle does not apply to a dataset.
-    history = net.fit(data.train, validation_data=data.validation, epochs=epochs, callbacks=cbs, verbose=verbose,
-                      shuffle=False)
-    train_seconds = time.perf_counter() - start
-    if guard.where is not None:
-        epoch, batch, loss = guard.where
-        raise cli.CommandError(
-            f"training of {net.name} diverged: the loss became {loss} at epoch {epoch}, batch {batch}; nothing "
-            f"was saved. Try a smaller --learning-rate (received {learning_rate:g})."
-        )
-    _common.check_finite_history(history, net.name)
-
-    test = _evaluate(net, data, num_samples)
-    rows = _history_rows(history)
-    files = [
-        _common.write_csv(os.path.join(folder, "history.csv"), rows),
-        _common.write_json(os.path.join(folder, "history.json"), rows),
-        _write_curves(history, folder, f"{net.name} on {data.name}"),
-    ]
+    if "prior" in options and not isinstance(options["prior"], str):
+        options["prior"] = priors.serialize(options["prior"])
+    recipe = training.Recipe(
+        name=run_name, description=f"{model} with {method} (the CIFAR comparison)", model=model, method=method,
+        method_options=options, dataset=dataset, max_examples=max_examples, max_test_examples=max_test_examples,
+        validation_fraction=0.1, optimizer="adam", learning_rate=learning_rate, epochs=epochs,
+        batch_size=batch_size, kl_schedule=schedule, kl_epochs=anneal_epochs, eval_samples=num_samples,
+        ece_bins=ECE_BINS, seed=seed,
+    )
+    result = training.run(recipe, output_dir=os.path.join(root, run_name), model_path=model_path, verbose=verbose)
+    test = {**result.test, "mutual_information": result.test["epistemic"]}
+    option_text = ", ".join(f"{k}={v}" for k, v in _method_options(method, estimator, prior, dropout_rate,
+                                                                  num_components).items())
     row = {
-        "run": run_name, "model": model, "method": method, "options": option_text, "dataset": data.name,
-        "num_examples": data.num_examples, "epochs": epochs, "parameters": net.count_params(),
+        "run": run_name, "model": model, "method": method, "options": option_text, "dataset": dataset,
+        "num_examples": result.num_examples, "epochs": epochs, "parameters": result.model.count_params(),
         **{k: test[k] for k in ("accuracy", "nll", "ece", "brier", "mutual_information")},
-        "train_seconds": round(train_seconds, 1),
+        "train_seconds": round(result.train_seconds, 1),
     }
-    settings = {"model": model, "method": method, "options": option_text, "dataset": data.name,
-                "num_examples": data.num_examples, "num_validation": data.num_validation, "num_test": data.num_test,
-                "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
-                "num_samples": num_samples, "seed": seed, "ece_bins": ECE_BINS}
-    files.append(_common.write_json(os.path.join(folder, "results.json"),
-                                    {"settings": settings, "test": test, "train_seconds": train_seconds}))
-    cli.save_atomically(net, model_path)
-    files.append(model_path)
     comparison, comparison_files = _update_comparison(root, row)
-    files += comparison_files
-
-    print()
-    print(cli.format_table(
-        f"Results: {net.name} on {data.name} (test, Monte Carlo predictive, T = {num_samples})",
-        [[("accuracy", f"{test['accuracy']:.2%}"), ("NLL", f"{test['nll']:.4f}"),
-          (f"ECE ({ECE_BINS} bins)", f"{test['ece']:.4f}"), ("Brier score", f"{test['brier']:.4f}"),
-          ("mutual information (epistemic)", f"{test['mutual_information']:.4f}"),
-          ("training time", f"{train_seconds:.1f} s")]],
-    ))
     print(f"\nComparison ({os.path.join(root, 'comparison.md')}):\n")
     print(_markdown(comparison))
-    return {"run": run_name, "row": row, "test": test, "history": rows, "comparison": comparison, "files": files}
+    return {"run": run_name, "row": row, "test": test, "history": result.history, "comparison": comparison,
+            "files": result.files + comparison_files}
 
 
 # -- command line -------------------------------------------------------------------------------
 
 
 def _add(parser, *flags, **kwargs):
-    """``parser.add_argument``, skipping an option the parser already has.
-
-    ``tfbnn train`` already defines ``--dataset``, ``--epochs``, ``--prior``, ... with the
-    same meaning; there its definition (and default) is kept.
-    """
-    try:
-        parser.add_argument(*flags, **kwargs)
-    except argparse.ArgumentError:
-        pass
+    parser.add_argument(*flags, **kwargs)
 
 
 def add_arguments(parser):
@@ -412,7 +259,8 @@ def add_arguments(parser):
     Run standalone (``python -m``) or added to ``tfbnn train``'s parser, where
     ``--model`` (default None) switches ``tfbnn train`` to :func:`run`.
     """
-    from tfbnn import cli, models
+    from tfbnn import models
+    from tfbnn.training.recipe import KL_SCHEDULES
 
     d = DEFAULTS
     names = list(models.MODELS) + list(models.PRESETS)
@@ -426,41 +274,32 @@ def add_arguments(parser):
     _add(parser, "--estimator", choices=models.ESTIMATORS, default=d["estimator"],
          help="bbb: flipout (default), reparameterization, or local_reparameterization (dense layers; "
               "convolutions use Flipout)")
-    _add(parser, "--prior", choices=cli.PRIOR_NAMES, default=d["prior"], help="bbb: weight prior")
-    _add(parser, "--pi", type=cli._open_unit_interval, default=d["pi"], help="scale mixture: weight of component 1")
-    _add(parser, "--sigma1", type=cli._positive_float, default=d["sigma1"], help="scale mixture: wide scale")
-    _add(parser, "--sigma2", type=cli._positive_float, default=d["sigma2"], help="scale mixture: narrow scale")
-    _add(parser, "--dropout-rate", type=_rate, default=d["dropout_rate"], help="mc_dropout: the dropout rate")
-    _add(parser, "--num-components", type=cli._positive_int, default=d["num_components"], metavar="K",
+    _add(parser, "--prior", choices=("normal", "scale_mixture"), default=d["prior"], help="bbb: weight prior")
+    _add(parser, "--pi", type=argtypes.open_unit_interval, default=d["pi"], help="scale mixture: weight of component 1")
+    _add(parser, "--sigma1", type=argtypes.positive_float, default=d["sigma1"], help="scale mixture: wide scale")
+    _add(parser, "--sigma2", type=argtypes.positive_float, default=d["sigma2"], help="scale mixture: narrow scale")
+    _add(parser, "--dropout-rate", type=argtypes.rate, default=d["dropout_rate"], help="mc_dropout: the dropout rate")
+    _add(parser, "--num-components", type=argtypes.positive_int, default=d["num_components"], metavar="K",
          help="ibnn: mixture components K")
-    _add(parser, "--schedule", choices=cli.SCHEDULE_NAMES, default=d["schedule"],
+    _add(parser, "--schedule", choices=KL_SCHEDULES, default=d["schedule"],
          help="KL weight beta over training (bbb, vd, ibnn)")
-    _add(parser, "--anneal-epochs", type=cli._positive_float, default=d["anneal_epochs"], metavar="EPOCHS",
+    _add(parser, "--anneal-epochs", type=argtypes.positive_float, default=d["anneal_epochs"], metavar="EPOCHS",
          help="length of the KL ramp (default: half of --epochs)")
-    _add(parser, "--epochs", type=cli._positive_int, default=d["epochs"], help="training epochs")
-    _add(parser, "--batch-size", type=cli._positive_int, default=d["batch_size"], help="minibatch size")
-    _add(parser, "--learning-rate", type=cli._positive_float, default=d["learning_rate"], metavar="LR",
+    _add(parser, "--epochs", type=argtypes.positive_int, default=d["epochs"], help="training epochs")
+    _add(parser, "--batch-size", type=argtypes.positive_int, default=d["batch_size"], help="minibatch size")
+    _add(parser, "--learning-rate", type=argtypes.positive_float, default=d["learning_rate"], metavar="LR",
          help="Adam learning rate")
-    _add(parser, "--num-samples", type=cli._positive_int, default=d["num_samples"], metavar="T",
+    _add(parser, "--num-samples", type=argtypes.positive_int, default=d["num_samples"], metavar="T",
          help="Monte Carlo samples of the test predictive")
-    _add(parser, "--seed", type=cli._non_negative_int, default=d["seed"], help="seed of data, initialization, noise")
-    _add(parser, "--max-examples", type=cli._positive_int, default=d["max_examples"], metavar="N",
+    _add(parser, "--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed of data, initialization, noise")
+    _add(parser, "--max-examples", type=argtypes.positive_int, default=d["max_examples"], metavar="N",
          help="use at most N training examples (N in the ELBO: what is left after the 10%% validation hold-out)")
-    _add(parser, "--max-test-examples", type=cli._positive_int, default=d["max_test_examples"], metavar="N",
+    _add(parser, "--max-test-examples", type=argtypes.positive_int, default=d["max_test_examples"], metavar="N",
          help="evaluate on at most N test examples")
     _add(parser, "--output-dir", default=None, metavar="DIR",
          help=f"where the runs and the comparison table go (default: {DEFAULT_ROOT})")
     _add(parser, "--verbose", type=int, choices=(0, 1, 2), default=d["verbose"],
          help="Keras fit verbosity (default: 1 on a terminal, 2 otherwise)")
-
-
-def _rate(text):
-    from tfbnn import cli
-
-    value = cli._float(text, "a number in [0, 1)")
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return value
 
 
 def _prior(args):
@@ -478,11 +317,9 @@ def run(args):
     Reads the options of :func:`add_arguments` (a missing one takes its :data:`DEFAULTS`
     value) and, as ``tfbnn train``, its ``--output`` as the model's path.
     """
-    from tfbnn import cli
-
     settings = {k: getattr(args, k, v) for k, v in DEFAULTS.items() if k not in ("pi", "sigma1", "sigma2")}
     settings["prior"] = _prior(args)
-    settings["verbose"] = cli._verbosity(settings["verbose"])
+    settings["verbose"] = argtypes.verbosity(settings["verbose"])
     result = run_experiment(output_dir=getattr(args, "output_dir", None), model_path=getattr(args, "output", None),
                             **settings)
     print("Wrote " + ", ".join(result["files"]))

@@ -218,7 +218,9 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     if not s["methods"] or any(m not in METHODS for m in s["methods"]):
         raise ValueError(f"Expected `methods` from {METHODS}. Received: methods={s['methods']!r}")
     output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
-    ds = _common.load_images(s["dataset"], seed=s["seed"], max_examples=s["max_examples"],
+    from tfbnn import datasets as datasets_lib
+
+    ds = datasets_lib.load_images(s["dataset"], seed=s["seed"], max_examples=s["max_examples"],
                              max_test_examples=s["max_test_examples"])
     if verbose:
         print(f"  {ds.name}: {ds.num_examples} train / {ds.num_test_examples} test images {ds.input_shape}",
@@ -247,31 +249,31 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn import cli
+    from tfbnn import argtypes
 
     d = DEFAULTS
-    parser.add_argument("--dataset", choices=_common.IMAGE_DATASETS, default=d["dataset"],
+    parser.add_argument("--dataset", choices=("digits", "fashion_mnist"), default=d["dataset"],
                         help="digits: offline 8x8x1 stand-in; fashion_mnist: tensorflow-datasets (downloads once)")
-    parser.add_argument("--widths", type=cli._positive_int, nargs="+", default=list(d["widths"]), metavar="W",
+    parser.add_argument("--widths", type=argtypes.positive_int, nargs="+", default=list(d["widths"]), metavar="W",
                         help="hidden-width multipliers")
     parser.add_argument("--methods", choices=METHODS, nargs="+", default=list(d["methods"]), help="methods to run")
-    parser.add_argument("--epochs", type=cli._positive_int, default=d["epochs"], help="epochs per model")
-    parser.add_argument("--batch-size", type=cli._positive_int, default=d["batch_size"], help="minibatch size")
-    parser.add_argument("--learning-rate", type=cli._positive_float, default=d["learning_rate"],
+    parser.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs per model")
+    parser.add_argument("--batch-size", type=argtypes.positive_int, default=d["batch_size"], help="minibatch size")
+    parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"],
                         help="initial Adam learning rate of the weights (cosine decay)")
-    parser.add_argument("--variational-learning-rate", type=cli._positive_float,
+    parser.add_argument("--variational-learning-rate", type=argtypes.positive_float,
                         default=d["variational_learning_rate"], help="iBNN: constant rate of the node parameters")
-    parser.add_argument("--num-components", type=cli._positive_int, default=d["num_components"], metavar="K",
+    parser.add_argument("--num-components", type=argtypes.positive_int, default=d["num_components"], metavar="K",
                         help="iBNN mixture components")
-    parser.add_argument("--prior-stddev", type=cli._positive_float, default=d["prior_stddev"], metavar="S",
+    parser.add_argument("--prior-stddev", type=argtypes.positive_float, default=d["prior_stddev"], metavar="S",
                         help="iBNN prior N(1, S^2)")
-    parser.add_argument("--samples-per-component", type=cli._positive_int, default=d["samples_per_component"],
+    parser.add_argument("--samples-per-component", type=argtypes.positive_int, default=d["samples_per_component"],
                         metavar="n", help="test samples: K * n for both methods")
-    parser.add_argument("--max-examples", type=cli._positive_int, default=None, metavar="N",
+    parser.add_argument("--max-examples", type=argtypes.positive_int, default=None, metavar="N",
                         help="fashion_mnist: at most N training examples")
-    parser.add_argument("--max-test-examples", type=cli._positive_int, default=None, metavar="N",
+    parser.add_argument("--max-test-examples", type=argtypes.positive_int, default=None, metavar="N",
                         help="fashion_mnist: at most N test examples")
-    parser.add_argument("--seed", type=cli._non_negative_int, default=d["seed"], help="seed")
+    parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed")
     parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
                         help="where model_size.png, results.csv and results.json go")
 
@@ -284,7 +286,7 @@ def run(args):
 
 
 def add_ibnn_lenet_parser(subparsers):
-    """Registers ``tfbnn ibnn-lenet`` (append to ``tfbnn.cli.SUBCOMMANDS``)."""
+    """Registers ``tfbnn ibnn-lenet`` (listed in :mod:`tfbnn.cli.experiments`)."""
     return _common.add_subcommand(subparsers, "ibnn-lenet",
                                   "LeNet width sweep (1x-64x) of iBNN vs Bayes-by-Backprop (plot + CSV)",
                                   DESCRIPTION, add_arguments, run)

@@ -270,32 +270,32 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn import cli
+    from tfbnn import argtypes
 
     d = DEFAULTS
-    parser.add_argument("--depths", type=cli._positive_int, nargs="+", default=list(d["depths"]), metavar="D",
+    parser.add_argument("--depths", type=argtypes.positive_int, nargs="+", default=list(d["depths"]), metavar="D",
                         help="numbers of hidden layers")
-    parser.add_argument("--units", type=cli._positive_int, default=d["units"], help="units per hidden layer")
+    parser.add_argument("--units", type=argtypes.positive_int, default=d["units"], help="units per hidden layer")
     parser.add_argument("--methods", choices=METHODS, nargs="+", default=list(d["methods"]),
                         help="ibnn (NodeDense) and/or bbb (DenseReparameterization)")
-    parser.add_argument("--epochs", type=cli._positive_int, default=d["epochs"], help="epochs")
-    parser.add_argument("--steps-per-epoch", type=cli._positive_int, default=d["steps_per_epoch"],
+    parser.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs")
+    parser.add_argument("--steps-per-epoch", type=argtypes.positive_int, default=d["steps_per_epoch"],
                         help="full-batch steps per epoch (KL annealed over the first half of the epochs)")
-    parser.add_argument("--learning-rate", type=cli._positive_float, default=d["learning_rate"],
+    parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"],
                         help="Adam learning rate of the weights")
-    parser.add_argument("--variational-learning-rate", type=cli._positive_float,
+    parser.add_argument("--variational-learning-rate", type=argtypes.positive_float,
                         default=d["variational_learning_rate"], help="iBNN: Adam rate of the node parameters")
-    parser.add_argument("--num-components", type=cli._positive_int, default=d["num_components"], metavar="K",
+    parser.add_argument("--num-components", type=argtypes.positive_int, default=d["num_components"], metavar="K",
                         help="iBNN mixture components")
-    parser.add_argument("--prior-stddev", type=cli._positive_float, default=d["prior_stddev"], metavar="S",
+    parser.add_argument("--prior-stddev", type=argtypes.positive_float, default=d["prior_stddev"], metavar="S",
                         help="iBNN prior N(1, S^2)")
-    parser.add_argument("--train-samples", type=cli._positive_int, default=d["train_samples"], metavar="S",
+    parser.add_argument("--train-samples", type=argtypes.positive_int, default=d["train_samples"], metavar="S",
                         help="iBNN noise samples per example in training")
-    parser.add_argument("--samples-per-component", type=cli._positive_int, default=d["samples_per_component"],
+    parser.add_argument("--samples-per-component", type=argtypes.positive_int, default=d["samples_per_component"],
                         metavar="n", help="iBNN prediction: n samples per component (K * n in all)")
-    parser.add_argument("--bbb-samples", type=cli._positive_int, default=d["bbb_samples"], metavar="T",
+    parser.add_argument("--bbb-samples", type=argtypes.positive_int, default=d["bbb_samples"], metavar="T",
                         help="BbB prediction samples")
-    parser.add_argument("--seed", type=cli._non_negative_int, default=d["seed"], help="seed of data and models")
+    parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed of data and models")
     parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
                         help="where bands.png, results.csv and results.json go")
 
@@ -310,7 +310,7 @@ def run(args):
 
 
 def add_ibnn_regression_parser(subparsers):
-    """Registers ``tfbnn ibnn-regression`` (append to ``tfbnn.cli.SUBCOMMANDS``)."""
+    """Registers ``tfbnn ibnn-regression`` (listed in :mod:`tfbnn.cli.experiments`)."""
     return _common.add_subcommand(subparsers, "ibnn-regression",
                                   "iBNN vs Bayes-by-Backprop on y = x^3 with 1-5 hidden layers (bands + CSV)",
                                   DESCRIPTION, add_arguments, run)

@@ -150,7 +150,9 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
     from tfbnn import plots
 
-    ds = _common.load_images(s["dataset"], seed=s["seed"], max_examples=s["max_examples"],
+    from tfbnn import datasets as datasets_lib
+
+    ds = datasets_lib.load_images(s["dataset"], seed=s["seed"], max_examples=s["max_examples"],
                              max_test_examples=s["max_test_examples"])
     x_test = ds.x_test.reshape(ds.num_test_examples, -1)
     num_samples = s["num_components"] * s["samples_per_component"]
@@ -195,34 +197,34 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn import cli
+    from tfbnn import argtypes
 
     d = DEFAULTS
-    parser.add_argument("--dataset", choices=_common.IMAGE_DATASETS, default=d["dataset"],
+    parser.add_argument("--dataset", choices=("digits", "fashion_mnist"), default=d["dataset"],
                         help="digits: offline; fashion_mnist: tensorflow-datasets (downloads once)")
-    parser.add_argument("--hidden-units", type=cli._positive_int, default=d["hidden_units"], help="units per layer")
-    parser.add_argument("--depth", type=cli._positive_int, default=d["depth"], help="hidden layers")
-    parser.add_argument("--epochs", type=cli._positive_int, default=d["epochs"], help="epochs per model")
-    parser.add_argument("--batch-size", type=cli._positive_int, default=d["batch_size"], help="minibatch size")
-    parser.add_argument("--learning-rate", type=cli._positive_float, default=d["learning_rate"],
+    parser.add_argument("--hidden-units", type=argtypes.positive_int, default=d["hidden_units"], help="units per layer")
+    parser.add_argument("--depth", type=argtypes.positive_int, default=d["depth"], help="hidden layers")
+    parser.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs per model")
+    parser.add_argument("--batch-size", type=argtypes.positive_int, default=d["batch_size"], help="minibatch size")
+    parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"],
                         help="Adam learning rate of the weights")
-    parser.add_argument("--variational-learning-rate", type=cli._positive_float,
+    parser.add_argument("--variational-learning-rate", type=argtypes.positive_float,
                         default=d["variational_learning_rate"], help="iBNN: rate of the node parameters")
-    parser.add_argument("--num-components", type=cli._positive_int, default=d["num_components"], metavar="K",
+    parser.add_argument("--num-components", type=argtypes.positive_int, default=d["num_components"], metavar="K",
                         help="iBNN mixture components")
-    parser.add_argument("--prior-stddev", type=cli._positive_float, default=d["prior_stddev"], metavar="S",
+    parser.add_argument("--prior-stddev", type=argtypes.positive_float, default=d["prior_stddev"], metavar="S",
                         help="iBNN prior N(1, S^2)")
-    parser.add_argument("--dropout-rate", type=cli._open_unit_interval, default=d["dropout_rate"],
+    parser.add_argument("--dropout-rate", type=argtypes.open_unit_interval, default=d["dropout_rate"],
                         help="MC dropout rate")
-    parser.add_argument("--samples-per-component", type=cli._positive_int, default=d["samples_per_component"],
+    parser.add_argument("--samples-per-component", type=argtypes.positive_int, default=d["samples_per_component"],
                         metavar="n", help="test samples: K * n for both models")
     parser.add_argument("--corruptions", choices=("gaussian", "salt_and_pepper"), nargs="+",
                         default=list(d["corruptions"]), help="corruptions to sweep")
-    parser.add_argument("--max-examples", type=cli._positive_int, default=None, metavar="N",
+    parser.add_argument("--max-examples", type=argtypes.positive_int, default=None, metavar="N",
                         help="fashion_mnist: at most N training examples")
-    parser.add_argument("--max-test-examples", type=cli._positive_int, default=None, metavar="N",
+    parser.add_argument("--max-test-examples", type=argtypes.positive_int, default=None, metavar="N",
                         help="fashion_mnist: at most N test examples")
-    parser.add_argument("--seed", type=cli._non_negative_int, default=d["seed"], help="seed")
+    parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed")
     parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
                         help="where the PNGs, results.csv and results.json go")
 
@@ -235,7 +237,7 @@ def run(args):
 
 
 def add_ibnn_shift_parser(subparsers):
-    """Registers ``tfbnn ibnn-shift`` (append to ``tfbnn.cli.SUBCOMMANDS``)."""
+    """Registers ``tfbnn ibnn-shift`` (listed in :mod:`tfbnn.cli.experiments`)."""
     return _common.add_subcommand(subparsers, "ibnn-shift",
                                   "uncertainty under input corruption: iBNN vs MC dropout (plots + CSV)",
                                   DESCRIPTION, add_arguments, run)

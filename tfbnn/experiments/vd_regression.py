@@ -166,7 +166,7 @@ def _check_settings(s):
             raise ValueError(f"Expected `{key}` in [0, 1]. Received: {key}={v!r}")
     from tfbnn import convert
 
-    convert._check_init_scale(s["init_scale"], s["moped_delta"])
+    convert.check_init_scale(s["init_scale"], s["moped_delta"])
 
 
 def run_experiment(output_dir=None, verbose=True, **settings):
@@ -245,26 +245,26 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn import cli
-    from tfbnn.experiments.vd_sparsity import _init_scale
+    from tfbnn import argtypes
+    from tfbnn.experiments.vd_sparsity import parse_init_scale
 
     d = DEFAULTS
     parser.add_argument("--methods", choices=METHODS, nargs="+", default=list(d["methods"]), help="models to compare")
-    parser.add_argument("--num-points", type=cli._positive_int, default=d["num_points"], help="training points")
-    parser.add_argument("--noise-std", type=cli._positive_float, default=d["noise_std"],
+    parser.add_argument("--num-points", type=argtypes.positive_int, default=d["num_points"], help="training points")
+    parser.add_argument("--noise-std", type=argtypes.positive_float, default=d["noise_std"],
                         help="noise std of the data and of the Gaussian likelihood")
-    parser.add_argument("--hidden-units", type=cli._positive_int, default=d["hidden_units"], help="hidden units")
-    parser.add_argument("--pretrain-steps", type=cli._positive_int, default=d["pretrain_steps"],
+    parser.add_argument("--hidden-units", type=argtypes.positive_int, default=d["hidden_units"], help="hidden units")
+    parser.add_argument("--pretrain-steps", type=argtypes.positive_int, default=d["pretrain_steps"],
                         help="full-batch steps of the deterministic net")
-    parser.add_argument("--steps", type=cli._positive_int, default=d["steps"],
+    parser.add_argument("--steps", type=argtypes.positive_int, default=d["steps"],
                         help="full-batch steps of each Bayesian net")
-    parser.add_argument("--learning-rate", type=cli._positive_float, default=d["learning_rate"], help="Adam rate")
-    parser.add_argument("--init-scale", type=_init_scale, default=d["init_scale"],
+    parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"], help="Adam rate")
+    parser.add_argument("--init-scale", type=parse_init_scale, default=d["init_scale"],
                         help="initial posterior std after conversion: a number, or moped (delta * |w|)")
-    parser.add_argument("--moped-delta", type=cli._positive_float, default=d["moped_delta"], help="MOPED delta")
-    parser.add_argument("--num-samples", type=cli._positive_int, default=d["num_samples"], metavar="T",
+    parser.add_argument("--moped-delta", type=argtypes.positive_float, default=d["moped_delta"], help="MOPED delta")
+    parser.add_argument("--num-samples", type=argtypes.positive_int, default=d["num_samples"], metavar="T",
                         help="MC samples of the predictive")
-    parser.add_argument("--seed", type=cli._non_negative_int, default=d["seed"], help="seed of data and models")
+    parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed of data and models")
     parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
                         help="where bands.png, bands.csv, results.csv and results.json go")
 
@@ -281,7 +281,7 @@ def run(args):
 
 
 def add_vd_regression_parser(subparsers):
-    """Registers ``tfbnn vd-regression`` (append to ``tfbnn.cli.SUBCOMMANDS``)."""
+    """Registers ``tfbnn vd-regression`` (listed in :mod:`tfbnn.cli.experiments`)."""
     return _common.add_subcommand(subparsers, "vd-regression",
                                   "1-D regression bands: variational dropout vs Graves vs deterministic",
                                   DESCRIPTION, add_arguments, run)

@@ -134,7 +134,8 @@ def _criterion(method):
 
 
 def _load(s):
-    from tfbnn import cli, datasets
+    from tfbnn import datasets
+    from tfbnn.errors import RunError
 
     kwargs = {}
     if s["dataset"] in datasets.OFFLINE_DATASETS:
@@ -150,7 +151,7 @@ def _load(s):
     try:
         return datasets.load(s["dataset"], **kwargs)
     except RuntimeError as e:
-        raise cli.CommandError(str(e)) from None
+        raise RunError(str(e)) from None
 
 
 def _check_settings(s):
@@ -180,10 +181,10 @@ def _check_settings(s):
     if s["threshold"] is not None:
         from tfbnn import pruning
 
-        pruning._check_threshold(_criterion(s["method"]), s["threshold"])
+        pruning.check_threshold(_criterion(s["method"]), s["threshold"])
     from tfbnn import convert
 
-    convert._check_init_scale(s["init_scale"], s["moped_delta"])
+    convert.check_init_scale(s["init_scale"], s["moped_delta"])
 
 
 # -- the study -----------------------------------------------------------------------------------
@@ -456,28 +457,30 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 # -- command line ------------------------------------------------------------------------------
 
 
-def _threshold(text):
-    from tfbnn import cli
+def parse_threshold(text):
+    """``--threshold``: a finite number."""
+    from tfbnn import argtypes
 
-    return cli._float(text, "a number")
+    return argtypes.finite_float(text)
 
 
-def _init_scale(text):
-    from tfbnn import cli
+def parse_init_scale(text):
+    """``--init-scale``: a positive number or ``moped``."""
+    from tfbnn import argtypes
 
     if text == "moped":
         return text
-    return cli._positive_float(text)
+    return argtypes.positive_float(text)
 
 
 def add_arguments(parser):
     """The options of the study (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn import cli
+    from tfbnn import argtypes
 
     d = DEFAULTS
     parser.add_argument("--model", choices=list(MODELS), default=d["model"],
                         help="lenet300_100 (hidden 300-100) or mlp (hidden sizes from --hidden-units)")
-    parser.add_argument("--hidden-units", type=cli._positive_int, nargs="+", default=None, metavar="U",
+    parser.add_argument("--hidden-units", type=argtypes.positive_int, nargs="+", default=None, metavar="U",
                         help="hidden layer sizes of --model mlp (default: 300 100)")
     parser.add_argument("--method", choices=METHODS, default=d["method"],
                         help="vd: sparse variational dropout (Molchanov, additive); vd_multiplicative: Kingma's "
@@ -485,32 +488,32 @@ def add_arguments(parser):
                              "fitted Gaussian prior)")
     parser.add_argument("--dataset", choices=DATASETS, default=d["dataset"],
                         help="digits / moons are offline; mnist / fashion_mnist download via tensorflow-datasets")
-    parser.add_argument("--max-examples", type=cli._positive_int, default=d["max_examples"], metavar="N",
+    parser.add_argument("--max-examples", type=argtypes.positive_int, default=d["max_examples"], metavar="N",
                         help="training examples to use (mnist, fashion_mnist; moons: points generated)")
-    parser.add_argument("--pretrain-epochs", type=cli._non_negative_int, default=d["pretrain_epochs"],
+    parser.add_argument("--pretrain-epochs", type=argtypes.non_negative_int, default=d["pretrain_epochs"],
                         help="epochs of deterministic pre-training")
-    parser.add_argument("--epochs", type=cli._positive_int, default=d["epochs"], help="epochs of Bayesian training")
-    parser.add_argument("--warmup-epochs", type=_threshold, default=d["warmup_epochs"],
+    parser.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs of Bayesian training")
+    parser.add_argument("--warmup-epochs", type=parse_threshold, default=d["warmup_epochs"],
                         help="epochs with beta = 0 after conversion")
-    parser.add_argument("--anneal-epochs", type=cli._positive_float, default=d["anneal_epochs"],
+    parser.add_argument("--anneal-epochs", type=argtypes.positive_float, default=d["anneal_epochs"],
                         help="epochs of the linear beta ramp after the warm-up")
-    parser.add_argument("--kl-beta", type=cli._positive_float, default=d["kl_beta"],
+    parser.add_argument("--kl-beta", type=argtypes.positive_float, default=d["kl_beta"],
                         help="final beta (default: 1, the ELBO; lower it when the KL overwhelms a small N)")
-    parser.add_argument("--batch-size", type=cli._positive_int, default=d["batch_size"], help="minibatch size")
-    parser.add_argument("--learning-rate", type=cli._positive_float, default=d["learning_rate"], help="Adam rate")
-    parser.add_argument("--init-scale", type=_init_scale, default=d["init_scale"],
+    parser.add_argument("--batch-size", type=argtypes.positive_int, default=d["batch_size"], help="minibatch size")
+    parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"], help="Adam rate")
+    parser.add_argument("--init-scale", type=parse_init_scale, default=d["init_scale"],
                         help="initial posterior std after conversion: a number, or moped (delta * |w|)")
-    parser.add_argument("--moped-delta", type=cli._positive_float, default=d["moped_delta"], help="MOPED delta")
-    parser.add_argument("--threshold", type=_threshold, default=d["threshold"],
+    parser.add_argument("--moped-delta", type=argtypes.positive_float, default=d["moped_delta"], help="MOPED delta")
+    parser.add_argument("--threshold", type=parse_threshold, default=d["threshold"],
                         help="pruning threshold (default: log alpha 3 for vd, |mu|/sigma 0.83 for graves)")
-    parser.add_argument("--num-samples", type=cli._positive_int, default=d["num_samples"], metavar="T",
+    parser.add_argument("--num-samples", type=argtypes.positive_int, default=d["num_samples"], metavar="T",
                         help="MC samples of the headline accuracy and the sweep")
-    parser.add_argument("--sample-counts", type=cli._positive_int, nargs="+", default=list(d["sample_counts"]),
+    parser.add_argument("--sample-counts", type=argtypes.positive_int, nargs="+", default=list(d["sample_counts"]),
                         metavar="T", help="numbers of MC samples for the accuracy-vs-T curve")
-    parser.add_argument("--repeats", type=cli._positive_int, default=d["repeats"],
+    parser.add_argument("--repeats", type=argtypes.positive_int, default=d["repeats"],
                         help="repeats per point (error bars: std over repeats)")
     parser.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the threshold sweep")
-    parser.add_argument("--seed", type=cli._non_negative_int, default=d["seed"], help="seed of data and models")
+    parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed of data and models")
     parser.add_argument("--output-dir", default=None, metavar="DIR",
                         help="output folder (default: saved_models/experiments/vd_sparsity/<dataset>_<method>)")
 
@@ -530,7 +533,7 @@ def run(args):
 
 
 def add_vd_sparsity_parser(subparsers):
-    """Registers ``tfbnn vd-sparsity`` (append to ``tfbnn.cli.SUBCOMMANDS``)."""
+    """Registers ``tfbnn vd-sparsity`` (listed in :mod:`tfbnn.cli.experiments`)."""
     return _common.add_subcommand(subparsers, "vd-sparsity",
                                   "sparsity study: pre-train, convert (vd | graves), anneal, prune vs random",
                                   DESCRIPTION, add_arguments, run)

@@ -186,15 +186,15 @@ def build_transformer_classifier(vocab_size, max_length=120, embed_dim=32, num_h
 
 # -- the experiment -------------------------------------------------------------------------------
 def _load(s):
-    from tfbnn import cli
     from tfbnn.datasets import text
+    from tfbnn.errors import RunError
 
     if s["dataset"] == "synthetic_reviews":
         return text.make_synthetic_reviews(num_examples=s["max_examples"] or 4000, seed=s["seed"])
     try:
         return text.load_imdb(max_examples=s["max_examples"], max_test_examples=s["max_test_examples"])
     except RuntimeError as e:
-        raise cli.CommandError(str(e)) from None
+        raise RunError(str(e)) from None
 
 
 def _vectorize(s, ds):
@@ -374,39 +374,39 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn import cli
-    from tfbnn.experiments.vd_sparsity import _init_scale, _threshold
+    from tfbnn import argtypes
+    from tfbnn.experiments.vd_sparsity import parse_init_scale, parse_threshold
 
     d = DEFAULTS
     parser.add_argument("--dataset", choices=DATASETS, default=d["dataset"],
                         help="imdb (tensorflow-datasets, downloads on first use) or the offline synthetic_reviews")
     parser.add_argument("--variants", choices=FEED_FORWARD, nargs="+", default=list(d["variants"]),
                         help="feed-forward blocks to compare")
-    parser.add_argument("--max-examples", type=cli._positive_int, default=d["max_examples"], metavar="N",
+    parser.add_argument("--max-examples", type=argtypes.positive_int, default=d["max_examples"], metavar="N",
                         help="training reviews to use (synthetic_reviews: reviews generated, default 4000)")
-    parser.add_argument("--max-test-examples", type=cli._positive_int, default=d["max_test_examples"], metavar="N",
+    parser.add_argument("--max-test-examples", type=argtypes.positive_int, default=d["max_test_examples"], metavar="N",
                         help="test reviews to use (imdb)")
-    parser.add_argument("--vocab-size", type=cli._positive_int, default=d["vocab_size"],
+    parser.add_argument("--vocab-size", type=argtypes.positive_int, default=d["vocab_size"],
                         help="TextVectorization max_tokens")
-    parser.add_argument("--max-length", type=cli._positive_int, default=d["max_length"], help="tokens per review")
-    parser.add_argument("--embed-dim", type=cli._positive_int, default=d["embed_dim"], help="embedding size")
-    parser.add_argument("--num-heads", type=cli._positive_int, default=d["num_heads"], help="attention heads")
-    parser.add_argument("--ff-dim", type=cli._positive_int, default=d["ff_dim"], help="feed-forward hidden units")
-    parser.add_argument("--pretrain-epochs", type=cli._non_negative_int, default=d["pretrain_epochs"],
+    parser.add_argument("--max-length", type=argtypes.positive_int, default=d["max_length"], help="tokens per review")
+    parser.add_argument("--embed-dim", type=argtypes.positive_int, default=d["embed_dim"], help="embedding size")
+    parser.add_argument("--num-heads", type=argtypes.positive_int, default=d["num_heads"], help="attention heads")
+    parser.add_argument("--ff-dim", type=argtypes.positive_int, default=d["ff_dim"], help="feed-forward hidden units")
+    parser.add_argument("--pretrain-epochs", type=argtypes.non_negative_int, default=d["pretrain_epochs"],
                         help="epochs of the deterministic model before conversion")
-    parser.add_argument("--epochs", type=cli._positive_int, default=d["epochs"], help="epochs after conversion")
-    parser.add_argument("--warmup-epochs", type=_threshold, default=d["warmup_epochs"], help="epochs with beta = 0")
-    parser.add_argument("--anneal-epochs", type=cli._positive_float, default=d["anneal_epochs"],
+    parser.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs after conversion")
+    parser.add_argument("--warmup-epochs", type=parse_threshold, default=d["warmup_epochs"], help="epochs with beta = 0")
+    parser.add_argument("--anneal-epochs", type=argtypes.positive_float, default=d["anneal_epochs"],
                         help="epochs of the beta ramp 0 -> 1")
-    parser.add_argument("--batch-size", type=cli._positive_int, default=d["batch_size"], help="minibatch size")
-    parser.add_argument("--learning-rate", type=cli._positive_float, default=d["learning_rate"], help="Adam rate")
-    parser.add_argument("--init-scale", type=_init_scale, default=d["init_scale"],
+    parser.add_argument("--batch-size", type=argtypes.positive_int, default=d["batch_size"], help="minibatch size")
+    parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"], help="Adam rate")
+    parser.add_argument("--init-scale", type=parse_init_scale, default=d["init_scale"],
                         help="initial posterior std after conversion: a number, or moped (delta * |w|)")
-    parser.add_argument("--moped-delta", type=cli._positive_float, default=d["moped_delta"], help="MOPED delta")
-    parser.add_argument("--num-samples", type=cli._positive_int, default=d["num_samples"], metavar="T",
+    parser.add_argument("--moped-delta", type=argtypes.positive_float, default=d["moped_delta"], help="MOPED delta")
+    parser.add_argument("--num-samples", type=argtypes.positive_int, default=d["num_samples"], metavar="T",
                         help="MC samples per prediction")
-    parser.add_argument("--repeats", type=cli._positive_int, default=d["repeats"], help="MC repeats (error bars)")
-    parser.add_argument("--seed", type=cli._non_negative_int, default=d["seed"], help="seed")
+    parser.add_argument("--repeats", type=argtypes.positive_int, default=d["repeats"], help="MC repeats (error bars)")
+    parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed")
     parser.add_argument("--output-dir", default=None, metavar="DIR",
                         help="output folder (default: saved_models/experiments/vd_transformer/<dataset>)")
 
@@ -421,7 +421,7 @@ def run(args):
 
 
 def add_vd_transformer_parser(subparsers):
-    """Registers ``tfbnn vd-transformer`` (append to ``tfbnn.cli.SUBCOMMANDS``)."""
+    """Registers ``tfbnn vd-transformer`` (listed in :mod:`tfbnn.cli.experiments`)."""
     return _common.add_subcommand(subparsers, "vd-transformer",
                                   "Transformer text classifier with a VD / BbB feed-forward block (IMDB)",
                                   DESCRIPTION, add_arguments, run)

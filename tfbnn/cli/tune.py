@@ -4,7 +4,7 @@ Written as a ``tfbnn`` subcommand (``add_tune_parser`` / ``run_tune``, the
 pattern of :mod:`tfbnn.cli`); until it is listed in ``tfbnn.cli.SUBCOMMANDS`` it
 also runs on its own::
 
-    python -m tfbnn.tuning_cli tune --search blundell-prior-grid --dataset digits --epochs 5
+    python -m tfbnn.cli.tune tune --search blundell-prior-grid --dataset digits --epochs 5
 
 Output folder (``--output``, default ``tuners/results/<search>-<dataset>``)::
 
@@ -23,26 +23,21 @@ import math
 import os
 import sys
 
-from tfbnn.cli import (
-    PROG,
-    CommandError,
-    _ArgumentParser,
-    _HelpFormatter,
-    _load_data,
-    _non_negative_int,
-    _positive_float,
-    _positive_int,
-    format_table,
-    run_command,
-)
+from tfbnn import argtypes
+from tfbnn.datasets.catalog import ARRAY_DATASETS
+from tfbnn.errors import RunError as CommandError
+from tfbnn.io import format_table
 
-__all__ = ["add_tune_parser", "run_tune", "main", "TUNE_DEFAULTS"]
+PROG = "tfbnn"
+_positive_int, _non_negative_int, _positive_float = argtypes.positive_int, argtypes.non_negative_int, argtypes.positive_float
+
+__all__ = ["add_parser", "add_tune_parser", "run_tune", "main", "TUNE_DEFAULTS"]
 
 SEARCH_NAMES = ("blundell-prior-grid", "ibnn-random")  # = tfbnn.tuning.SEARCHES (kept light: no TF import)
 OBJECTIVE_NAMES = ("val_accuracy", "val_nll", "val_loss")
 LAYER_NAMES = ("flipout", "local_reparameterization", "reparameterization")
 SCHEDULE_NAMES = ("constant", "linear", "warmup", "cosine", "cyclic", "blundell")
-DATASET_NAMES = ("digits", "moons", "mnist", "fashion_mnist")
+DATASET_NAMES = ARRAY_DATASETS
 
 # Defaults: the bare command runs the 27-trial grid on the offline digits set.
 TUNE_DEFAULTS = {
@@ -66,10 +61,10 @@ TUNE_DEFAULTS = {
     "verbose": 0,
 }
 
-# The chief's and workers' program: `python -m tfbnn.tuning_cli` with TensorFlow's start-up
-# log filtered as for the `tfbnn` command (tfbnn/_quiet.py keys on the program name).
+# The chief's and workers' program: `python -m tfbnn.cli.tune` with TensorFlow's start-up
+# log filtered as for the `tfbnn` command (tfbnn/startup.py keys on the program name).
 _CHILD_MAIN = (
-    "import sys; sys.argv[0] = 'tfbnn'; import tfbnn; from tfbnn.tuning_cli import main; "
+    "import sys; sys.argv[0] = 'tfbnn'; import tfbnn; from tfbnn.cli.tune import main; "
     "sys.exit(main(sys.argv[1:]))"
 )
 
@@ -80,66 +75,21 @@ _LAUNCHER_ONLY = {"help", "workers", "port", "overwrite", "output"}
 # -- parsing ---------------------------------------------------------------------------
 
 
-def _number_list(text):
-    """``"0.25,0.5,0.75"`` -> ``(0.25, 0.5, 0.75)``; the library checks the ranges."""
-    items = [t.strip() for t in text.split(",")]
-    try:
-        values = tuple(float(t) for t in items)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not all(math.isfinite(v) for v in values):
-        raise argparse.ArgumentTypeError(f"expected finite numbers, got {text!r}")
-    return values
-
-
-def _int_list(text):
-    items = [t.strip() for t in text.split(",")]
-    try:
-        values = tuple(int(t) for t in items)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    return values
-
-
-def _name_list(choices):
-    def parse(text):
-        values = tuple(t.strip() for t in text.split(","))
-        unknown = [v for v in values if v not in choices]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {unknown[0]!r}; expected names from {', '.join(choices)}")
-        return values
-
-    return parse
-
-
-def _fraction(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in the open interval (0, 1), got {text!r}") from None
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in the open interval (0, 1), got {text!r}")
-    return value
-
-
-def _port(text):
-    value = _positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {text!r}")
-    return value
+_number_list, _int_list, _name_list, _fraction, _port = (argtypes.number_list, argtypes.int_list, argtypes.name_list,
+                                                   argtypes.open_unit_interval, argtypes.port)
 
 
 def _join(values):
     return ",".join(repr(v) if isinstance(v, float) else str(v) for v in values)
 
 
-def add_tune_parser(subparsers):
+def add_parser(subparsers):
     """Registers ``tfbnn tune``."""
     d = TUNE_DEFAULTS
     parser = subparsers.add_parser(
         "tune",
         help="KerasTuner search: the Blundell scale-mixture prior grid (27 trials), resumable, distributable",
-        formatter_class=_HelpFormatter,
+        formatter_class=argtypes.HelpFormatter,
         description=(
             "Run a KerasTuner search over a tfbnn model and report the best trials.\n"
             "\n"
@@ -305,7 +255,7 @@ def _check_settings(folder, settings, overwrite):
 
 
 def _write_settings(folder, settings):
-    from tfbnn.tuning import _write_json
+    from tfbnn.io import write_json as _write_json
 
     _write_json(os.path.join(folder, "settings.json"), settings)
 
@@ -445,6 +395,31 @@ def _launch(args, folder):
     return 0
 
 
+def _load_data(args):
+    """The in-memory dataset of the search (``--max-examples`` caps moons' generation and the tfds sets)."""
+    from tfbnn import datasets
+
+    kwargs = {"seed": args.seed} if args.dataset in datasets.OFFLINE_DATASETS else {}
+    if args.max_examples is not None:
+        if args.dataset == "digits":
+            raise ValueError("--max-examples applies to moons, mnist and fashion_mnist, not digits. "
+                             f"Received: --max-examples={args.max_examples}")
+        kwargs["num_examples" if args.dataset == "moons" else "max_examples"] = args.max_examples
+    try:
+        return datasets.load(args.dataset, **kwargs)
+    except RuntimeError as e:
+        raise CommandError(str(e)) from None
+
+
+def _space_names(space):
+    """The names of the space's dimensions, in words (for the header)."""
+    import keras_tuner
+
+    hp = keras_tuner.HyperParameters()
+    space.declare(hp)
+    return [p.name for p in hp.space]
+
+
 def _run_search(args, search, space, folder, role, settings):
     from tfbnn import tuning
 
@@ -459,6 +434,8 @@ def _run_search(args, search, space, folder, role, settings):
                 os.remove(path)
 
     ds = _load_data(args)
+    model_text = (f"iBNN MLP, {args.depth} x {args.hidden_units} NodeDense units" if args.search == "ibnn-random"
+                  else f"BbB MLP, {args.depth} x {args.hidden_units} {args.layer} units")
     (x_train, _), (x_val, _) = tuning.split_validation(ds.x_train, ds.y_train, args.validation_split)
     n_train, n_val = len(x_train), len(x_val)
     hypermodel = search.hypermodel_class(
@@ -493,9 +470,10 @@ def _run_search(args, search, space, folder, role, settings):
            "worker": f" [worker {os.environ.get('KERASTUNER_TUNER_ID')}]"}[role]
     print(f"{PROG} tune: {args.search} on {ds.name}{who}\n"
           f"  data:    N = {n_train} training / {n_val} validation examples, {ds.num_classes} classes\n"
-          f"  space:   {space!r}: {total} trials x {args.epochs} epochs, objective {args.objective} "
+          f"  space:   {type(space).__name__} over {', '.join(_space_names(space))}: {total} trials x "
+          f"{args.epochs} epochs, objective {args.objective} "
           f"({tuning.OBJECTIVES[args.objective]})\n"
-          f"  model:   BbB MLP, {args.depth} x {args.hidden_units} {args.layer} units, Adam lr "
+          f"  model:   {model_text}, Adam lr "
           f"{args.learning_rate:g}, KL schedule {args.schedule}, batch {args.batch_size}\n"
           f"  project: {project}", flush=True)
     if resuming and role != "worker":
@@ -530,7 +508,7 @@ def _run_search(args, search, space, folder, role, settings):
 
 def build_parser():
     """A ``tfbnn``-style parser with only the ``tune`` subcommand."""
-    parser = _ArgumentParser(prog=PROG, formatter_class=_HelpFormatter,
+    parser = argtypes.ArgumentParser(prog=PROG, formatter_class=argtypes.HelpFormatter,
                              description="tfbnn tune: KerasTuner searches over tfbnn models.")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
     subparsers.required = True
@@ -539,9 +517,12 @@ def build_parser():
 
 
 def main(argv=None):
-    """``python -m tfbnn.tuning_cli tune ...``: the exit status, as :func:`tfbnn.cli.main` returns it."""
-    return run_command(build_parser(), argv)
+    """``python -m tfbnn.cli.tune tune ...``: the exit status, as :func:`tfbnn.cli.main` returns it."""
+    return argtypes.run_parsed(build_parser(), argv)
 
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+add_tune_parser = add_parser

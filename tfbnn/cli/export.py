@@ -1,0 +1,66 @@
+"""``tfbnn export``: a saved model as a SavedModel with sample / mean / uncertainty endpoints."""
+
+import os
+
+from tfbnn import argtypes
+from tfbnn.cli.evaluate import load_model
+
+__all__ = ["add_parser", "run", "model_task"]
+
+
+def add_parser(subparsers):
+    """Registers ``tfbnn export``."""
+    parser = subparsers.add_parser(
+        "export",
+        help="export a saved model as a SavedModel with sample / mean / uncertainty endpoints",
+        formatter_class=argtypes.HelpFormatter,
+        description=(
+            "Export a .keras model as a TensorFlow SavedModel that serves without tfbnn\n"
+            "(tf.saved_model.load). Endpoints: sample(x), sample_seeded(x, seed), mean(x),\n"
+            "summary(x) and summary_seeded(x, seed) (a T-sample summary: mean_probs,\n"
+            "predictive_entropy, aleatoric, epistemic for classifiers; mean and standard deviations\n"
+            "for regression). Unseeded endpoints draw fresh samples in every process; seeded ones\n"
+            "reproduce."
+        ),
+    )
+    parser.add_argument("model", type=argtypes.existing_model, help="a .keras file")
+    parser.add_argument("--output", default=None, metavar="DIR",
+                        help="SavedModel folder; default: MODEL without .keras + '_savedmodel'")
+    parser.add_argument("--num-samples", type=argtypes.positive_int, default=100, metavar="T",
+                        help="samples of the summary endpoints")
+    parser.add_argument("--task", choices=("auto", "classification", "regression"), default="auto",
+                        help="what the summary endpoints compute: classification (the model outputs "
+                        "probabilities: a softmax head), regression (a tfbnn.GaussianHead or a point "
+                        "output); auto decides from the model's output layer")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing export folder")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def model_task(model):
+    """``"classification"`` when the model's output layer is a softmax, ``"regression"`` otherwise."""
+    import keras
+
+    last = model.layers[-1]
+    activation = getattr(last, "activation", None)
+    return "classification" if activation is keras.activations.softmax else "regression"
+
+
+def run(args):
+    """``tfbnn export``: returns the exit status."""
+    from tfbnn.export import export_saved_model
+
+    output = args.output or args.model[: -len(".keras")] + "_savedmodel"
+    model = load_model(args.model)
+    task = model_task(model)
+    if args.task != "auto" and args.task != task:
+        raise ValueError(f"the model's output layer makes it a {task} model (its activation is "
+                         f"{getattr(model.layers[-1], 'activation', None).__name__}). Received: --task={args.task}")
+    if os.path.exists(output) and not args.overwrite:
+        raise ValueError(f"the export folder {output!r} exists; pass --overwrite to replace it. Received: "
+                         f"--output={output}")
+    export_saved_model(model, output, num_samples=args.num_samples, task=task, overwrite=args.overwrite)
+    print(f"Exported {args.model} ({task}) to {output}/ with endpoints sample, sample_seeded, mean, summary, "
+          f"summary_seeded (T = {args.num_samples}).\nServe it with: served = "
+          f"tf.saved_model.load({output!r}); served.summary(x)")
+    return 0
