@@ -1,8 +1,9 @@
-"""KerasTuner HyperModels of the tfbnn searches, trained on the ELBO.
+"""KerasTuner HyperModels of the tfbnn searches: each trial a zoo model, trained on the ELBO.
 
 :class:`BayesianMLPHyperModel` (Bayes by Backprop over a :class:`BlundellPriorSpace`)
-and :class:`IBNNHyperModel` (node-based iBNN over an :class:`IBNNSpace`) fit their
-models on a training split with :class:`tfbnn.KLAnnealing` given that split's ``N``.
+and :class:`IBNNHyperModel` (node-based iBNN over an :class:`IBNNSpace`) build their
+models with :func:`tfbnn.models.mlp`, the one builder of tfbnn's models, and fit
+them on a training split with :class:`tfbnn.KLAnnealing` given that split's ``N``.
 """
 
 import json
@@ -15,6 +16,7 @@ import numpy as np
 
 from tfbnn import ibnn
 from tfbnn import layers as layers_lib
+from tfbnn import models as models_lib
 from tfbnn.callbacks import KLAnnealing
 from tfbnn.tuning.launch import tuner_id
 from tfbnn.tuning.spaces import (
@@ -29,18 +31,22 @@ from tfbnn.tuning.spaces import (
 
 __all__ = ["BayesianMLPHyperModel", "IBNNHyperModel", "LAYER_NAMES"]
 
-#: The Bayes-by-Backprop layer types.
-LAYER_NAMES = ("flipout", "local_reparameterization", "reparameterization")
+#: The Bayes-by-Backprop layer types (the zoo's ``bbb`` estimators).
+LAYER_NAMES = models_lib.ESTIMATORS
+
+# N of a model built before the data is known; ``fit`` replaces it (see ``num_examples``).
+_PLACEHOLDER_NUM_EXAMPLES = 1
 
 
 class BayesianMLPHyperModel(keras_tuner.HyperModel):
     """A Bayes-by-Backprop MLP classifier per trial, trained on the ELBO with ``N`` = the training split.
 
-    ``build(hp)`` makes ``depth`` hidden ReLU layers of tfbnn dense layers
-    (``layer``: flipout, local reparameterization or reparameterization) and a
-    softmax output, every kernel and bias under the trial's prior (the
-    :class:`BlundellPriorSpace` scale mixture), compiled with Adam, the
-    sparse categorical cross-entropy, and the metrics ``accuracy`` and ``nll``.
+    ``build(hp)`` makes the zoo's Bayes-by-Backprop MLP, ``tfbnn.models.mlp("bbb",
+    hidden_units=(units,) * depth, estimator=layer, prior=...)``: ``depth`` hidden
+    ReLU layers of tfbnn dense layers (``layer``: flipout, local reparameterization
+    or reparameterization) and a softmax head, every kernel and bias under the
+    trial's prior (the :class:`BlundellPriorSpace` scale mixture), compiled with
+    Adam, the sparse categorical cross-entropy, and the metrics ``accuracy`` and ``nll``.
     ``fit`` holds out the validation split, adds :class:`tfbnn.KLAnnealing` with
     ``num_examples`` = the training examples actually used, and trains.
 
@@ -64,7 +70,15 @@ class BayesianMLPHyperModel(keras_tuner.HyperModel):
             and when it ends (values, tuner id, pid, N, final metrics) -- an audit trail
             of which process trained what, shared by distributed workers.
         verbose: Keras ``fit`` verbosity (0, 1, 2). Default 0.
-        name: str.
+        name: str, also the name of the built models.
+        num_examples: int or None, N of the model ``build`` returns (its Bayesian
+            layers start at ``kl_weight = 1 / N``). KerasTuner builds before it passes
+            any data, so by default (None) ``build`` uses N = 1 as a placeholder. That
+            value never trains: this HyperModel's ``fit`` adds :class:`tfbnn.KLAnnealing`
+            with N = the training split, which writes ``beta / N`` into every layer
+            before the first batch (and every batch after), and KerasTuner's
+            checkpoints keep that weight. Give N when you build a model to train it
+            without this ``fit``.
 
     Example:
         >>> hm = BayesianMLPHyperModel((2,), 2, hidden_units=8)
@@ -90,6 +104,7 @@ class BayesianMLPHyperModel(keras_tuner.HyperModel):
         fit_log=None,
         verbose=0,
         name="bbb_mlp",
+        num_examples=None,
     ):
         super().__init__(name=name, tunable=True)
         self.input_shape = tuple(int(d) for d in input_shape)
@@ -120,6 +135,11 @@ class BayesianMLPHyperModel(keras_tuner.HyperModel):
         self.run_eagerly = bool(run_eagerly)
         self.fit_log = None if fit_log is None else os.fspath(fit_log)
         self.verbose = verbose
+        if num_examples is not None and not is_positive_int(num_examples):
+            raise ValueError(
+                f"Expected `num_examples` to be a positive integer or None. Received: num_examples={num_examples!r}"
+            )
+        self.num_examples = None if num_examples is None else int(num_examples)
 
     def _check_space(self, space):
         space = BlundellPriorSpace() if space is None else space
@@ -134,21 +154,24 @@ class BayesianMLPHyperModel(keras_tuner.HyperModel):
         return values.get(name, getattr(self, name))
 
     def build(self, hp):
-        from tfbnn.cli import build_mlp
-
         values = self.space.declare(hp)
-        keras.utils.set_random_seed(self.seed)
-        model = build_mlp(
-            self.input_shape,
-            self.num_classes,
-            self._setting(values, "hidden_units"),
-            self.depth,
-            self.layer,
-            self.space.prior(values),
-            self.seed,
-            name=self.name,
-        )
+        model = self._zoo_mlp(values, "bbb", estimator=self.layer, prior=self.space.prior(values))
         return self._compile(model, keras.optimizers.Adam(learning_rate=self._setting(values, "learning_rate")))
+
+    def _zoo_mlp(self, values, method, **options):
+        """The trial's :func:`tfbnn.models.mlp`: ``depth`` hidden layers of the trial's width."""
+        keras.utils.set_random_seed(self.seed)
+        units = int(self._setting(values, "hidden_units"))
+        return models_lib.mlp(
+            method,
+            hidden_units=(units,) * self.depth,
+            num_classes=self.num_classes,
+            input_shape=self.input_shape,
+            num_examples=self.num_examples or _PLACEHOLDER_NUM_EXAMPLES,
+            seed=self.seed,
+            name=self.name,
+            **options,
+        )
 
     def _compile(self, model, optimizer):
         model.compile(
@@ -203,8 +226,9 @@ class BayesianMLPHyperModel(keras_tuner.HyperModel):
 class IBNNHyperModel(BayesianMLPHyperModel):
     """A node-based iBNN MLP per trial over an :class:`IBNNSpace` (Trinh et al. 2022).
 
+    ``build(hp)`` makes the zoo's iBNN MLP, ``tfbnn.models.mlp("ibnn", ...)``:
     ``depth`` hidden :class:`tfbnn.layers.NodeDense` ReLU layers and a softmax
-    ``NodeDense`` output with the trial's ``K``, ``sigma0`` and ``s``, compiled with
+    ``NodeDense`` head with the trial's ``K``, ``sigma0`` and ``s``, compiled with
     :func:`tfbnn.ibnn.make_optimizer` (Adam at ``learning_rate`` for the weights,
     the trial's variational learning rate for the node posteriors). ``fit`` is
     :meth:`BayesianMLPHyperModel.fit` (validation split, ``KLAnnealing`` with N).
@@ -212,7 +236,8 @@ class IBNNHyperModel(BayesianMLPHyperModel):
     ``NotImplementedError`` naming the missing layer; KerasTuner calls ``build`` when
     the tuner is made, so that error comes before any training.
 
-    Args: those of :class:`BayesianMLPHyperModel`, with ``space`` an :class:`IBNNSpace`.
+    Args: those of :class:`BayesianMLPHyperModel`, with ``space`` an :class:`IBNNSpace`
+    (``layer`` is not used).
     """
 
     def _check_space(self, space):
@@ -223,23 +248,14 @@ class IBNNHyperModel(BayesianMLPHyperModel):
 
     def build(self, hp):
         values = self.space.declare(hp)
-        node_dense = getattr(layers_lib, "NodeDense", None)
-        if node_dense is None:
+        if getattr(layers_lib, "NodeDense", None) is None:
             raise NotImplementedError(
                 "The iBNN search needs the node-based layer tfbnn.layers.NodeDense (Trinh et al. "
                 "2022), which this version of tfbnn does not have; the search space "
                 "(tfbnn.tuning.IBNNSpace) is defined, the model is not."
             )
-        node = {"num_components": values["num_components"], "init_stddev": values["init_stddev"],
-                "prior_stddev": values["prior_stddev"]}
-        keras.utils.set_random_seed(self.seed)
-        stack = [keras.Input(shape=self.input_shape)]
-        for i in range(self.depth):
-            stack.append(node_dense(self.hidden_units, activation="relu", seed=self.seed + i + 1,
-                                    name=f"hidden_{i + 1}", **node))
-        stack.append(node_dense(self.num_classes, activation="softmax", seed=self.seed + self.depth + 1,
-                                name="output", **node))
-        model = keras.Sequential(stack, name=self.name)
+        model = self._zoo_mlp(values, "ibnn", num_components=values["num_components"],
+                              prior_stddev=values["prior_stddev"], init_stddev=values["init_stddev"])
         optimizer = ibnn.make_optimizer(keras.optimizers.Adam(self.learning_rate),
                                         variational_learning_rate=values["variational_learning_rate"])
         return self._compile(model, optimizer)
