@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import keras
 import keras_tuner
 import numpy as np
 import pytest
@@ -201,6 +202,55 @@ def test_kl_scale_follows_the_training_split(tmp_path):
     # The built model carries the trial's scale-mixture prior.
     prior = tfbnn.bayesian_layers(model)[0].kernel_prior
     assert prior == tfbnn.priors.ScaleMixture(0.25, 1.0, math.exp(-6.0))
+
+
+def _weights_and_kl(model):
+    return [type(layer) for layer in model.layers], [w.numpy() for w in model.weights], tfbnn.kl_divergence(model)
+
+
+@pytest.mark.parametrize("search", ["bbb", "ibnn"])
+def test_hypermodels_build_zoo_models(search):
+    """A trial's model is the zoo's tfbnn.models.mlp with the trial's settings: same layers, weights and KL."""
+    if search == "bbb":
+        hypermodel = tuning.BayesianMLPHyperModel((3,), 2, hidden_units=4, depth=2, layer="reparameterization",
+                                                  seed=5, num_examples=60)
+        options = {"estimator": "reparameterization", "prior": tfbnn.priors.ScaleMixture(0.25, 1.0, math.exp(-6.0))}
+    else:
+        space = tuning.IBNNSpace(num_components=[2], init_stddev=[0.25], prior_stddev=[0.5],
+                                 variational_learning_rate=[0.05])
+        hypermodel = tuning.IBNNHyperModel((3,), 2, space=space, hidden_units=4, depth=2, seed=5, num_examples=60)
+        options = {"num_components": 2, "init_stddev": 0.25, "prior_stddev": 0.5}
+    model = hypermodel.build(keras_tuner.HyperParameters())
+    keras.utils.set_random_seed(5)
+    zoo = tfbnn.models.mlp(search, hidden_units=(4, 4), num_classes=2, input_shape=(3,), num_examples=60, seed=5,
+                           **options)
+    classes, weights, kl = _weights_and_kl(model)
+    zoo_classes, zoo_weights, zoo_kl = _weights_and_kl(zoo)
+    assert classes == zoo_classes and len(tfbnn.bayesian_layers(model)) == 3
+    assert len(weights) == len(zoo_weights) and all(np.array_equal(a, b) for a, b in zip(weights, zoo_weights))
+    assert float(kl) == float(zoo_kl) and np.isfinite(float(kl))
+    assert all(float(layer.kl_weight.numpy()) == pytest.approx(1 / 60) for layer in tfbnn.bayesian_layers(model))
+    # Without N the build-time scale is a placeholder (N = 1) that fit replaces (test_kl_scale_follows_...).
+    placeholder = type(hypermodel)((3,), 2, space=hypermodel.space, hidden_units=4, depth=1)
+    assert all(float(layer.kl_weight.numpy()) == 1.0
+               for layer in tfbnn.bayesian_layers(placeholder.build(keras_tuner.HyperParameters())))
+    with pytest.raises(ValueError, match="Received: num_examples=0"):
+        type(hypermodel)((3,), 2, num_examples=0)
+
+
+def test_tuning_does_not_import_the_command_line():
+    """tfbnn.tuning sits below the command line: importing it and building its models never loads tfbnn.cli."""
+    code = (
+        "import sys, keras_tuner; import tfbnn.tuning as t\n"
+        "for hm in (t.BayesianMLPHyperModel((2,), 2, hidden_units=2, depth=1),\n"
+        "           t.IBNNHyperModel((2,), 2, hidden_units=2, depth=1)):\n"
+        "    hm.build(keras_tuner.HyperParameters())\n"
+        "print(sorted(m for m in sys.modules if m == 'tfbnn.cli' or m.startswith(('tfbnn.cli.', 'tfbnn.tuning_cli'))))\n"
+    )
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_validation_split_rule_matches_keras():

@@ -27,7 +27,8 @@ Method options: ``mc_dropout``: ``rate`` (default 0.1); ``bbb``: ``estimator``
 (``"flipout"`` default, ``"reparameterization"``, ``"local_reparameterization"``) and
 ``prior`` (a name such as ``"normal"``, ``"scale_mixture"``, or a
 :class:`tfbnn.priors.Prior`); ``vd``: ``parameterization`` (``"additive"`` default,
-``"multiplicative"``); ``ibnn``: ``num_components`` (K, default 4), ``prior_stddev``.
+``"multiplicative"``); ``ibnn``: ``num_components`` (K, default 4), ``prior_stddev``,
+``init_stddev``.
 
 Example:
     >>> import tfbnn.models
@@ -118,7 +119,7 @@ def build(name, method="deterministic", **kwargs):
         **kwargs: the builder's arguments (``num_classes``, ``input_shape``,
             ``num_examples``, ``seed``, family options such as ``stem``) and the
             method's options (``rate``, ``estimator``, ``prior``, ``parameterization``,
-            ``num_components``, ``prior_stddev``).
+            ``num_components``, ``prior_stddev``, ``init_stddev``).
 
     Returns:
         An uncompiled functional ``keras.Model`` with softmax outputs.

@@ -25,8 +25,9 @@ those layers are:
   whose noise differs per example.
 * ``vd`` (option ``parameterization``, ``"additive"`` (Molchanov, default) or
   ``"multiplicative"`` (Kingma)): DenseVariationalDropout / Conv2DVariationalDropout.
-* ``ibnn`` (options ``num_components``, K, default 4, and ``prior_stddev``, default
-  0.1): NodeDense / NodeConv2D.
+* ``ibnn`` (options ``num_components``, K, default 4, ``prior_stddev``, default 0.1,
+  and ``init_stddev``, sigma0, default 0.5; the defaults are NodeDense's): NodeDense /
+  NodeConv2D.
 
 So for ``bbb``, ``vd`` and ``ibnn`` *every* convolution and dense layer of a zoo model
 is Bayesian (the stem, the residual shortcuts and the softmax head included), and
@@ -78,7 +79,7 @@ METHOD_OPTIONS = {
     "mc_dropout": {"rate": 0.1},
     "bbb": {"estimator": "flipout", "prior": "normal"},
     "vd": {"parameterization": "additive"},
-    "ibnn": {"num_components": 4, "prior_stddev": 0.1},
+    "ibnn": {"num_components": 4, "prior_stddev": 0.1, "init_stddev": 0.5},
 }
 
 _BBB_DENSE = {
@@ -147,6 +148,9 @@ def _check_options(method, options):
         s = resolved["prior_stddev"]
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not (math.isfinite(s) and s > 0):
             raise ValueError(f"Expected `prior_stddev` to be a positive float. Received: prior_stddev={s!r}")
+        s0 = resolved["init_stddev"]  # 0 is allowed: NodeDense then starts every component mean at 1
+        if isinstance(s0, bool) or not isinstance(s0, (int, float)) or not (math.isfinite(s0) and s0 >= 0):
+            raise ValueError(f"Expected `init_stddev` to be a non-negative float. Received: init_stddev={s0!r}")
     return resolved
 
 
@@ -157,7 +161,7 @@ class LayerFactory:
         method: one of :data:`METHODS`.
         options: dict of the method's options (:data:`METHOD_OPTIONS`): ``rate``
             (mc_dropout), ``estimator`` and ``prior`` (bbb), ``parameterization`` (vd),
-            ``num_components`` and ``prior_stddev`` (ibnn). Unknown keys are an error.
+            ``num_components``, ``prior_stddev`` and ``init_stddev`` (ibnn). Unknown keys are an error.
         num_examples: int > 0, N; required for ``bbb``, ``vd`` and ``ibnn``
             (``kl_weight = 1 / N``), optional (unused) otherwise.
         seed: int >= 0 or None; the i-th stochastic layer gets ``seed + i + 1``.
@@ -192,7 +196,11 @@ class LayerFactory:
         elif self.method == "vd":
             kwargs["parameterization"] = self.options["parameterization"]
         elif self.method == "ibnn":
-            kwargs.update(num_components=self.options["num_components"], prior_stddev=self.options["prior_stddev"])
+            kwargs.update(
+                num_components=self.options["num_components"],
+                prior_stddev=self.options["prior_stddev"],
+                init_stddev=self.options["init_stddev"],
+            )
         return kwargs
 
     # -- weight layers -------------------------------------------------------------

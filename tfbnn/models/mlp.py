@@ -78,7 +78,7 @@ def mlp(
         activation: hidden activation. Default ``"relu"``.
         name: model name; default ``"mlp_<method>"``.
         **method_options: the method's options (``rate``; ``estimator``, ``prior``;
-            ``parameterization``; ``num_components``, ``prior_stddev``).
+            ``parameterization``; ``num_components``, ``prior_stddev``, ``init_stddev``).
 
     Returns:
         An uncompiled functional ``keras.Model`` (compile with
