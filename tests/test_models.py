@@ -11,6 +11,8 @@ SGD (no optimizer slots), ``tfbnn.predict`` with T = 2.
   arithmetic, costs minutes on 2 cores); the ``.keras`` round trip runs once per
   family, with a different method for each (:data:`HEAVY_SAVE_LOAD`), so every
   non-deterministic method is saved and loaded inside a big net once.
+* ``bayesian_layers="last"`` (deterministic body, Bayesian head): every builder and
+  method, with small inputs; built and called once, not trained.
 
 Order inside a pair: predict and save/load on the freshly built model, then the
 train step. A step on a batch of 2 makes the batch-norm statistics of ResNet-50's
@@ -19,6 +21,7 @@ the *next* inference overflow; that says nothing about the zoo.
 """
 
 import os
+import re
 
 import keras
 import numpy as np
@@ -53,23 +56,25 @@ METHOD_OPTIONS = {
     "vd": {"parameterization": "additive"},
     "ibnn": {"num_components": 2},  # T = 2 Monte Carlo samples cover both components
 }
-LIGHT = {"mlp": (784,), "lenet5": (32, 32, 3)}
-HEAVY = {"alexnet": (32, 32, 3), "resnet50": (32, 32, 3), "vgg16": (32, 32, 3), "wide_resnet28_10": (32, 32, 3)}
+#: Builder arguments that fix each model's input.
+LIGHT = {"mlp": {"input_shape": (784,)}, "lenet5": {"input_shape": (32, 32, 3)}}
+HEAVY = {name: {"input_shape": (32, 32, 3)} for name in ("alexnet", "resnet50", "vgg16", "wide_resnet28_10")}
 #: The one method whose .keras round trip each heavy family runs.
 HEAVY_SAVE_LOAD = {"alexnet": "mc_dropout", "resnet50": "bbb", "vgg16": "vd", "wide_resnet28_10": "ibnn"}
 WEIGHT_LAYERS = (keras.layers.Dense, keras.layers.Conv2D)
 
 
-def _data(input_shape):
+def _data(shape):
+    """A batch for a model built with ``shape`` (its ``input_shape``)."""
     rng = np.random.default_rng(0)
-    x = rng.random((BATCH, *input_shape)).astype("float32")
+    x = rng.random((BATCH, *shape["input_shape"])).astype("float32")
     y = np.arange(BATCH, dtype="int32") % NUM_CLASSES
     return x, y
 
 
-def _build(name, method, input_shape, seed=7):
-    return zoo.build(name, method=method, num_classes=NUM_CLASSES, input_shape=input_shape,
-                     num_examples=N, seed=seed, **METHOD_OPTIONS[method])
+def _build(name, method, shape, seed=7, **kwargs):
+    return zoo.build(name, method, num_classes=NUM_CLASSES, num_examples=N, seed=seed, **shape,
+                     **METHOD_OPTIONS[method], **kwargs)
 
 
 def _sublayers(model):
@@ -125,9 +130,9 @@ def _check_train_step(model, x, y):
         assert len(model.losses) > 0  # the kl_weight * KL terms
 
 
-def _check_pair(name, method, input_shape, save_path):
-    x, y = _data(input_shape)
-    model = _build(name, method, input_shape)
+def _check_pair(name, method, shape, save_path):
+    x, y = _data(shape)
+    model = _build(name, method, shape)
     assert tuple(model.output.shape) == (None, NUM_CLASSES)
     _check_structure(model, method)
     _check_predict(model, x)
@@ -285,6 +290,67 @@ def test_build_matches_the_named_builders_and_presets():
     assert preset.name == "lenet_300_100_bbb"
     assert [l.units for l in tfbnn.bayesian_layers(preset)] == [300, 100, 10]
     assert zoo.mlp(hidden_units="mlp_800", input_shape=(784,)).count_params() == 636_010
+
+
+# -- bayesian_layers="last": a deterministic body and a Bayesian head -----------------------------
+
+#: name -> (builder arguments of a small net, its weight layers before the head)
+LAST = {
+    "mlp": ({"hidden_units": (8, 8), "input_shape": (4,)}, 2),
+    "lenet5": ({"input_shape": (8, 8, 1), "padding": "same"}, 4),
+    "alexnet": ({"input_shape": (8, 8, 3)}, 7),
+    "resnet50": ({"input_shape": (8, 8, 3), "stem": "cifar"}, 53),
+    "vgg16": ({"input_shape": (32, 32, 3)}, 15),
+    "wide_resnet28_10": ({"input_shape": (8, 8, 3)}, 28),
+}
+
+
+def _check_last_layer_bayesian(name, method, shape, num_body):
+    seed = 7
+    model = _build(name, method, shape, seed=seed, bayesian_layers="last")
+    head = model.get_layer("predictions")
+    body = [l for l in _sublayers(model) if isinstance(l, WEIGHT_LAYERS) and l is not head]
+    assert len(body) == num_body and all(type(l) in WEIGHT_LAYERS for l in body)
+    stochastic = tfbnn.stochastic_layers(model)
+    if method == "mc_dropout":
+        # Dropout only in front of a deterministic head.
+        assert type(head) is keras.layers.Dense and not tfbnn.bayesian_layers(model)
+        assert [(type(l), l.name, l.seed) for l in stochastic] == [(MCDropout, "predictions_dropout", seed + 1)]
+        return
+    assert tfbnn.bayesian_layers(model) == [head] and stochastic == [head]
+    assert head.seed == seed + 1 and float(head.kl_weight.numpy()) == pytest.approx(1.0 / N)
+    np.testing.assert_allclose(tfbnn.kl_divergence(model), head.kl_divergence(), rtol=1e-6)
+    x, _ = _data(shape)
+    model(x, training=True)
+    (loss,) = model.losses  # the objective's KL term is the head's
+    np.testing.assert_allclose(loss, head.kl_weight * head.kl_divergence(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["mc_dropout", "bbb", "vd", "ibnn"])
+@pytest.mark.parametrize("name", list(LAST))
+def test_last_layer_bayesian(name, method):
+    shape, num_body = LAST[name]
+    _check_last_layer_bayesian(name, method, shape, num_body)
+
+
+def test_last_layer_bayesian_deterministic_is_unchanged_and_factory_carries_it():
+    shape = {"hidden_units": (8,), "input_shape": (4,)}
+    assert (_build("mlp", "deterministic", shape, bayesian_layers="last").get_config()["layers"]
+            == _build("mlp", "deterministic", shape).get_config()["layers"])
+    factory = zoo.LayerFactory("vd", num_examples=N, bayesian_layers="last")
+    assert [l.name for l in tfbnn.bayesian_layers(zoo.mlp(factory, **shape))] == ["predictions"]
+    with pytest.raises(ValueError, match=r"Received: method=.* with \{'bayesian_layers': 'last'\}"):
+        zoo.mlp(zoo.LayerFactory("vd", num_examples=N), bayesian_layers="last", **shape)
+
+
+@pytest.mark.parametrize("value", ["first", None, True])
+@pytest.mark.parametrize("name", list(zoo.MODELS))
+def test_bad_bayesian_layers_are_rejected_clearly(name, value):
+    message = re.escape(f"Expected `bayesian_layers` to be one of ['all', 'last']. Received: bayesian_layers={value!r}")
+    with pytest.raises(ValueError, match=message):
+        zoo.build(name, method="vd", num_examples=N, bayesian_layers=value)
+    with pytest.raises(ValueError, match=message):
+        zoo.LayerFactory("bbb", num_examples=N, bayesian_layers=value)
 
 
 # -- bad input ---------------------------------------------------------------------------------
