@@ -3,8 +3,9 @@
 Lean by design (CI on 2 cores): batch 2, 32x32x3 images (784-vectors for the MLP),
 SGD (no optimizer slots), ``tfbnn.predict`` with T = 2.
 
-* Light models (mlp, lenet5): every method in graph mode (the compiled train step
-  and the compiled Monte Carlo sampler), each with a ``.keras`` round trip.
+* Light models (mlp, lenet5, a tiny transformer on int token ids): every method in
+  graph mode (the compiled train step and the compiled Monte Carlo sampler), each
+  with a ``.keras`` round trip.
 * Heavy models (alexnet, resnet50, vgg16, wide_resnet28_10; 23-37M parameters, twice
   that for bbb / vd): every method builds, predicts and takes a step, with TF
   functions run eagerly (tracing and optimizing the graphs of these nets, not the
@@ -56,8 +57,9 @@ METHOD_OPTIONS = {
     "vd": {"parameterization": "additive"},
     "ibnn": {"num_components": 2},  # T = 2 Monte Carlo samples cover both components
 }
+TINY_TRANSFORMER = {"vocab_size": 20, "max_length": 6, "embed_dim": 4, "num_heads": 2, "ff_dim": 8}
 #: Builder arguments that fix each model's input.
-LIGHT = {"mlp": {"input_shape": (784,)}, "lenet5": {"input_shape": (32, 32, 3)}}
+LIGHT = {"mlp": {"input_shape": (784,)}, "lenet5": {"input_shape": (32, 32, 3)}, "transformer": TINY_TRANSFORMER}
 HEAVY = {name: {"input_shape": (32, 32, 3)} for name in ("alexnet", "resnet50", "vgg16", "wide_resnet28_10")}
 #: The one method whose .keras round trip each heavy family runs.
 HEAVY_SAVE_LOAD = {"alexnet": "mc_dropout", "resnet50": "bbb", "vgg16": "vd", "wide_resnet28_10": "ibnn"}
@@ -65,9 +67,12 @@ WEIGHT_LAYERS = (keras.layers.Dense, keras.layers.Conv2D)
 
 
 def _data(shape):
-    """A batch for a model built with ``shape`` (its ``input_shape``)."""
+    """A batch for a model built with ``shape`` (``input_shape``, or a transformer's token ids)."""
     rng = np.random.default_rng(0)
-    x = rng.random((BATCH, *shape["input_shape"])).astype("float32")
+    if "vocab_size" in shape:
+        x = rng.integers(0, shape["vocab_size"], (BATCH, shape["max_length"])).astype("int32")
+    else:
+        x = rng.random((BATCH, *shape["input_shape"])).astype("float32")
     y = np.arange(BATCH, dtype="int32") % NUM_CLASSES
     return x, y
 
@@ -292,12 +297,51 @@ def test_build_matches_the_named_builders_and_presets():
     assert zoo.mlp(hidden_units="mlp_800", input_shape=(784,)).count_params() == 636_010
 
 
+# -- the transformer ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "method, stochastic",
+    [("deterministic", []), ("mc_dropout", ["ff1_mc_dropout"]), ("bbb", ["ff1", "ff2", "predictions"]),
+     ("vd", ["ff1", "ff2", "predictions"]), ("ibnn", ["ff1", "ff2", "predictions"])],
+)
+def test_transformer_encoder_stays_deterministic(method, stochastic):
+    model = _build("transformer", method, TINY_TRANSFORMER)
+    assert [l.name for l in tfbnn.stochastic_layers(model)] == stochastic
+    assert model.input.dtype == "int32" and tuple(model.input.shape) == (None, TINY_TRANSFORMER["max_length"])
+    assert type(model.get_layer("attention")) is keras.layers.MultiHeadAttention
+    assert type(model.get_layer("embedding")) is zoo.TokenAndPositionEmbedding
+
+
+def test_transformer_parameter_count():
+    v, length, e, h, f, c = 20_000, 120, 32, 2, 32, 2  # the IMDB experiment's model
+    embedding = v * e + length * e
+    attention = 3 * (e * h * e + h * e) + h * e * e + e  # query, key, value (key_dim = e); output
+    norms = 2 * 2 * e
+    feed_forward = (e * f + f) + (f * e + e)
+    head = e * c + c
+    model = zoo.transformer(vocab_size=v, max_length=length, embed_dim=e, num_heads=h, ff_dim=f, num_classes=c)
+    assert model.count_params() == embedding + attention + norms + feed_forward + head == 654_562
+
+
+def test_token_and_position_embedding_config_and_shapes():
+    layer = zoo.TokenAndPositionEmbedding(vocab_size=10, max_length=5, embed_dim=3, name="emb")
+    config = layer.get_config()
+    assert zoo.TokenAndPositionEmbedding.from_config(config).get_config() == config
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+    assert type(restored) is zoo.TokenAndPositionEmbedding and restored.get_config() == config
+    y = layer(np.array([[1, 2, 3], [4, 5, 6]], "int32"))  # shorter than max_length
+    assert tuple(y.shape) == (2, 3, 3) == layer.compute_output_shape((2, 3))
+    np.testing.assert_allclose(y[0, 1], layer.token.embeddings[2] + layer.position.embeddings[1])
+
+
 # -- bayesian_layers="last": a deterministic body and a Bayesian head -----------------------------
 
 #: name -> (builder arguments of a small net, its weight layers before the head)
 LAST = {
     "mlp": ({"hidden_units": (8, 8), "input_shape": (4,)}, 2),
     "lenet5": ({"input_shape": (8, 8, 1), "padding": "same"}, 4),
+    "transformer": (TINY_TRANSFORMER, 2),
     "alexnet": ({"input_shape": (8, 8, 3)}, 7),
     "resnet50": ({"input_shape": (8, 8, 3), "stem": "cifar"}, 53),
     "vgg16": ({"input_shape": (32, 32, 3)}, 15),
@@ -346,9 +390,10 @@ def test_last_layer_bayesian_deterministic_is_unchanged_and_factory_carries_it()
 @pytest.mark.parametrize("value", ["first", None, True])
 @pytest.mark.parametrize("name", list(zoo.MODELS))
 def test_bad_bayesian_layers_are_rejected_clearly(name, value):
+    shape = {"vocab_size": 20} if name == "transformer" else {}
     message = re.escape(f"Expected `bayesian_layers` to be one of ['all', 'last']. Received: bayesian_layers={value!r}")
     with pytest.raises(ValueError, match=message):
-        zoo.build(name, method="vd", num_examples=N, bayesian_layers=value)
+        zoo.build(name, method="vd", num_examples=N, bayesian_layers=value, **shape)
     with pytest.raises(ValueError, match=message):
         zoo.LayerFactory("bbb", num_examples=N, bayesian_layers=value)
 
@@ -386,6 +431,11 @@ def test_bad_bayesian_layers_are_rejected_clearly(name, value):
         (lambda: zoo.build("lenet_300_100", hidden_units=(5,)), r"preset 'lenet_300_100' fixes \['hidden_units'\]"),
         (lambda: zoo.wide_resnet28_10(depth=16), r"wide_resnet28_10 fixes `depth`"),
         (lambda: zoo.wide_resnet(depth=27), r"Received: depth=27"),
+        (lambda: zoo.transformer(vocab_size=0), r"Expected `vocab_size` to be a positive integer. Received: vocab_size=0"),
+        (lambda: zoo.transformer(vocab_size=9, num_heads=2.0), r"Received: num_heads=2.0"),
+        (lambda: zoo.transformer(vocab_size=9, dropout=1.0), r"Expected `dropout` in \[0, 1\). Received: dropout=1.0"),
+        (lambda: zoo.transformer("bbb", vocab_size=9), r"Received: num_examples=None"),
+        (lambda: zoo.TokenAndPositionEmbedding(10, 0, 3), r"Received: max_length=0"),
     ],
 )
 def test_bad_arguments_are_rejected_clearly(call, message):

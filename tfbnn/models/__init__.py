@@ -1,8 +1,9 @@
 """The model zoo: classifiers whose Bayesian method is one argument.
 
 Every builder takes ``method`` (``"deterministic"``, ``"mc_dropout"``, ``"bbb"``,
-``"vd"``, ``"ibnn"``) with that method's options, ``num_classes``, ``input_shape``,
-``num_examples`` (N; required for the methods with a KL term), ``seed`` and ``bayesian_layers``, and returns an
+``"vd"``, ``"ibnn"``) with that method's options, ``num_classes``, ``input_shape``
+(the transformer: ``vocab_size`` and ``max_length``), ``num_examples`` (N; required
+for the methods with a KL term), ``seed`` and ``bayesian_layers``, and returns an
 uncompiled functional ``keras.Model`` that outputs softmax probabilities (compile it
 with ``"sparse_categorical_crossentropy"``; the outputs go straight into
 :func:`tfbnn.predict` and :mod:`tfbnn.metrics`). How a method turns into layers is
@@ -26,6 +27,8 @@ name                  builder                       deterministic parameters, 10
 ``resnet50``          :func:`resnet50`              23,608,202 (= keras.applications)
 ``vgg16``             :func:`vgg16`                 33,638,218 (= keras.applications)
 ``wide_resnet28_10``  :func:`wide_resnet28_10`      36,479,194 trainable
+``transformer``       :func:`transformer`           654,562 (vocab 20,000, length 120,
+                                                    2 classes)
 ====================  ============================  =====================================
 
 MLP presets, also accepted by :func:`build`: ``mlp_blundell`` (2 x 1200),
@@ -60,6 +63,7 @@ from tfbnn.models.methods import (
 from tfbnn.models.mlp import PRESETS as MLP_PRESETS
 from tfbnn.models.mlp import mlp
 from tfbnn.models.resnet import resnet50
+from tfbnn.models.transformer import TokenAndPositionEmbedding, transformer
 from tfbnn.models.vgg import vgg16
 from tfbnn.models.wide_resnet import wide_resnet, wide_resnet28_10
 
@@ -82,6 +86,8 @@ __all__ = [
     "vgg16",
     "wide_resnet",
     "wide_resnet28_10",
+    "transformer",
+    "TokenAndPositionEmbedding",
 ]
 
 #: Model name -> builder.
@@ -92,6 +98,7 @@ MODELS = {
     "resnet50": resnet50,
     "vgg16": vgg16,
     "wide_resnet28_10": wide_resnet28_10,
+    "transformer": transformer,
 }
 
 #: Preset name -> (model name, fixed builder arguments).

@@ -43,12 +43,12 @@ def classifier_head(x, factory, num_classes, name="predictions"):
 
 
 def prologue(method, options, num_examples, seed, num_classes, input_shape, rank, min_side, model,
-             bayesian_layers="all"):
+             bayesian_layers="all", dtype=None):
     """Validates the common arguments; returns ``(factory, keras.Input)``."""
     check_num_classes(num_classes)
     shape = check_input_shape(input_shape, rank, min_side, model)
     factory = get_factory(method, options, num_examples, seed, bayesian_layers)
-    return factory, keras.Input(shape, name="inputs")
+    return factory, keras.Input(shape, dtype=dtype, name="inputs")
 
 
 def model_name(name, default, factory):
