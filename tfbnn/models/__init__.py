@@ -69,6 +69,7 @@ from tfbnn.models.wide_resnet import wide_resnet, wide_resnet28_10
 
 __all__ = [
     "MODELS",
+    "TEXT_MODELS",
     "PRESETS",
     "METHODS",
     "BAYESIAN_METHODS",
@@ -100,6 +101,9 @@ MODELS = {
     "wide_resnet28_10": wide_resnet28_10,
     "transformer": transformer,
 }
+
+#: Models on int token ids (``vocab_size``, ``max_length``) instead of ``input_shape``.
+TEXT_MODELS = ("transformer",)
 
 #: Preset name -> (model name, fixed builder arguments).
 PRESETS = {name: ("mlp", {"hidden_units": units}) for name, units in MLP_PRESETS.items()}
