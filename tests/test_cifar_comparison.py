@@ -97,6 +97,7 @@ def test_command_line_standalone(tmp_path, capsys):
     [
         (["--method", "bbb"], "Expected --model"),
         (["--model", "xyz"], "invalid choice: 'xyz'"),
+        (["--model", "transformer"], "invalid choice: 'transformer'"),  # a text model
         (["--model", "lenet5", "--method", "xyz"], "invalid choice: 'xyz'"),
         (["--model", "lenet5", "--dataset", "imagenet"], "invalid choice: 'imagenet'"),
         (["--model", "lenet5", "--dropout-rate", "1.5"], "expected a number in [0, 1)"),
@@ -107,6 +108,11 @@ def test_command_line_errors_are_one_line(argv, message, tmp_path, capsys):
     assert cifar_comparison.main(argv + ["--output-dir", str(tmp_path), "--epochs", "1"]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_text_models_are_not_image_models():
+    with pytest.raises(ValueError, match=r"Expected --model, one of \['mlp', .*\]. Received: --model='transformer'"):
+        cifar_comparison.run_experiment("transformer")
 
 
 def test_arguments_extend_the_tfbnn_train_parser():

@@ -3,14 +3,17 @@
 Lean by design (CI on 2 cores): batch 2, 32x32x3 images (784-vectors for the MLP),
 SGD (no optimizer slots), ``tfbnn.predict`` with T = 2.
 
-* Light models (mlp, lenet5): every method in graph mode (the compiled train step
-  and the compiled Monte Carlo sampler), each with a ``.keras`` round trip.
+* Light models (mlp, lenet5, a tiny transformer on int token ids): every method in
+  graph mode (the compiled train step and the compiled Monte Carlo sampler), each
+  with a ``.keras`` round trip.
 * Heavy models (alexnet, resnet50, vgg16, wide_resnet28_10; 23-37M parameters, twice
   that for bbb / vd): every method builds, predicts and takes a step, with TF
   functions run eagerly (tracing and optimizing the graphs of these nets, not the
   arithmetic, costs minutes on 2 cores); the ``.keras`` round trip runs once per
   family, with a different method for each (:data:`HEAVY_SAVE_LOAD`), so every
   non-deterministic method is saved and loaded inside a big net once.
+* ``bayesian_layers="last"`` (deterministic body, Bayesian head): every builder and
+  method, with small inputs; built and called once, not trained.
 
 Order inside a pair: predict and save/load on the freshly built model, then the
 train step. A step on a batch of 2 makes the batch-norm statistics of ResNet-50's
@@ -19,6 +22,7 @@ the *next* inference overflow; that says nothing about the zoo.
 """
 
 import os
+import re
 
 import keras
 import numpy as np
@@ -53,23 +57,29 @@ METHOD_OPTIONS = {
     "vd": {"parameterization": "additive"},
     "ibnn": {"num_components": 2},  # T = 2 Monte Carlo samples cover both components
 }
-LIGHT = {"mlp": (784,), "lenet5": (32, 32, 3)}
-HEAVY = {"alexnet": (32, 32, 3), "resnet50": (32, 32, 3), "vgg16": (32, 32, 3), "wide_resnet28_10": (32, 32, 3)}
+TINY_TRANSFORMER = {"vocab_size": 20, "max_length": 6, "embed_dim": 4, "num_heads": 2, "ff_dim": 8}
+#: Builder arguments that fix each model's input.
+LIGHT = {"mlp": {"input_shape": (784,)}, "lenet5": {"input_shape": (32, 32, 3)}, "transformer": TINY_TRANSFORMER}
+HEAVY = {name: {"input_shape": (32, 32, 3)} for name in ("alexnet", "resnet50", "vgg16", "wide_resnet28_10")}
 #: The one method whose .keras round trip each heavy family runs.
 HEAVY_SAVE_LOAD = {"alexnet": "mc_dropout", "resnet50": "bbb", "vgg16": "vd", "wide_resnet28_10": "ibnn"}
 WEIGHT_LAYERS = (keras.layers.Dense, keras.layers.Conv2D)
 
 
-def _data(input_shape):
+def _data(shape):
+    """A batch for a model built with ``shape`` (``input_shape``, or a transformer's token ids)."""
     rng = np.random.default_rng(0)
-    x = rng.random((BATCH, *input_shape)).astype("float32")
+    if "vocab_size" in shape:
+        x = rng.integers(0, shape["vocab_size"], (BATCH, shape["max_length"])).astype("int32")
+    else:
+        x = rng.random((BATCH, *shape["input_shape"])).astype("float32")
     y = np.arange(BATCH, dtype="int32") % NUM_CLASSES
     return x, y
 
 
-def _build(name, method, input_shape, seed=7):
-    return zoo.build(name, method=method, num_classes=NUM_CLASSES, input_shape=input_shape,
-                     num_examples=N, seed=seed, **METHOD_OPTIONS[method])
+def _build(name, method, shape, seed=7, **kwargs):
+    return zoo.build(name, method, num_classes=NUM_CLASSES, num_examples=N, seed=seed, **shape,
+                     **METHOD_OPTIONS[method], **kwargs)
 
 
 def _sublayers(model):
@@ -125,9 +135,9 @@ def _check_train_step(model, x, y):
         assert len(model.losses) > 0  # the kl_weight * KL terms
 
 
-def _check_pair(name, method, input_shape, save_path):
-    x, y = _data(input_shape)
-    model = _build(name, method, input_shape)
+def _check_pair(name, method, shape, save_path):
+    x, y = _data(shape)
+    model = _build(name, method, shape)
     assert tuple(model.output.shape) == (None, NUM_CLASSES)
     _check_structure(model, method)
     _check_predict(model, x)
@@ -287,6 +297,107 @@ def test_build_matches_the_named_builders_and_presets():
     assert zoo.mlp(hidden_units="mlp_800", input_shape=(784,)).count_params() == 636_010
 
 
+# -- the transformer ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "method, stochastic",
+    [("deterministic", []), ("mc_dropout", ["ff1_mc_dropout"]), ("bbb", ["ff1", "ff2", "predictions"]),
+     ("vd", ["ff1", "ff2", "predictions"]), ("ibnn", ["ff1", "ff2", "predictions"])],
+)
+def test_transformer_encoder_stays_deterministic(method, stochastic):
+    model = _build("transformer", method, TINY_TRANSFORMER)
+    assert [l.name for l in tfbnn.stochastic_layers(model)] == stochastic
+    assert model.input.dtype == "int32" and tuple(model.input.shape) == (None, TINY_TRANSFORMER["max_length"])
+    assert type(model.get_layer("attention")) is keras.layers.MultiHeadAttention
+    assert type(model.get_layer("embedding")) is zoo.TokenAndPositionEmbedding
+
+
+def test_transformer_parameter_count():
+    v, length, e, h, f, c = 20_000, 120, 32, 2, 32, 2  # the IMDB experiment's model
+    embedding = v * e + length * e
+    attention = 3 * (e * h * e + h * e) + h * e * e + e  # query, key, value (key_dim = e); output
+    norms = 2 * 2 * e
+    feed_forward = (e * f + f) + (f * e + e)
+    head = e * c + c
+    model = zoo.transformer(vocab_size=v, max_length=length, embed_dim=e, num_heads=h, ff_dim=f, num_classes=c)
+    assert model.count_params() == embedding + attention + norms + feed_forward + head == 654_562
+
+
+def test_token_and_position_embedding_config_and_shapes():
+    layer = zoo.TokenAndPositionEmbedding(vocab_size=10, max_length=5, embed_dim=3, name="emb")
+    config = layer.get_config()
+    assert zoo.TokenAndPositionEmbedding.from_config(config).get_config() == config
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+    assert type(restored) is zoo.TokenAndPositionEmbedding and restored.get_config() == config
+    y = layer(np.array([[1, 2, 3], [4, 5, 6]], "int32"))  # shorter than max_length
+    assert tuple(y.shape) == (2, 3, 3) == layer.compute_output_shape((2, 3))
+    np.testing.assert_allclose(y[0, 1], layer.token.embeddings[2] + layer.position.embeddings[1])
+
+
+# -- bayesian_layers="last": a deterministic body and a Bayesian head -----------------------------
+
+#: name -> (builder arguments of a small net, its weight layers before the head)
+LAST = {
+    "mlp": ({"hidden_units": (8, 8), "input_shape": (4,)}, 2),
+    "lenet5": ({"input_shape": (8, 8, 1), "padding": "same"}, 4),
+    "transformer": (TINY_TRANSFORMER, 2),
+    "alexnet": ({"input_shape": (8, 8, 3)}, 7),
+    "resnet50": ({"input_shape": (8, 8, 3), "stem": "cifar"}, 53),
+    "vgg16": ({"input_shape": (32, 32, 3)}, 15),
+    "wide_resnet28_10": ({"input_shape": (8, 8, 3)}, 28),
+}
+
+
+def _check_last_layer_bayesian(name, method, shape, num_body):
+    seed = 7
+    model = _build(name, method, shape, seed=seed, bayesian_layers="last")
+    head = model.get_layer("predictions")
+    body = [l for l in _sublayers(model) if isinstance(l, WEIGHT_LAYERS) and l is not head]
+    assert len(body) == num_body and all(type(l) in WEIGHT_LAYERS for l in body)
+    stochastic = tfbnn.stochastic_layers(model)
+    if method == "mc_dropout":
+        # Dropout only in front of a deterministic head.
+        assert type(head) is keras.layers.Dense and not tfbnn.bayesian_layers(model)
+        assert [(type(l), l.name, l.seed) for l in stochastic] == [(MCDropout, "predictions_dropout", seed + 1)]
+        return
+    assert tfbnn.bayesian_layers(model) == [head] and stochastic == [head]
+    assert head.seed == seed + 1 and float(head.kl_weight.numpy()) == pytest.approx(1.0 / N)
+    np.testing.assert_allclose(tfbnn.kl_divergence(model), head.kl_divergence(), rtol=1e-6)
+    x, _ = _data(shape)
+    model(x, training=True)
+    (loss,) = model.losses  # the objective's KL term is the head's
+    np.testing.assert_allclose(loss, head.kl_weight * head.kl_divergence(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["mc_dropout", "bbb", "vd", "ibnn"])
+@pytest.mark.parametrize("name", list(LAST))
+def test_last_layer_bayesian(name, method):
+    shape, num_body = LAST[name]
+    _check_last_layer_bayesian(name, method, shape, num_body)
+
+
+def test_last_layer_bayesian_deterministic_is_unchanged_and_factory_carries_it():
+    shape = {"hidden_units": (8,), "input_shape": (4,)}
+    assert (_build("mlp", "deterministic", shape, bayesian_layers="last").get_config()["layers"]
+            == _build("mlp", "deterministic", shape).get_config()["layers"])
+    factory = zoo.LayerFactory("vd", num_examples=N, bayesian_layers="last")
+    assert [l.name for l in tfbnn.bayesian_layers(zoo.mlp(factory, **shape))] == ["predictions"]
+    with pytest.raises(ValueError, match=r"Received: method=.* with \{'bayesian_layers': 'last'\}"):
+        zoo.mlp(zoo.LayerFactory("vd", num_examples=N), bayesian_layers="last", **shape)
+
+
+@pytest.mark.parametrize("value", ["first", None, True])
+@pytest.mark.parametrize("name", list(zoo.MODELS))
+def test_bad_bayesian_layers_are_rejected_clearly(name, value):
+    shape = {"vocab_size": 20} if name == "transformer" else {}
+    message = re.escape(f"Expected `bayesian_layers` to be one of ['all', 'last']. Received: bayesian_layers={value!r}")
+    with pytest.raises(ValueError, match=message):
+        zoo.build(name, method="vd", num_examples=N, bayesian_layers=value, **shape)
+    with pytest.raises(ValueError, match=message):
+        zoo.LayerFactory("bbb", num_examples=N, bayesian_layers=value)
+
+
 # -- bad input ---------------------------------------------------------------------------------
 
 
@@ -320,6 +431,11 @@ def test_build_matches_the_named_builders_and_presets():
         (lambda: zoo.build("lenet_300_100", hidden_units=(5,)), r"preset 'lenet_300_100' fixes \['hidden_units'\]"),
         (lambda: zoo.wide_resnet28_10(depth=16), r"wide_resnet28_10 fixes `depth`"),
         (lambda: zoo.wide_resnet(depth=27), r"Received: depth=27"),
+        (lambda: zoo.transformer(vocab_size=0), r"Expected `vocab_size` to be a positive integer. Received: vocab_size=0"),
+        (lambda: zoo.transformer(vocab_size=9, num_heads=2.0), r"Received: num_heads=2.0"),
+        (lambda: zoo.transformer(vocab_size=9, dropout=1.0), r"Expected `dropout` in \[0, 1\). Received: dropout=1.0"),
+        (lambda: zoo.transformer("bbb", vocab_size=9), r"Received: num_examples=None"),
+        (lambda: zoo.TokenAndPositionEmbedding(10, 0, 3), r"Received: max_length=0"),
     ],
 )
 def test_bad_arguments_are_rejected_clearly(call, message):

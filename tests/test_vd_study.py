@@ -128,22 +128,26 @@ def test_regression_study_bands(tmp_path):
 
 
 # -- Transformer -------------------------------------------------------------------------------
-def test_transformer_builder_feed_forward_choices(tmp_path):
+def test_transformer_study_converts_the_zoo_models_feed_forward_block(tmp_path):
+    # The model is tfbnn.models.transformer (tests/test_models.py tests the builder); the study makes
+    # only ff1 and ff2 Bayesian, by conversion.
+    assert vd_transformer.build_transformer_classifier is tfbnn.models.transformer
+    assert vd_transformer.TokenAndPositionEmbedding is tfbnn.models.TokenAndPositionEmbedding
     x = np.random.default_rng(0).integers(0, 50, size=(3, 120)).astype("int32")
-    for feed_forward, cls in (("deterministic", keras.layers.Dense), ("vd", tfbnn.layers.DenseVariationalDropout),
-                              ("bbb", tfbnn.layers.DenseLocalReparameterization)):
-        model = vd_transformer.build_transformer_classifier(50, feed_forward=feed_forward, kl_weight=1e-3, seed=1)
+    det = vd_transformer.transformer(vocab_size=50, seed=1)
+    assert det.get_layer("embedding").output.shape == (None, 120, 32)
+    for variant, cls in (("vd", tfbnn.layers.DenseVariationalDropout),
+                         ("bbb", tfbnn.layers.DenseLocalReparameterization)):
+        model = tfbnn.convert.to_bayesian(det, method=vd_transformer._CONVERT_METHOD[variant], layers=["ff1", "ff2"],
+                                          seed=1)
         assert type(model.get_layer("ff1")) is cls and type(model.get_layer("ff2")) is cls
-        assert model.get_layer("embedding").output.shape == (None, 120, 32)
+        assert [layer.name for layer in tfbnn.bayesian_layers(model)] == ["ff1", "ff2"]
         assert model(x).shape == (3, 2)
-    assert len(tfbnn.bayesian_layers(model)) == 2
     path = str(tmp_path / "t.keras")
     model.save(path)
     loaded = keras.saving.load_model(path)
     with tfbnn.posterior_mean(model), tfbnn.posterior_mean(loaded):
         np.testing.assert_allclose(loaded(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="feed_forward='moe'"):
-        vd_transformer.build_transformer_classifier(50, feed_forward="moe")
 
 
 def test_synthetic_reviews_are_offline_and_seeded():

@@ -105,13 +105,18 @@ def _run_label(model, method, dataset, estimator):
     return f"{model}-{label}-{dataset}"
 
 
+def _model_names():
+    """The zoo's image and vector models and presets (not the text models)."""
+    from tfbnn import models
+
+    return [n for n in models.MODELS if n not in models.TEXT_MODELS] + list(models.PRESETS)
+
+
 def _check_model_and_method(model, method):
     from tfbnn import models
 
-    if model is None:
-        raise ValueError(
-            f"Expected --model, one of {list(models.MODELS) + list(models.PRESETS)}. Received: --model=None"
-        )
+    if model is None or model in models.TEXT_MODELS:
+        raise ValueError(f"Expected --model, one of {_model_names()}. Received: --model={model!r}")
     models.get_builder(model)  # a clear error for an unknown name
     if method not in models.METHODS:
         raise ValueError(f"Unknown method. Expected one of {list(models.METHODS)}. Received: method={method!r}")
@@ -192,7 +197,7 @@ def run_experiment(
     """Trains and evaluates one (model, method) pair through :func:`tfbnn.training.run`.
 
     Args:
-        model: a name of :data:`tfbnn.models.MODELS` or a preset.
+        model: a name of :data:`tfbnn.models.MODELS` (not a text model) or a preset.
         method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"`` or ``"ibnn"``.
         dataset: one of :data:`DATASETS`.
         estimator, prior: bbb's estimator and prior (name or :class:`tfbnn.priors.Prior`).
@@ -263,7 +268,7 @@ def add_arguments(parser):
     from tfbnn.training.recipe import KL_SCHEDULES
 
     d = DEFAULTS
-    names = list(models.MODELS) + list(models.PRESETS)
+    names = _model_names()
     _add(parser, "--model", choices=names, default=d["model"], metavar="MODEL",
          help=f"zoo model: {', '.join(names)}")
     _add(parser, "--method", choices=models.METHODS, default=d["method"],

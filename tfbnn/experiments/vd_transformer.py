@@ -1,14 +1,13 @@
 """A Transformer-encoder text classifier with a Bayesian feed-forward block.
 
-The model (``keras.layers.TextVectorization`` outside it, max length 120, embedding
-32): token + position embedding, one encoder block (multi-head self-attention,
-residual + LayerNorm, feed-forward ``ff1`` (ReLU) -> ``ff2``, residual + LayerNorm),
-global average pooling, softmax. The feed-forward block is deterministic
-(``keras.layers.Dense``), sparse variational dropout
+The model is the zoo's :func:`tfbnn.models.transformer` (``keras.layers.TextVectorization``
+outside it, max length 120, embedding 32): token + position embedding, one encoder
+block (multi-head self-attention, residual + LayerNorm, feed-forward ``ff1`` (ReLU) ->
+``ff2``, residual + LayerNorm), global average pooling, softmax. The feed-forward block
+is deterministic (``keras.layers.Dense``), sparse variational dropout
 (:class:`tfbnn.layers.DenseVariationalDropout`) or Bayes-by-Backprop
-(:class:`tfbnn.layers.DenseLocalReparameterization`), chosen by
-``build_transformer_classifier(feed_forward=...)``; every other layer stays
-deterministic.
+(:class:`tfbnn.layers.DenseLocalReparameterization`), the ``variants``; every other
+layer, the head included, stays deterministic.
 
 The experiment follows the sparsity study's path: train the deterministic model,
 convert only its feed-forward block (:func:`tfbnn.convert.to_bayesian` with
@@ -31,6 +30,10 @@ import os
 import time
 
 from tfbnn.experiments import _common
+from tfbnn.models.transformer import TokenAndPositionEmbedding, transformer
+
+#: The model's builder is the zoo's, :func:`tfbnn.models.transformer`; its old name here.
+build_transformer_classifier = transformer
 
 __all__ = ["DEFAULTS", "FEED_FORWARD", "TokenAndPositionEmbedding", "build_transformer_classifier",
            "run_experiment", "add_arguments", "add_vd_transformer_parser", "run", "main"]
@@ -71,117 +74,6 @@ DESCRIPTION = (
     "ECE, the block's sparsity and principled vs random pruning. IMDB via tensorflow-datasets, or the\n"
     "offline synthetic_reviews. Writes results.png next to results.csv / results.json."
 )
-
-
-def _embedding_layer_class():
-    import keras
-
-    @keras.saving.register_keras_serializable(package="tfbnn")
-    class TokenAndPositionEmbedding(keras.layers.Layer):
-        """Token embedding plus a learned position embedding.
-
-        Args:
-            vocab_size: int, number of token ids.
-            max_length: int, the sequence length (positions ``0..max_length-1``).
-            embed_dim: int, embedding size.
-
-        Input shape: ``(batch, length)`` int token ids, ``length <= max_length``.
-        Output shape: ``(batch, length, embed_dim)``.
-        """
-
-        def __init__(self, vocab_size, max_length, embed_dim, **kwargs):
-            super().__init__(**kwargs)
-            self.vocab_size, self.max_length, self.embed_dim = int(vocab_size), int(max_length), int(embed_dim)
-            self.token = keras.layers.Embedding(self.vocab_size, self.embed_dim, name="token")
-            self.position = keras.layers.Embedding(self.max_length, self.embed_dim, name="position")
-
-        def build(self, input_shape):
-            self.token.build(input_shape)
-            self.position.build((self.max_length,))
-
-        def call(self, inputs):
-            positions = keras.ops.arange(keras.ops.shape(inputs)[-1])
-            return self.token(inputs) + self.position(positions)
-
-        def compute_output_shape(self, input_shape):
-            return tuple(input_shape) + (self.embed_dim,)
-
-        def get_config(self):
-            config = super().get_config()
-            config.update({"vocab_size": self.vocab_size, "max_length": self.max_length, "embed_dim": self.embed_dim})
-            return config
-
-    return TokenAndPositionEmbedding
-
-
-def __getattr__(name):  # the layer class is made on first use, keeping `import` of this module light
-    if name == "TokenAndPositionEmbedding":
-        cls = _embedding_layer_class()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(name)
-
-
-def build_transformer_classifier(vocab_size, max_length=120, embed_dim=32, num_heads=2, ff_dim=32,
-                                 feed_forward="deterministic", num_classes=2, dropout=0.1, prior="normal",
-                                 kl_weight=None, seed=None, name=None):
-    """The Transformer-encoder classifier; ``feed_forward`` picks the block's layers.
-
-    Args:
-        vocab_size: int > 0, token ids ``0..vocab_size-1``.
-        max_length: int > 0, sequence length. Default 120.
-        embed_dim: int > 0. Default 32.
-        num_heads: int > 0, attention heads. Default 2.
-        ff_dim: int > 0, hidden units of the feed-forward block. Default 32.
-        feed_forward: ``"deterministic"`` (``keras.layers.Dense``), ``"vd"``
-            (:class:`tfbnn.layers.DenseVariationalDropout`, additive) or ``"bbb"``
-            (:class:`tfbnn.layers.DenseLocalReparameterization` with ``prior``).
-        num_classes: int >= 2.
-        dropout: float in [0, 1), Keras dropout after attention, feed-forward and pooling.
-        prior: the Bayes-by-Backprop kernel prior.
-        kl_weight: float or None (``beta / N``; or set it with ``tfbnn.KLAnnealing``).
-        seed: int or None, seeds of the Bayesian layers.
-        name: str or None.
-
-    Returns:
-        An uncompiled functional ``keras.Model`` from int token ids ``(batch, max_length)``
-        to class probabilities; the feed-forward layers are named ``ff1`` and ``ff2``.
-    """
-    import keras
-
-    from tfbnn import layers
-
-    if feed_forward not in FEED_FORWARD:
-        raise ValueError(f"Expected `feed_forward` in {FEED_FORWARD}. Received: feed_forward={feed_forward!r}")
-    for arg, value in (("vocab_size", vocab_size), ("max_length", max_length), ("embed_dim", embed_dim),
-                       ("num_heads", num_heads), ("ff_dim", ff_dim), ("num_classes", num_classes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (2 if arg == "num_classes" else 1):
-            raise ValueError(f"Expected `{arg}` to be a positive integer. Received: {arg}={value!r}")
-
-    def ff(units, activation, layer_name, i):
-        if feed_forward == "deterministic":
-            return keras.layers.Dense(units, activation=activation, name=layer_name)
-        layer_seed = None if seed is None else seed + i
-        if feed_forward == "vd":
-            return layers.DenseVariationalDropout(units, activation=activation, kl_weight=kl_weight, seed=layer_seed,
-                                                  name=layer_name)
-        return layers.DenseLocalReparameterization(units, activation=activation, kernel_prior=prior, bias_prior=None,
-                                                   kl_weight=kl_weight, seed=layer_seed, name=layer_name)
-
-    embedding = _embedding_layer_class()
-    inputs = keras.Input((max_length,), dtype="int32", name="tokens")
-    x = embedding(vocab_size, max_length, embed_dim, name="embedding")(inputs)
-    attention = keras.layers.MultiHeadAttention(num_heads, key_dim=embed_dim, name="attention")(x, x)
-    attention = keras.layers.Dropout(dropout, name="attention_dropout")(attention)
-    x = keras.layers.LayerNormalization(epsilon=1e-6, name="norm1")(keras.layers.Add(name="residual1")([x, attention]))
-    h = ff(ff_dim, "relu", "ff1", 1)(x)
-    h = ff(embed_dim, None, "ff2", 2)(h)
-    h = keras.layers.Dropout(dropout, name="ff_dropout")(h)
-    x = keras.layers.LayerNormalization(epsilon=1e-6, name="norm2")(keras.layers.Add(name="residual2")([x, h]))
-    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
-    x = keras.layers.Dropout(dropout, name="pool_dropout")(x)
-    outputs = keras.layers.Dense(num_classes, activation="softmax", name="classifier")(x)
-    return keras.Model(inputs, outputs, name=name or f"transformer_{feed_forward}")
 
 
 # -- the experiment -------------------------------------------------------------------------------
@@ -327,8 +219,8 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     x_train, x_test, vocabulary = _vectorize(s, ds)
     say(f"{NAME}: {ds.name}, N = {ds.num_examples} train / {ds.num_test_examples} test, vocabulary {vocabulary}",
         flush=True)
-    det = build_transformer_classifier(vocabulary, s["max_length"], s["embed_dim"], s["num_heads"], s["ff_dim"],
-                                       dropout=s["dropout"], seed=s["seed"])
+    det = transformer(vocab_size=vocabulary, max_length=s["max_length"], embed_dim=s["embed_dim"],
+                      num_heads=s["num_heads"], ff_dim=s["ff_dim"], dropout=s["dropout"], seed=s["seed"])
     _compile(det, s)
     if s["pretrain_epochs"]:
         history = det.fit(x_train, ds.y_train, epochs=s["pretrain_epochs"], batch_size=s["batch_size"], verbose=0)

@@ -1,13 +1,22 @@
 """The model zoo: classifiers whose Bayesian method is one argument.
 
 Every builder takes ``method`` (``"deterministic"``, ``"mc_dropout"``, ``"bbb"``,
-``"vd"``, ``"ibnn"``) with that method's options, ``num_classes``, ``input_shape``,
-``num_examples`` (N; required for the methods with a KL term) and ``seed``, and
-returns an uncompiled functional ``keras.Model`` that outputs softmax
-probabilities (compile it with ``"sparse_categorical_crossentropy"``; the outputs go
-straight into :func:`tfbnn.predict` and :mod:`tfbnn.metrics`). How a method turns
-into layers is decided in one place, :class:`LayerFactory` (:mod:`tfbnn.models.methods`),
-which also gives every Bayesian layer ``kl_weight = 1 / N`` and its own seed.
+``"vd"``, ``"ibnn"``) with that method's options, ``num_classes``, ``input_shape``
+(the transformer: ``vocab_size`` and ``max_length``), ``num_examples`` (N; required
+for the methods with a KL term), ``seed`` and ``bayesian_layers``, and returns an
+uncompiled functional ``keras.Model`` that outputs softmax probabilities (compile it
+with ``"sparse_categorical_crossentropy"``; the outputs go straight into
+:func:`tfbnn.predict` and :mod:`tfbnn.metrics`). How a method turns into layers is
+decided in one place, :class:`LayerFactory` (:mod:`tfbnn.models.methods`), which also
+gives every Bayesian layer ``kl_weight = 1 / N`` and its own seed.
+
+``bayesian_layers="all"`` (default) applies the method to every weight layer;
+``bayesian_layers="last"`` builds the last-layer-Bayesian ("hybrid") network: the same
+architecture with a deterministic body (``keras.layers.Dense`` / ``Conv2D``, no MC
+dropout) and the method's layer as the classification head only (``mc_dropout``: one
+:class:`tfbnn.layers.MCDropout` in front of a deterministic head). The model's KL is
+then the head's; ``kl_weight = 1 / N`` and the seeds (the head gets ``seed + 1``) follow
+the same rules.
 
 ====================  ============================  =====================================
 name                  builder                       deterministic parameters, 10 classes
@@ -18,6 +27,8 @@ name                  builder                       deterministic parameters, 10
 ``resnet50``          :func:`resnet50`              23,608,202 (= keras.applications)
 ``vgg16``             :func:`vgg16`                 33,638,218 (= keras.applications)
 ``wide_resnet28_10``  :func:`wide_resnet28_10`      36,479,194 trainable
+``transformer``       :func:`transformer`           654,562 (vocab 20,000, length 120,
+                                                    2 classes)
 ====================  ============================  =====================================
 
 MLP presets, also accepted by :func:`build`: ``mlp_blundell`` (2 x 1200),
@@ -36,24 +47,36 @@ Example:
     >>> model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
     >>> model.fit(x, y, callbacks=[tfbnn.KLAnnealing(num_examples=50_000)])
     >>> res = tfbnn.predict(model, x_test, num_samples=32)
+    >>> hybrid = tfbnn.models.build("resnet50", method="vd", num_examples=50_000, bayesian_layers="last")
 """
 
 from tfbnn.models.alexnet import alexnet
 from tfbnn.models.lenet import lenet5
-from tfbnn.models.methods import BAYESIAN_METHODS, ESTIMATORS, METHOD_OPTIONS, METHODS, LayerFactory, get_factory
+from tfbnn.models.methods import (
+    BAYESIAN_LAYERS,
+    BAYESIAN_METHODS,
+    ESTIMATORS,
+    METHOD_OPTIONS,
+    METHODS,
+    LayerFactory,
+    get_factory,
+)
 from tfbnn.models.mlp import PRESETS as MLP_PRESETS
 from tfbnn.models.mlp import mlp
 from tfbnn.models.resnet import resnet50
+from tfbnn.models.transformer import TokenAndPositionEmbedding, transformer
 from tfbnn.models.vgg import vgg16
 from tfbnn.models.wide_resnet import wide_resnet, wide_resnet28_10
 
 __all__ = [
     "MODELS",
+    "TEXT_MODELS",
     "PRESETS",
     "METHODS",
     "BAYESIAN_METHODS",
     "ESTIMATORS",
     "METHOD_OPTIONS",
+    "BAYESIAN_LAYERS",
     "LayerFactory",
     "get_factory",
     "build",
@@ -65,6 +88,8 @@ __all__ = [
     "vgg16",
     "wide_resnet",
     "wide_resnet28_10",
+    "transformer",
+    "TokenAndPositionEmbedding",
 ]
 
 #: Model name -> builder.
@@ -75,7 +100,11 @@ MODELS = {
     "resnet50": resnet50,
     "vgg16": vgg16,
     "wide_resnet28_10": wide_resnet28_10,
+    "transformer": transformer,
 }
+
+#: Models on int token ids (``vocab_size``, ``max_length``) instead of ``input_shape``.
+TEXT_MODELS = ("transformer",)
 
 #: Preset name -> (model name, fixed builder arguments).
 PRESETS = {name: ("mlp", {"hidden_units": units}) for name, units in MLP_PRESETS.items()}
@@ -117,15 +146,16 @@ def build(name, method="deterministic", **kwargs):
         method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
             or a :class:`LayerFactory`.
         **kwargs: the builder's arguments (``num_classes``, ``input_shape``,
-            ``num_examples``, ``seed``, family options such as ``stem``) and the
-            method's options (``rate``, ``estimator``, ``prior``, ``parameterization``,
-            ``num_components``, ``prior_stddev``, ``init_stddev``).
+            ``num_examples``, ``seed``, ``bayesian_layers``, family options such as
+            ``stem``) and the method's options (``rate``, ``estimator``, ``prior``,
+            ``parameterization``, ``num_components``, ``prior_stddev``, ``init_stddev``).
 
     Returns:
         An uncompiled functional ``keras.Model`` with softmax outputs.
 
     Raises:
         ValueError: an unknown model, method or option, a missing ``num_examples``
-            for a Bayesian method, or a bad ``input_shape`` / ``num_classes``.
+            for a Bayesian method, or a bad ``input_shape`` / ``num_classes`` /
+            ``bayesian_layers``.
     """
     return get_builder(name)(method, **kwargs)

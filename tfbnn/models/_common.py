@@ -33,16 +33,22 @@ def check_input_shape(input_shape, rank=None, min_side=1, model=""):
 
 
 def classifier_head(x, factory, num_classes, name="predictions"):
-    """The task head: a dense layer of the model's method with a softmax (probabilities)."""
-    return factory.dense(num_classes, activation="softmax", name=name)(x)
+    """The task head: a dense layer of the model's method with a softmax (probabilities).
+
+    Bayesian with either ``bayesian_layers``; for ``mc_dropout`` with ``"last"`` the
+    model's one MC dropout layer (``<name>_dropout``) comes in front of it.
+    """
+    x = factory.head_dropout(x, name=f"{name}_dropout")
+    return factory.head(num_classes, activation="softmax", name=name)(x)
 
 
-def prologue(method, options, num_examples, seed, num_classes, input_shape, rank, min_side, model):
+def prologue(method, options, num_examples, seed, num_classes, input_shape, rank, min_side, model,
+             bayesian_layers="all", dtype=None):
     """Validates the common arguments; returns ``(factory, keras.Input)``."""
     check_num_classes(num_classes)
     shape = check_input_shape(input_shape, rank, min_side, model)
-    factory = get_factory(method, options, num_examples, seed)
-    return factory, keras.Input(shape, name="inputs")
+    factory = get_factory(method, options, num_examples, seed, bayesian_layers)
+    return factory, keras.Input(shape, dtype=dtype, name="inputs")
 
 
 def model_name(name, default, factory):

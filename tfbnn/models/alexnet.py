@@ -57,6 +57,7 @@ def alexnet(
     num_examples=None,
     seed=None,
     layout=None,
+    bayesian_layers="all",
     name=None,
     **method_options,
 ):
@@ -71,6 +72,8 @@ def alexnet(
         seed: int or None.
         layout: ``"cifar"``, ``"imagenet"`` or None (default: ``"imagenet"`` for
             inputs of at least 67x67, ``"cifar"`` below); see the module table.
+        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
+            Bayesian head (:mod:`tfbnn.models.methods`).
         name: model name; default ``"alexnet_<method>"``.
         **method_options: the method's options.
 
@@ -80,7 +83,8 @@ def alexnet(
     layout = _resolve_layout(layout, input_shape)
     min_side = 8 if layout == "cifar" else _IMAGENET_MIN_SIDE
     factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
-                                       input_shape, 3, min_side, f"alexnet (layout={layout!r})")
+                                       input_shape, 3, min_side, f"alexnet (layout={layout!r})",
+                                       bayesian_layers=bayesian_layers)
     pool_padding = "same" if layout == "cifar" else "valid"
     x = inputs
     for i, filters in enumerate(_FILTERS, 1):

@@ -35,6 +35,7 @@ def lenet5(
     seed=None,
     padding="valid",
     activation="sigmoid",
+    bayesian_layers="all",
     name=None,
     **method_options,
 ):
@@ -51,6 +52,8 @@ def lenet5(
             ``"same"`` (keeps the size through the convolutions; for tiny inputs).
         activation: activation of the conv and hidden dense layers. Default
             ``"sigmoid"`` (as in the comparison); ``"relu"`` trains faster.
+        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
+            Bayesian head (:mod:`tfbnn.models.methods`).
         name: model name; default ``"lenet5_<method>"``.
         **method_options: the method's options.
 
@@ -64,7 +67,7 @@ def lenet5(
         raise ValueError(f"Expected `padding` in {_PADDINGS}. Received: padding={padding!r}")
     min_side = 16 if padding == "valid" else 4
     factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
-                                       input_shape, 3, min_side, "lenet5")
+                                       input_shape, 3, min_side, "lenet5", bayesian_layers=bayesian_layers)
     x = inputs
     for i, filters in enumerate((6, 16), 1):
         x = factory.conv2d(filters, 5, padding=padding, activation=activation, name=f"conv{i}")(x)

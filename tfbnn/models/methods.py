@@ -35,19 +35,33 @@ is Bayesian (the stem, the residual shortcuts and the softmax head included), an
 inference where each family's docstring says. Batch normalization is always the
 deterministic ``keras.layers.BatchNormalization``.
 
+Which layers are Bayesian (``bayesian_layers``, one of :data:`BAYESIAN_LAYERS`):
+
+* ``"all"`` (default): as above, the method applies to the whole network.
+* ``"last"``: the last-layer-Bayesian ("hybrid") network, a deterministic body and a
+  Bayesian head. ``dense`` and ``conv2d`` return ``keras.layers.Dense`` /
+  ``keras.layers.Conv2D`` and ``dropout`` / ``spatial_dropout`` return their input;
+  only the classification head (``head``) is the method's layer. For ``mc_dropout``
+  the head is a ``keras.layers.Dense`` and ``head_dropout`` puts the one
+  :class:`~tfbnn.layers.MCDropout` in front of it; for ``deterministic`` nothing
+  changes. The model's KL is the head's KL alone.
+
 The ELBO scale: every Bayesian layer gets ``kl_weight = 1 / num_examples`` (``beta = 1``
 of the convention in :mod:`tfbnn.callbacks`; :class:`tfbnn.KLAnnealing` moves it), so
 ``num_examples`` (N, the training examples) is required for ``bbb``, ``vd`` and
 ``ibnn``: a missing or non-positive N is an error, never a silently dominating KL.
 
 Seeds: with ``seed`` an int, the i-th stochastic layer the factory makes (0-based, in
-build order) gets ``seed + i + 1`` (the convention of ``tfbnn train``'s MLP), so all
-of them differ; with ``seed=None`` every layer draws its own seed from Keras' global
+build order; with ``bayesian_layers="last"`` the head, or its dropout, is the only
+one and gets ``seed + 1``) gets ``seed + i + 1`` (the convention of ``tfbnn train``'s
+MLP), so all of them differ; with ``seed=None`` every layer draws its own seed from Keras' global
 RNG (``keras.utils.set_random_seed`` makes that reproducible).
 
 Example:
     >>> f = LayerFactory("bbb", {"estimator": "reparameterization"}, num_examples=50_000, seed=0)
     >>> f.dense(10, activation="softmax")  # a DenseReparameterization with kl_weight 2e-5, seed 1
+    >>> hybrid = LayerFactory("vd", num_examples=50_000, bayesian_layers="last")
+    >>> hybrid.dense(100), hybrid.head(10)  # a keras Dense body layer, a DenseVariationalDropout head
 """
 
 import math
@@ -63,6 +77,7 @@ __all__ = [
     "BAYESIAN_METHODS",
     "ESTIMATORS",
     "METHOD_OPTIONS",
+    "BAYESIAN_LAYERS",
     "LayerFactory",
     "get_factory",
 ]
@@ -81,6 +96,8 @@ METHOD_OPTIONS = {
     "vd": {"parameterization": "additive"},
     "ibnn": {"num_components": 4, "prior_stddev": 0.1, "init_stddev": 0.5},
 }
+#: Values of ``bayesian_layers``: the whole network, or the classification head only.
+BAYESIAN_LAYERS = ("all", "last")
 
 _BBB_DENSE = {
     "flipout": layers_lib.DenseFlipout,
@@ -110,6 +127,14 @@ def _check_num_examples(method, num_examples):
             f"mean NLL + KL / N). Received: num_examples={num_examples!r}"
         )
     return num_examples
+
+
+def _check_bayesian_layers(bayesian_layers):
+    if not isinstance(bayesian_layers, str) or bayesian_layers not in BAYESIAN_LAYERS:
+        raise ValueError(
+            f"Expected `bayesian_layers` to be one of {list(BAYESIAN_LAYERS)}. Received: bayesian_layers={bayesian_layers!r}"
+        )
+    return bayesian_layers
 
 
 def _check_seed(seed):
@@ -165,24 +190,31 @@ class LayerFactory:
         num_examples: int > 0, N; required for ``bbb``, ``vd`` and ``ibnn``
             (``kl_weight = 1 / N``), optional (unused) otherwise.
         seed: int >= 0 or None; the i-th stochastic layer gets ``seed + i + 1``.
+        bayesian_layers: ``"all"`` (default, every weight layer follows the method)
+            or ``"last"`` (a deterministic body: only :meth:`head` and
+            :meth:`head_dropout` follow the method).
 
     Attributes:
         method, options (resolved, defaults filled in), num_examples, seed,
-        kl_weight (``1 / N`` or None), is_bayesian.
+        bayesian_layers, kl_weight (``1 / N`` or None), is_bayesian.
     """
 
-    def __init__(self, method="deterministic", options=None, num_examples=None, seed=None):
+    def __init__(self, method="deterministic", options=None, num_examples=None, seed=None, bayesian_layers="all"):
         self.method = _check_method(method)
         self.options = _check_options(self.method, options)
         self.num_examples = _check_num_examples(self.method, num_examples)
         self.seed = _check_seed(seed)
+        self.bayesian_layers = _check_bayesian_layers(bayesian_layers)
         self.is_bayesian = self.method in BAYESIAN_METHODS
         self.kl_weight = 1.0 / self.num_examples if self.is_bayesian else None
         self._count = 0
+        # What the body (every layer but the head) is made of.
+        self._body_method = self.method if self.bayesian_layers == "all" else "deterministic"
 
     def __repr__(self):
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
-        return f"LayerFactory(method={self.method!r}, {opts}{', ' if opts else ''}num_examples={self.num_examples})"
+        return (f"LayerFactory(method={self.method!r}, {opts}{', ' if opts else ''}num_examples={self.num_examples}, "
+                f"bayesian_layers={self.bayesian_layers!r})")
 
     def _next_seed(self):
         self._count += 1
@@ -205,8 +237,15 @@ class LayerFactory:
 
     # -- weight layers -------------------------------------------------------------
     def dense(self, units, activation=None, use_bias=True, name=None):
-        """A dense layer of this method (see the module table)."""
-        if not self.is_bayesian:
+        """A dense layer of the body: the method's (see the module table); Keras' with ``"last"``."""
+        return self._dense(self._body_method, units, activation, use_bias, name)
+
+    def head(self, units, activation="softmax", use_bias=True, name=None):
+        """The classification head's dense layer: the method's, also with ``bayesian_layers="last"``."""
+        return self._dense(self.method, units, activation, use_bias, name)
+
+    def _dense(self, method, units, activation, use_bias, name):
+        if method not in BAYESIAN_METHODS:
             return keras.layers.Dense(units, activation=activation, use_bias=use_bias, name=name)
         cls = {
             "bbb": _BBB_DENSE.get(self.options.get("estimator")),
@@ -216,8 +255,8 @@ class LayerFactory:
         return cls(units, activation=activation, use_bias=use_bias, name=name, **self._bayesian_kwargs())
 
     def conv2d(self, filters, kernel_size, strides=1, padding="valid", activation=None, use_bias=True, name=None):
-        """A 2-D convolution (channels last) of this method (see the module table)."""
-        if not self.is_bayesian:
+        """A 2-D convolution (channels last) of the body: the method's; Keras' with ``"last"``."""
+        if self._body_method not in BAYESIAN_METHODS:
             return keras.layers.Conv2D(
                 filters, kernel_size, strides=strides, padding=padding, activation=activation,
                 use_bias=use_bias, name=name,
@@ -234,16 +273,23 @@ class LayerFactory:
 
     # -- dropout after a block (MC dropout only) ---------------------------------------
     def dropout(self, x, name=None):
-        """``MCDropout(rate)(x)`` for ``mc_dropout`` (element-wise); ``x`` unchanged otherwise."""
-        if self.method != "mc_dropout":
-            return x
-        return layers_lib.MCDropout(self.options["rate"], seed=self._next_seed(), name=name)(x)
+        """``MCDropout(rate)(x)`` for ``mc_dropout`` (element-wise) in the body; ``x`` otherwise."""
+        return self._mc_dropout(layers_lib.MCDropout, x, name) if self._body_method == "mc_dropout" else x
 
     def spatial_dropout(self, x, name=None):
-        """``MCSpatialDropout2D(rate)(x)`` for ``mc_dropout`` (whole feature maps); ``x`` otherwise."""
-        if self.method != "mc_dropout":
-            return x
-        return layers_lib.MCSpatialDropout2D(self.options["rate"], seed=self._next_seed(), name=name)(x)
+        """``MCSpatialDropout2D(rate)(x)`` for ``mc_dropout`` (whole feature maps) in the body; ``x`` otherwise."""
+        return self._mc_dropout(layers_lib.MCSpatialDropout2D, x, name) if self._body_method == "mc_dropout" else x
+
+    def head_dropout(self, x, name=None):
+        """``MCDropout(rate)(x)`` in front of the head for ``mc_dropout`` with ``"last"``; ``x`` otherwise.
+
+        With ``"all"`` the body's own dropout is what precedes the head.
+        """
+        last_only = self.method == "mc_dropout" and self.bayesian_layers == "last"
+        return self._mc_dropout(layers_lib.MCDropout, x, name) if last_only else x
+
+    def _mc_dropout(self, cls, x, name):
+        return cls(self.options["rate"], seed=self._next_seed(), name=name)(x)
 
     # -- normalization -------------------------------------------------------------------
     def batch_norm(self, name=None, **kwargs):
@@ -251,14 +297,17 @@ class LayerFactory:
         return keras.layers.BatchNormalization(name=name, **kwargs)
 
 
-def get_factory(method, options=None, num_examples=None, seed=None):
+def get_factory(method, options=None, num_examples=None, seed=None, bayesian_layers="all"):
     """A :class:`LayerFactory` from a method name, or ``method`` itself when it is one.
 
-    Passing a ready factory together with options, ``num_examples`` or ``seed`` is an
-    error (they belong to the factory).
+    Passing a ready factory together with options, ``num_examples``, ``seed`` or a
+    ``bayesian_layers`` other than the default ``"all"`` is an error (they belong to
+    the factory).
     """
     if isinstance(method, LayerFactory):
         extra = {k: v for k, v in (("num_examples", num_examples), ("seed", seed)) if v is not None}
+        if bayesian_layers != "all":
+            extra["bayesian_layers"] = bayesian_layers
         extra.update(options or {})
         if extra:
             raise ValueError(
@@ -266,4 +315,4 @@ def get_factory(method, options=None, num_examples=None, seed=None):
                 f"Received: method={method!r} with {extra}"
             )
         return method
-    return LayerFactory(method, options, num_examples, seed)
+    return LayerFactory(method, options, num_examples, seed, bayesian_layers)

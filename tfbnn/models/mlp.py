@@ -61,6 +61,7 @@ def mlp(
     num_examples=None,
     seed=None,
     activation="relu",
+    bayesian_layers="all",
     name=None,
     **method_options,
 ):
@@ -76,6 +77,8 @@ def mlp(
         num_examples: int, N (required for bbb, vd, ibnn: ``kl_weight = 1 / N``).
         seed: int or None, the base seed of the stochastic layers.
         activation: hidden activation. Default ``"relu"``.
+        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
+            Bayesian head (:mod:`tfbnn.models.methods`).
         name: model name; default ``"mlp_<method>"``.
         **method_options: the method's options (``rate``; ``estimator``, ``prior``;
             ``parameterization``; ``num_components``, ``prior_stddev``, ``init_stddev``).
@@ -89,7 +92,7 @@ def mlp(
     """
     units = _check_hidden_units(hidden_units)
     factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
-                                       input_shape, None, 1, "mlp")
+                                       input_shape, None, 1, "mlp", bayesian_layers=bayesian_layers)
     x = keras.layers.Flatten(name="flatten")(inputs) if len(inputs.shape) > 2 else inputs
     for i, u in enumerate(units, 1):
         x = factory.dense(u, activation=activation, name=f"dense_{i}")(x)

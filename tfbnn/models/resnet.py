@@ -78,6 +78,7 @@ def resnet50(
     num_examples=None,
     seed=None,
     stem="imagenet",
+    bayesian_layers="all",
     name=None,
     **method_options,
 ):
@@ -93,6 +94,8 @@ def resnet50(
         seed: int or None.
         stem: ``"imagenet"`` (default, 7x7 / 2 + max pool, as keras.applications) or
             ``"cifar"`` (3x3 / 1, no pooling).
+        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
+            Bayesian head (:mod:`tfbnn.models.methods`).
         name: model name; default ``"resnet50_<method>"``.
         **method_options: the method's options.
 
@@ -103,7 +106,8 @@ def resnet50(
         raise ValueError(f"Expected `stem` in {STEMS}. Received: stem={stem!r}")
     min_side = 32 if stem == "imagenet" else 8
     factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
-                                       input_shape, 3, min_side, f"resnet50 (stem={stem!r})")
+                                       input_shape, 3, min_side, f"resnet50 (stem={stem!r})",
+                                       bayesian_layers=bayesian_layers)
     x = _stem(inputs, factory, stem)
     for stage, filters, blocks, stride in STAGES:
         for b in range(1, blocks + 1):

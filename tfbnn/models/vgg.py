@@ -30,6 +30,7 @@ def vgg16(
     input_shape=(32, 32, 3),
     num_examples=None,
     seed=None,
+    bayesian_layers="all",
     name=None,
     **method_options,
 ):
@@ -43,6 +44,8 @@ def vgg16(
             Default ``(32, 32, 3)``.
         num_examples: int, N (required for bbb, vd, ibnn).
         seed: int or None.
+        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
+            Bayesian head (:mod:`tfbnn.models.methods`).
         name: model name; default ``"vgg16_<method>"``.
         **method_options: the method's options.
 
@@ -50,7 +53,7 @@ def vgg16(
         An uncompiled functional ``keras.Model``.
     """
     factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
-                                       input_shape, 3, 32, "vgg16")
+                                       input_shape, 3, 32, "vgg16", bayesian_layers=bayesian_layers)
     x = inputs
     for b, filters in enumerate(BLOCKS, 1):
         for c, f in enumerate(filters, 1):

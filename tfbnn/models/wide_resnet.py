@@ -58,6 +58,7 @@ def wide_resnet(
     input_shape=(32, 32, 3),
     num_examples=None,
     seed=None,
+    bayesian_layers="all",
     name=None,
     **method_options,
 ):
@@ -72,6 +73,8 @@ def wide_resnet(
         input_shape: ``(height, width, channels)``, at least 8x8. Default ``(32, 32, 3)``.
         num_examples: int, N (required for bbb, vd, ibnn).
         seed: int or None.
+        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
+            Bayesian head (:mod:`tfbnn.models.methods`).
         name: model name; default ``"wide_resnet<depth>_<widen_factor>_<method>"``.
         **method_options: the method's options.
 
@@ -83,7 +86,7 @@ def wide_resnet(
         raise ValueError(f"Expected `depth` = 6 n + 4 (10, 16, 22, 28, ...). Received: depth={depth!r}")
     _check_int("widen_factor", widen_factor, 1)
     factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
-                                       input_shape, 3, 8, "wide_resnet")
+                                       input_shape, 3, 8, "wide_resnet", bayesian_layers=bayesian_layers)
     x = factory.conv2d(16, 3, padding="same", use_bias=False, name="conv1")(inputs)
     for g, (width, stride) in enumerate(zip((16, 32, 64), (1, 2, 2)), 1):
         for b in range(1, (depth - 4) // 6 + 1):
