@@ -74,8 +74,11 @@ def test_bad_options_exit_2_with_one_line(argv, capsys, tmp_path, monkeypatch):
 def test_library_value_error_is_one_line(capsys, tmp_path, monkeypatch):
     # Rejected by the library (not argparse): still one line and status 2.
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["train", "--max-examples", "10"]) == 2
-    _assert_one_error_line(capsys.readouterr().err)
+    assert cli.main(["train", "--model", "no_such_model"]) == 2
+    err = capsys.readouterr().err
+    _assert_one_error_line(err)
+    assert "--model=no_such_model" in err
+    assert not os.path.exists(tmp_path / "saved_models")
 
 
 def test_train_writes_a_loadable_model_and_prints_the_table(tmp_path, capsys):
@@ -95,7 +98,9 @@ def test_train_writes_a_loadable_model_and_prints_the_table(tmp_path, capsys):
         str(path),
     ):
         assert text in out, text
-    assert sorted(os.listdir(path.parent)) == ["tiny.keras"]  # no temporary file left
+    assert sorted(os.listdir(path.parent)) == ["tiny.keras", "tiny_run"]  # no temporary file left
+    assert sorted(os.listdir(path.parent / "tiny_run")) == [
+        "history.csv", "history.json", "learning_curves.png", "recipe.json", "results.json"]
     model = keras.saving.load_model(path)
     assert len(tfbnn.bayesian_layers(model)) == 2
     probs = model.predict(np.zeros((3, 64), "float32"), verbose=0)
@@ -140,15 +145,17 @@ def test_failed_save_keeps_the_old_model(tmp_path, capsys, monkeypatch):
     assert os.listdir(tmp_path) == ["model.keras"]
 
 
-def test_parser_has_one_function_per_subcommand():
-    assert cli.SUBCOMMANDS[:4] == [cli.add_train_parser, cli.add_evaluate_parser, cli.add_export_parser,
-                                   cli.add_tune_parser]
-    names = [add.__name__ for add in cli.SUBCOMMANDS[4:]]
+def test_parser_has_one_module_per_subcommand():
+    from tfbnn.cli import evaluate, export, recipes, train, tune
+
+    assert cli.SUBCOMMANDS[:6] == [train.add_parser, recipes.add_run_parser, recipes.add_recipes_parser,
+                                   evaluate.add_parser, export.add_parser, tune.add_parser]
+    names = [add.__name__ for add in cli.SUBCOMMANDS[6:]]
     assert names == ["add_vd_sparsity_parser", "add_vd_regression_parser", "add_vd_transformer_parser",
                      "add_ibnn_regression_parser", "add_ibnn_lenet_parser", "add_ibnn_shift_parser"]
     parser = cli.build_parser()
     args = parser.parse_args(["train"])
-    assert args.func is cli.run_train and args.dataset == "digits" and args.baseline
+    assert args.func is train.run and args.dataset == "digits" and args.baseline
 
 
 def test_train_reports_the_deterministic_baseline_beside_bbb(tmp_path, capsys):
@@ -228,11 +235,12 @@ def test_train_under_mirrored_strategy_on_two_logical_cpus(tmp_path):
 
 
 def test_run_command_exit_statuses_and_interrupts(capsys):
-    """The shared entry point of `tfbnn` and `python -m tfbnn.tuning_cli`: 2 and one line for a
-    ValueError, the CommandError's own status, 130 and the given line for Ctrl-C (re-raised without one)."""
+    """The shared entry point of `tfbnn`, `python -m tfbnn.cli.tune` and the experiments: 2 and one line
+    for a ValueError, the RunError's own status, 130 and the given line for Ctrl-C (re-raised without one)."""
     import argparse
 
-    from tfbnn.cli import CommandError, run_command
+    from tfbnn.argtypes import run_parsed as run_command
+    from tfbnn.errors import RunError as CommandError
 
     def parser_raising(error):
         parser = argparse.ArgumentParser(prog="tfbnn")
@@ -252,3 +260,131 @@ def test_run_command_exit_statuses_and_interrupts(capsys):
     with pytest.raises(KeyboardInterrupt):
         run_command(parser_raising(KeyboardInterrupt()), [])
     assert run_command(parser_raising(ValueError("unused")), ["--bad-option"]) == 2
+
+
+# -- the defects a new user found (issue "One way to run a study", item 4) ----------------------
+
+
+def _recipe(argv):
+    from tfbnn.cli import train
+
+    return train.recipe_from_args(cli.build_parser().parse_args(["train", *argv]))
+
+
+def test_train_method_without_model_trains_that_method():
+    recipe = _recipe(["--method", "mc_dropout"])
+    assert (recipe.model, recipe.method, recipe.method_options) == ("mlp", "mc_dropout", {"rate": 0.1})
+    assert _recipe(["--method", "mc_dropout", "--dropout-rate", "0.3"]).method_options == {"rate": 0.3}
+
+
+def test_train_hidden_units_and_layer_are_honoured(tmp_path, capsys):
+    recipe = _recipe(["--model", "mlp", "--hidden-units", "32", "--layer", "flipout", "--depth", "3"])
+    assert recipe.model_options == {"hidden_units": (32, 32, 32)}
+    assert recipe.method_options["estimator"] == "flipout"
+    path = tmp_path / "m.keras"
+    assert cli.main(["train", *TINY, "--model", "mlp", "--hidden-units", "32", "--layer", "flipout",
+                     "--output", str(path)]) == 0
+    model = keras.saving.load_model(path)
+    bayesian = tfbnn.bayesian_layers(model)
+    assert [type(layer).__name__ for layer in bayesian] == ["DenseFlipout", "DenseFlipout"]
+    assert bayesian[0].units == 32
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--method", "mc_dropout", "--layer", "flipout"], "--layer (bbb only)"),
+        (["--method", "bbb", "--dropout-rate", "0.2"], "--dropout-rate (mc_dropout only)"),
+        (["--model", "lenet5", "--hidden-units", "32"], "--hidden-units (mlp only)"),
+        (["--method", "deterministic", "--num-components", "3"], "--num-components (ibnn only)"),
+        (["--momentum", "0.9"], "--momentum/--nesterov (--optimizer sgd only)"),
+        (["--prior", "normal", "--pi", "0.5"], "--prior scale_mixture"),
+    ],
+)
+def test_an_option_that_does_not_apply_is_an_error(argv, named, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    _assert_one_error_line(err)
+    assert named in err
+
+
+def test_help_shows_defaults_equal_to_zero_one_and_false(capsys):
+    assert cli.main(["train", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--seed SEED seeds the data split, initialization, shuffling and every layer's noise (default: 0)" in out
+    assert "(default: 0.0)" in out and "(default: 1.0)" in out  # --momentum, --beta
+
+
+def test_help_and_option_errors_do_not_import_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.argv[0] = 'tfbnn'; from tfbnn.cli import main; "
+            "codes = [main(['--help']), main(['train', '--help']), main(['train', '--epochs', '0'])]; "
+            "print(codes, 'tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[0, 0, 2] False", out.stderr[-2000:]
+
+
+def test_failed_run_leaves_no_output_folder(tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    status = cli.main(["train", *TINY, "--learning-rate", "1e30", "--output", str(tmp_path / "m.keras"),
+                       "--output-dir", str(out_dir)])
+    assert status == 1
+    assert os.listdir(tmp_path) == []
+
+
+def test_evaluate_reads_a_convolutional_model_trained_on_digits(tmp_path, capsys):
+    path = tmp_path / "lenet.keras"
+    assert cli.main(["train", "--model", "lenet5", "--method", "deterministic", "--epochs", "1", "--verbose", "0",
+                     "--num-samples", "2", "--output", str(path)]) == 0
+    assert keras.saving.load_model(path).inputs[0].shape[1:] == (8, 8, 1)
+    out_dir = tmp_path / "eval"
+    assert cli.main(["evaluate", str(path), "--num-samples", "2", "--output-dir", str(out_dir)]) == 0
+    assert (out_dir / "metrics.json").exists()
+
+
+def test_evaluate_clean_and_shifted_numbers_are_rows_of_its_own_sweep(trained):
+    from tfbnn import datasets, evaluation
+
+    model = keras.saving.load_model(trained)
+    ds = datasets.load("digits", seed=0)
+    result = evaluation.evaluate_classifier(model, ds.x_test[:120], ds.y_test[:120], num_samples=4,
+                                            shift_gamma=0.5, sweep_levels=(0.0, 0.5, 1.0), seed=3)
+    rows = {row["level"]: row for row in result.sweep}
+    for level, part in ((0.0, "clean"), (0.5, "shifted")):
+        numbers = result.numbers[part]
+        assert numbers["accuracy"] == rows[level]["accuracy"]
+        assert numbers["predictive_entropy"] == pytest.approx(rows[level]["predictive_entropy"], rel=1e-6)
+        assert numbers["epistemic"] == pytest.approx(rows[level]["mutual_information"], rel=1e-6)
+
+
+def test_export_task_must_match_the_model_and_is_explained(trained, tmp_path, capsys):
+    assert cli.main(["export", "--help"]) == 0
+    assert "softmax" in capsys.readouterr().out
+    assert cli.main(["export", str(trained), "--task", "regression", "--output", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    _assert_one_error_line(err)
+    assert "classification" in err and "--task=regression" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_recipes_and_run_commands(tmp_path, capsys):
+    from tfbnn import training
+
+    assert cli.main(["recipes"]) == 0
+    out = capsys.readouterr().out
+    for name in training.recipe_names():
+        assert name in out
+    assert cli.main(["recipes", "--show", "ibnn-cifar10-vgg16"]) == 0
+    shown = training.Recipe.from_dict(__import__("json").loads(capsys.readouterr().out))
+    assert shown == training.get_recipe("ibnn-cifar10-vgg16")
+    out_dir = tmp_path / "quick"
+    assert cli.main(["run", "digits-bbb-mlp", "--quick", "--verbose", "0", "--output-dir", str(out_dir)]) == 0
+    written = training.load_recipe(str(out_dir / "recipe.json"))
+    assert written == training.get_recipe("digits-bbb-mlp").quick()
+    # The written recipe runs again as a file.
+    assert cli.main(["run", str(out_dir / "recipe.json"), "--verbose", "0", "--output-dir", str(tmp_path / "again")]) == 0
+    assert cli.main(["run", "no-such-recipe"]) == 2
+    _assert_one_error_line(capsys.readouterr().err)

@@ -11,13 +11,12 @@ import os
 
 from tfbnn import argtypes
 from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
+from tfbnn.training.recipe import KL_SCHEDULES, METHODS
 
 __all__ = ["add_parser", "run", "recipe_from_args", "METHOD_FLAGS"]
 
 ESTIMATORS = ("reparameterization", "flipout", "local_reparameterization")
 PRIORS = ("normal", "scale_mixture")
-KL_SCHEDULES = ("constant", "linear", "warmup", "cosine", "cyclic", "blundell")
-METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves")
 
 #: Flags that apply to one method only (dest -> methods).
 METHOD_FLAGS = {
@@ -171,9 +170,10 @@ def _not_applicable(args):
     if wrong:
         raise ValueError(f"options that do not apply to --model {args.model} --method {args.method}: "
                          f"{', '.join(wrong)}")
-    if args.model not in models.MODELS and args.model not in models.PRESETS:
-        raise ValueError(f"unknown model; expected one of {list(models.MODELS) + list(models.PRESETS)}. "
-                         f"Received: --model={args.model}")
+    names = [n for n in models.MODELS if n not in models.TEXT_MODELS] + list(models.PRESETS)
+    if args.model not in names:
+        hint = " (a text model: see `tfbnn vd-transformer`)" if args.model in models.TEXT_MODELS else ""
+        raise ValueError(f"unknown model{hint}; expected one of {names}. Received: --model={args.model}")
 
 
 def _method_options(args):
@@ -228,6 +228,6 @@ def run(args):
     jit = {"auto": "auto", "on": True, "off": False}[args.jit_compile]
     training.run(recipe, output_dir=output_dir, model_path=output, verbose=argtypes.verbosity(args.verbose),
                  baseline=args.baseline and recipe.method != "deterministic", jit_compile=jit,
-                 strategy=None if distribute.num_replicas(strategy) == 1 else strategy)
+                 strategy=strategy)
     print(f"Saved the model to {output}", flush=True)
     return 0

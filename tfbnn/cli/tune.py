@@ -26,6 +26,7 @@ import sys
 from tfbnn import argtypes
 from tfbnn.datasets.catalog import ARRAY_DATASETS
 from tfbnn.errors import RunError as CommandError
+from tfbnn.training.recipe import KL_SCHEDULES as SCHEDULE_NAMES
 from tfbnn.io import format_table
 
 PROG = "tfbnn"
@@ -36,7 +37,6 @@ __all__ = ["add_parser", "add_tune_parser", "run_tune", "main", "TUNE_DEFAULTS"]
 SEARCH_NAMES = ("blundell-prior-grid", "ibnn-random")  # = tfbnn.tuning.SEARCHES (kept light: no TF import)
 OBJECTIVE_NAMES = ("val_accuracy", "val_nll", "val_loss")
 LAYER_NAMES = ("flipout", "local_reparameterization", "reparameterization")
-SCHEDULE_NAMES = ("constant", "linear", "warmup", "cosine", "cyclic", "blundell")
 DATASET_NAMES = ARRAY_DATASETS
 
 # Defaults: the bare command runs the 27-trial grid on the offline digits set.

@@ -18,7 +18,8 @@ Example:
     >>> training.save_recipe(recipe.replace(epochs=50), "my_recipe.json")   # tfbnn run my_recipe.json
 """
 
-from tfbnn.training.optim import LinearRamp, kl_schedule, learning_rate, make_optimizer, weight_decay_exclusions
+import importlib
+
 from tfbnn.training.recipe import KL_SCHEDULES, LR_SCHEDULES, METHODS, OPTIMIZERS, Recipe, load_recipe, save_recipe
 from tfbnn.training.recipes import RECIPES, get_recipe, recipe_names, resolve
 from tfbnn.training.run import (
@@ -32,6 +33,16 @@ from tfbnn.training.run import (
     results_table,
     run,
 )
+
+_OPTIM = ("LinearRamp", "kl_schedule", "learning_rate", "make_optimizer", "weight_decay_exclusions")
+
+
+def __getattr__(name):  # the Keras-side helpers load on first use: recipes stay TensorFlow-free
+    if name in _OPTIM or name == "optim":
+        module = importlib.import_module("tfbnn.training.optim")
+        return module if name == "optim" else getattr(module, name)
+    raise AttributeError(f"module 'tfbnn.training' has no attribute {name!r}")
+
 
 __all__ = [
     "Recipe",

@@ -50,6 +50,15 @@ def _is_real(value):
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _tuples(value):
+    """Lists as tuples, recursively (a recipe read from JSON equals the one written)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    return value
+
+
 def _check(condition, field, value, expected):
     if not condition:
         raise ValueError(f"Expected recipe field `{field}` to be {expected}. Received: {field}={value!r}")
@@ -146,6 +155,7 @@ class Recipe:
                "a non-empty file name")
         for field in ("model_options", "method_options"):
             _check(isinstance(getattr(self, field), dict), field, getattr(self, field), "a dict")
+            set_(self, field, _tuples(getattr(self, field)))
         _check(self.method in METHODS, "method", self.method, f"one of {list(METHODS)}")
         _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"one of {list(OPTIMIZERS)}")
         _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule, f"one of {list(LR_SCHEDULES)}")

@@ -244,6 +244,10 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
 
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
     jit = _jit(jit_compile, recipe)
+    if strategy is not None:
+        from tfbnn import distribute
+
+        jit = distribute.jit_compile_for(strategy, jit, warn=jit_compile is True)
     start = time.perf_counter()
     with scope:
         model = build_model(recipe, data)
@@ -262,12 +266,12 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
             trainable(keras.ops.zeros((1, *data.input_shape)))
         _compile(trainable, recipe, data.steps_per_epoch, jit)
     if verbose or recipe.method != "deterministic":
-        print(_describe(recipe, model, data), flush=True)
+        print(_describe(recipe, model, data, strategy), flush=True)
     history = _fit(trainable, recipe, data, recipe.epochs, verbose, extra_callbacks)
     return model, history, time.perf_counter() - start
 
 
-def _describe(recipe, model, data):
+def _describe(recipe, model, data, strategy=None):
     options = ", ".join(f"{k}={v}" for k, v in recipe.method_options.items())
     opt = recipe.optimizer + (f" (momentum {recipe.momentum:g}{', Nesterov' if recipe.nesterov else ''})"
                               if recipe.optimizer == "sgd" else "")
@@ -279,6 +283,8 @@ def _describe(recipe, model, data):
         f"  training: {recipe.epochs} epochs, batch {recipe.batch_size}, {opt} lr {recipe.learning_rate:g} "
         f"({recipe.lr_schedule}), weight decay {recipe.weight_decay:g}, seed {recipe.seed}",
     ]
+    if strategy is not None:
+        lines.append(f"  strategy: {type(strategy).__name__}, {strategy.num_replicas_in_sync} replica(s)")
     if recipe.is_bayesian:
         lines.append(f"  ELBO:     KL schedule {recipe.kl_schedule} to beta = {recipe.beta:g}, "
                      f"{recipe.train_samples} sample(s) per example and step")
@@ -410,11 +416,9 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
                            num_examples=data.num_examples, train_seconds=seconds, files=[],
                            output_dir=output_dir, baseline=base)
         _write_outputs(stage, result, history)
-        if model_path is None:
-            io.save_model(model, os.path.join(stage, "model.keras"))
-        result.files = _publish(stage, output_dir)
-        if model_path is not None:
-            result.files.append(io.save_model(model, model_path))
+        # The model first (atomically): if it cannot be saved, nothing is published.
+        saved = io.save_model(model, model_path or os.path.join(stage, "model.keras"))
+        result.files = _publish(stage, output_dir) + ([saved] if model_path else [])
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     print()

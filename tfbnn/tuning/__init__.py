@@ -131,8 +131,3 @@ __all__ = [
     "wait_for_chief",
     "launch_distributed",
 ]
-
-# Transitional: tfbnn/tuning_cli.py (moving into tfbnn/cli/) still imports this old
-# private name for its settings.json; it is write_record, and goes once it imports a
-# public writer (tfbnn.io.write_json) instead.
-_write_json = write_record

@@ -18,7 +18,7 @@ import keras_tuner
 import numpy as np
 
 from tfbnn import priors as priors_lib
-from tfbnn import schedules as schedules_lib
+from tfbnn.training.recipe import KL_SCHEDULES
 
 __all__ = [
     "BLUNDELL_PI",
@@ -48,7 +48,7 @@ BLUNDELL_NEG_LOG_SIGMA2 = (6.0, 7.0, 8.0)
 OBJECTIVES = {"val_accuracy": "max", "val_nll": "min", "val_loss": "min"}
 
 #: The KL schedules :func:`make_schedule` knows.
-SCHEDULE_NAMES = ("constant", "linear", "warmup", "cosine", "cyclic", "blundell")
+SCHEDULE_NAMES = KL_SCHEDULES
 
 
 # -- argument checks -----------------------------------------------------------
@@ -128,20 +128,11 @@ def make_schedule(name, epochs):
     ``epochs / 4``; ``cyclic`` repeats a ramp every ``epochs / 4``; ``blundell`` is
     Blundell's per-minibatch weighting (eq. 9). As ``tfbnn train`` does.
     """
-    ramp = max(epochs / 2.0, 1e-3)
-    if name == "constant":
-        return schedules_lib.Constant(1.0)
-    if name == "linear":
-        return schedules_lib.Linear(epochs=ramp)
-    if name == "warmup":
-        return schedules_lib.WarmUp(warmup_epochs=ramp / 2, epochs=ramp / 2)
-    if name == "cosine":
-        return schedules_lib.Cosine(epochs=ramp)
-    if name == "cyclic":
-        return schedules_lib.Cyclic(cycle_epochs=ramp / 2, ratio=0.5)
-    if name == "blundell":
-        return schedules_lib.Blundell()
-    raise ValueError(f"Unknown KL schedule. Expected one of {list(SCHEDULE_NAMES)}. Received: schedule={name!r}")
+    if name not in SCHEDULE_NAMES:
+        raise ValueError(f"Unknown KL schedule. Expected one of {list(SCHEDULE_NAMES)}. Received: schedule={name!r}")
+    from tfbnn.training import kl_schedule
+
+    return kl_schedule(name, max(epochs / 2.0, 1e-3))
 
 
 # -- search spaces ---------------------------------------------------------------
