@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from tfbnn.metrics import _check_labels
+from tfbnn.metrics import check_labels
 
 __all__ = ["TemperatureScaling", "logits_from_probs"]
 
@@ -118,7 +118,7 @@ class TemperatureScaling:
     def nll(logits, labels, temperature=1.0):
         """Mean NLL ``-(1/N) sum_i log softmax(z_i / T)_{y_i}`` (nats, no clipping)."""
         z = _check_logits(logits) / temperature
-        y = _check_labels(labels, z)
+        y = check_labels(labels, z)
         log_norm = np.log(np.sum(np.exp(z - z.max(axis=1, keepdims=True)), axis=1)) + z.max(axis=1)
         return float(np.mean(log_norm - z[np.arange(len(y)), y]))
 
@@ -134,7 +134,7 @@ class TemperatureScaling:
             ``self``.
         """
         z = tf.constant(_check_logits(logits))
-        y = tf.constant(_check_labels(labels, z.numpy()))
+        y = tf.constant(check_labels(labels, z.numpy()))
 
         def loss_and_grad(log_t):
             return tfp.math.value_and_gradient(

@@ -54,7 +54,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfbnn import inference
-from tfbnn.layers.node import VARIATIONAL_WEIGHT_NAMES, NodeNoise, _NodeLayer
+from tfbnn.layers.node import VARIATIONAL_WEIGHT_NAMES, NodeNoise, NodeLayer
 from tfbnn.utils import bayesian_layers, weight_samples
 
 __all__ = [
@@ -85,7 +85,7 @@ _DEFAULT_VARIATIONAL_LEARNING_RATE = 1e-2
 
 def node_layers(model):
     """The iBNN node layers (``NodeDense``, ``NodeConv2D``, ``NodeNoise``) of ``model``, nested ones included."""
-    return [layer for layer in bayesian_layers(model) if isinstance(layer, _NodeLayer)]
+    return [layer for layer in bayesian_layers(model) if isinstance(layer, NodeLayer)]
 
 
 def _require_node_layers(model):

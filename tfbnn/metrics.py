@@ -93,7 +93,7 @@ def _check_probs(probs):
     return np.clip(p, 0.0, 1.0)
 
 
-def _check_labels(labels, probs):
+def check_labels(labels, probs):
     y = np.asarray(labels)
     n, num_classes = probs.shape
     if y.ndim == 2 and y.shape[1] == num_classes and num_classes > 1:
@@ -122,7 +122,7 @@ def _check_labels(labels, probs):
 
 def _inputs(probs, labels):
     p = _check_probs(probs)
-    return p, _check_labels(labels, p)
+    return p, check_labels(labels, p)
 
 
 def _bin_index(confidence, num_bins):

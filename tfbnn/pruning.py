@@ -52,7 +52,7 @@ import zipfile
 import keras
 import numpy as np
 
-from tfbnn.layers.variational_dropout import _VariationalDropout
+from tfbnn.layers.variational_dropout import VariationalDropoutLayer
 from tfbnn.utils import bayesian_layers
 
 __all__ = [
@@ -197,7 +197,7 @@ def log_alpha_mask(model_or_layer, threshold=DEFAULT_LOG_ALPHA_THRESHOLD):
     threshold = check_threshold("log_alpha", threshold)
 
     def mask(layer):
-        if not isinstance(layer, _VariationalDropout):
+        if not isinstance(layer, VariationalDropoutLayer):
             raise ValueError(
                 "The log-alpha criterion needs a variational-dropout layer (DenseVariationalDropout, "
                 f"Conv2DVariationalDropout); use criterion='snr'. Received: layer {layer.name!r} of type "
@@ -206,7 +206,7 @@ def log_alpha_mask(model_or_layer, threshold=DEFAULT_LOG_ALPHA_THRESHOLD):
         return (np.asarray(layer.log_alpha().numpy()) <= threshold) & ~_already_pruned(layer)
 
     if isinstance(model_or_layer, keras.Model):
-        layers = [l for l in require_prunable_layers(model_or_layer) if isinstance(l, _VariationalDropout)]
+        layers = [l for l in require_prunable_layers(model_or_layer) if isinstance(l, VariationalDropoutLayer)]
         if not layers:
             raise ValueError(
                 "The log-alpha criterion needs variational-dropout layers and the model has none; "
@@ -219,7 +219,7 @@ def log_alpha_mask(model_or_layer, threshold=DEFAULT_LOG_ALPHA_THRESHOLD):
 
 def _resolve_criterion(layer, criterion):
     if criterion == "auto":
-        return "log_alpha" if isinstance(layer, _VariationalDropout) else "snr"
+        return "log_alpha" if isinstance(layer, VariationalDropoutLayer) else "snr"
     return criterion
 
 
@@ -300,7 +300,7 @@ def sparsity(masks):
 # -- applying masks ----------------------------------------------------------------
 def _scale_variable(layer):
     """(variable, value written where pruned) for the layer's kernel scale parameter, or None."""
-    if isinstance(layer, _VariationalDropout):
+    if isinstance(layer, VariationalDropoutLayer):
         # theta = 0 already zeroes the noise (variance alpha theta^2); a constant makes
         # the stored array compress and keeps log alpha at its upper clip.
         if layer.parameterization == "additive":
@@ -314,7 +314,7 @@ def _scale_variable(layer):
 
 def _noiseless_scale_value(layer):
     """The scale parameter of a (near) deterministic kept weight: the smallest noise the layer allows."""
-    if isinstance(layer, _VariationalDropout):
+    if isinstance(layer, VariationalDropoutLayer):
         return -1e4 if layer.parameterization == "additive" else layer.min_log_alpha  # log alpha at its lower clip
     return _PRUNED_RHO.get(getattr(layer, "posterior_parameterization", "softplus"), -100.0)
 

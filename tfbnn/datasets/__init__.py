@@ -26,6 +26,7 @@ from tfbnn.datasets.catalog import (
     CATALOG,
     CIFAR_DATASETS,
     CLASSIFICATION_DATASETS,
+    GRAYSCALE_DATASETS,
     IMAGE_DATASETS,
     OFFLINE_DATASETS,
     PIPELINE_DATASETS,
@@ -41,6 +42,7 @@ __all__ = [
     "CATALOG",
     "CIFAR_DATASETS",
     "CLASSIFICATION_DATASETS",
+    "GRAYSCALE_DATASETS",
     "IMAGE_DATASETS",
     "OFFLINE_DATASETS",
     "TFDS_DATASETS",
@@ -143,9 +145,8 @@ def load_images(name, seed=0, max_examples=None, max_test_examples=None):
 
     from tfbnn.datasets.base import ArrayDataset
 
-    grey = ("digits", "mnist", "fashion_mnist")
-    if name not in grey:
-        raise ValueError(f"Unknown dataset. Expected one of {list(grey)}. Received: dataset={name!r}")
+    if name not in GRAYSCALE_DATASETS:
+        raise ValueError(f"Unknown dataset. Expected one of {list(GRAYSCALE_DATASETS)}. Received: dataset={name!r}")
     if name == "digits":
         if max_examples is not None or max_test_examples is not None:
             raise ValueError(f"`max_examples` applies to the tensorflow-datasets sets, not digits. "

@@ -27,6 +27,7 @@ __all__ = [
     "CLASSIFICATION_DATASETS",
     "CIFAR_DATASETS",
     "ARRAY_DATASETS",
+    "GRAYSCALE_DATASETS",
 ]
 
 # name -> (kind, shape of one example, number of classes or None, offline)
@@ -54,5 +55,7 @@ IMAGE_DATASETS = tuple(n for n, (kind, *_) in CATALOG.items() if kind == "image"
 CLASSIFICATION_DATASETS = tuple(n for n, (kind, *_) in CATALOG.items() if kind in ("image", "vector"))
 #: CIFAR (standardized per channel, pad-crop-flip augmentation by default).
 CIFAR_DATASETS = ("cifar10", "cifar100")
+#: Grey-scale image datasets (one channel): :func:`tfbnn.datasets.load_images`.
+GRAYSCALE_DATASETS = tuple(n for n, (kind, shape, *_) in CATALOG.items() if kind == "image" and shape[-1] == 1)
 #: Names accepted by :func:`tfbnn.datasets.load` (in-memory NumPy splits, flattened images).
-ARRAY_DATASETS = ("digits", "moons", "mnist", "fashion_mnist")
+ARRAY_DATASETS = tuple(n for n, (kind, *_) in CATALOG.items() if n in GRAYSCALE_DATASETS or kind == "vector")

@@ -44,6 +44,7 @@ import math
 import os
 import time
 
+from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
 from tfbnn.experiments import _common
 
 __all__ = ["DEFAULTS", "build_lenet", "run_experiment", "add_arguments", "add_ibnn_lenet_parser", "run", "main"]
@@ -252,7 +253,7 @@ def add_arguments(parser):
     from tfbnn import argtypes
 
     d = DEFAULTS
-    parser.add_argument("--dataset", choices=("digits", "fashion_mnist"), default=d["dataset"],
+    parser.add_argument("--dataset", choices=GRAYSCALE_DATASETS, default=d["dataset"],
                         help="digits: offline 8x8x1 stand-in; fashion_mnist: tensorflow-datasets (downloads once)")
     parser.add_argument("--widths", type=argtypes.positive_int, nargs="+", default=list(d["widths"]), metavar="W",
                         help="hidden-width multipliers")

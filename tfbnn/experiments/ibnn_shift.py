@@ -34,6 +34,7 @@ Reference:
 import os
 import time
 
+from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
 from tfbnn.experiments import _common
 
 __all__ = ["DEFAULTS", "build_mlp", "run_experiment", "add_arguments", "add_ibnn_shift_parser", "run", "main"]
@@ -200,7 +201,7 @@ def add_arguments(parser):
     from tfbnn import argtypes
 
     d = DEFAULTS
-    parser.add_argument("--dataset", choices=("digits", "fashion_mnist"), default=d["dataset"],
+    parser.add_argument("--dataset", choices=GRAYSCALE_DATASETS, default=d["dataset"],
                         help="digits: offline; fashion_mnist: tensorflow-datasets (downloads once)")
     parser.add_argument("--hidden-units", type=argtypes.positive_int, default=d["hidden_units"], help="units per layer")
     parser.add_argument("--depth", type=argtypes.positive_int, default=d["depth"], help="hidden layers")

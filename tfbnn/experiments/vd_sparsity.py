@@ -38,6 +38,7 @@ import math
 import os
 import time
 
+from tfbnn.datasets.catalog import ARRAY_DATASETS
 from tfbnn.experiments import _common
 
 __all__ = [
@@ -58,7 +59,7 @@ NAME = "vd_sparsity"
 MODELS = {"lenet300_100": (300, 100), "mlp": None}
 METHODS = ("vd", "vd_multiplicative", "graves")
 METHOD_LABELS = {"vd": "sparse VD (Molchanov)", "vd_multiplicative": "Gaussian VD (Kingma)", "graves": "Graves"}
-DATASETS = ("digits", "moons", "mnist", "fashion_mnist")
+DATASETS = ARRAY_DATASETS
 VARIANTS = ("none", "principled", "random")
 _SWEEP = {"log_alpha": (-4.0, -2.0, 0.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0),
           "snr": (0.1, 0.25, 0.5, 0.83, 1.0, 1.5, 2.0, 3.0, 5.0)}

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from tfbnn import kl as kl_lib
 from tfbnn.layers._conv_utils import conv_output_shape
-from tfbnn.layers.dense import _DenseBayesian
+from tfbnn.layers.dense import DenseBayesian
 
 __all__ = ["Conv1DReparameterization", "Conv1DFlipout", "Conv2DReparameterization", "Conv2DFlipout"]
 
@@ -45,7 +45,7 @@ def _tuple(received, rank, name):
     return value
 
 
-class _ConvBayesian(_DenseBayesian):
+class _ConvBayesian(DenseBayesian):
     """Shared by the Bayesian convolutions: shapes, the convolution, config.
 
     Args:

@@ -134,7 +134,7 @@ def _default_log_variance_initializer():
     return keras.initializers.Constant(-10.0)
 
 
-class _DenseBayesian(BayesianLayer):
+class DenseBayesian(BayesianLayer):
     """Shared argument handling, weights, KL and config of the dense layers.
 
     Args:
@@ -422,7 +422,7 @@ class _DenseBayesian(BayesianLayer):
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class DenseReparameterization(_DenseBayesian):
+class DenseReparameterization(DenseBayesian):
     """Bayes-by-Backprop dense layer with the reparameterization estimator.
 
     Each call draws one kernel ``W = mu + sigma * eps``, ``eps ~ N(0, I)``, shared
@@ -431,7 +431,7 @@ class DenseReparameterization(_DenseBayesian):
     prior and the one-sample estimate ``log q(W) - log p(W)`` (eq. 2) for the
     scale mixture, evaluated at the same ``W``.
 
-    Args: see :class:`_DenseBayesian` (``units``, ``activation``, priors,
+    Args: see :class:`DenseBayesian` (``units``, ``activation``, priors,
     initializers, ``kl_weight``, ``inference_mode``, ``seed``).
 
     Input shape: ``(batch, ..., input_dim)``; output ``(batch, ..., units)``.
@@ -466,7 +466,7 @@ class DenseReparameterization(_DenseBayesian):
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class DenseFlipout(_DenseBayesian):
+class DenseFlipout(DenseBayesian):
     """Bayes-by-Backprop dense layer with the Flipout estimator.
 
     One weight perturbation ``dW = sigma * eps`` per call is decorrelated across
@@ -478,7 +478,7 @@ class DenseFlipout(_DenseBayesian):
     cost of a second matmul. The KL is that of :class:`DenseReparameterization`,
     evaluated at ``W = mu + dW`` when it is a Monte Carlo estimate.
 
-    Args: see :class:`_DenseBayesian`.
+    Args: see :class:`DenseBayesian`.
 
     Input shape: ``(batch, ..., input_dim)``; output ``(batch, ..., units)``.
 
@@ -526,7 +526,7 @@ class DenseFlipout(_DenseBayesian):
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class DenseLocalReparameterization(_DenseBayesian):
+class DenseLocalReparameterization(DenseBayesian):
     """Bayes-by-Backprop dense layer with the local reparameterization trick.
 
     For a factorized Gaussian posterior the pre-activations are Gaussian, so they
@@ -540,7 +540,7 @@ class DenseLocalReparameterization(_DenseBayesian):
     prior); with the scale-mixture prior one weight sample is drawn for the Monte
     Carlo KL only.
 
-    Args: see :class:`_DenseBayesian`.
+    Args: see :class:`DenseBayesian`.
 
     Input shape: ``(batch, ..., input_dim)``; output ``(batch, ..., units)``.
 

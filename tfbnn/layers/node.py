@@ -132,7 +132,7 @@ class _InverseSoftplusAbsNormal(keras.initializers.Initializer):
 # -- the shared node-noise machinery ------------------------------------------------
 
 
-class _NodeLayer(BayesianLayer):
+class NodeLayer(BayesianLayer):
     """Mixture posterior over per-node multiplicative noise; see the module docstring.
 
     Args:
@@ -354,7 +354,7 @@ def _known_dim(layer, input_shape, axis, what):
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class NodeDense(_NodeLayer):
+class NodeDense(NodeLayer):
     """Dense layer with iBNN node noise: ``activation((z o x) U + b)``, ``z ~ q(z)``.
 
     ``U`` (``kernel``, ``(d, units)``) and ``b`` (``bias``) are deterministic; ``z``
@@ -370,7 +370,7 @@ class NodeDense(_NodeLayer):
         kernel_initializer, bias_initializer: Keras initializers of ``U`` and ``b``.
         num_components, prior_stddev, init_stddev, init_scale_mean,
         init_scale_stddev, kl_estimator, num_kl_samples, kl_weight,
-        inference_mode, seed: see :class:`_NodeLayer` (K = 4, s = 0.1, sigma0 = 0.5).
+        inference_mode, seed: see :class:`NodeLayer` (K = 4, s = 0.1, sigma0 = 0.5).
 
     Call arguments:
         inputs: tensor ``(batch, ..., d)``.
@@ -451,7 +451,7 @@ class NodeDense(_NodeLayer):
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class NodeConv2D(_NodeLayer):
+class NodeConv2D(NodeLayer):
     """2-D convolution with iBNN node noise per input channel: ``activation(conv(z o x, U) + b)``.
 
     ``z`` has one entry per input channel (``(K, C_in)`` variational parameters),
@@ -469,7 +469,7 @@ class NodeConv2D(_NodeLayer):
         dilation_rate: int or pair. Default 1.
         activation, use_bias, kernel_initializer, bias_initializer: as in
             ``keras.layers.Conv2D``.
-        num_components, prior_stddev, init_stddev, ...: see :class:`_NodeLayer`.
+        num_components, prior_stddev, init_stddev, ...: see :class:`NodeLayer`.
 
     Input shape: ``(batch, rows, cols, C_in)`` (channels_last).
     Output shape: ``(batch, new_rows, new_cols, filters)``.
@@ -580,7 +580,7 @@ class NodeConv2D(_NodeLayer):
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class NodeNoise(_NodeLayer):
+class NodeNoise(NodeLayer):
     """The iBNN node noise alone: ``z o x`` with one ``z`` entry per channel of ``axis``.
 
     Put it in front of any layer (``keras.layers.Dense``, ``Conv2D``, ...) to make
@@ -592,7 +592,7 @@ class NodeNoise(_NodeLayer):
     Args:
         axis: int, the channel axis carrying the nodes (default -1; 1 for
             channels_first convolutions). Not the batch axis.
-        num_components, prior_stddev, init_stddev, ...: see :class:`_NodeLayer`.
+        num_components, prior_stddev, init_stddev, ...: see :class:`NodeLayer`.
 
     Input shape: any, rank >= 2, with a known ``axis`` dimension ``d``.
     Output shape: the input shape.

@@ -84,7 +84,7 @@ _THETA2_EPS = 1e-8
 _VARIANCE_EPS = 1e-12
 
 
-def _resolve_parameterization(value):
+def resolve_parameterization(value):
     name = _ALIASES.get(value) if isinstance(value, str) else None
     if name is None:
         raise ValueError(
@@ -99,7 +99,7 @@ def _check_float(name, value):
     return float(value)
 
 
-class _VariationalDropout(BayesianLayer):
+class VariationalDropoutLayer(BayesianLayer):
     """Shared arguments, posterior, KL and noise of the variational-dropout layers.
 
     Args:
@@ -138,7 +138,7 @@ class _VariationalDropout(BayesianLayer):
         **kwargs,
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
-        self.parameterization = _resolve_parameterization(parameterization)
+        self.parameterization = resolve_parameterization(parameterization)
         self.activation = keras.activations.get(activation)
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -261,7 +261,7 @@ class _VariationalDropout(BayesianLayer):
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class DenseVariationalDropout(_VariationalDropout):
+class DenseVariationalDropout(VariationalDropoutLayer):
     """Dense layer with variational dropout: sparse VD (Molchanov 2017) or Gaussian VD (Kingma 2015).
 
     Posterior ``q(w_ij) = N(theta_ij, alpha_ij theta_ij^2)``, log-uniform prior,
@@ -278,7 +278,7 @@ class DenseVariationalDropout(_VariationalDropout):
         units: int > 0, output dimension.
         parameterization, activation, use_bias, initializers, ``min_log_alpha``,
         ``max_log_alpha``, ``kl_weight``, ``inference_mode``, ``seed``: see
-        :class:`_VariationalDropout` and the module docstring.
+        :class:`VariationalDropoutLayer` and the module docstring.
 
     Call arguments:
         inputs: ``(batch, ..., input_dim)``.
@@ -354,7 +354,7 @@ class DenseVariationalDropout(_VariationalDropout):
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class Conv2DVariationalDropout(_VariationalDropout):
+class Conv2DVariationalDropout(VariationalDropoutLayer):
     """2-D convolution with variational dropout (Molchanov 2017 sparse VD, or Kingma 2015).
 
     Posterior ``q(w) = N(theta, alpha theta^2)`` per kernel weight, log-uniform
@@ -371,7 +371,7 @@ class Conv2DVariationalDropout(_VariationalDropout):
         padding: ``"valid"`` (default) or ``"same"``.
         data_format: ``"channels_last"`` (default) or ``"channels_first"``.
         dilation_rate: int or pair. Default 1.
-        parameterization and the other arguments: see :class:`_VariationalDropout`.
+        parameterization and the other arguments: see :class:`VariationalDropoutLayer`.
 
     Input shape: ``(batch, rows, cols, channels)`` (channels_last).
     Output shape: ``(batch, new_rows, new_cols, filters)``.

@@ -70,7 +70,7 @@ import keras
 
 from tfbnn import layers as layers_lib
 from tfbnn import priors as priors_lib
-from tfbnn.layers.variational_dropout import _resolve_parameterization
+from tfbnn.layers.variational_dropout import resolve_parameterization
 
 __all__ = [
     "METHODS",
@@ -165,7 +165,7 @@ def _check_options(method, options):
             )
         resolved["prior"] = priors_lib.get(resolved["prior"])
     elif method == "vd":
-        resolved["parameterization"] = _resolve_parameterization(resolved["parameterization"])
+        resolved["parameterization"] = resolve_parameterization(resolved["parameterization"])
     elif method == "ibnn":
         k = resolved["num_components"]
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:

@@ -200,7 +200,7 @@ class Recipe:
                 f"Received: optimizer={self.optimizer!r}, momentum={self.momentum}, nesterov={self.nesterov}"
             )
         if self.nesterov and not self.momentum:
-            raise ValueError(f"`nesterov` needs momentum > 0. Received: momentum={self.momentum}")
+            raise ValueError(f"`nesterov` needs momentum > 0. Received: nesterov=True, momentum={self.momentum}")
         if self.lr_schedule == "step" and not self.lr_boundaries:
             raise ValueError("lr_schedule='step' needs `lr_boundaries` (epochs). Received: lr_boundaries=()")
         if self.lr_schedule == "linear" and len(self.lr_boundaries) not in (0, 2):

@@ -1,0 +1,232 @@
+"""tfbnn.training: recipes (published protocols, JSON round trip, validation), the optimizer and
+schedules they become, and run() end to end (outputs, atomicity, reproducibility)."""
+
+import json
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+import tfbnn
+from tfbnn import training
+from tfbnn.errors import RunError
+
+# -- the published protocols, written out independently of tfbnn/training/recipes.py ----------
+# Blundell et al. 2015 sec. 5.1: 2 hidden ReLU layers of 400/800/1200, SGD (eq. 5-6, no momentum)
+# with learning rate from {1e-3, 1e-4, 1e-5}, minibatch 128, 600 epochs (Fig. 2), 50,000 train /
+# 10,000 validation, scale-mixture prior (grid pi {1/4,1/2,3/4}, -log s1 {0,1,2}, -log s2 {6,7,8}),
+# minibatch KL weights pi_i = 2^(M-i) / (2^M - 1) (eq. 9).
+BLUNDELL = dict(model="mlp", method="bbb", dataset="mnist", optimizer="sgd", momentum=0.0, batch_size=128,
+                epochs=600, kl_schedule="blundell", beta=1.0, validation_fraction=10_000 / 60_000)
+# Molchanov et al. 2017, official code (lenet300-100-ard.py, optpolicy.py): Adam 1e-3 flat for 100
+# epochs then linear to 0 at 200, batch 100, 200 epochs, KL weight 0 for 5 epochs then linear over 15.
+MOLCHANOV = dict(model="lenet_300_100", dataset="mnist", optimizer="adam", learning_rate=1e-3, lr_schedule="linear",
+                 lr_boundaries=(100.0, 200.0), lr_final=0.0, batch_size=100, epochs=200, kl_schedule="warmup",
+                 warmup_epochs=5.0, kl_epochs=15, beta=1.0)
+# Trinh et al. 2022, official code README (StoVGG16): SGD Nesterov 0.9, lr 0.05, flat to 50% then
+# linear to 1% at 90%, weight decay 5e-4, variational lr 0.05 constant, batch 128, 300 epochs,
+# K = 4, KL weight min(1, epoch / 200), 4 training samples, 8 test samples per component.
+TRINH = dict(model="vgg16", method="ibnn", dataset="cifar10", optimizer="sgd", momentum=0.9, nesterov=True,
+             learning_rate=0.05, lr_schedule="linear", lr_boundaries=(150.0, 270.0), lr_final=0.01,
+             weight_decay=5e-4, variational_learning_rate=0.05, batch_size=128, epochs=300, kl_schedule="linear",
+             kl_epochs=200, beta=1.0, train_samples=4, eval_samples=32)
+# The CIFAR-10 comparison (seed study 004): BbB with Adam and constant beta = 0.1, MC dropout with SGD
+# lr 0.01 and dropout 0.3-0.5; batch 64.
+CIFAR_BBB = dict(method="bbb", dataset="cifar10", optimizer="adam", kl_schedule="constant", beta=0.1, batch_size=64)
+CIFAR_DROPOUT = dict(method="mc_dropout", dataset="cifar10", optimizer="sgd", learning_rate=0.01, batch_size=64)
+
+
+def _expect(recipe, fields):
+    for field, value in fields.items():
+        got = getattr(recipe, field)
+        assert got == pytest.approx(value), (recipe.name, field, got, value)
+
+
+@pytest.mark.parametrize("units", [400, 800, 1200])
+def test_blundell_recipes_follow_the_paper(units):
+    recipe = training.get_recipe(f"blundell-mnist-{units}")
+    _expect(recipe, BLUNDELL)
+    assert recipe.model_options["hidden_units"] == (units, units)
+    assert recipe.learning_rate in (1e-3, 1e-4, 1e-5)
+    prior = tfbnn.priors.get(recipe.method_options["prior"])
+    assert isinstance(prior, tfbnn.priors.ScaleMixture)
+    assert prior.pi in (0.25, 0.5, 0.75)
+    assert -math.log(prior.sigma1) == pytest.approx(round(-math.log(prior.sigma1)))
+    assert round(-math.log(prior.sigma1)) in (0, 1, 2) and round(-math.log(prior.sigma2)) in (6, 7, 8)
+
+
+@pytest.mark.parametrize("method", ["vd", "graves"])
+@pytest.mark.parametrize("pretrained", [False, True])
+def test_lenet300_100_recipes_follow_the_official_code(method, pretrained):
+    name = f"{method}-lenet300-100{'-pretrained' if pretrained else ''}"
+    recipe = training.get_recipe(name)
+    _expect(recipe, {**MOLCHANOV, "method": method})
+    assert (recipe.pretrain_epochs > 0) == pretrained
+    schedule = training.kl_schedule(recipe.kl_schedule, recipe.ramp_epochs, recipe.beta, recipe.warmup_epochs)
+    # rw_linear: 0 for epochs 0-4, (epoch - 5) / 15 for 5-19, then 1.
+    for epoch in (0, 4, 5, 12, 20, 50):
+        assert schedule(epoch, 0, 10) == pytest.approx(min(1.0, max(0.0, (epoch - 5) / 15)))
+    lr = training.learning_rate(recipe, steps_per_epoch=10)
+    for epoch in (0, 99, 100, 150, 200):  # lr_linear: 1e-3 * min(2 - epoch / 100, 1)
+        assert float(lr(epoch * 10)) == pytest.approx(1e-3 * min(2 - epoch / 100, 1.0), abs=1e-9)
+
+
+def test_ibnn_recipe_follows_the_official_code():
+    recipe = training.get_recipe("ibnn-cifar10-vgg16")
+    _expect(recipe, TRINH)
+    assert recipe.method_options["num_components"] == 4
+    lr = training.learning_rate(recipe, steps_per_epoch=2)
+    for epoch, factor in ((0, 1.0), (150, 1.0), (210, 1 - 0.99 * 0.5), (270, 0.01), (299, 0.01)):
+        assert float(lr(epoch * 2)) == pytest.approx(0.05 * factor, rel=1e-5)
+    schedule = training.kl_schedule(recipe.kl_schedule, recipe.ramp_epochs, recipe.beta)
+    for epoch in (0, 100, 200, 250):
+        assert schedule(epoch, 0, 1) == pytest.approx(min(1.0, epoch / 200))
+
+
+@pytest.mark.parametrize("model", ["lenet5", "alexnet", "resnet50"])
+def test_cifar_comparison_recipes(model):
+    _expect(training.get_recipe(f"cifar10-{model}-bbb"), {**CIFAR_BBB, "model": model})
+    dropout = training.get_recipe(f"cifar10-{model}-mc_dropout")
+    _expect(dropout, {**CIFAR_DROPOUT, "model": model})
+    assert 0.3 <= dropout.method_options["rate"] <= 0.5
+
+
+@pytest.mark.parametrize("name", training.recipe_names())
+def test_every_recipe_round_trips_through_json(name, tmp_path):
+    recipe = training.get_recipe(name)
+    path = training.save_recipe(recipe, str(tmp_path / "r.json"))
+    assert training.load_recipe(path) == recipe
+    assert training.Recipe.from_dict(json.loads(recipe.to_json())) == recipe
+    assert training.resolve(path) == recipe and training.resolve(name) is recipe
+
+
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        ({"epochs": 0}, "epochs=0"),
+        ({"method": "bayes"}, "method='bayes'"),
+        ({"optimizer": "rmsprop"}, "optimizer='rmsprop'"),
+        ({"momentum": 0.9}, "momentum"),
+        ({"optimizer": "sgd", "nesterov": True}, "nesterov"),
+        ({"lr_schedule": "step"}, "lr_boundaries"),
+        ({"beta": -1.0}, "beta=-1.0"),
+        ({"kl_schedule": "blundell", "beta": 0.5}, "beta=0.5"),
+        ({"train_samples": 2}, "train_samples=2"),
+        ({"pretrain_epochs": 3, "method": "mc_dropout"}, "pretrain_epochs=3"),
+        ({"learning_rate": float("nan")}, "learning_rate=nan"),
+        ({"name": "../x"}, "name='../x'"),
+        ({"seed": True}, "seed=True"),
+    ],
+)
+def test_bad_recipes_name_the_field(changes, needle):
+    with pytest.raises(ValueError, match=r"Received: .*" + __import__("re").escape(needle)):
+        training.get_recipe("digits-bbb-mlp").replace(**changes)
+    with pytest.raises(ValueError, match="Unknown recipe field"):
+        training.Recipe.from_dict({"nme": "x"})
+    with pytest.raises(ValueError, match="Unknown recipe"):
+        training.get_recipe("nope")
+
+
+def test_optimizer_settings_and_weight_decay_spares_the_posteriors():
+    recipe = training.get_recipe("ibnn-cifar10-vgg16").replace(model="mlp", model_options={"hidden_units": (8,)})
+    model = tfbnn.models.mlp("ibnn", hidden_units=(8,), num_classes=3, input_shape=(4,), num_examples=10, seed=0)
+    excluded = {id(v) for v in training.weight_decay_exclusions(model)}
+    node = {id(w) for w in tfbnn.ibnn.variational_weights(model)}
+    assert excluded == node and node  # node posteriors excluded, node-layer kernels decay
+    opt = training.make_optimizer(recipe, steps_per_epoch=5, model=model)
+    assert isinstance(opt, keras.optimizers.MultiOptimizer)
+    bbb = tfbnn.models.mlp("bbb", hidden_units=(8,), num_classes=3, input_shape=(4,), num_examples=10, seed=0)
+    assert {id(v) for v in training.weight_decay_exclusions(bbb)} == {id(v) for v in bbb.trainable_weights}
+    sgd = training.make_optimizer(training.get_recipe("cifar10-lenet5-mc_dropout"), steps_per_epoch=5)
+    assert isinstance(sgd, keras.optimizers.SGD) and float(sgd.learning_rate) == pytest.approx(0.01)
+
+
+def test_kl_schedules_end_at_beta():
+    for name in ("constant", "linear", "warmup", "cosine", "cyclic"):
+        schedule = training.kl_schedule(name, ramp_epochs=4, beta=0.1)
+        assert schedule(3.999, 0, 1) <= 0.1 + 1e-12
+        assert schedule(4, 0, 1) == pytest.approx(0.1) or name == "cyclic"
+    with pytest.raises(ValueError, match="beta=0.5"):
+        training.kl_schedule("blundell", 4, beta=0.5)
+
+
+# -- run() end to end ---------------------------------------------------------------------------
+
+
+def _quick(name, **changes):
+    return training.get_recipe(name).quick(max_examples=48, max_test_examples=24, batch_size=16).replace(**changes)
+
+
+# The big convolutional models take long to build on 2 CPU cores: heavy.
+_HEAVY = {"ibnn-cifar10-vgg16", "cifar10-alexnet-bbb", "cifar10-alexnet-mc_dropout", "cifar10-resnet50-bbb",
+          "cifar10-resnet50-mc_dropout", "blundell-mnist-800", "blundell-mnist-1200", "graves-lenet300-100"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.heavy) if n in _HEAVY else n for n in training.recipe_names()])
+def test_every_recipe_runs_end_to_end_in_quick_mode_offline(name, tmp_path):
+    recipe = _quick(name)
+    with tfds.testing.mock_data(num_examples=48):  # mnist / cifar10 without a download
+        result = training.run(recipe, output_dir=str(tmp_path / "out"), verbose=0)
+    assert sorted(os.listdir(tmp_path / "out")) == [
+        "history.csv", "history.json", "learning_curves.png", "model.keras", "recipe.json", "results.json"]
+    assert result.num_examples == 48 - int(48 * recipe.validation_fraction) or recipe.validation_fraction
+    assert len(result.history) == recipe.epochs and all(math.isfinite(r["loss"]) for r in result.history)
+    test = result.test
+    assert test["predictive_entropy"] == pytest.approx(test["aleatoric"] + test["epistemic"], abs=1e-5)
+    assert training.load_recipe(str(tmp_path / "out" / "recipe.json")) == recipe
+    stored = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert stored["test"]["accuracy"] == pytest.approx(test["accuracy"])
+    if recipe.is_bayesian:
+        kl_weights = {float(layer.kl_weight.numpy()) for layer in tfbnn.bayesian_layers(result.model)}
+        assert len(kl_weights) == 1  # KLAnnealing set beta / N on every layer
+
+
+def test_run_writes_a_model_whose_posterior_mean_matches_the_reported_numbers(tmp_path):
+    result = training.run(_quick("digits-bbb-mlp", epochs=2), output_dir=str(tmp_path / "r"), verbose=0)
+    model = keras.saving.load_model(tmp_path / "r" / "model.keras")
+    x, y = training.run.__globals__["_arrays"](training.load_data(result.recipe).test)
+    with tfbnn.posterior_mean(model):
+        probs = model.predict(x, verbose=0)
+    assert tfbnn.metrics.accuracy(probs, y) == pytest.approx(result.test["posterior_mean_accuracy"])
+    # KL reported = the model's KL; the ELBO's N is the data actually used.
+    assert result.test["kl"] == pytest.approx(float(tfbnn.kl_divergence(model)), rel=1e-5)
+    assert result.num_examples == 48
+
+
+def test_run_is_seeded(tmp_path):
+    recipe = _quick("digits-bbb-mlp", epochs=2)
+    a = training.run(recipe, output_dir=str(tmp_path / "a"), verbose=0)
+    b = training.run(recipe, output_dir=str(tmp_path / "b"), verbose=0)
+    assert [r["loss"] for r in a.history] == [r["loss"] for r in b.history]
+    assert a.test["accuracy"] == b.test["accuracy"]
+
+
+def test_a_diverging_run_raises_and_leaves_nothing(tmp_path):
+    out = tmp_path / "runs" / "bad"
+    os.makedirs(tmp_path / "runs")
+    with pytest.raises(RunError, match="diverged: the loss became nan at epoch 1"):
+        training.run(_quick("digits-bbb-mlp", learning_rate=1e30), output_dir=str(out), verbose=0)
+    assert os.listdir(tmp_path / "runs") == []
+
+
+def test_a_rerun_replaces_results_only_when_it_succeeds(tmp_path):
+    out = tmp_path / "r"
+    training.run(_quick("digits-bbb-mlp"), output_dir=str(out), verbose=0)
+    before = (out / "results.json").read_bytes()
+    with pytest.raises(RunError):
+        training.run(_quick("digits-bbb-mlp", learning_rate=1e30), output_dir=str(out), verbose=0)
+    assert (out / "results.json").read_bytes() == before
+    assert not [n for n in os.listdir(tmp_path) if "tfbnn-tmp" in n]
+
+
+def test_baseline_and_graves_conversion(tmp_path):
+    result = training.run(_quick("graves-lenet300-100-pretrained", dataset="digits"), output_dir=str(tmp_path / "g"),
+                          verbose=0, baseline=True)
+    assert [type(layer).__name__ for layer in tfbnn.bayesian_layers(result.model)] == ["GravesDense"] * 3
+    assert set(result.baseline) >= {"accuracy", "nll", "ece", "brier"}
+    np.testing.assert_allclose(result.baseline["predictive_entropy"],
+                               result.baseline["aleatoric"], atol=1e-6)  # deterministic: no epistemic part
