@@ -1,6 +1,5 @@
 """The CIFAR comparison (tfbnn.experiments.cifar_comparison): tiny runs offline and on mocked tfds CIFAR-10."""
 
-import argparse
 import csv
 import json
 import os
@@ -11,7 +10,6 @@ import pytest
 import tensorflow_datasets as tfds
 
 import tfbnn
-from tfbnn import cli
 from tfbnn.experiments import cifar_comparison
 
 RUN_FILES = ("history.csv", "history.json", "learning_curves.png", "results.json", "model.keras")
@@ -43,7 +41,7 @@ def test_digits_run_writes_curves_table_and_model_with_the_right_n(tmp_path):
         assert len(list(csv.DictReader(f))) == 2
     with open(os.path.join(folder, "results.json")) as f:
         saved = json.load(f)
-    assert saved["settings"]["num_examples"] == n and saved["settings"]["num_samples"] == 2
+    assert saved["num_examples"] == n and saved["test"]["num_samples"] == 2
     for key in ("accuracy", "nll", "ece"):
         assert np.isfinite(saved["test"][key]) and saved["test"][key] == pytest.approx(result["test"][key])
     assert 0.0 <= result["test"]["accuracy"] <= 1.0 and 0.0 <= result["test"]["ece"] <= 1.0
@@ -113,18 +111,3 @@ def test_command_line_errors_are_one_line(argv, message, tmp_path, capsys):
 def test_text_models_are_not_image_models():
     with pytest.raises(ValueError, match=r"Expected --model, one of \['mlp', .*\]. Received: --model='transformer'"):
         cifar_comparison.run_experiment("transformer")
-
-
-def test_arguments_extend_the_tfbnn_train_parser():
-    """How ``tfbnn train`` takes them: options it has already are kept, the others are added."""
-    parser = argparse.ArgumentParser()
-    subparsers = parser.add_subparsers(dest="command")
-    train = cli.add_train_parser(subparsers)
-    cifar_comparison.add_arguments(train)  # no conflict error for --epochs, --prior, --dataset, ...
-    args = parser.parse_args(["train", "--model", "lenet5", "--method", "bbb", "--estimator", "reparameterization",
-                              "--dropout-rate", "0.2", "--num-components", "2", "--output-dir", "out"])
-    assert (args.model, args.method, args.estimator, args.output_dir) == ("lenet5", "bbb", "reparameterization", "out")
-    assert args.epochs == cli.TRAIN_DEFAULTS["epochs"]  # tfbnn train's own option and default
-    plain = parser.parse_args(["train"])
-    assert plain.model is None  # tfbnn train without --model stays the MLP main job
-

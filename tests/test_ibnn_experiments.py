@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from tfbnn import cli
+from tfbnn import cli, datasets
 from tfbnn.experiments import _common, ibnn_lenet, ibnn_regression, ibnn_shift
 
 # 1437 digits training examples = 3 x 479: no partial last batch, so one trace of the train step.
@@ -75,11 +75,11 @@ def test_lenet_builders_and_the_tfds_path():
     sizes = [ibnn_lenet.build_lenet("ibnn", (8, 8, 1), 10, width=w).count_params() for w in (1, 4)]
     assert sizes[1] > 10 * sizes[0]  # every hidden layer 4x wider: dense weights grow ~16x
     with tfds.testing.mock_data(num_examples=24):
-        ds = _common.load_images("fashion_mnist")
+        ds = datasets.load_images("fashion_mnist")
     assert ds.x_train.shape[1:] == (28, 28, 1) and ds.num_classes == 10 and ds.num_examples == 24
-    assert _common.load_images("digits").input_shape == (8, 8, 1)
+    assert datasets.load_images("digits").input_shape == (8, 8, 1)
     with pytest.raises(ValueError, match="Received: dataset='cifar10'"):
-        _common.load_images("cifar10")
+        datasets.load_images("cifar10")
 
 
 @pytest.mark.heavy

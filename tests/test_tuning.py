@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 import tfbnn
-from tfbnn import tuning, tuning_cli
+from tfbnn import tuning
+from tfbnn.cli import tune as tuning_cli
 
 # 200 moons points -> 160 train (the dataset's 80/20 split) -> 133 train + 27 validation.
 TINY = ["--dataset", "moons", "--max-examples", "200", "--epochs", "1", "--hidden-units", "8", "--depth", "1",
@@ -374,7 +375,7 @@ def test_workers_get_the_same_search():
             "--objective", "val_nll", "--validation-split", "0.2", "--workers", "2", "--port", "5555",
             "--overwrite", "--output", "somewhere"]
     args = parser.parse_args(argv)
-    child = parser.parse_args(tuning_cli._child_argv(args) + ["--output", "somewhere"])
+    child = parser.parse_args(tuning_cli.child_argv(args) + ["--output", "somewhere"])
     for name, value in vars(args).items():
         if name in ("workers", "port", "overwrite", "func", "tune_parser"):
             continue
@@ -500,7 +501,7 @@ def test_killed_search_resumes_without_rerunning_completed_trials(tmp_path):
     out = tmp_path / "killed"
     # 2 x 2 x 3 = 12 grid points keep two process start-ups and the trials lean.
     grid = set(itertools.product((0.25, 0.5), (0.0, 1.0), (6.0, 7.0, 8.0)))
-    command = [sys.executable, "-m", "tfbnn.tuning_cli", "tune", *TINY, "--pi", "0.25,0.5", "--neg-log-sigma1", "0,1",
+    command = [sys.executable, "-m", "tfbnn.cli.tune", "tune", *TINY, "--pi", "0.25,0.5", "--neg-log-sigma1", "0,1",
                "--output", str(out)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     start = time.perf_counter()

@@ -269,7 +269,7 @@ def _prepare_folder(folder):
         raise ValueError(f"the output folder {folder!r} is not writable. Received: --output={folder}")
 
 
-def _child_argv(args):
+def child_argv(args):
     """The options of this run, minus the launcher's own, for the chief and the workers."""
     argv = ["tune"]
     for action in args.tune_parser._actions:
@@ -376,7 +376,7 @@ def _launch(args, folder):
     port = args.port or tuning.free_port()
     print(f"{PROG} tune: a KerasTuner chief and {args.workers} worker(s) on 127.0.0.1:{port} "
           f"(workers' output: {os.path.join(folder, 'worker-tuner*.log')})", flush=True)
-    chief_argv = _child_argv(args) + ["--output", folder] + (["--overwrite"] if args.overwrite else [])
+    chief_argv = child_argv(args) + ["--output", folder] + (["--overwrite"] if args.overwrite else [])
     command = [sys.executable, "-c", _CHILD_MAIN, *chief_argv]
     # Workers run the same command; an --overwrite on one would be ignored (chief only), so leave it out.
     try:

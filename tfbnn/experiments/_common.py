@@ -104,4 +104,5 @@ def main(module, description, add_arguments, run, argv=None):
     parser = argtypes.ArgumentParser(prog=f"python -m tfbnn.experiments.{module}", description=description,
                                      formatter_class=argtypes.HelpFormatter)
     add_arguments(parser)
+    parser.set_defaults(func=run)
     return argtypes.run_parsed(parser, argv)

@@ -302,7 +302,7 @@ def results_table(result):
     if "posterior_mean_accuracy" in t:
         quality.append(("accuracy, posterior mean", f"{t['posterior_mean_accuracy']:.2%}", ""))
     s = t["shifted"]
-    run_rows = [("training examples (N)", result.num_examples), ("MC samples (T)", t["num_samples"])]
+    run_rows = [("training examples (N)", result.num_examples), ("Monte Carlo samples", f"T = {t['num_samples']}")]
     if r.is_bayesian:
         run_rows += [("KL(q || p) total", f"{t['kl']:.1f}"), ("KL / N (per example)", f"{t['kl'] / result.num_examples:.4f}")]
     final = result.history[-1]["loss"] if result.history else float("nan")
