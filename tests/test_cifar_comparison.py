@@ -75,7 +75,7 @@ def test_cifar10_run_under_mocked_tfds(tmp_path):
     assert result["row"]["num_examples"] == 18 and result["row"]["dataset"] == "cifar10"
     assert result["row"]["parameters"] == 62_006  # the original LeNet-5 at 32x32x3
     with open(os.path.join(folder, "results.json")) as f:
-        assert json.load(f)["settings"]["num_test"] == 8
+        assert json.load(f)["test"]["num_test"] == 8
     assert np.isfinite(result["test"]["nll"])
 
 

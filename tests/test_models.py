@@ -446,3 +446,32 @@ def test_bad_arguments_are_rejected_clearly(call, message):
 def test_small_inputs_with_same_padding():
     model = zoo.lenet5(input_shape=(8, 8, 1), padding="same", activation="relu")
     assert tuple(model(np.zeros((3, 8, 8, 1), "float32")).shape) == (3, 10)
+
+
+def test_lenet5_width_kernel_and_pooling_options():
+    base = zoo.lenet5("deterministic", input_shape=(8, 8, 1), padding="same", kernel_size=3, pooling="max",
+                         activation="relu")
+    wide = zoo.lenet5("deterministic", input_shape=(8, 8, 1), padding="same", kernel_size=3, pooling="max",
+                         activation="relu", width_multiplier=2)
+    # Hand count at 8x8x1, 3x3 'same' convolutions, two 2x2 poolings (8 -> 4 -> 2), widths (6, 16, 120, 84) x w.
+    def count(w):
+        c1, c2, f1, f2 = 6 * w, 16 * w, 120 * w, 84 * w
+        return (9 * 1 * c1 + c1) + (9 * c1 * c2 + c2) + (2 * 2 * c2 * f1 + f1) + (f1 * f2 + f2) + (f2 * 10 + 10)
+    assert base.count_params() == count(1) and wide.count_params() == count(2)
+    assert isinstance(wide.get_layer("pool1"), keras.layers.MaxPooling2D)
+    for kwargs, needle in (({"width_multiplier": 0}, "width_multiplier=0"), ({"kernel_size": 2.5}, "kernel_size=2.5"),
+                           ({"pooling": "min"}, "pooling='min'")):
+        with pytest.raises(ValueError, match=needle):
+            zoo.lenet5("deterministic", **kwargs)
+
+
+def test_mlp_regression_head_and_input_normalization():
+    model = zoo.mlp("bbb", hidden_units=(8,), input_shape=(1,), outputs=2, normalization=(3.0, 4.0),
+                       num_examples=10, seed=0)
+    assert model.output_shape == (None, 2)
+    head = model.get_layer("predictions")
+    assert head.activation is keras.activations.linear and isinstance(head, tfbnn.layers.BayesianLayer)
+    norm = model.get_layer("standardize")
+    np.testing.assert_allclose(norm(np.array([[5.0]], "float32")), [[1.0]], rtol=1e-6)  # (5 - 3) / sqrt(4)
+    with pytest.raises(ValueError, match="outputs=0"):
+        zoo.mlp("deterministic", outputs=0)

@@ -39,9 +39,9 @@ def test_sparsity_study_on_mnist_through_tfds_mock_writes_its_numbers_and_plot(t
         (v, t) for v in ("none", "principled", "random") for t in ("1", "2")]
     assert all(0.0 <= float(r["mean"]) <= 1.0 and float(r["std"]) >= 0.0 for r in summary)
     epochs = _csv(tmp_path / "sparsity_per_epoch.csv")
-    assert len(epochs) == 2 and {"fc1", "fc2", "sparsity", "kl_beta"} <= set(epochs[0])
+    assert len(epochs) == 2 and {"dense_1", "predictions", "sparsity", "kl_beta"} <= set(epochs[0])
     per_layer = _csv(tmp_path / "sparsity.csv")
-    assert [r["name"] for r in per_layer] == ["fc1", "fc2"] and per_layer[0]["num_weights"] == str(784 * 16)
+    assert [r["name"] for r in per_layer] == ["dense_1", "predictions"] and per_layer[0]["num_weights"] == str(784 * 16)
     stored = json.loads((tmp_path / "results.json").read_text())
     assert stored["settings"]["method"] == "vd" and set(stored["accuracy"]) == {"none", "principled", "random"}
     sweep = _csv(tmp_path / "threshold_sweep.csv")

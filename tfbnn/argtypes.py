@@ -137,7 +137,13 @@ def rate(text):
 
 def number_list(text):
     """``"0.25,0.5,0.75"`` -> ``(0.25, 0.5, 0.75)``; the library checks the ranges."""
-    return tuple(_number(t.strip(), f"comma-separated finite numbers, got {text!r} with") for t in text.split(","))
+    try:
+        values = tuple(float(t.strip()) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected finite numbers, got {text!r}")
+    return values
 
 
 def int_list(text):

@@ -30,7 +30,6 @@ from tfbnn.training.recipe import KL_SCHEDULES as SCHEDULE_NAMES
 from tfbnn.io import format_table
 
 PROG = "tfbnn"
-_positive_int, _non_negative_int, _positive_float = argtypes.positive_int, argtypes.non_negative_int, argtypes.positive_float
 
 __all__ = ["add_parser", "add_tune_parser", "run_tune", "main", "TUNE_DEFAULTS"]
 
@@ -73,10 +72,6 @@ _LAUNCHER_ONLY = {"help", "workers", "port", "overwrite", "output"}
 
 
 # -- parsing ---------------------------------------------------------------------------
-
-
-_number_list, _int_list, _name_list, _fraction, _port = (argtypes.number_list, argtypes.int_list, argtypes.name_list,
-                                                   argtypes.open_unit_interval, argtypes.port)
 
 
 def _join(values):
@@ -132,49 +127,49 @@ def add_parser(subparsers):
     search.add_argument("--objective", choices=OBJECTIVE_NAMES, default=d["objective"],
                         help="val_accuracy (max); val_nll (min): the validation negative log-likelihood; "
                         "val_loss (min): the validation NLL + beta KL / N")
-    search.add_argument("--max-trials", type=_positive_int, default=d["max_trials"], metavar="T",
+    search.add_argument("--max-trials", type=argtypes.positive_int, default=d["max_trials"], metavar="T",
                         help="stop after T trials (default: the whole grid; 20 for ibnn-random)")
-    search.add_argument("--seed", type=_non_negative_int, default=d["seed"],
+    search.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"],
                         help="seeds the data split, every trial's initialization and sampling (trials "
                         "differ only by their hyperparameters) and the random search")
 
     grid = parser.add_argument_group("grid (blundell-prior-grid)")
-    grid.add_argument("--pi", type=_number_list, default=None, metavar="LIST",
+    grid.add_argument("--pi", type=argtypes.number_list, default=None, metavar="LIST",
                       help="mixture weights, each in (0, 1) (default: 0.25,0.5,0.75)")
-    grid.add_argument("--neg-log-sigma1", type=_number_list, default=None, metavar="LIST",
+    grid.add_argument("--neg-log-sigma1", type=argtypes.number_list, default=None, metavar="LIST",
                       help="values of -log sigma1 (default: 0,1,2)")
-    grid.add_argument("--neg-log-sigma2", type=_number_list, default=None, metavar="LIST",
+    grid.add_argument("--neg-log-sigma2", type=argtypes.number_list, default=None, metavar="LIST",
                       help="values of -log sigma2 (default: 6,7,8)")
-    grid.add_argument("--sigma1", type=_number_list, default=None, metavar="LIST",
+    grid.add_argument("--sigma1", type=argtypes.number_list, default=None, metavar="LIST",
                       help="values of sigma1 itself (> 0), instead of --neg-log-sigma1")
-    grid.add_argument("--sigma2", type=_number_list, default=None, metavar="LIST",
+    grid.add_argument("--sigma2", type=argtypes.number_list, default=None, metavar="LIST",
                       help="values of sigma2 itself (> 0), instead of --neg-log-sigma2")
-    grid.add_argument("--tune-learning-rate", type=_number_list, default=None, metavar="LIST",
+    grid.add_argument("--tune-learning-rate", type=argtypes.number_list, default=None, metavar="LIST",
                       help="also search these Adam learning rates")
-    grid.add_argument("--tune-hidden-units", type=_int_list, default=None, metavar="LIST",
+    grid.add_argument("--tune-hidden-units", type=argtypes.int_list, default=None, metavar="LIST",
                       help="also search these widths (units per hidden layer)")
-    grid.add_argument("--tune-schedule", type=_name_list(SCHEDULE_NAMES), default=None, metavar="LIST",
+    grid.add_argument("--tune-schedule", type=argtypes.name_list(SCHEDULE_NAMES), default=None, metavar="LIST",
                       help=f"also search these KL schedules ({', '.join(SCHEDULE_NAMES)})")
 
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", choices=DATASET_NAMES, default=d["dataset"],
                       help="digits and moons are offline; mnist and fashion_mnist download on first use")
-    data.add_argument("--max-examples", type=_positive_int, default=d["max_examples"], metavar="N",
+    data.add_argument("--max-examples", type=argtypes.positive_int, default=d["max_examples"], metavar="N",
                       help="use at most N examples (moons: the number generated before its 80/20 split)")
-    data.add_argument("--validation-split", type=_fraction, default=d["validation_split"], metavar="F",
+    data.add_argument("--validation-split", type=argtypes.open_unit_interval, default=d["validation_split"], metavar="F",
                       help="the last fraction F of the training split validates (Keras' rule); the "
                       "rest trains and is N of the ELBO (default: %(default).4g = 1/6; Blundell held out "
                       "10,000 of MNIST's 60,000)")
 
     model = parser.add_argument_group("model and training (fixed unless tuned)")
-    model.add_argument("--epochs", type=_positive_int, default=d["epochs"], help="epochs per trial")
-    model.add_argument("--batch-size", type=_positive_int, default=d["batch_size"], help="minibatch size")
-    model.add_argument("--hidden-units", type=_positive_int, default=d["hidden_units"], metavar="UNITS",
+    model.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs per trial")
+    model.add_argument("--batch-size", type=argtypes.positive_int, default=d["batch_size"], help="minibatch size")
+    model.add_argument("--hidden-units", type=argtypes.positive_int, default=d["hidden_units"], metavar="UNITS",
                        help="units per hidden layer")
-    model.add_argument("--depth", type=_positive_int, default=d["depth"], help="number of hidden layers")
+    model.add_argument("--depth", type=argtypes.positive_int, default=d["depth"], help="number of hidden layers")
     model.add_argument("--layer", choices=LAYER_NAMES, default=d["layer"],
                        help="tfbnn dense layer (gradient estimator)")
-    model.add_argument("--learning-rate", type=_positive_float, default=d["learning_rate"], metavar="LR",
+    model.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"], metavar="LR",
                        help="Adam learning rate")
     model.add_argument("--schedule", choices=SCHEDULE_NAMES, default=d["schedule"],
                        help="KL schedule (constant: beta = 1, the plain ELBO; ramps last half the run)")
@@ -189,11 +184,11 @@ def add_parser(subparsers):
                      help="results folder (default: tuners/results/<search>-<dataset>)")
     run.add_argument("--overwrite", action="store_true",
                      help="delete the search in --output and start over (default: resume it)")
-    run.add_argument("--top", type=_positive_int, default=d["top"], metavar="K", help="trials in the table")
-    run.add_argument("--workers", type=_non_negative_int, default=d["workers"], metavar="W",
+    run.add_argument("--top", type=argtypes.positive_int, default=d["top"], metavar="K", help="trials in the table")
+    run.add_argument("--workers", type=argtypes.non_negative_int, default=d["workers"], metavar="W",
                      help="0: run the trials in this process; W > 0: a KerasTuner chief and W workers on "
                      "this machine (gRPC on 127.0.0.1)")
-    run.add_argument("--port", type=_port, default=d["port"],
+    run.add_argument("--port", type=argtypes.port, default=d["port"],
                      help="the chief's gRPC port with --workers (default: a free one)")
     parser.set_defaults(func=run_tune, tune_parser=parser)
     return parser
@@ -255,18 +250,15 @@ def _check_settings(folder, settings, overwrite):
 
 
 def _write_settings(folder, settings):
-    from tfbnn.io import write_json as _write_json
+    from tfbnn.io import write_json
 
-    _write_json(os.path.join(folder, "settings.json"), settings)
+    write_json(os.path.join(folder, "settings.json"), settings)
 
 
 def _prepare_folder(folder):
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"cannot create the output folder {folder!r}: {e.strerror}. Received: --output={folder}") from None
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"the output folder {folder!r} is not writable. Received: --output={folder}")
+    from tfbnn.io import prepare_output_dir
+
+    prepare_output_dir(folder, "--output")
 
 
 def child_argv(args):
@@ -509,10 +501,10 @@ def _run_search(args, search, space, folder, role, settings):
 def build_parser():
     """A ``tfbnn``-style parser with only the ``tune`` subcommand."""
     parser = argtypes.ArgumentParser(prog=PROG, formatter_class=argtypes.HelpFormatter,
-                             description="tfbnn tune: KerasTuner searches over tfbnn models.")
+                                     description="tfbnn tune: KerasTuner searches over tfbnn models.")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
     subparsers.required = True
-    add_tune_parser(subparsers)
+    add_parser(subparsers)
     return parser
 
 
@@ -521,8 +513,7 @@ def main(argv=None):
     return argtypes.run_parsed(build_parser(), argv)
 
 
+add_tune_parser = add_parser  # its name before the cli package
+
 if __name__ == "__main__":
     sys.exit(main())
-
-
-add_tune_parser = add_parser

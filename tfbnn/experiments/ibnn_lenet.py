@@ -79,47 +79,25 @@ DESCRIPTION = (
 )
 
 
-def build_lenet(method, input_shape, num_classes, width=1, num_components=4, prior_stddev=0.1, seed=0):
-    """LeNet-5 with every hidden layer ``width`` times wider, as iBNN or BbB (see the module table)."""
-    import keras
-
-    from tfbnn import layers
+def build_lenet(method, input_shape, num_classes, width=1, num_components=4, prior_stddev=0.1, seed=0,
+                num_examples=1):
+    """The zoo's LeNet-5 (:func:`tfbnn.models.lenet5`) with every hidden layer ``width`` times wider,
+    ReLU and max pooling (3x3 "same" convolutions below 20x20 inputs), as iBNN or BbB (Flipout
+    convolutions, local-reparameterization dense layers). ``num_examples``: N of the KL scale,
+    set again by :class:`tfbnn.KLAnnealing` in training."""
+    from tfbnn import models
 
     if method not in METHODS:
         raise ValueError(f"Unknown method. Expected one of {METHODS}. Received: method={method!r}")
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise ValueError(f"Expected `width` to be a positive integer multiplier. Received: width={width!r}")
-    c1, c2, f1, f2 = (w * width for w in BASE_WIDTHS)
     small = min(input_shape[:2]) < 20
-    kernel, padding = (3, "same") if small else (5, "valid")
-    count = iter(range(seed, seed + 10))
-    if method == "ibnn":
-        node = {"num_components": num_components, "prior_stddev": prior_stddev}
-
-        def conv(f):
-            return layers.NodeConv2D(f, kernel, padding=padding, activation="relu", seed=next(count), **node)
-
-        def dense(u, act):
-            return layers.NodeDense(u, activation=act, seed=next(count), **node)
-    else:
-
-        def conv(f):
-            return layers.Conv2DFlipout(f, kernel, padding=padding, activation="relu", seed=next(count))
-
-        def dense(u, act):
-            return layers.DenseLocalReparameterization(u, activation=act, seed=next(count))
-
-    return keras.Sequential(
-        [
-            keras.Input(tuple(input_shape)),
-            conv(c1), keras.layers.MaxPooling2D(2),
-            conv(c2), keras.layers.MaxPooling2D(2),
-            keras.layers.Flatten(),
-            dense(f1, "relu"), dense(f2, "relu"), dense(num_classes, "softmax"),
-        ],
-        name=f"{method}_lenet_x{width}",
-    )
-
+    options = ({"num_components": num_components, "prior_stddev": prior_stddev} if method == "ibnn"
+               else {"estimator": "local_reparameterization"})
+    return models.lenet5(method, num_classes=num_classes, input_shape=tuple(input_shape), num_examples=num_examples,
+                         seed=seed, padding="same" if small else "valid", kernel_size=3 if small else 5,
+                         pooling="max", activation="relu", width_multiplier=width, name=f"{method}_lenet_x{width}",
+                         **options)
 
 def _weight_count(model, method):
     """Deterministic-equivalent weights (kernels and biases) of the network."""

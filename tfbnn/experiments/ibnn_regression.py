@@ -80,24 +80,17 @@ def make_data(num_points=30, noise_std=3.0, seed=0, num_test=200):
     return make_cubic(num_points, noise_std, seed, num_test)
 
 
-def build_model(method, depth, units=256, num_components=4, prior_stddev=0.1, seed=0):
-    """The MLP ``1 -> units x depth (ReLU) -> 1`` of ``method`` ("ibnn" or "bbb")."""
-    import keras
-
-    from tfbnn import layers
+def build_model(method, depth, units=256, num_components=4, prior_stddev=0.1, seed=0, num_examples=1):
+    """The zoo MLP ``1 -> units x depth (ReLU) -> 1`` (:func:`tfbnn.models.mlp` with one linear
+    output) of ``method`` ("ibnn", or "bbb" with the reparameterization estimator)."""
+    from tfbnn import models
 
     if method not in METHODS:
         raise ValueError(f"Unknown method. Expected one of {METHODS}. Received: method={method!r}")
-
-    def make(width, activation, i):
-        if method == "ibnn":
-            return layers.NodeDense(width, activation=activation, num_components=num_components,
-                                    prior_stddev=prior_stddev, seed=seed + i)
-        return layers.DenseReparameterization(width, activation=activation, seed=seed + i)
-
-    stack = [keras.Input((1,))] + [make(units, "relu", i) for i in range(depth)] + [make(1, None, depth)]
-    return keras.Sequential(stack, name=f"{method}_depth{depth}")
-
+    options = ({"num_components": num_components, "prior_stddev": prior_stddev} if method == "ibnn"
+               else {"estimator": "reparameterization"})
+    return models.mlp(method, hidden_units=(units,) * depth, input_shape=(1,), outputs=1, num_examples=num_examples,
+                      seed=seed, name=f"{method}_depth{depth}", **options)
 
 def _train(model, method, x, y, settings, noise_std):
     import keras

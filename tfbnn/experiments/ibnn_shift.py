@@ -71,26 +71,18 @@ DESCRIPTION = (
 
 
 def build_mlp(method, input_dim, num_classes, hidden_units=128, depth=2, num_components=4, prior_stddev=0.1,
-              dropout_rate=0.2, seed=0):
-    """The MLP of ``method`` ("ibnn": NodeDense layers; "mc_dropout": Dense + Dropout)."""
-    import keras
-
-    from tfbnn import layers
+              dropout_rate=0.2, seed=0, num_examples=1):
+    """The zoo MLP (:func:`tfbnn.models.mlp`) of ``method``: "ibnn" (NodeDense layers) or
+    "mc_dropout" (Dense layers with MCDropout after each hidden layer). ``num_examples`` is
+    N of the KL scale, which :class:`tfbnn.KLAnnealing` sets again in training."""
+    from tfbnn import models
 
     if method not in METHODS:
         raise ValueError(f"Unknown method. Expected one of {METHODS}. Received: method={method!r}")
-    stack = [keras.Input((input_dim,))]
-    if method == "ibnn":
-        node = {"num_components": num_components, "prior_stddev": prior_stddev}
-        stack += [layers.NodeDense(hidden_units, activation="relu", seed=seed + i, **node) for i in range(depth)]
-        stack.append(layers.NodeDense(num_classes, activation="softmax", seed=seed + depth, **node))
-    else:
-        for i in range(depth):
-            stack += [keras.layers.Dense(hidden_units, activation="relu"),
-                      keras.layers.Dropout(dropout_rate, seed=seed + i)]
-        stack.append(keras.layers.Dense(num_classes, activation="softmax"))
-    return keras.Sequential(stack, name=f"{method}_mlp")
-
+    options = ({"num_components": num_components, "prior_stddev": prior_stddev} if method == "ibnn"
+               else {"rate": dropout_rate})
+    return models.mlp(method, hidden_units=(hidden_units,) * depth, num_classes=num_classes, input_shape=(input_dim,),
+                      num_examples=num_examples, seed=seed, name=f"{method}_mlp", **options)
 
 def _train(method, ds, s):
     import keras

@@ -59,22 +59,17 @@ DESCRIPTION = (
 
 
 def build_model(hidden_units=64, input_mean=0.25, input_variance=0.5**2 / 12, name="regression_mlp"):
-    """The deterministic net ``1 -> standardize -> hidden_units (ReLU) -> 1``.
+    """The deterministic zoo net ``1 -> standardize -> hidden_units (ReLU) -> 1`` (:func:`tfbnn.models.mlp`).
 
     The inputs are standardized with the training data's mean and variance (a
     ``keras.layers.Normalization``, kept as is by the conversion): without it every
     ReLU of a zero-bias init kinks at ``x = 0``, at the edge of the data, and the
     net starts (and stays, for a while) nearly linear on ``[0, 0.5]``.
     """
-    import keras
+    from tfbnn import models
 
-    return keras.Sequential([
-        keras.Input((1,)),
-        keras.layers.Normalization(mean=float(input_mean), variance=float(input_variance), name="standardize"),
-        keras.layers.Dense(hidden_units, activation="relu", name="hidden"),
-        keras.layers.Dense(1, name="output"),
-    ], name=name)
-
+    return models.mlp("deterministic", hidden_units=(hidden_units,), input_shape=(1,), outputs=1,
+                      normalization=(input_mean, input_variance), name=name)
 
 def _fit(model, ds, steps, learning_rate, noise_std, callbacks=()):
     import keras

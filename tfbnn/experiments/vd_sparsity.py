@@ -100,18 +100,12 @@ DESCRIPTION = (
 
 # -- building blocks -------------------------------------------------------------------------
 def build_model(input_shape, num_classes, hidden_units=(300, 100), name="lenet300_100"):
-    """The deterministic MLP ``input -> hidden_units (ReLU) -> num_classes (softmax)``.
+    """The deterministic zoo MLP ``input -> hidden_units (ReLU) -> num_classes (softmax)``
+    (:func:`tfbnn.models.mlp`; layers ``dense_1, dense_2, ..., predictions``)."""
+    from tfbnn import models
 
-    Layer names are ``fc1, fc2, ...`` (the output layer is the last ``fc``), so the
-    converted model's sparsity report reads as in the paper.
-    """
-    import keras
-
-    stack = [keras.Input(tuple(input_shape))]
-    stack += [keras.layers.Dense(u, activation="relu", name=f"fc{i + 1}") for i, u in enumerate(hidden_units)]
-    stack.append(keras.layers.Dense(num_classes, activation="softmax", name=f"fc{len(hidden_units) + 1}"))
-    return keras.Sequential(stack, name=name)
-
+    return models.mlp("deterministic", hidden_units=tuple(hidden_units), num_classes=num_classes,
+                      input_shape=tuple(input_shape), name=name)
 
 def mc_accuracy(model, x, y, num_samples, masks=None, batch_size=512):
     """Accuracy of the Monte Carlo predictive (``tfbnn.predict`` with T samples), pruned by ``masks`` if given."""

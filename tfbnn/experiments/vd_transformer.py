@@ -30,10 +30,16 @@ import os
 import time
 
 from tfbnn.experiments import _common
-from tfbnn.models.transformer import TokenAndPositionEmbedding, transformer
 
-#: The model's builder is the zoo's, :func:`tfbnn.models.transformer`; its old name here.
-build_transformer_classifier = transformer
+
+def __getattr__(name):
+    """The zoo's builder (:func:`tfbnn.models.transformer`, also under its old name here) and
+    embedding layer, loaded on first use so that listing the command's parsers needs no TensorFlow."""
+    if name in ("build_transformer_classifier", "TokenAndPositionEmbedding"):
+        from tfbnn import models
+
+        return models.transformer if name == "build_transformer_classifier" else models.TokenAndPositionEmbedding
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["DEFAULTS", "FEED_FORWARD", "TokenAndPositionEmbedding", "build_transformer_classifier",
            "run_experiment", "add_arguments", "add_vd_transformer_parser", "run", "main"]
@@ -190,7 +196,7 @@ def _check_settings(s):
         raise ValueError(f"Expected `dropout` in [0, 1). Received: dropout={s['dropout']!r}")
     from tfbnn import convert
 
-    convert._check_init_scale(s["init_scale"], s["moped_delta"])
+    convert.check_init_scale(s["init_scale"], s["moped_delta"])
 
 
 def run_experiment(output_dir=None, verbose=True, **settings):
@@ -219,6 +225,8 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     x_train, x_test, vocabulary = _vectorize(s, ds)
     say(f"{NAME}: {ds.name}, N = {ds.num_examples} train / {ds.num_test_examples} test, vocabulary {vocabulary}",
         flush=True)
+    from tfbnn.models import transformer
+
     det = transformer(vocab_size=vocabulary, max_length=s["max_length"], embed_dim=s["embed_dim"],
                       num_heads=s["num_heads"], ff_dim=s["ff_dim"], dropout=s["dropout"], seed=s["seed"])
     _compile(det, s)

@@ -9,6 +9,9 @@ Backbone::
 Head: softmax dense. ``padding="valid"`` (default) is the original network: 62,006
 parameters at 32x32x3 with 10 classes, 61,706 at 32x32x1 (LeCun's padded MNIST).
 Inputs smaller than 16x16 (the offline 8x8 digits) need ``padding="same"``.
+``width_multiplier`` scales every hidden layer (6, 16, 120, 84 filters / units), as the
+iBNN paper's LeNet width sweep does; ``kernel_size``, ``pooling`` and ``activation``
+give its variant (3x3 kernels on 8x8 inputs, max pooling, ReLU).
 
 Bayesian layers per method: ``bbb`` / ``vd`` / ``ibnn`` make both convolutions and all
 three dense layers Bayesian; ``mc_dropout`` adds
@@ -24,6 +27,8 @@ from tfbnn.models import _common
 __all__ = ["lenet5"]
 
 _PADDINGS = ("valid", "same")
+_POOLING = {"average": keras.layers.AveragePooling2D, "max": keras.layers.MaxPooling2D}
+_WIDTHS = (6, 16, 120, 84)
 
 
 def lenet5(
@@ -35,6 +40,9 @@ def lenet5(
     seed=None,
     padding="valid",
     activation="sigmoid",
+    width_multiplier=1,
+    kernel_size=5,
+    pooling="average",
     bayesian_layers="all",
     name=None,
     **method_options,
@@ -52,6 +60,10 @@ def lenet5(
             ``"same"`` (keeps the size through the convolutions; for tiny inputs).
         activation: activation of the conv and hidden dense layers. Default
             ``"sigmoid"`` (as in the comparison); ``"relu"`` trains faster.
+        width_multiplier: int >= 1; every hidden layer has this many times its
+            filters / units (the dense weights grow with its square). Default 1.
+        kernel_size: int >= 1, the convolutions' kernel side. Default 5.
+        pooling: ``"average"`` (default, LeCun's subsampling) or ``"max"``.
         bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
             Bayesian head (:mod:`tfbnn.models.methods`).
         name: model name; default ``"lenet5_<method>"``.
@@ -65,16 +77,22 @@ def lenet5(
     """
     if padding not in _PADDINGS:
         raise ValueError(f"Expected `padding` in {_PADDINGS}. Received: padding={padding!r}")
-    min_side = 16 if padding == "valid" else 4
+    if pooling not in _POOLING:
+        raise ValueError(f"Expected `pooling` in {tuple(_POOLING)}. Received: pooling={pooling!r}")
+    for arg, value in (("width_multiplier", width_multiplier), ("kernel_size", kernel_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"Expected `{arg}` to be a positive integer. Received: {arg}={value!r}")
+    c1, c2, f1, f2 = (w * width_multiplier for w in _WIDTHS)
+    min_side = 4 * kernel_size - 4 if padding == "valid" else 4
     factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
                                        input_shape, 3, min_side, "lenet5", bayesian_layers=bayesian_layers)
     x = inputs
-    for i, filters in enumerate((6, 16), 1):
-        x = factory.conv2d(filters, 5, padding=padding, activation=activation, name=f"conv{i}")(x)
-        x = keras.layers.AveragePooling2D(2, name=f"pool{i}")(x)
+    for i, filters in enumerate((c1, c2), 1):
+        x = factory.conv2d(filters, kernel_size, padding=padding, activation=activation, name=f"conv{i}")(x)
+        x = _POOLING[pooling](2, name=f"pool{i}")(x)
         x = factory.spatial_dropout(x, name=f"dropout_conv{i}")
     x = keras.layers.Flatten(name="flatten")(x)
-    for i, units in enumerate((120, 84), 1):
+    for i, units in enumerate((f1, f2), 1):
         x = factory.dense(units, activation=activation, name=f"fc{i}")(x)
         x = factory.dropout(x, name=f"dropout_fc{i}")
     outputs = _common.classifier_head(x, factory, num_classes)

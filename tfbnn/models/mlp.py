@@ -61,11 +61,13 @@ def mlp(
     num_examples=None,
     seed=None,
     activation="relu",
+    outputs=None,
+    normalization=None,
     bayesian_layers="all",
     name=None,
     **method_options,
 ):
-    """A classifier MLP for ``method``; softmax outputs.
+    """A classifier MLP for ``method``; softmax outputs (or a regression MLP: ``outputs``).
 
     Args:
         method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
@@ -79,6 +81,10 @@ def mlp(
         activation: hidden activation. Default ``"relu"``.
         bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
             Bayesian head (:mod:`tfbnn.models.methods`).
+        outputs: None (a classifier: ``num_classes`` softmax units) or an int >= 1:
+            a regression net with that many linear outputs (``num_classes`` unused).
+        normalization: None, or ``(mean, variance)`` of the inputs: a
+            ``keras.layers.Normalization`` standardizes them first (deterministic).
         name: model name; default ``"mlp_<method>"``.
         **method_options: the method's options (``rate``; ``estimator``, ``prior``;
             ``parameterization``; ``num_components``, ``prior_stddev``, ``init_stddev``).
@@ -91,11 +97,21 @@ def mlp(
         >>> model = tfbnn.models.mlp("bbb", hidden_units="lenet_300_100", num_examples=60_000)
     """
     units = _check_hidden_units(hidden_units)
-    factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
-                                       input_shape, None, 1, "mlp", bayesian_layers=bayesian_layers)
+    if outputs is not None and (isinstance(outputs, bool) or not isinstance(outputs, int) or outputs < 1):
+        raise ValueError(f"Expected `outputs` to be None or a positive integer. Received: outputs={outputs!r}")
+    factory, inputs = _common.prologue(method, method_options, num_examples, seed,
+                                       num_classes if outputs is None else 2, input_shape, None, 1, "mlp",
+                                       bayesian_layers=bayesian_layers)
     x = keras.layers.Flatten(name="flatten")(inputs) if len(inputs.shape) > 2 else inputs
+    if normalization is not None:
+        mean, variance = normalization
+        x = keras.layers.Normalization(mean=float(mean), variance=float(variance), name="standardize")(x)
     for i, u in enumerate(units, 1):
         x = factory.dense(u, activation=activation, name=f"dense_{i}")(x)
         x = factory.dropout(x, name=f"dropout_{i}")
-    outputs = _common.classifier_head(x, factory, num_classes)
-    return keras.Model(inputs, outputs, name=_common.model_name(name, "mlp", factory))
+    if outputs is None:
+        y = _common.classifier_head(x, factory, num_classes)
+    else:
+        y = factory.head_dropout(x, name="predictions_dropout")
+        y = factory.head(outputs, activation=None, name="predictions")(y)
+    return keras.Model(inputs, y, name=_common.model_name(name, "mlp", factory))

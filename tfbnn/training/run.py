@@ -182,9 +182,13 @@ def _fit(model, recipe, data, epochs, verbose, extra_callbacks):
     if recipe.is_bayesian:
         schedule = kl_schedule(recipe.kl_schedule, recipe.ramp_epochs, recipe.beta, recipe.warmup_epochs)
         cbs.insert(0, callbacks.KLAnnealing(num_examples=data.num_examples, schedule=schedule))
-    # The pipeline shuffles (seeded) itself; fit's own shuffle does not apply to a dataset.
-    history = model.fit(data.train, validation_data=data.validation, epochs=epochs, callbacks=cbs,
-                        verbose=verbose, shuffle=False)
+    if data.validation is None:  # tfbnn.distribute.fit: model.fit, or the loop that works across workers
+        from tfbnn import distribute
+
+        history = distribute.fit(model, data.train, epochs=epochs, callbacks=cbs, verbose=verbose)
+    else:  # the pipeline shuffles (seeded) itself; fit's own shuffle does not apply to a dataset
+        history = model.fit(data.train, validation_data=data.validation, epochs=epochs, callbacks=cbs,
+                            verbose=verbose, shuffle=False)
     if guard.where is not None or not _finite(history):
         what = guard.message() or "the loss became non-finite"
         raise RunError(f"training of {model.name} diverged: {what}; nothing was saved. "
@@ -222,7 +226,7 @@ def _evaluate(model, recipe, data):
     result = evaluation.evaluate_classifier(model, x_test, y_test, num_samples=t, num_bins=recipe.ece_bins,
                                             shift_gamma=SHIFT_GAMMA, sweep_levels=(), seed=recipe.seed,
                                             batch_size=max(1, 2048 // t))
-    test = {**result.numbers["clean"], "shifted": result.numbers["shifted"], "num_samples": t}
+    test = {**result.numbers["clean"], "shifted": result.numbers["shifted"], "num_samples": t, "num_test": len(y_test)}
     for key in ("posterior_mean_accuracy", "posterior_mean_ece"):
         if key in result.numbers:
             test[key] = result.numbers[key]
@@ -340,6 +344,14 @@ def _write_outputs(stage, result, history_obj):
     })
 
 
+def _is_chief(strategy):
+    if strategy is None:
+        return True
+    from tfbnn import distribute
+
+    return distribute.is_chief(strategy)
+
+
 def _publish(stage, output_dir):
     """Moves every staged file into ``output_dir`` (each move atomic); returns the paths."""
     os.makedirs(output_dir, exist_ok=True)
@@ -415,10 +427,11 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
         result = RunResult(recipe=recipe, model=model, test=test, history=_history_rows(history),
                            num_examples=data.num_examples, train_seconds=seconds, files=[],
                            output_dir=output_dir, baseline=base)
-        _write_outputs(stage, result, history)
-        # The model first (atomically): if it cannot be saved, nothing is published.
-        saved = io.save_model(model, model_path or os.path.join(stage, "model.keras"))
-        result.files = _publish(stage, output_dir) + ([saved] if model_path else [])
+        if _is_chief(strategy):  # under several workers only the chief writes
+            _write_outputs(stage, result, history)
+            # The model first (atomically): if it cannot be saved, nothing is published.
+            saved = io.save_model(model, model_path or os.path.join(stage, "model.keras"))
+            result.files = _publish(stage, output_dir) + ([saved] if model_path else [])
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     print()
