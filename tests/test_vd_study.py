@@ -134,7 +134,7 @@ def test_transformer_study_converts_the_zoo_models_feed_forward_block(tmp_path):
     assert vd_transformer.build_transformer_classifier is tfbnn.models.transformer
     assert vd_transformer.TokenAndPositionEmbedding is tfbnn.models.TokenAndPositionEmbedding
     x = np.random.default_rng(0).integers(0, 50, size=(3, 120)).astype("int32")
-    det = vd_transformer.transformer(vocab_size=50, seed=1)
+    det = vd_transformer.build_transformer_classifier(vocab_size=50, seed=1)
     assert det.get_layer("embedding").output.shape == (None, 120, 32)
     for variant, cls in (("vd", tfbnn.layers.DenseVariationalDropout),
                          ("bbb", tfbnn.layers.DenseLocalReparameterization)):
