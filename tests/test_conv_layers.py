@@ -1,3 +1,5 @@
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -82,6 +84,21 @@ def test_flipout_decorrelates_identical_examples():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Conv2DFlipout(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "cls", [Conv2DFlipout, Conv2DReparameterization, tfbnn.Conv2DVariationalDropout, tfbnn.NodeConv2D]
+)
+def test_numpy_scalars_are_accepted_as_keras_accepts_them(cls):
+    layer = cls(np.int64(2), np.int32(3), strides=(np.int64(1), 1), seed=np.uint8(1), kl_weight=0.1)
+    assert layer.filters == 2 and layer.kernel_size == (3, 3) and layer.strides == (1, 1)
+    assert all(type(v) is int for v in (layer.filters, *layer.kernel_size, *layer.strides, layer.seed))
+    json.dumps(layer.get_config())
+    assert layer(np.ones((1, 5, 5, 1), "float32")).shape == (1, 3, 3, 2)
+    with pytest.raises(ValueError, match="filters=True"):
+        cls(True, 3)
+    with pytest.raises(ValueError, match="kernel_size=True"):
+        cls(2, True)
 
 
 def test_wrong_input_rank():

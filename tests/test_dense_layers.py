@@ -1,3 +1,5 @@
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -113,6 +115,22 @@ def test_extreme_initializations_stay_finite(cls):
 def test_bad_constructor_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         tfbnn.DenseFlipout(**kwargs)
+
+
+@pytest.mark.parametrize("cls", DENSE + [tfbnn.GravesDense, tfbnn.DenseVariationalDropout, tfbnn.NodeDense])
+def test_numpy_scalars_are_accepted_as_keras_accepts_them(cls):
+    layer = cls(np.int64(4), seed=np.int32(3), kl_weight=np.float32(0.5))
+    assert layer.units == 4 and layer.seed == 3
+    assert type(layer.units) is int and type(layer.seed) is int
+    json.dumps(layer.get_config())  # configs stay JSON-serializable
+    assert layer(np.ones((2, 5), "float32")).shape == (2, 4)
+    for bad in (True, np.float64(4.0)):
+        with pytest.raises(ValueError, match="units="):
+            cls(bad)
+    with pytest.raises(ValueError, match="seed=True"):
+        cls(4, seed=True)
+    with pytest.raises(ValueError, match="seed=18446744073709551616"):
+        cls(4, seed=2**64)  # beyond the int64 seed state
 
 
 @pytest.mark.parametrize("cls", DENSE)

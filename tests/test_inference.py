@@ -233,6 +233,19 @@ def test_bad_arguments():
         tfbnn.predict(model, _x()[:0])
 
 
+def test_numpy_scalars_are_accepted_as_keras_accepts_them():
+    model = _classifier(tfbnn.DenseFlipout)
+    res = tfbnn.predict(model, _x(), num_samples=np.int64(3), batch_size=np.int32(4))
+    assert res.num_samples == 3 and res.mean_probs.shape == (10, 3)
+    with tfbnn.weight_samples(model, np.int16(2)):
+        assert all(layer._weight_samples == 2 for layer in tfbnn.bayesian_layers(model))
+    reg = tfbnn.predict(keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(2, seed=1)]), _x(), num_samples=2)
+    lower, upper = reg.interval(np.float32(0.9))
+    assert np.all(lower <= upper)
+    with pytest.raises(ValueError, match="num_samples=True"):
+        tfbnn.predict(model, _x(), num_samples=True)
+
+
 def test_regression_summary_and_interval_by_hand():
     # T=2 Gaussian-head samples for B=1, d=1: means 1 and 3, scales 0.5 and 1.5.
     s = inference.summarize_regression(np.array([[[1.0, 0.5]], [[3.0, 1.5]]]), gaussian_head=True)

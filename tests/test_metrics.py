@@ -216,3 +216,13 @@ def test_temperature_scaling_errors():
         calibration.TemperatureScaling().fit(np.zeros((4, 2)), [0, 1, 0])
     with pytest.raises(ValueError, match="min_prob"):
         calibration.logits_from_probs([[0.5, 0.5]], min_prob=0)
+
+
+def test_numpy_scalars_are_accepted_as_keras_accepts_them():
+    ts = calibration.TemperatureScaling(np.float32(1.5), max_iterations=np.int64(5))
+    assert ts.temperature == 1.5 and ts.max_iterations == 5 and type(ts.max_iterations) is int
+    np.testing.assert_allclose(ts.scale([[3.0, 0.0]]), [[2.0, 0.0]])
+    assert metrics.ExpectedCalibrationError(num_bins=np.int64(10)).num_bins == 10
+    assert calibration.logits_from_probs([[1.0, 0.0]], min_prob=np.float32(1e-3))[0, 1] == pytest.approx(np.log(1e-3))
+    with pytest.raises(ValueError, match="temperature=True"):
+        calibration.TemperatureScaling(True)

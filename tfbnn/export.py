@@ -32,6 +32,7 @@ import shutil
 import keras
 import tensorflow as tf
 
+from tfbnn import _checks
 from tfbnn.utils import posterior_mean, weight_samples
 
 __all__ = ["export_saved_model", "seed_generators"]
@@ -103,8 +104,7 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
         >>> served = tf.saved_model.load("saved_models/bbb_export")   # no tfbnn needed
         >>> served.summary_seeded(x, tf.constant(0, tf.int64))["epistemic"]
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"Expected `num_samples` to be a positive integer. Received: num_samples={num_samples!r}")
+    num_samples = _checks.integer("num_samples", num_samples, 1)
     if task not in _TASKS:
         raise ValueError(f"Expected `task` in {_TASKS}. Received: task={task!r}")
     if os.path.exists(filepath) and not overwrite:

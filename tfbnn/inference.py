@@ -42,6 +42,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfbnn import _checks
 from tfbnn.likelihoods import GaussianHead, gaussian_nll, split_gaussian
 from tfbnn.utils import bayesian_layers, weight_samples
 
@@ -196,8 +197,7 @@ class RegressionPrediction:
         Returns:
             ``(lower, upper)``, each shaped like ``mean``.
         """
-        if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
-            raise ValueError(f"Expected `level` in (0, 1). Received: level={level!r}")
+        level = _checks.number("level", level, low=0, high=1, low_open=True, high_open=True)
         z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
         half = z * self.total_std
         return self.mean - half, self.mean + half
@@ -461,10 +461,8 @@ def _resolve_task(task, first_samples, from_logits, gaussian_head):
 def _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head):
     if not isinstance(model, keras.layers.Layer):
         raise ValueError(f"Expected a Keras model. Received: model={type(model).__name__}")
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"Expected `num_samples` to be a positive integer. Received: num_samples={num_samples!r}")
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-        raise ValueError(f"Expected `batch_size` to be a positive integer or None. Received: batch_size={batch_size!r}")
+    num_samples = _checks.integer("num_samples", num_samples, 1)
+    batch_size = _checks.integer("batch_size", batch_size, 1, allow_none=True)
     if task not in TASKS:
         raise ValueError(f"Expected `task` in {TASKS}. Received: task={task!r}")
     if from_logits and (task == "regression" or gaussian_head):
@@ -476,6 +474,7 @@ def _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head
         raise ValueError(
             "A Gaussian head is a regression likelihood. Received: task='classification', gaussian_head=True"
         )
+    return num_samples, batch_size
 
 
 def _check_dropout(model, mc_dropout):
@@ -570,7 +569,7 @@ def predict(
         >>> res.mean_probs.shape, res.mutual_information.shape
         ((10, 3), (10,))
     """
-    _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head)
+    num_samples, batch_size = _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head)
     if gaussian_head is None:
         gaussian_head = isinstance(_output_layer(model), GaussianHead)
     _check_dropout(model, mc_dropout)

@@ -17,6 +17,8 @@ import math
 import keras
 import tensorflow as tf
 
+from tfbnn import _checks
+
 __all__ = ["GaussianHead", "gaussian_nll", "split_gaussian"]
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -82,13 +84,7 @@ class GaussianHead(keras.layers.Layer):
 
     def __init__(self, min_scale=1e-3, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) or not (
-            math.isfinite(min_scale) and min_scale > 0
-        ):
-            raise ValueError(
-                f"Expected `min_scale` to be a positive finite float. Received: min_scale={min_scale!r}"
-            )
-        self.min_scale = float(min_scale)
+        self.min_scale = _checks.number("min_scale", min_scale, low=0, low_open=True)
 
     def build(self, input_shape):
         dim = input_shape[-1]

@@ -44,6 +44,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfbnn import _checks
+
 __all__ = [
     "expected_calibration_error",
     "negative_log_likelihood",
@@ -67,9 +69,7 @@ _EDGE_TOL = 1e-7
 
 # -- argument checks ---------------------------------------------------------------
 def _check_num_bins(num_bins):
-    if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins <= 0:
-        raise ValueError(f"Expected `num_bins` to be a positive integer. Received: num_bins={num_bins!r}")
-    return int(num_bins)
+    return _checks.integer("num_bins", num_bins, 1)
 
 
 def _check_probs(probs):

@@ -2,6 +2,7 @@
 
 import contextlib
 
+from tfbnn import _checks
 from tfbnn.layers.base import BayesianLayer, StochasticLayer
 
 __all__ = [
@@ -131,8 +132,7 @@ def weight_samples(model, num_samples, joint=False):
         num_samples: int >= 1, T.
         joint: bool, see above.
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"Expected `num_samples` to be a positive integer. Received: num_samples={num_samples!r}")
+    num_samples = _checks.integer("num_samples", num_samples, 1)
     layers = stochastic_layers(model)
     previous = [(layer._weight_samples, layer._joint_samples) for layer in layers]
     for layer in layers:

@@ -1,6 +1,8 @@
 """Shape arithmetic shared by the convolutional layer families."""
 
-__all__ = ["conv_output_length", "conv_output_shape", "pair"]
+from tfbnn import _checks
+
+__all__ = ["conv_output_length", "conv_output_shape", "positive_ints", "pair"]
 
 
 def conv_output_length(length, kernel, stride, padding, dilation):
@@ -26,14 +28,19 @@ def conv_output_shape(input_shape, filters, kernel_size, strides, padding, dilat
     return (input_shape[0], filters, *sizes)
 
 
+def positive_ints(name, value, rank):
+    """``value`` as ``rank`` positive ints (an int ``n`` gives ``(n,) * rank``); else a ValueError naming ``name``."""
+    values = (value,) * rank if _checks.is_integer(value) else value
+    if (
+        not isinstance(values, (tuple, list))
+        or len(values) != rank
+        or not all(_checks.is_integer(v) and v > 0 for v in values)
+    ):
+        what = "a positive int or a pair of them" if rank == 2 else f"a positive int or {rank} positive ints"
+        raise ValueError(f"Expected `{name}` to be {what}. Received: {name}={value!r}")
+    return tuple(int(v) for v in values)
+
+
 def pair(name, value):
     """``value`` as a pair of positive ints (an int ``n`` gives ``(n, n)``); else a ValueError naming ``name``."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = (value, value)
-    if (
-        not isinstance(value, (tuple, list))
-        or len(value) != 2
-        or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in value)
-    ):
-        raise ValueError(f"Expected `{name}` to be a positive int or a pair of them. Received: {name}={value!r}")
-    return tuple(value)
+    return positive_ints(name, value, 2)

@@ -41,6 +41,7 @@ import math
 import keras
 import tensorflow as tf
 
+from tfbnn import _checks
 from tfbnn import kl as kl_lib
 from tfbnn import priors as priors_lib
 from tfbnn.layers.base import BayesianLayer
@@ -178,8 +179,7 @@ class _DenseBayesian(BayesianLayer):
         **kwargs,
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
-        if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
-            raise ValueError(f"Expected `units` to be a positive integer. Received: units={units!r}")
+        units = _checks.integer("units", units, 1)
         if posterior_parameterization not in POSTERIOR_PARAMETERIZATIONS:
             raise ValueError(
                 f"Expected `posterior_parameterization` in {POSTERIOR_PARAMETERIZATIONS}. "

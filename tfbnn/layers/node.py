@@ -73,6 +73,7 @@ import warnings
 import keras
 import tensorflow as tf
 
+from tfbnn import _checks
 from tfbnn.layers._conv_utils import conv_output_shape
 from tfbnn.layers._conv_utils import pair as _pair
 from tfbnn.layers.base import BayesianLayer
@@ -99,19 +100,11 @@ _MIN_INIT_SCALE = 1e-6
 
 
 def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"Expected `{name}` to be an integer >= {minimum}. Received: {name}={value!r}")
-    return value
+    return _checks.integer(name, value, minimum, what=f"an integer >= {minimum}")
 
 
 def _check_float(name, value, positive):
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if ok:
-        ok = value > 0 if positive else value >= 0
-    if not ok:
-        what = "a positive" if positive else "a non-negative"
-        raise ValueError(f"Expected `{name}` to be {what} finite float. Received: {name}={value!r}")
-    return float(value)
+    return _checks.number(name, value, low=0, low_open=positive)
 
 
 class _InverseSoftplusAbsNormal(keras.initializers.Initializer):
@@ -608,9 +601,9 @@ class NodeNoise(_NodeLayer):
 
     def __init__(self, axis=-1, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(axis, bool) or not isinstance(axis, int) or axis == 0:
+        if not _checks.is_integer(axis) or axis == 0:
             raise ValueError(f"Expected `axis` to be a non-zero integer (not the batch axis). Received: axis={axis!r}")
-        self.axis = axis
+        self.axis = int(axis)
 
     def build(self, input_shape):
         rank = len(input_shape)

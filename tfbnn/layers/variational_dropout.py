@@ -56,6 +56,7 @@ no correlation across positions).
 import keras
 import tensorflow as tf
 
+from tfbnn import _checks
 from tfbnn import kl as kl_lib
 from tfbnn.layers.base import BayesianLayer
 from tfbnn.layers._conv_utils import conv_output_shape
@@ -91,12 +92,6 @@ def _resolve_parameterization(value):
             f"Expected `parameterization` in {sorted(_ALIASES)}. Received: parameterization={value!r}"
         )
     return name
-
-
-def _check_float(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float("-inf") < value < float("inf"):
-        raise ValueError(f"Expected `{name}` to be a finite number. Received: {name}={value!r}")
-    return float(value)
 
 
 class _VariationalDropout(BayesianLayer):
@@ -150,8 +145,8 @@ class _VariationalDropout(BayesianLayer):
             log_alpha_initializer or keras.initializers.Constant(-8.0)
         )
         default_low, default_high = DEFAULT_LOG_ALPHA_BOUNDS[self.parameterization]
-        self.min_log_alpha = _check_float("min_log_alpha", min_log_alpha)
-        self.max_log_alpha = default_high if max_log_alpha is None else _check_float("max_log_alpha", max_log_alpha)
+        self.min_log_alpha = _checks.number("min_log_alpha", min_log_alpha)
+        self.max_log_alpha = default_high if max_log_alpha is None else _checks.number("max_log_alpha", max_log_alpha)
         self._max_log_alpha_arg = max_log_alpha
         if self.min_log_alpha >= self.max_log_alpha:
             raise ValueError(
@@ -309,9 +304,7 @@ class DenseVariationalDropout(_VariationalDropout):
 
     def __init__(self, units, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
-            raise ValueError(f"Expected `units` to be a positive integer. Received: units={units!r}")
-        self.units = units
+        self.units = _checks.integer("units", units, 1)
 
     def build(self, input_shape):
         if len(input_shape) < 2:
@@ -398,9 +391,7 @@ class Conv2DVariationalDropout(_VariationalDropout):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if isinstance(filters, bool) or not isinstance(filters, int) or filters <= 0:
-            raise ValueError(f"Expected `filters` to be a positive integer. Received: filters={filters!r}")
-        self.filters = filters
+        self.filters = _checks.integer("filters", filters, 1)
         self.kernel_size = _pair("kernel_size", kernel_size)
         self.strides = _pair("strides", strides)
         self.dilation_rate = _pair("dilation_rate", dilation_rate)
