@@ -153,6 +153,19 @@ def test_training_without_num_examples_fails_clearly():
     assert float(model.losses[0]) == 0.0
 
 
+def test_model_helpers_name_their_bad_arguments():
+    with pytest.raises(ValueError, match="Expected a Keras model.*model='str'"):
+        tfbnn.set_kl_weight("str", 0.1)
+    with pytest.raises(ValueError, match="Expected a Keras model.*model=None"):
+        tfbnn.set_inference_mode(None, "mean")
+    no_bayesian_layer = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    for bad in ("0.1", -1.0, None):  # checked even when no layer would receive it
+        with pytest.raises(ValueError, match=f"Expected `value`.*value={bad!r}"):
+            tfbnn.set_kl_weight(no_bayesian_layer, bad)
+    with pytest.raises(ValueError, match="mode='median'"):
+        tfbnn.set_inference_mode(no_bayesian_layer, "median")
+
+
 def test_set_kl_weight_reaches_nested_models():
     inner = keras.Sequential([keras.Input((3,)), tfbnn.DenseFlipout(4), keras.layers.ReLU()])
     outer = keras.Sequential([keras.Input((3,)), inner, tfbnn.DenseLocalReparameterization(2)])
@@ -160,7 +173,7 @@ def test_set_kl_weight_reaches_nested_models():
     assert tfbnn.set_kl_weight(outer, 0.125) == 2
     assert all(float(layer.kl_weight.numpy()) == 0.125 for layer in tfbnn.bayesian_layers(outer))
     assert all(layer.get_config()["kl_weight"] == 0.125 for layer in tfbnn.bayesian_layers(outer))
-    with pytest.raises(ValueError, match="kl_weight=nan"):
+    with pytest.raises(ValueError, match="value=nan"):
         tfbnn.set_kl_weight(outer, float("nan"))
 
 

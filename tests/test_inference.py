@@ -278,6 +278,31 @@ def test_gaussian_nll_and_head():
         keras.Sequential([keras.Input((3,)), tfbnn.GaussianHead()])
 
 
+def test_gaussian_nll_rejects_mismatched_targets_and_non_positive_scales():
+    one_output = np.array([[0.0, 1.0]] * 4, "float32")  # d = 1: a mean and a scale per example
+    with pytest.raises(ValueError, match=r"Expected `y_true`.*y_true.shape=\(4, 2\), y_pred.shape=\(4, 2\)"):
+        tfbnn.gaussian_nll(np.zeros((4, 2), "float32"), one_output)  # would broadcast to (4, 2)
+    for scale in (-1.0, 0.0, np.nan):
+        with pytest.raises(ValueError, match="positive scales.*y_pred"):
+            tfbnn.gaussian_nll(np.zeros((4, 1), "float32"), np.array([[0.0, scale]] * 4, "float32"))
+    # In a compiled train step: a raw Dense head (negative scales), then targets of the wrong width.
+    def model(scale):
+        net = keras.Sequential([keras.Input((1,)), keras.layers.Dense(
+            2, kernel_initializer="zeros", bias_initializer=keras.initializers.Constant([0.0, scale]))])
+        net.compile("sgd", loss=tfbnn.gaussian_nll)
+        return net
+
+    x = np.zeros((4, 1), "float32")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="positive scales"):
+        model(-1.0).fit(x, np.zeros((4, 1), "float32"), verbose=0)
+    with pytest.raises(ValueError, match=r"y_true.shape=\(None, 3\)"):
+        model(1.0).fit(x, np.zeros((4, 3), "float32"), verbose=0)
+    net = model(1.0)
+    net.fit(x, np.zeros((4, 1), "float32"), verbose=0)
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="Expected `y_true`"):
+        net.fit(x, np.zeros((4, 3), "float32"), verbose=0)  # a retraced step may not know the width
+
+
 def test_gaussian_head_learns_heteroscedastic_noise_and_predict_splits_variance():
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, size=(200, 1)).astype("float32")

@@ -108,6 +108,40 @@ class GaussianHead(keras.layers.Layer):
         return config
 
 
+def _checked(condition, tensor, message, received):
+    """``tensor`` once ``condition`` holds: eagerly a ValueError, in a compiled step a
+    runtime assertion (which XLA compiles to a no-op)."""
+    if tf.executing_eagerly():
+        if not bool(condition()):
+            raise ValueError(f"{message} Received: {received()}")
+        return tensor
+    with tf.control_dependencies([tf.debugging.Assert(condition(), [message])]):
+        return tf.identity(tensor)
+
+
+def _checked_targets(y_true, mean, y_pred):
+    """``y_true`` shaped like the means: broadcasting would score the wrong targets."""
+    message = (f"Expected `y_true` shaped like the head's means (`y_pred` holds {mean.shape[-1]} means, then as "
+               "many scales).")
+    received = f"y_true.shape={tuple(y_true.shape)}, y_pred.shape={tuple(y_pred.shape)}"
+    if not y_true.shape.is_compatible_with(mean.shape):
+        raise ValueError(f"{message} Received: {received}")
+    if y_true.shape.rank is None or y_true.shape.is_fully_defined():
+        return y_true
+    # Unknown sizes (a retraced step): compared when the step runs.
+    return _checked(lambda: tf.reduce_all(tf.equal(tf.shape(y_true), tf.shape(mean))), y_true, message,
+                    lambda: received)
+
+
+def _checked_scales(scale):
+    """``scale`` > 0: a raw (not GaussianHead) output would give a NaN loss."""
+    return _checked(
+        lambda: tf.reduce_all(scale > 0), scale,
+        "Expected positive scales in the second half of `y_pred` (the output of a GaussianHead).",
+        lambda: f"y_pred with min scale={float(tf.reduce_min(scale)):.4g}",
+    )
+
+
 @keras.saving.register_keras_serializable(package="tfbnn")
 def gaussian_nll(y_true, y_pred):
     """Gaussian negative log-likelihood of ``y_true`` under a :class:`GaussianHead` output.
@@ -135,5 +169,5 @@ def gaussian_nll(y_true, y_pred):
     y_true = tf.cast(y_true, mean.dtype)
     if y_true.shape.rank == mean.shape.rank - 1:
         y_true = y_true[..., None]
-    z = (y_true - mean) / scale
+    z = (_checked_targets(y_true, mean, y_pred) - mean) / _checked_scales(scale)
     return tf.reduce_sum(tf.math.log(scale) + 0.5 * tf.square(z) + _HALF_LOG_2PI, axis=-1)

@@ -30,8 +30,8 @@ class _StoreWithout:
         return len(self.keys())
 
 
-def _validate_kl_weight(value, name="kl_weight"):
-    if value is None:
+def _validate_kl_weight(value, name="kl_weight", allow_none=True):
+    if value is None and allow_none:
         return None
     if not _checks.is_number(value) and not isinstance(value, (str, bytes, bool)):
         try:  # a scalar tensor or 0-d array
@@ -174,9 +174,7 @@ class BayesianLayer(StochasticLayer):
 
     def set_kl_weight(self, value):
         """Sets ``kl_weight`` (``beta / N``); safe to call between compiled steps."""
-        value = _validate_kl_weight(value)
-        if value is None:
-            raise ValueError("Expected a float for `kl_weight`. Received: kl_weight=None")
+        value = _validate_kl_weight(value, allow_none=False)
         self._kl_weight_value = value
         if self.built:
             self._kl_weight.assign(value)
