@@ -101,6 +101,35 @@ def test_numpy_scalars_are_accepted_as_keras_accepts_them(cls):
         cls(2, True)
 
 
+CONV_FAMILIES = [Conv1DReparameterization, Conv1DFlipout, Conv2DReparameterization, Conv2DFlipout,
+                 tfbnn.Conv2DVariationalDropout, tfbnn.NodeConv2D]
+
+
+def _image(cls, side):
+    return np.ones((2, side, 1) if cls.__name__.startswith("Conv1D") else (2, side, side, 1), "float32")
+
+
+@pytest.mark.parametrize("cls", CONV_FAMILIES)
+def test_inputs_smaller_than_the_kernel_are_rejected_as_keras_does(cls):
+    keras_cls = keras.layers.Conv1D if cls.__name__.startswith("Conv1D") else keras.layers.Conv2D
+    with pytest.raises(ValueError):
+        keras_cls(2, 3)(_image(cls, 2))
+    for side, kwargs in [(2, {}), (3, {"dilation_rate": 2}), (2, {"strides": 2})]:
+        x = _image(cls, side)
+        with pytest.raises(ValueError, match=rf"dilated kernel.*input_shape=\(2, {side}"):
+            cls(2, 3, kl_weight=0.1, seed=0, **kwargs)(x)  # returned a (2, 2) map before
+        with pytest.raises(ValueError, match=rf"dilated kernel.*input_shape=\(None, {side}"):
+            cls(2, 3, **kwargs)(keras.Input(x.shape[1:]))  # building a functional model
+    # The smallest valid input, 'same' padding, and layers built for any size still work.
+    assert cls(2, 3, kl_weight=0.1, seed=0)(_image(cls, 3)).shape[1] == 1
+    assert cls(2, 3, padding="same", kl_weight=0.1, seed=0)(_image(cls, 2)).shape[1] == 2
+    layer = cls(2, 3, kl_weight=0.1, seed=0)
+    layer.build((None,) * (len(_image(cls, 3).shape) - 1) + (1,))
+    assert layer(_image(cls, 4)).shape[1] == 2
+    with pytest.raises(ValueError, match="dilated kernel"):
+        layer(_image(cls, 2))
+
+
 def test_wrong_input_rank():
     with pytest.raises(ValueError, match=r"rank 4 .*input_shape=\(2, 5, 3\)"):
         Conv2DReparameterization(2, 3, kl_weight=0.1)(np.ones((2, 5, 3), "float32"))

@@ -23,6 +23,14 @@ def conv_output_shape(input_shape, filters, kernel_size, strides, padding, dilat
         conv_output_length(input_shape[first + i], kernel_size[i], strides[i], padding, dilation_rate[i])
         for i in range(rank)
     ]
+    if any(size is not None and size < 1 for size in sizes):
+        # As keras.layers.Conv*D. TensorFlow's CPU convolution itself returns a wrong
+        # output instead of failing for such inputs.
+        raise ValueError(
+            "Expected inputs at least as large as the dilated kernel ((kernel_size - 1) * dilation_rate + 1) "
+            f"with padding='valid': the output would be empty. Received: input_shape={tuple(input_shape)}, "
+            f"kernel_size={tuple(kernel_size)}, dilation_rate={tuple(dilation_rate)}, padding={padding!r}"
+        )
     if data_format == "channels_last":
         return (input_shape[0], *sizes, filters)
     return (input_shape[0], filters, *sizes)

@@ -72,6 +72,7 @@ class _ConvBayesian(_DenseBayesian):
         return self.kernel_size + (input_dim, self.filters)
 
     def _conv(self, inputs, kernel):
+        self.compute_output_shape(inputs.shape)  # rejects inputs smaller than the kernel
         return keras.ops.conv(inputs, kernel, strides=self.strides, padding=self.padding,
                               dilation_rate=self.dilation_rate, data_format="channels_last")
 

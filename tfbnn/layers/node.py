@@ -533,6 +533,7 @@ class NodeConv2D(_NodeLayer):
         self.input_spec = keras.layers.InputSpec(ndim=4, axes={self._channel_axis: channels})
 
     def call(self, inputs, training=None):
+        self.compute_output_shape(inputs.shape)  # rejects inputs smaller than the kernel
         outputs = keras.ops.conv(
             inputs * self._noise(inputs, training, self._channel_axis),
             self.kernel,

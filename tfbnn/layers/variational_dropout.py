@@ -425,6 +425,7 @@ class Conv2DVariationalDropout(_VariationalDropout):
         self.input_spec = keras.layers.InputSpec(ndim=4, axes={self._channel_axis: channels})
 
     def _op(self, inputs, kernel):
+        self.compute_output_shape(inputs.shape)  # rejects inputs smaller than the kernel
         return keras.ops.conv(
             inputs,
             kernel,
