@@ -215,6 +215,33 @@ def test_task_resolution():
     assert tfbnn.predict(binary, x, num_samples=2, task="classification").mean_probs.shape == (10, 2)
 
 
+def test_auto_task_comes_from_the_model_not_the_data():
+    x = _x()
+    classifier = _classifier(tfbnn.DenseFlipout)
+    x_nan = x.copy()
+    x_nan[0] = np.nan  # the first batch's outputs are no longer probability vectors
+    with pytest.raises(ValueError, match=r"Expected finite inputs.*rows \[0\]"):
+        tfbnn.predict(classifier, x_nan, num_samples=2)  # was a RegressionPrediction (no mean_probs)
+    x_late = x.copy()
+    x_late[6, 1] = np.inf
+    with pytest.raises(ValueError, match=r"rows \[6\]"):
+        tfbnn.predict(classifier, x_late, num_samples=2, batch_size=4)
+    with pytest.raises(ValueError, match=r"rows \[6\]"):
+        tfbnn.predict(classifier, tf.data.Dataset.from_tensor_slices(x_late).batch(4), num_samples=2)
+    # A Softmax layer (nested in a functional model) makes a classifier ...
+    logits = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(3, seed=1)])
+    inputs = keras.Input((5,))
+    nested = keras.Model(inputs, keras.layers.Softmax()(logits(inputs)))
+    assert isinstance(tfbnn.predict(nested, x, num_samples=2), tfbnn.ClassificationPrediction)
+    # ... and a regression head stays regression even where its outputs look like probabilities.
+    regression = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(
+        2, kernel_loc_initializer="zeros", bias_loc_initializer=keras.initializers.Constant([0.25, 0.75]), seed=1)])
+    with tfbnn.posterior_mean(regression):
+        res = tfbnn.predict(regression, x, num_samples=2)
+    assert isinstance(res, tfbnn.RegressionPrediction)
+    np.testing.assert_allclose(res.mean, np.tile([0.25, 0.75], (10, 1)))
+
+
 def test_bad_arguments():
     model = _classifier(tfbnn.DenseFlipout)
     for kwargs, match in [

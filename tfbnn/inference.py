@@ -442,20 +442,48 @@ def _output_layer(model):
     return layer
 
 
+def _ends_in_softmax(layer):
+    if isinstance(layer, keras.layers.Softmax):
+        return True
+    activation = getattr(layer, "activation", None)
+    return activation is not None and getattr(activation, "__name__", None) == "softmax"
+
+
 def _looks_like_probabilities(samples):
     if samples.ndim < 3 or samples.shape[-1] < 2:
         return False
     return bool(np.all(samples >= -1e-6) and np.allclose(samples.sum(axis=-1), 1.0, atol=1e-3))
 
 
-def _resolve_task(task, first_samples, from_logits, gaussian_head):
+def _task_from_model(task, model, from_logits, gaussian_head):
+    """The task ``"auto"`` stands for, read from the model; None if it cannot tell."""
     if task != "auto":
         return task
     if gaussian_head:
         return "regression"
-    if from_logits or _looks_like_probabilities(first_samples):
+    if from_logits:
         return "classification"
-    return "regression"
+    layer = _output_layer(model)
+    if layer is None:  # a subclassed model: no output layer to read
+        return None
+    return "classification" if _ends_in_softmax(layer) else "regression"
+
+
+def _task_from_outputs(samples):
+    """Last resort for a model without a readable output layer (a subclassed model)."""
+    return "classification" if _looks_like_probabilities(samples) else "regression"
+
+
+def _check_finite(batch, offset):
+    """Rejects NaN / infinite inputs: they would give NaN summaries."""
+    for v in tf.nest.flatten(batch):
+        if v.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(v))):
+            flat = tf.reshape(tf.math.is_finite(v), [tf.shape(v)[0], -1])
+            rows = (np.flatnonzero(~tf.reduce_all(flat, axis=1).numpy()) + offset).tolist()
+            raise ValueError(
+                "Expected finite inputs (NaN or infinite values give NaN predictions). "
+                f"Received: x with NaN or infinite values in rows {rows[:10]}{' ...' if len(rows) > 10 else ''}"
+            )
 
 
 def _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head):
@@ -522,17 +550,21 @@ def predict(
         model: a Keras model with one output.
         x: inputs: an array or tensor ``(N, ...)``, a list/dict of them (multi-input
             models), or a batched ``tf.data.Dataset`` yielding ``x`` or
-            ``(x, y, ...)``.
+            ``(x, y, ...)``. Floating-point inputs must be finite (NaN or
+            infinite values raise a ValueError naming the rows).
         num_samples: int >= 1, T. Default 100. Memory grows as ``T * batch_size``.
         batch_size: int or None, examples per vectorized call (default 32; must be
             None for a dataset).
         return_samples: bool, keep the ``(T, N, ...)`` samples in the result.
         task: ``"auto"`` (default), ``"classification"`` or ``"regression"``.
-            ``"auto"`` picks classification when ``from_logits=True`` or when the
-            first batch's outputs are probability vectors (non-negative, rows
-            summing to 1, at least 2 classes), regression otherwise and for a
-            Gaussian head. A single sigmoid unit needs ``task="classification"``
-            (it is expanded to two classes).
+            ``"auto"`` reads the model, not the data: classification when
+            ``from_logits=True`` or when the output layer ends in a softmax
+            (a ``softmax`` activation or a ``keras.layers.Softmax``), regression
+            for a Gaussian head or any other output layer. Only a model without a
+            readable output layer (a subclassed model) falls back to its first
+            batch's outputs (probability vectors: classification). A single
+            sigmoid unit needs ``task="classification"`` (it is expanded to two
+            classes).
         from_logits: bool, the outputs are logits: a softmax (sigmoid for one
             unit) is applied per sample before averaging.
         gaussian_head: bool or None. Whether the outputs are ``(mean, scale)`` of a
@@ -578,14 +610,17 @@ def predict(
     if first is None:
         raise ValueError("Expected at least one batch of inputs. Received: an empty dataset")
     if not model.built:  # build outside the tf.function, with one sample per row
+        _check_finite(first, 0)
         model(first, training=False)
     sampler = _compiled_sampler(model, num_samples, joint, mc_dropout, _signature(first))
-    parts, resolved = [], None
+    parts, resolved, seen = [], _task_from_model(task, model, from_logits, gaussian_head), 0
     with weight_samples(model, num_samples, joint=joint):
         for batch in _chain(first, batches):
+            _check_finite(batch, seen)
+            seen += int(tf.nest.flatten(batch)[0].shape[0])
             samples = sampler(batch).numpy()
             if resolved is None:
-                resolved = _resolve_task(task, samples, from_logits, gaussian_head)
+                resolved = _task_from_outputs(samples)
             if resolved == "classification":
                 parts.append(summarize_classification(samples, from_logits, keep_samples=return_samples))
             else:
