@@ -4,6 +4,7 @@ import tempfile
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 import tensorflow_probability as tfp
 
 import tfbnn
@@ -171,6 +172,43 @@ BAD_CALLS = [
     (lambda: metrics.accuracy(PROBS, [0, 1, 2, 3]), "max=3"),
     (lambda: metrics.accuracy(PROBS[:, 0], LABELS), r"probs.shape=\(4,\)"),
 ]
+
+
+KERAS_METRICS = [tfbnn.ExpectedCalibrationError, tfbnn.NegativeLogLikelihood, tfbnn.BrierScore]
+
+
+@pytest.mark.parametrize("cls", KERAS_METRICS)
+def test_keras_metrics_check_their_inputs_as_the_plain_functions_do(cls):
+    nan_probs = PROBS.copy()
+    nan_probs[1, 0] = np.nan
+    for y_true, y_pred, kwargs, match in [
+        ([5, 0, 2, 0], PROBS, {}, r"labels in \[0, 3\).*max=5"),  # was scored as a wrong answer
+        ([-1, 0, 2, 0], PROBS, {}, r"labels in \[0, 3\).*min=-1"),
+        ([0.5, 0, 2, 0], PROBS, {}, "integer class labels"),
+        (LABELS[:3], PROBS, {}, r"same number of examples.*y_true.shape=\(3,\), y_pred.shape=\(4, 3\)"),
+        (LABELS, nan_probs, {}, "probabilities in \\[0, 1\\].*NaN"),  # the metric was NaN
+        (LABELS, PROBS * 2, {}, "probabilities in \\[0, 1\\].*max=1.8"),
+        (LABELS, PROBS * 0.5, {}, "sum to 1.*summing to 0.5"),
+        (LABELS, PROBS, {"sample_weight": np.ones(3)}, r"one `sample_weight` per example.*shape=\(3,\)"),
+        (LABELS, PROBS[:, :1], {}, r"C >= 2 classes.*y_pred.shape=\(4, 1\)"),
+    ]:
+        metric = cls()
+        with pytest.raises(ValueError, match=match):
+            metric.update_state(y_true, y_pred, **kwargs)
+        assert float(metric.result()) == 0.0  # nothing was accumulated
+    with pytest.raises(ValueError, match="finite logits"):
+        cls(from_logits=True).update_state(LABELS, nan_probs)
+
+
+@pytest.mark.parametrize("cls", KERAS_METRICS)
+def test_keras_metrics_check_their_inputs_in_a_compiled_step(cls):
+    metric = cls()
+    update = tf.function(metric.update_state, input_signature=[tf.TensorSpec([None]), tf.TensorSpec([None, 3])])
+    update(LABELS.astype("float32"), PROBS.astype("float32"))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"labels in \[0, 3\)"):
+        update(np.array([0, 1, 2, 5], "float32"), PROBS.astype("float32"))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same number of examples"):
+        update(LABELS[:3].astype("float32"), PROBS.astype("float32"))
 
 
 def test_bad_arguments():

@@ -3,13 +3,16 @@
 One message format (``Expected ... Received: name=value``) and one notion of a
 number, the one Keras uses: any ``numbers.Integral`` / ``numbers.Real`` scalar
 (Python or NumPy), never a ``bool``. Checked values come back as Python ``int``
-/ ``float``, so configs stay JSON-serializable.
+/ ``float``, so configs stay JSON-serializable. :func:`checked` checks tensor
+values, eagerly or inside a compiled step.
 """
 
 import math
 import numbers
 
-__all__ = ["is_integer", "is_number", "integer", "number", "seed"]
+import tensorflow as tf
+
+__all__ = ["is_integer", "is_number", "integer", "number", "seed", "checked"]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -86,3 +89,19 @@ def number(name, value, low=None, high=None, low_open=False, high_open=False, wh
             what = _interval(low, high, low_open, high_open) + (" or None" if allow_none else "")
         _reject(name, what, value)
     return v
+
+
+def checked(tensor, condition, message, received):
+    """``tensor``, once the boolean scalar tensor ``condition()`` holds.
+
+    Eagerly a failed check raises ``ValueError(f"{message} Received: {received()}")``.
+    While tracing (a compiled train / evaluate step) the check becomes a runtime
+    assertion carrying ``message`` (an ``InvalidArgumentError`` when it fails), which
+    XLA compiles to a no-op.
+    """
+    if tf.executing_eagerly():
+        if not bool(condition()):
+            raise ValueError(f"{message} Received: {received()}")
+        return tensor
+    with tf.control_dependencies([tf.debugging.Assert(condition(), [message])]):
+        return tf.identity(tensor)

@@ -108,17 +108,6 @@ class GaussianHead(keras.layers.Layer):
         return config
 
 
-def _checked(condition, tensor, message, received):
-    """``tensor`` once ``condition`` holds: eagerly a ValueError, in a compiled step a
-    runtime assertion (which XLA compiles to a no-op)."""
-    if tf.executing_eagerly():
-        if not bool(condition()):
-            raise ValueError(f"{message} Received: {received()}")
-        return tensor
-    with tf.control_dependencies([tf.debugging.Assert(condition(), [message])]):
-        return tf.identity(tensor)
-
-
 def _checked_targets(y_true, mean, y_pred):
     """``y_true`` shaped like the means: broadcasting would score the wrong targets."""
     message = (f"Expected `y_true` shaped like the head's means (`y_pred` holds {mean.shape[-1]} means, then as "
@@ -129,14 +118,14 @@ def _checked_targets(y_true, mean, y_pred):
     if y_true.shape.rank is None or y_true.shape.is_fully_defined():
         return y_true
     # Unknown sizes (a retraced step): compared when the step runs.
-    return _checked(lambda: tf.reduce_all(tf.equal(tf.shape(y_true), tf.shape(mean))), y_true, message,
-                    lambda: received)
+    return _checks.checked(y_true, lambda: tf.reduce_all(tf.equal(tf.shape(y_true), tf.shape(mean))), message,
+                           lambda: received)
 
 
 def _checked_scales(scale):
     """``scale`` > 0: a raw (not GaussianHead) output would give a NaN loss."""
-    return _checked(
-        lambda: tf.reduce_all(scale > 0), scale,
+    return _checks.checked(
+        scale, lambda: tf.reduce_all(scale > 0),
         "Expected positive scales in the second half of `y_pred` (the output of a GaussianHead).",
         lambda: f"y_pred with min scale={float(tf.reduce_min(scale)):.4g}",
     )

@@ -352,6 +352,11 @@ def selective_prediction(probs, labels, uncertainty=None):
 def _probs_and_labels(y_true, y_pred, from_logits):
     """Probabilities ``(B, C)`` and int labels ``(B,)`` from sparse or one-hot labels."""
     y_pred = tf.convert_to_tensor(y_pred)
+    if y_pred.shape.rank is not None and (y_pred.shape.rank < 2 or y_pred.shape[-1] == 1):
+        raise ValueError(
+            "Expected `y_pred` of shape (B, ..., C) with C >= 2 classes (stack [1 - p, p] for one sigmoid "
+            f"output). Received: y_pred.shape={tuple(y_pred.shape)}"
+        )
     probs = tf.nn.softmax(y_pred, axis=-1) if from_logits else y_pred
     probs = tf.cast(probs, tf.float64)
     y_true = tf.convert_to_tensor(y_true)
@@ -362,9 +367,61 @@ def _probs_and_labels(y_true, y_pred, from_logits):
         labels = tf.squeeze(y_true, axis=-1)
     else:
         labels = y_true
-    labels = tf.reshape(tf.cast(labels, tf.int64), [-1])
+    labels = tf.reshape(tf.cast(labels, tf.float64), [-1])
     probs = tf.reshape(probs, [-1, tf.shape(probs)[-1]])
-    return probs, labels
+    return _checked_probs(probs, from_logits), _checked_labels(labels, probs, y_true, y_pred)
+
+
+def _range_of(name, values):
+    """How a failed value check reads: the range, or that there are NaN / infinite values."""
+    if not bool(tf.reduce_all(tf.math.is_finite(values))):
+        return f"{name} with NaN or infinite values"
+    return f"{name} with min={float(tf.reduce_min(values)):.6g}, max={float(tf.reduce_max(values)):.6g}"
+
+
+def _same_length(a, b, message, received):
+    """``a`` if its leading dimension is ``b``'s (statically when known, else when run)."""
+    n_a, n_b = a.shape[0], b.shape[0]
+    if n_a is not None and n_b is not None:
+        if n_a != n_b:
+            raise ValueError(f"{message} Received: {received()}")
+        return a
+    return _checks.checked(a, lambda: tf.equal(tf.shape(a)[0], tf.shape(b)[0]), message, received)
+
+
+def _checked_probs(probs, from_logits):
+    """The checks of :func:`expected_calibration_error` & co. on ``y_pred``, in the graph."""
+    if from_logits:
+        return _checks.checked(probs, lambda: tf.reduce_all(tf.math.is_finite(probs)),
+                               "Expected finite logits `y_pred`.", lambda: "NaN or infinite values")
+    probs = _checks.checked(
+        probs,
+        lambda: tf.reduce_all(tf.math.is_finite(probs) & (probs >= -_SUM_TOL) & (probs <= 1 + _SUM_TOL)),
+        "Expected `y_pred` to hold probabilities in [0, 1] (logits need from_logits=True).",
+        lambda: _range_of("y_pred", probs),
+    )
+    sums = tf.reduce_sum(probs, axis=-1)
+    return _checks.checked(
+        probs, lambda: tf.reduce_all(tf.abs(sums - 1.0) <= _SUM_TOL),
+        "Expected each row of `y_pred` to sum to 1.",
+        lambda: f"a row summing to {float(tf.gather(sums, tf.argmax(tf.abs(sums - 1.0)))):.6g}",
+    )
+
+
+def _checked_labels(labels, probs, y_true, y_pred):
+    """Integer labels ``(B,)`` in ``[0, C)``, one per row of ``probs`` (as :func:`_check_labels`)."""
+    labels = _same_length(
+        labels, probs, "Expected `y_true` and `y_pred` to have the same number of examples.",
+        lambda: f"y_true.shape={tuple(y_true.shape)}, y_pred.shape={tuple(y_pred.shape)}",
+    )
+    num_classes = tf.cast(tf.shape(probs)[-1], labels.dtype)
+    labels = _checks.checked(
+        labels,
+        lambda: tf.reduce_all((labels >= 0) & (labels < num_classes) & tf.equal(labels, tf.round(labels))),
+        f"Expected integer class labels in [0, {probs.shape[-1]}) in `y_true`.",
+        lambda: _range_of("y_true", labels),
+    )
+    return tf.cast(labels, tf.int64)
 
 
 def _weights(sample_weight, labels):
@@ -372,9 +429,12 @@ def _weights(sample_weight, labels):
     if sample_weight is None:
         return tf.ones_like(labels, dtype=tf.float64)
     w = tf.cast(sample_weight, tf.float64)
-    if w.shape.rank:
-        w = tf.reshape(w, [-1])
-    return tf.broadcast_to(w, tf.shape(labels))
+    if not w.shape.rank:
+        return tf.broadcast_to(w, tf.shape(labels))
+    return _same_length(
+        tf.reshape(w, [-1]), labels, "Expected one `sample_weight` per example.",
+        lambda: f"sample_weight.shape={tuple(w.shape)}, labels.shape={tuple(labels.shape)}",
+    )
 
 
 class _MeanOfExamples(keras.metrics.Metric):
