@@ -10,9 +10,14 @@ values, eagerly or inside a compiled step.
 import math
 import numbers
 
+import keras
+import numpy as np
 import tensorflow as tf
 
-__all__ = ["is_integer", "is_number", "integer", "number", "seed", "checked"]
+__all__ = [
+    "is_integer", "is_number", "integer", "number", "seed", "array", "float_tensor", "value_range", "initializer",
+    "activation", "checked",
+]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -89,6 +94,63 @@ def number(name, value, low=None, high=None, low_open=False, high_open=False, wh
             what = _interval(low, high, low_open, high_open) + (" or None" if allow_none else "")
         _reject(name, what, value)
     return v
+
+
+def _not_numbers(name, value, reason):
+    return ValueError(
+        f"Expected `{name}` to be an array or tensor of numbers ({reason}). "
+        f"Received: {name} of type {type(value).__name__}"
+    )
+
+
+def array(name, value, dtype=None):
+    """``np.asarray(value, dtype)`` of numbers (bools included); else a ValueError naming ``name``."""
+    try:
+        a = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as e:  # ragged lists, None, strings, huge ints
+        raise _not_numbers(name, value, e) from None
+    if a.dtype.kind not in "biuf":
+        raise _not_numbers(name, value, f"dtype {a.dtype}")
+    return a
+
+
+def float_tensor(name, value):
+    """``value`` as a floating-point tensor (integers and bools cast to floatx); else a ValueError naming ``name``."""
+    try:
+        t = tf.convert_to_tensor(value)
+    except (TypeError, ValueError) as e:
+        raise _not_numbers(name, value, e) from None
+    if t.dtype.is_floating:
+        return t
+    if not (t.dtype.is_integer or t.dtype.is_bool):
+        raise _not_numbers(name, value, f"dtype {t.dtype.name}")
+    return tf.cast(t, keras.config.floatx())
+
+
+def value_range(name, values):
+    """How a failed value check reads: ``name`` has NaN / infinite values, or its range."""
+    values = np.asarray(values)
+    if not np.all(np.isfinite(values)):
+        return f"{name} with NaN or infinite values"
+    return f"{name} with min={values.min():.6g}, max={values.max():.6g}"
+
+
+def _keras_object(name, get, value, what):
+    """``get(value)``, with Keras' error (which does not say which argument was wrong) named for ``name``."""
+    try:
+        return get(value)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"Expected `{name}` to be {what} ({e}). Received: {name}={value!r}") from None
+
+
+def initializer(name, value):
+    """``keras.initializers.get(value)``; a ValueError naming ``name`` if it is no initializer."""
+    return _keras_object(name, keras.initializers.get, value, "a Keras initializer (a name, config or instance)")
+
+
+def activation(value, name="activation"):
+    """``keras.activations.get(value)``; a ValueError naming ``name`` if it is no activation."""
+    return _keras_object(name, keras.activations.get, value, "an activation (a name or a callable)")
 
 
 def checked(tensor, condition, message, received):

@@ -50,14 +50,14 @@ def logits_from_probs(probs, min_prob=_MIN_PROB):
         array([[-0.69314718, -0.69314718]])
     """
     min_prob = _checks.number("min_prob", min_prob, low=0, low_open=True)
-    p = np.asarray(probs, dtype=np.float64)
+    p = _checks.array("probs", probs, np.float64)
     if np.any(p < 0) or not np.all(np.isfinite(p)):
-        raise ValueError(f"Expected non-negative finite probabilities. Received: probs with min={np.nanmin(p):.4g}")
+        raise ValueError(f"Expected non-negative finite probabilities. Received: {_checks.value_range('probs', p)}")
     return np.log(np.maximum(p, min_prob))
 
 
 def _check_logits(logits):
-    z = np.asarray(logits, dtype=np.float64)
+    z = _checks.array("logits", logits, np.float64)
     if z.ndim != 2 or z.shape[1] < 2 or z.shape[0] == 0:
         raise ValueError(f"Expected `logits` of shape (N, C) with N >= 1, C >= 2. Received: logits.shape={z.shape}")
     if not np.all(np.isfinite(z)):

@@ -401,10 +401,33 @@ def _compiled_sampler(model, num_samples, joint, mc_dropout, signature):
 def _to_tensor(v):
     if isinstance(v, tf.Tensor):
         return v
-    v = np.asarray(v)
-    if np.issubdtype(v.dtype, np.floating):
-        v = v.astype(keras.config.floatx())
-    return tf.convert_to_tensor(v)
+    try:
+        v = np.asarray(v)
+        if np.issubdtype(v.dtype, np.floating):
+            v = v.astype(keras.config.floatx())
+        return tf.convert_to_tensor(v)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"Expected `x` to be arrays or tensors ({e}). Received: x with a value of type {type(v).__name__}"
+        ) from None
+
+
+def _check_input_shapes(model, batch):
+    """``x`` against the model's declared inputs (Sequential / functional): a clear error
+    here instead of one from inside the traced Monte Carlo function."""
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):  # a subclassed model declares none
+        return
+    leaves = tf.nest.flatten(batch)
+    if not inputs or len(inputs) > 1:  # several inputs: Keras matches them by name or order
+        return
+    expected = tf.TensorShape(inputs[0].shape)
+    if len(leaves) != 1 or not leaves[0].shape[1:].is_compatible_with(expected[1:]):
+        raise ValueError(
+            f"Expected `x` shaped like the model's input {tuple(expected)}. "
+            f"Received: x with shapes {[tuple(v.shape) for v in leaves]}"
+        )
 
 
 def _batches(x, batch_size):
@@ -419,13 +442,16 @@ def _batches(x, batch_size):
         return
     x = tf.nest.map_structure(_to_tensor, x)
     leaves = tf.nest.flatten(x)
-    if not leaves or leaves[0].shape.rank == 0:
+    if not leaves or any(v.shape.rank == 0 for v in leaves):
         raise ValueError(f"Expected inputs with a batch axis. Received: x of shape {getattr(x, 'shape', None)}")
     num = int(leaves[0].shape[0])
     if num == 0:
         raise ValueError("Expected at least one example. Received: x with 0 examples")
     if any(int(v.shape[0]) != num for v in leaves):
-        raise ValueError(f"All inputs must have the same number of examples. Received: {[v.shape for v in leaves]}")
+        raise ValueError(
+            f"Expected every input in `x` to have the same number of examples. Received: x with shapes "
+            f"{[tuple(v.shape) for v in leaves]}"
+        )
     size = batch_size or _DEFAULT_BATCH_SIZE
     for start in range(0, num, size):
         yield tf.nest.map_structure(lambda v, s=start: v[s : s + size], x)
@@ -609,6 +635,7 @@ def predict(
     first = next(batches, None)
     if first is None:
         raise ValueError("Expected at least one batch of inputs. Received: an empty dataset")
+    _check_input_shapes(model, first)
     if not model.built:  # build outside the tf.function, with one sample per row
         _check_finite(first, 0)
         model(first, training=False)
@@ -621,6 +648,11 @@ def predict(
             samples = sampler(batch).numpy()
             if resolved is None:
                 resolved = _task_from_outputs(samples)
+            if gaussian_head and samples.shape[-1] % 2:
+                raise ValueError(
+                    "Expected an even last output dimension (means, then scales) with `gaussian_head`. "
+                    f"Received: gaussian_head={gaussian_head!r}, outputs of shape {samples.shape[1:]}"
+                )
             if resolved == "classification":
                 parts.append(summarize_classification(samples, from_logits, keep_samples=return_samples))
             else:

@@ -24,21 +24,22 @@ __all__ = ["GaussianHead", "gaussian_nll", "split_gaussian"]
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
-def split_gaussian(outputs):
+def split_gaussian(outputs, name="outputs"):
     """Splits the output of a :class:`GaussianHead` into ``(mean, scale)``.
 
     Args:
         outputs: tensor or array ``(..., 2 d)``: the means, then the scales.
+        name: the argument errors name. Default ``"outputs"``.
 
     Returns:
         ``(mean, scale)``, each ``(..., d)``.
     """
-    outputs = tf.convert_to_tensor(outputs)
-    dim = outputs.shape[-1]
+    outputs = _checks.float_tensor(name, outputs)
+    dim = outputs.shape[-1] if outputs.shape.rank else None
     if dim is None or dim % 2:
         raise ValueError(
-            "Expected the last dimension of a Gaussian head's output to be even (means, then "
-            f"scales). Received: shape={tuple(outputs.shape)}"
+            f"Expected the last dimension of `{name}`, a Gaussian head's output, to be even (means, then "
+            f"scales). Received: {name}.shape={tuple(outputs.shape)}"
         )
     return outputs[..., : dim // 2], outputs[..., dim // 2 :]
 
@@ -153,9 +154,9 @@ def gaussian_nll(y_true, y_pred):
         0.9189
         >>> # model.compile(optimizer="adam", loss=tfbnn.gaussian_nll)
     """
-    y_pred = tf.convert_to_tensor(y_pred)
-    mean, scale = split_gaussian(y_pred)
-    y_true = tf.cast(y_true, mean.dtype)
+    y_pred = _checks.float_tensor("y_pred", y_pred)
+    mean, scale = split_gaussian(y_pred, name="y_pred")
+    y_true = tf.cast(_checks.float_tensor("y_true", y_true), mean.dtype)
     if y_true.shape.rank == mean.shape.rank - 1:
         y_true = y_true[..., None]
     z = (_checked_targets(y_true, mean, y_pred) - mean) / _checked_scales(scale)

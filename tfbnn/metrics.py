@@ -68,12 +68,15 @@ _EDGE_TOL = 1e-7
 
 
 # -- argument checks ---------------------------------------------------------------
+_MAX_BINS = 100_000  # the Keras metric holds three float64 vectors of this length
+
+
 def _check_num_bins(num_bins):
-    return _checks.integer("num_bins", num_bins, 1)
+    return _checks.integer("num_bins", num_bins, 1, _MAX_BINS, f"an integer in [1, {_MAX_BINS}]")
 
 
 def _check_probs(probs):
-    p = np.asarray(probs, dtype=np.float64)
+    p = _checks.array("probs", probs, np.float64)
     if p.ndim != 2 or p.shape[1] < 2:
         raise ValueError(
             "Expected `probs` of shape (N, C) with C >= 2 classes (stack [1 - p, p] for one "
@@ -84,7 +87,7 @@ def _check_probs(probs):
     if not np.all(np.isfinite(p)) or np.any(p < -_SUM_TOL) or np.any(p > 1 + _SUM_TOL):
         raise ValueError(
             "Expected `probs` to hold probabilities in [0, 1] (pass logits through a softmax "
-            f"first). Received: probs with min={np.nanmin(p):.4g}, max={np.nanmax(p):.4g}"
+            f"first). Received: {_checks.value_range('probs', p)}"
         )
     sums = p.sum(axis=1)
     if not np.allclose(sums, 1.0, atol=_SUM_TOL):
@@ -94,7 +97,7 @@ def _check_probs(probs):
 
 
 def _check_labels(labels, probs):
-    y = np.asarray(labels)
+    y = _checks.array("labels", labels)
     n, num_classes = probs.shape
     if y.ndim == 2 and y.shape[1] == num_classes and num_classes > 1:
         y = np.argmax(y, axis=1)
@@ -333,7 +336,7 @@ def selective_prediction(probs, labels, uncertainty=None):
     if uncertainty is None:
         u = 1.0 - p.max(axis=1)
     else:
-        u = np.asarray(uncertainty, dtype=np.float64)
+        u = _checks.array("uncertainty", uncertainty, np.float64)
         if u.shape != y.shape:
             raise ValueError(
                 "Expected one `uncertainty` score per example. "
@@ -372,13 +375,6 @@ def _probs_and_labels(y_true, y_pred, from_logits):
     return _checked_probs(probs, from_logits), _checked_labels(labels, probs, y_true, y_pred)
 
 
-def _range_of(name, values):
-    """How a failed value check reads: the range, or that there are NaN / infinite values."""
-    if not bool(tf.reduce_all(tf.math.is_finite(values))):
-        return f"{name} with NaN or infinite values"
-    return f"{name} with min={float(tf.reduce_min(values)):.6g}, max={float(tf.reduce_max(values)):.6g}"
-
-
 def _same_length(a, b, message, received):
     """``a`` if its leading dimension is ``b``'s (statically when known, else when run)."""
     n_a, n_b = a.shape[0], b.shape[0]
@@ -398,7 +394,7 @@ def _checked_probs(probs, from_logits):
         probs,
         lambda: tf.reduce_all(tf.math.is_finite(probs) & (probs >= -_SUM_TOL) & (probs <= 1 + _SUM_TOL)),
         "Expected `y_pred` to hold probabilities in [0, 1] (logits need from_logits=True).",
-        lambda: _range_of("y_pred", probs),
+        lambda: _checks.value_range("y_pred", probs),
     )
     sums = tf.reduce_sum(probs, axis=-1)
     return _checks.checked(
@@ -419,7 +415,7 @@ def _checked_labels(labels, probs, y_true, y_pred):
         labels,
         lambda: tf.reduce_all((labels >= 0) & (labels < num_classes) & tf.equal(labels, tf.round(labels))),
         f"Expected integer class labels in [0, {probs.shape[-1]}) in `y_true`.",
-        lambda: _range_of("y_true", labels),
+        lambda: _checks.value_range("y_true", labels),
     )
     return tf.cast(labels, tf.int64)
 

@@ -289,6 +289,8 @@ _ALIASES = {
 
 def serialize(prior):
     """Returns a JSON-able dict ``{"class_name": ..., "config": ...}``."""
+    if not isinstance(prior, Prior):
+        raise ValueError(f"Expected `prior` to be a tfbnn.priors.Prior. Received: prior={prior!r}")
     return {"class_name": type(prior).__name__, "config": prior.get_config()}
 
 
@@ -297,13 +299,14 @@ def deserialize(config):
     return get(config)
 
 
-def get(identifier):
+def get(identifier, name="prior"):
     """Resolves a prior from a name, a config dict or a :class:`Prior`.
 
     Args:
         identifier: ``"normal"``, ``"scale_mixture"`` (alias ``"blundell"``),
             ``"graves"`` (the fitted Gaussian of :class:`Graves`), a dict
             from :func:`serialize`, or a :class:`Prior` instance (returned as is).
+        name: the argument errors name (``"kernel_prior"`` for a layer's). Default ``"prior"``.
 
     Returns:
         A :class:`Prior`.
@@ -317,16 +320,20 @@ def get(identifier):
         cls = _ALIASES.get(identifier.lower())
         if cls is None:
             raise ValueError(
-                f"Unknown prior. Expected one of {sorted(_ALIASES)}. Received: prior={identifier!r}"
+                f"Unknown prior. Expected one of {sorted(_ALIASES)}. Received: {name}={identifier!r}"
             )
         return cls()
     if isinstance(identifier, dict) and "class_name" in identifier:
-        name = identifier["class_name"]
+        class_name = identifier["class_name"]
         classes = {c.__name__: c for c in _ALIASES.values()}
-        if name not in classes:
-            raise ValueError(f"Unknown prior class. Received: class_name={name!r}")
-        return classes[name].from_config(identifier.get("config", {}))
+        config = identifier.get("config", {})
+        if not isinstance(class_name, str) or class_name not in classes or not isinstance(config, dict):
+            raise ValueError(
+                f"Expected `{name}` to be a serialized prior of a class in {sorted(classes)} with a config "
+                f"dict. Received: {name}={identifier!r}"
+            )
+        return classes[class_name].from_config(config)
     raise ValueError(
-        "Expected a prior name, a serialized prior dict or a tfbnn.priors.Prior. "
-        f"Received: prior={identifier!r}"
+        f"Expected `{name}` to be a prior name, a serialized prior dict or a tfbnn.priors.Prior. "
+        f"Received: {name}={identifier!r}"
     )

@@ -52,6 +52,7 @@ import zipfile
 import keras
 import numpy as np
 
+from tfbnn import _checks
 from tfbnn.layers.variational_dropout import _VariationalDropout
 from tfbnn.utils import bayesian_layers
 
@@ -125,11 +126,7 @@ def _check_names_unique(layers):
 
 # -- criteria --------------------------------------------------------------------
 def _check_threshold(criterion, threshold):
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating, np.integer)):
-        raise ValueError(f"Expected `threshold` to be a number. Received: threshold={threshold!r}")
-    threshold = float(threshold)
-    if not math.isfinite(threshold):
-        raise ValueError(f"Expected `threshold` to be finite. Received: threshold={threshold}")
+    threshold = _checks.number("threshold", threshold)
     if criterion == "snr" and threshold <= 0:
         raise ValueError(
             "Expected `threshold` > 0 for the signal-to-noise criterion |mu| / sigma (a ratio of "

@@ -190,17 +190,17 @@ class _DenseBayesian(BayesianLayer):
             _default_rho_initializer if posterior_parameterization == "softplus" else _default_log_variance_initializer
         )
         self.units = units
-        self.activation = keras.activations.get(activation)
+        self.activation = _checks.activation(activation)
         self.use_bias = bool(use_bias)
-        self.kernel_prior = priors_lib.get(kernel_prior)
-        self.bias_prior = None if bias_prior is None else priors_lib.get(bias_prior)
-        self.kernel_loc_initializer = keras.initializers.get(kernel_loc_initializer)
-        self.kernel_rho_initializer = keras.initializers.get(
-            kernel_rho_initializer or default_rho()
+        self.kernel_prior = priors_lib.get(kernel_prior, name="kernel_prior")
+        self.bias_prior = None if bias_prior is None else priors_lib.get(bias_prior, name="bias_prior")
+        self.kernel_loc_initializer = _checks.initializer("kernel_loc_initializer", kernel_loc_initializer)
+        self.kernel_rho_initializer = _checks.initializer(
+            "kernel_rho_initializer", default_rho() if kernel_rho_initializer is None else kernel_rho_initializer
         )
-        self.bias_loc_initializer = keras.initializers.get(bias_loc_initializer)
-        self.bias_rho_initializer = keras.initializers.get(
-            bias_rho_initializer or default_rho()
+        self.bias_loc_initializer = _checks.initializer("bias_loc_initializer", bias_loc_initializer)
+        self.bias_rho_initializer = _checks.initializer(
+            "bias_rho_initializer", default_rho() if bias_rho_initializer is None else bias_rho_initializer
         )
 
     @property

@@ -398,10 +398,10 @@ class NodeDense(_NodeLayer):
     ):
         super().__init__(**kwargs)
         self.units = _check_int("units", units, 1)
-        self.activation = keras.activations.get(activation)
+        self.activation = _checks.activation(activation)
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_initializer = _checks.initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = _checks.initializer("bias_initializer", bias_initializer)
 
     def build(self, input_shape):
         if len(input_shape) < 2:
@@ -507,10 +507,10 @@ class NodeConv2D(_NodeLayer):
             )
         self.padding = padding
         self.data_format = data_format
-        self.activation = keras.activations.get(activation)
+        self.activation = _checks.activation(activation)
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_initializer = _checks.initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = _checks.initializer("bias_initializer", bias_initializer)
 
     @property
     def _channel_axis(self):

@@ -134,15 +134,17 @@ class _VariationalDropout(BayesianLayer):
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
         self.parameterization = _resolve_parameterization(parameterization)
-        self.activation = keras.activations.get(activation)
+        self.activation = _checks.activation(activation)
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.log_sigma2_initializer = keras.initializers.get(
-            log_sigma2_initializer or keras.initializers.Constant(-10.0)
+        self.kernel_initializer = _checks.initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = _checks.initializer("bias_initializer", bias_initializer)
+        self.log_sigma2_initializer = _checks.initializer(
+            "log_sigma2_initializer",
+            keras.initializers.Constant(-10.0) if log_sigma2_initializer is None else log_sigma2_initializer,
         )
-        self.log_alpha_initializer = keras.initializers.get(
-            log_alpha_initializer or keras.initializers.Constant(-8.0)
+        self.log_alpha_initializer = _checks.initializer(
+            "log_alpha_initializer",
+            keras.initializers.Constant(-8.0) if log_alpha_initializer is None else log_alpha_initializer,
         )
         default_low, default_high = DEFAULT_LOG_ALPHA_BOUNDS[self.parameterization]
         self.min_log_alpha = _checks.number("min_log_alpha", min_log_alpha)
