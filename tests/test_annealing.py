@@ -178,7 +178,7 @@ def test_kl_beta_is_logged_per_epoch():
         ({"num_examples": -5}, "num_examples=-5"),
         ({"num_examples": 10.5}, "num_examples=10.5"),
         ({"num_examples": 10, "schedule": "exponential"}, "schedule='exponential'"),
-        ({"num_examples": 10, "steps_per_epoch": 0}, "=0"),
+        ({"num_examples": 10, "steps_per_epoch": 0}, "Expected `steps_per_epoch`.*steps_per_epoch=0"),
     ],
 )
 def test_kl_annealing_bad_arguments(kwargs, match):
@@ -192,12 +192,27 @@ def test_kl_annealing_bad_arguments(kwargs, match):
         (lambda: schedules.Linear(epochs=0), "epochs=0"),
         (lambda: schedules.WarmUp(warmup_epochs=-1), "warmup_epochs=-1"),
         (lambda: schedules.Cyclic(ratio=1.5), "ratio=1.5"),
+        (lambda: schedules.Cyclic(ratio="x"), "Expected `ratio`.*ratio='x'"),
         (lambda: schedules.Blundell()(0, 0, None), "steps_per_epoch=None"),
     ],
 )
 def test_schedule_bad_arguments(factory, match):
     with pytest.raises(ValueError, match=match):
         factory()
+
+
+def test_numpy_scalars_are_accepted_as_keras_accepts_them():
+    cb = tfbnn.KLAnnealing(num_examples=np.int64(100), steps_per_epoch=np.int32(5))
+    assert (cb.num_examples, cb.steps_per_epoch) == (100, 5) and type(cb.num_examples) is int
+    linear = schedules.Linear(np.int64(10), start=np.float32(0.0), end=np.float64(1.0))
+    assert linear.get_config() == {"epochs": 10.0, "start": 0.0, "end": 1.0}
+    assert schedules.WarmUp(np.int64(1), np.int32(2))(2, 0) == pytest.approx(0.5)
+    assert schedules.Cyclic(np.int64(4), np.float32(0.5)).ratio == 0.5
+    assert schedules.Constant(np.float16(1.0)).beta == 1.0
+    with pytest.raises(ValueError, match="num_examples=True"):
+        tfbnn.KLAnnealing(num_examples=True)
+    with pytest.raises(ValueError, match="epochs=True"):
+        schedules.Linear(True)
 
 
 def test_blundell_schedule_needs_known_steps():

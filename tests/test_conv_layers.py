@@ -1,3 +1,5 @@
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -82,6 +84,50 @@ def test_flipout_decorrelates_identical_examples():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Conv2DFlipout(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "cls", [Conv2DFlipout, Conv2DReparameterization, tfbnn.Conv2DVariationalDropout, tfbnn.NodeConv2D]
+)
+def test_numpy_scalars_are_accepted_as_keras_accepts_them(cls):
+    layer = cls(np.int64(2), np.int32(3), strides=(np.int64(1), 1), seed=np.uint8(1), kl_weight=0.1)
+    assert layer.filters == 2 and layer.kernel_size == (3, 3) and layer.strides == (1, 1)
+    assert all(type(v) is int for v in (layer.filters, *layer.kernel_size, *layer.strides, layer.seed))
+    json.dumps(layer.get_config())
+    assert layer(np.ones((1, 5, 5, 1), "float32")).shape == (1, 3, 3, 2)
+    with pytest.raises(ValueError, match="filters=True"):
+        cls(True, 3)
+    with pytest.raises(ValueError, match="kernel_size=True"):
+        cls(2, True)
+
+
+CONV_FAMILIES = [Conv1DReparameterization, Conv1DFlipout, Conv2DReparameterization, Conv2DFlipout,
+                 tfbnn.Conv2DVariationalDropout, tfbnn.NodeConv2D]
+
+
+def _image(cls, side):
+    return np.ones((2, side, 1) if cls.__name__.startswith("Conv1D") else (2, side, side, 1), "float32")
+
+
+@pytest.mark.parametrize("cls", CONV_FAMILIES)
+def test_inputs_smaller_than_the_kernel_are_rejected_as_keras_does(cls):
+    keras_cls = keras.layers.Conv1D if cls.__name__.startswith("Conv1D") else keras.layers.Conv2D
+    with pytest.raises(ValueError):
+        keras_cls(2, 3)(_image(cls, 2))
+    for side, kwargs in [(2, {}), (3, {"dilation_rate": 2}), (2, {"strides": 2})]:
+        x = _image(cls, side)
+        with pytest.raises(ValueError, match=rf"dilated kernel.*input_shape=\(2, {side}"):
+            cls(2, 3, kl_weight=0.1, seed=0, **kwargs)(x)  # returned a (2, 2) map before
+        with pytest.raises(ValueError, match=rf"dilated kernel.*input_shape=\(None, {side}"):
+            cls(2, 3, **kwargs)(keras.Input(x.shape[1:]))  # building a functional model
+    # The smallest valid input, 'same' padding, and layers built for any size still work.
+    assert cls(2, 3, kl_weight=0.1, seed=0)(_image(cls, 3)).shape[1] == 1
+    assert cls(2, 3, padding="same", kl_weight=0.1, seed=0)(_image(cls, 2)).shape[1] == 2
+    layer = cls(2, 3, kl_weight=0.1, seed=0)
+    layer.build((None,) * (len(_image(cls, 3).shape) - 1) + (1,))
+    assert layer(_image(cls, 4)).shape[1] == 2
+    with pytest.raises(ValueError, match="dilated kernel"):
+        layer(_image(cls, 2))
 
 
 def test_wrong_input_rank():

@@ -1,3 +1,5 @@
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -115,6 +117,22 @@ def test_bad_constructor_arguments(kwargs, match):
         tfbnn.DenseFlipout(**kwargs)
 
 
+@pytest.mark.parametrize("cls", DENSE + [tfbnn.GravesDense, tfbnn.DenseVariationalDropout, tfbnn.NodeDense])
+def test_numpy_scalars_are_accepted_as_keras_accepts_them(cls):
+    layer = cls(np.int64(4), seed=np.int32(3), kl_weight=np.float32(0.5))
+    assert layer.units == 4 and layer.seed == 3
+    assert type(layer.units) is int and type(layer.seed) is int
+    json.dumps(layer.get_config())  # configs stay JSON-serializable
+    assert layer(np.ones((2, 5), "float32")).shape == (2, 4)
+    for bad in (True, np.float64(4.0)):
+        with pytest.raises(ValueError, match="units="):
+            cls(bad)
+    with pytest.raises(ValueError, match="seed=True"):
+        cls(4, seed=True)
+    with pytest.raises(ValueError, match="seed=18446744073709551616"):
+        cls(4, seed=2**64)  # beyond the int64 seed state
+
+
 @pytest.mark.parametrize("cls", DENSE)
 def test_wrong_input_rank(cls):
     layer = cls(3, kl_weight=0.1)
@@ -135,6 +153,19 @@ def test_training_without_num_examples_fails_clearly():
     assert float(model.losses[0]) == 0.0
 
 
+def test_model_helpers_name_their_bad_arguments():
+    with pytest.raises(ValueError, match="Expected a Keras model.*model='str'"):
+        tfbnn.set_kl_weight("str", 0.1)
+    with pytest.raises(ValueError, match="Expected a Keras model.*model=None"):
+        tfbnn.set_inference_mode(None, "mean")
+    no_bayesian_layer = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    for bad in ("0.1", -1.0, None):  # checked even when no layer would receive it
+        with pytest.raises(ValueError, match=f"Expected `value`.*value={bad!r}"):
+            tfbnn.set_kl_weight(no_bayesian_layer, bad)
+    with pytest.raises(ValueError, match="mode='median'"):
+        tfbnn.set_inference_mode(no_bayesian_layer, "median")
+
+
 def test_set_kl_weight_reaches_nested_models():
     inner = keras.Sequential([keras.Input((3,)), tfbnn.DenseFlipout(4), keras.layers.ReLU()])
     outer = keras.Sequential([keras.Input((3,)), inner, tfbnn.DenseLocalReparameterization(2)])
@@ -142,7 +173,7 @@ def test_set_kl_weight_reaches_nested_models():
     assert tfbnn.set_kl_weight(outer, 0.125) == 2
     assert all(float(layer.kl_weight.numpy()) == 0.125 for layer in tfbnn.bayesian_layers(outer))
     assert all(layer.get_config()["kl_weight"] == 0.125 for layer in tfbnn.bayesian_layers(outer))
-    with pytest.raises(ValueError, match="kl_weight=nan"):
+    with pytest.raises(ValueError, match="value=nan"):
         tfbnn.set_kl_weight(outer, float("nan"))
 
 

@@ -25,6 +25,8 @@ SERVE = textwrap.dedent(
         "sample": served.sample(x).numpy().tolist(),
         "sample_again": served.sample(x).numpy().tolist(),
         "sample_seeded": served.sample_seeded(x, seed).numpy().tolist(),
+        "sample_seeded_int32": served.sample_seeded(x, tf.constant(42, tf.int32)).numpy().tolist(),
+        "serving_default": sorted(served.signatures["serving_default"](x=x)),
         "mean": served.mean(x).numpy().tolist(),
         "summary": {k: v.numpy().tolist() for k, v in served.summary(x).items()},
         "summary_seeded": {k: v.numpy().tolist() for k, v in served.summary_seeded(x, seed).items()},
@@ -74,6 +76,8 @@ def test_saved_model_endpoints_in_fresh_processes(exported):
     assert not np.allclose(first["summary"]["mean_probs"], second["summary"]["mean_probs"])
     # With a seed, results reproduce across processes.
     np.testing.assert_array_equal(first["sample_seeded"], second["sample_seeded"])
+    np.testing.assert_array_equal(first["sample_seeded"], first["sample_seeded_int32"])
+    assert first["serving_default"] == ["aleatoric", "epistemic", "mean_probs", "predictive_entropy"]
     for key in ("mean_probs", "predictive_entropy", "aleatoric", "epistemic"):
         np.testing.assert_array_equal(first["summary_seeded"][key], second["summary_seeded"][key])
     # The mean endpoint is the posterior-mean model.
@@ -109,3 +113,65 @@ def test_export_refuses_to_overwrite_and_validates(exported, tmp_path):
         export.export_saved_model(model, str(tmp_path / "a"), num_samples=0)
     with pytest.raises(ValueError, match="task='ranking'"):
         export.export_saved_model(model, str(tmp_path / "b"), task="ranking")
+
+
+def _two_branch_model():
+    """Two DenseReparameterization layers side by side, posterior N(0, 1) for every weight:
+    for x = 0 a layer outputs its bias noise, for x = 1 kernel noise + bias noise."""
+    inputs = keras.Input((1,))
+    branches = [tfbnn.DenseReparameterization(8, kl_weight=1e-3, seed=i, kernel_loc_initializer="zeros")
+                for i in range(2)]
+    model = keras.Model(inputs, keras.layers.Concatenate()([layer(inputs) for layer in branches]))
+    for layer in branches:
+        for rho in (layer.kernel_rho, layer.bias_rho):
+            rho.assign(np.full(rho.shape, np.log(np.e - 1.0), "float32"))  # softplus(rho) = 1
+    return model
+
+
+def _draws(outputs):
+    """The four noise draws of one call: bias 0, bias 1, kernel 0, kernel 1."""
+    at_zero, at_one = outputs[0], outputs[1]
+    return {"bias_0": at_zero[:8], "bias_1": at_zero[8:],
+            "kernel_0": at_one[:8] - at_zero[:8], "kernel_1": at_one[8:] - at_zero[8:]}
+
+
+def test_exported_layers_draw_independent_noise_and_take_int32_seeds(tmp_path):
+    import tensorflow as tf
+
+    path = str(tmp_path / "two_branches")
+    export.export_saved_model(_two_branch_model(), path, num_samples=4, task="regression")
+    served = tf.saved_model.load(path)
+    x = tf.constant([[0.0], [1.0]])
+    calls = [served.sample(x), served.sample(x)]
+    for seed in (0, 3, 2**40):
+        calls.append(served.sample_seeded(x, tf.constant(seed, tf.int64)))
+    for outputs in calls:
+        draws = _draws(np.asarray(outputs))
+        names = sorted(draws)
+        for i, a in enumerate(names):
+            assert np.std(draws[a]) > 0.3, a  # unit-scale noise
+            for b in names[i + 1:]:
+                # Layer 0's bias noise was layer 1's first kernel noise: equal values.
+                gap = np.min(np.abs(draws[a][:, None] - draws[b][None, :]))
+                assert gap > 1e-5, (a, b, gap)
+    # Adjacent seeds give unrelated noise too (no shifted reuse between calls).
+    first, second = (_draws(np.asarray(served.sample_seeded(x, tf.constant(s, tf.int64)))) for s in (3, 4))
+    for a in first.values():
+        for b in second.values():
+            assert np.min(np.abs(a[:, None] - b[None, :])) > 1e-5
+    for seed in (0, 3):
+        int32 = served.sample_seeded(x, tf.constant(seed, tf.int32))  # was a TensorSpec cast error
+        np.testing.assert_array_equal(int32, served.sample_seeded(x, tf.constant(seed, tf.int64)))
+        summary = served.summary_seeded(x, tf.constant(seed, tf.int32))
+        np.testing.assert_array_equal(summary["mean"], served.summary_seeded(x, tf.constant(seed, tf.int64))["mean"])
+
+
+def test_serving_default_is_the_monte_carlo_summary(exported):
+    import tensorflow as tf
+
+    _, x, path, _ = exported
+    served = tf.saved_model.load(path)
+    default = served.signatures["serving_default"]
+    assert set(default.structured_outputs) == {"mean_probs", "predictive_entropy", "aleatoric", "epistemic"}
+    out = default(x=tf.constant(x))
+    np.testing.assert_allclose(out["mean_probs"].numpy().sum(-1), 1.0, rtol=1e-5)

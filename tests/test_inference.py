@@ -215,6 +215,33 @@ def test_task_resolution():
     assert tfbnn.predict(binary, x, num_samples=2, task="classification").mean_probs.shape == (10, 2)
 
 
+def test_auto_task_comes_from_the_model_not_the_data():
+    x = _x()
+    classifier = _classifier(tfbnn.DenseFlipout)
+    x_nan = x.copy()
+    x_nan[0] = np.nan  # the first batch's outputs are no longer probability vectors
+    with pytest.raises(ValueError, match=r"Expected finite inputs.*rows \[0\]"):
+        tfbnn.predict(classifier, x_nan, num_samples=2)  # was a RegressionPrediction (no mean_probs)
+    x_late = x.copy()
+    x_late[6, 1] = np.inf
+    with pytest.raises(ValueError, match=r"rows \[6\]"):
+        tfbnn.predict(classifier, x_late, num_samples=2, batch_size=4)
+    with pytest.raises(ValueError, match=r"rows \[6\]"):
+        tfbnn.predict(classifier, tf.data.Dataset.from_tensor_slices(x_late).batch(4), num_samples=2)
+    # A Softmax layer (nested in a functional model) makes a classifier ...
+    logits = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(3, seed=1)])
+    inputs = keras.Input((5,))
+    nested = keras.Model(inputs, keras.layers.Softmax()(logits(inputs)))
+    assert isinstance(tfbnn.predict(nested, x, num_samples=2), tfbnn.ClassificationPrediction)
+    # ... and a regression head stays regression even where its outputs look like probabilities.
+    regression = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(
+        2, kernel_loc_initializer="zeros", bias_loc_initializer=keras.initializers.Constant([0.25, 0.75]), seed=1)])
+    with tfbnn.posterior_mean(regression):
+        res = tfbnn.predict(regression, x, num_samples=2)
+    assert isinstance(res, tfbnn.RegressionPrediction)
+    np.testing.assert_allclose(res.mean, np.tile([0.25, 0.75], (10, 1)))
+
+
 def test_bad_arguments():
     model = _classifier(tfbnn.DenseFlipout)
     for kwargs, match in [
@@ -231,6 +258,19 @@ def test_bad_arguments():
         tfbnn.predict(model, tf.data.Dataset.from_tensor_slices(_x()).batch(2), batch_size=4)
     with pytest.raises(ValueError, match="0 examples"):
         tfbnn.predict(model, _x()[:0])
+
+
+def test_numpy_scalars_are_accepted_as_keras_accepts_them():
+    model = _classifier(tfbnn.DenseFlipout)
+    res = tfbnn.predict(model, _x(), num_samples=np.int64(3), batch_size=np.int32(4))
+    assert res.num_samples == 3 and res.mean_probs.shape == (10, 3)
+    with tfbnn.weight_samples(model, np.int16(2)):
+        assert all(layer._weight_samples == 2 for layer in tfbnn.bayesian_layers(model))
+    reg = tfbnn.predict(keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(2, seed=1)]), _x(), num_samples=2)
+    lower, upper = reg.interval(np.float32(0.9))
+    assert np.all(lower <= upper)
+    with pytest.raises(ValueError, match="num_samples=True"):
+        tfbnn.predict(model, _x(), num_samples=True)
 
 
 def test_regression_summary_and_interval_by_hand():
@@ -263,6 +303,31 @@ def test_gaussian_nll_and_head():
         tfbnn.GaussianHead(min_scale=0)
     with pytest.raises(ValueError, match=r"even last dimension.*input_shape=\(None, 3\)"):
         keras.Sequential([keras.Input((3,)), tfbnn.GaussianHead()])
+
+
+def test_gaussian_nll_rejects_mismatched_targets_and_non_positive_scales():
+    one_output = np.array([[0.0, 1.0]] * 4, "float32")  # d = 1: a mean and a scale per example
+    with pytest.raises(ValueError, match=r"Expected `y_true`.*y_true.shape=\(4, 2\), y_pred.shape=\(4, 2\)"):
+        tfbnn.gaussian_nll(np.zeros((4, 2), "float32"), one_output)  # would broadcast to (4, 2)
+    for scale in (-1.0, 0.0, np.nan):
+        with pytest.raises(ValueError, match="positive scales.*y_pred"):
+            tfbnn.gaussian_nll(np.zeros((4, 1), "float32"), np.array([[0.0, scale]] * 4, "float32"))
+    # In a compiled train step: a raw Dense head (negative scales), then targets of the wrong width.
+    def model(scale):
+        net = keras.Sequential([keras.Input((1,)), keras.layers.Dense(
+            2, kernel_initializer="zeros", bias_initializer=keras.initializers.Constant([0.0, scale]))])
+        net.compile("sgd", loss=tfbnn.gaussian_nll)
+        return net
+
+    x = np.zeros((4, 1), "float32")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="positive scales"):
+        model(-1.0).fit(x, np.zeros((4, 1), "float32"), verbose=0)
+    with pytest.raises(ValueError, match=r"y_true.shape=\(None, 3\)"):
+        model(1.0).fit(x, np.zeros((4, 3), "float32"), verbose=0)
+    net = model(1.0)
+    net.fit(x, np.zeros((4, 1), "float32"), verbose=0)
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="Expected `y_true`"):
+        net.fit(x, np.zeros((4, 3), "float32"), verbose=0)  # a retraced step may not know the width
 
 
 def test_gaussian_head_learns_heteroscedastic_noise_and_predict_splits_variance():

@@ -4,6 +4,7 @@ import tempfile
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 import tensorflow_probability as tfp
 
 import tfbnn
@@ -173,6 +174,43 @@ BAD_CALLS = [
 ]
 
 
+KERAS_METRICS = [tfbnn.ExpectedCalibrationError, tfbnn.NegativeLogLikelihood, tfbnn.BrierScore]
+
+
+@pytest.mark.parametrize("cls", KERAS_METRICS)
+def test_keras_metrics_check_their_inputs_as_the_plain_functions_do(cls):
+    nan_probs = PROBS.copy()
+    nan_probs[1, 0] = np.nan
+    for y_true, y_pred, kwargs, match in [
+        ([5, 0, 2, 0], PROBS, {}, r"labels in \[0, 3\).*max=5"),  # was scored as a wrong answer
+        ([-1, 0, 2, 0], PROBS, {}, r"labels in \[0, 3\).*min=-1"),
+        ([0.5, 0, 2, 0], PROBS, {}, "integer class labels"),
+        (LABELS[:3], PROBS, {}, r"same number of examples.*y_true.shape=\(3,\), y_pred.shape=\(4, 3\)"),
+        (LABELS, nan_probs, {}, "probabilities in \\[0, 1\\].*NaN"),  # the metric was NaN
+        (LABELS, PROBS * 2, {}, "probabilities in \\[0, 1\\].*max=1.8"),
+        (LABELS, PROBS * 0.5, {}, "sum to 1.*summing to 0.5"),
+        (LABELS, PROBS, {"sample_weight": np.ones(3)}, r"one `sample_weight` per example.*shape=\(3,\)"),
+        (LABELS, PROBS[:, :1], {}, r"C >= 2 classes.*y_pred.shape=\(4, 1\)"),
+    ]:
+        metric = cls()
+        with pytest.raises(ValueError, match=match):
+            metric.update_state(y_true, y_pred, **kwargs)
+        assert float(metric.result()) == 0.0  # nothing was accumulated
+    with pytest.raises(ValueError, match="finite logits"):
+        cls(from_logits=True).update_state(LABELS, nan_probs)
+
+
+@pytest.mark.parametrize("cls", KERAS_METRICS)
+def test_keras_metrics_check_their_inputs_in_a_compiled_step(cls):
+    metric = cls()
+    update = tf.function(metric.update_state, input_signature=[tf.TensorSpec([None]), tf.TensorSpec([None, 3])])
+    update(LABELS.astype("float32"), PROBS.astype("float32"))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"labels in \[0, 3\)"):
+        update(np.array([0, 1, 2, 5], "float32"), PROBS.astype("float32"))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same number of examples"):
+        update(LABELS[:3].astype("float32"), PROBS.astype("float32"))
+
+
 def test_bad_arguments():
     for call, match in BAD_CALLS:
         with pytest.raises(ValueError, match=match):
@@ -216,3 +254,13 @@ def test_temperature_scaling_errors():
         calibration.TemperatureScaling().fit(np.zeros((4, 2)), [0, 1, 0])
     with pytest.raises(ValueError, match="min_prob"):
         calibration.logits_from_probs([[0.5, 0.5]], min_prob=0)
+
+
+def test_numpy_scalars_are_accepted_as_keras_accepts_them():
+    ts = calibration.TemperatureScaling(np.float32(1.5), max_iterations=np.int64(5))
+    assert ts.temperature == 1.5 and ts.max_iterations == 5 and type(ts.max_iterations) is int
+    np.testing.assert_allclose(ts.scale([[3.0, 0.0]]), [[2.0, 0.0]])
+    assert metrics.ExpectedCalibrationError(num_bins=np.int64(10)).num_bins == 10
+    assert calibration.logits_from_probs([[1.0, 0.0]], min_prob=np.float32(1e-3))[0, 1] == pytest.approx(np.log(1e-3))
+    with pytest.raises(ValueError, match="temperature=True"):
+        calibration.TemperatureScaling(True)

@@ -443,6 +443,14 @@ def test_bad_arguments_are_rejected_clearly(call, message):
         call()
 
 
+@pytest.mark.parametrize("method", ["deterministic", "mc_dropout", "bbb"])
+def test_numpy_num_classes_is_accepted_as_keras_accepts_it(method):
+    model = zoo.build("mlp", method, hidden_units=(4,), num_classes=np.int64(3), input_shape=(5,), num_examples=N)
+    assert tuple(model.output.shape) == (None, 3)
+    with pytest.raises(ValueError, match="num_classes=True"):
+        zoo.build("mlp", method, hidden_units=(4,), num_classes=True, input_shape=(5,), num_examples=N)
+
+
 def test_small_inputs_with_same_padding():
     model = zoo.lenet5(input_shape=(8, 8, 1), padding="same", activation="relu")
     assert tuple(model(np.zeros((3, 8, 8, 1), "float32")).shape) == (3, 10)

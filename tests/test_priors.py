@@ -57,3 +57,48 @@ def test_normal_prior_distribution():
 def test_bad_arguments(factory, match):
     with pytest.raises(ValueError, match=match):
         factory()
+
+
+@pytest.mark.parametrize(
+    "factory, match",
+    [
+        (lambda: priors.Normal(0.0, 1e-300), "Expected `scale`.*float32.*scale=1e-300"),  # was ZeroDivisionError
+        (lambda: priors.Normal(0.0, 1e-46), "scale=1e-46"),  # 0 in float32: an infinite KL
+        (lambda: priors.Normal(0.0, 1.34e154), "scale=1.34e"),  # was OverflowError
+        (lambda: priors.Normal(0.0, 1e19), "scale=1e"),  # 0.5 / scale^2 is 0 in float32: a NaN KL
+        (lambda: priors.Normal(1e300, 1.0), "Expected `loc`.*loc=1e"),
+        (lambda: priors.ScaleMixture(0.5, 1.0, 1e-300), "sigma2=1e-300"),
+        (lambda: priors.ScaleMixture(0.5, 1.34e154, 1.0), "sigma1=1.34e"),
+        (lambda: priors.Graves(scale=1e-300), "scale=1e-300"),
+        (lambda: priors.Graves(loc=-1e300), "loc=-1e"),
+    ],
+)
+def test_scales_that_float32_cannot_hold_are_rejected(factory, match):
+    with pytest.raises(ValueError, match=match):
+        factory()
+
+
+@pytest.mark.parametrize("scale", [float(np.finfo(np.float32).tiny), 1e-30, 2.0**62])
+def test_scales_at_the_float32_limits_give_no_nan(scale):
+    from tfbnn import kl
+    from tfbnn.layers.dense import _softplus_scale_and_normal_kl
+
+    loc, rho = tf.fill([3], 1e-3), tf.fill([3], -5.0)
+    sigma = tf.nn.softplus(rho) + 1e-6
+    for prior in (priors.Normal(0.0, scale), priors.Normal(-3e38, scale)):
+        # A KL beyond float32 (tiny scales) is +inf, never NaN or a Python error.
+        assert not np.isnan(kl.closed_form_kl(loc, sigma, prior).numpy())
+        assert not np.isnan(_softplus_scale_and_normal_kl(loc, rho, prior)[1].numpy())
+    mixture = priors.ScaleMixture(0.5, 1.0, scale)
+    assert np.all(np.isfinite(mixture.log_prob(tf.constant([0.0, 1e-3, 1.0, 1e18])).numpy()))
+
+
+def test_scale_mixture_log_density_is_stable_for_a_narrow_component():
+    p = priors.ScaleMixture(0.5, 1.0, 1e-30)
+    x = np.array([0.0, 1e-31, 1e-30, 1e-29, 1e-10, 1.0], "float32")
+    got = p.log_prob(tf.constant(x)).numpy()
+    assert np.all(np.isfinite(got))  # log_prob(0) was NaN (0 * inf)
+    expected = p.distribution("float64").log_prob(x.astype("float64")).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    # Beyond float32 (log p(1e30) ~ -5e59) the density is 0: -inf, not NaN.
+    assert p.log_prob(tf.constant(1e30)).numpy() == -np.inf

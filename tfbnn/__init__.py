@@ -20,8 +20,8 @@ from tfbnn import startup
 # KerasTuner or matplotlib: tuning, plots, evaluation, training, experiments and
 # the command line load on first use (``tfbnn.tuning``). The `tfbnn` command loads
 # nothing here, so that it parses its arguments before TensorFlow starts.
-_CORE = ("errors", "io", "priors", "kl", "layers", "schedules", "utils", "callbacks", "inference", "likelihoods",
-         "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "models", "datasets")
+_CORE = ("errors", "io", "checks", "priors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
+         "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "models", "datasets")
 _LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
 _NAMES = {
     "callbacks": ("KLAnnealing", "SparsityMonitor"),

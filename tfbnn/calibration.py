@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+from tfbnn import checks
 from tfbnn.metrics import check_labels
 
 __all__ = ["TemperatureScaling", "logits_from_probs"]
@@ -48,16 +49,15 @@ def logits_from_probs(probs, min_prob=_MIN_PROB):
         >>> tfbnn.calibration.logits_from_probs([[0.5, 0.5]])
         array([[-0.69314718, -0.69314718]])
     """
-    if not min_prob > 0:
-        raise ValueError(f"Expected `min_prob` > 0. Received: min_prob={min_prob!r}")
-    p = np.asarray(probs, dtype=np.float64)
+    min_prob = checks.number("min_prob", min_prob, low=0, low_open=True)
+    p = checks.array("probs", probs, np.float64)
     if np.any(p < 0) or not np.all(np.isfinite(p)):
-        raise ValueError(f"Expected non-negative finite probabilities. Received: probs with min={np.nanmin(p):.4g}")
+        raise ValueError(f"Expected non-negative finite probabilities. Received: {checks.value_range('probs', p)}")
     return np.log(np.maximum(p, min_prob))
 
 
 def _check_logits(logits):
-    z = np.asarray(logits, dtype=np.float64)
+    z = checks.array("logits", logits, np.float64)
     if z.ndim != 2 or z.shape[1] < 2 or z.shape[0] == 0:
         raise ValueError(f"Expected `logits` of shape (N, C) with N >= 1, C >= 2. Received: logits.shape={z.shape}")
     if not np.all(np.isfinite(z)):
@@ -95,19 +95,9 @@ class TemperatureScaling:
     """
 
     def __init__(self, temperature=1.0, max_iterations=100):
-        self._temperature = self._check_temperature(temperature)
-        if isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or max_iterations < 1:
-            raise ValueError(f"Expected `max_iterations` to be a positive integer. Received: max_iterations={max_iterations!r}")
-        self.max_iterations = max_iterations
+        self._temperature = checks.number("temperature", temperature, low=0, low_open=True)
+        self.max_iterations = checks.integer("max_iterations", max_iterations, 1)
         self.fitted = False
-
-    @staticmethod
-    def _check_temperature(temperature):
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
-            math.isfinite(temperature) and temperature > 0
-        ):
-            raise ValueError(f"Expected `temperature` to be a positive finite float. Received: temperature={temperature!r}")
-        return float(temperature)
 
     @property
     def temperature(self):

@@ -21,20 +21,11 @@ import warnings
 
 import keras
 
-from tfbnn import pruning
+from tfbnn import checks, pruning
 from tfbnn import schedules as schedules_lib
 from tfbnn.utils import bayesian_layers, set_kl_weight
 
 __all__ = ["KLAnnealing", "SparsityMonitor", "NaNGuard", "EpochTimer"]
-
-
-def _check_num_examples(num_examples):
-    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples <= 0:
-        raise ValueError(
-            "Expected `num_examples` (N, the number of training examples) to be a positive "
-            f"integer. Received: num_examples={num_examples!r}"
-        )
-    return num_examples
 
 
 class KLAnnealing(keras.callbacks.Callback):
@@ -67,11 +58,11 @@ class KLAnnealing(keras.callbacks.Callback):
 
     def __init__(self, num_examples, schedule="linear", steps_per_epoch=None):
         super().__init__()
-        self.num_examples = _check_num_examples(num_examples)
+        self.num_examples = checks.integer(
+            "num_examples", num_examples, 1, what="a positive integer (N, the number of training examples)"
+        )
         self.schedule = schedules_lib.get(schedule)
-        if steps_per_epoch is not None:
-            steps_per_epoch = _check_num_examples(steps_per_epoch)
-        self.steps_per_epoch = steps_per_epoch
+        self.steps_per_epoch = checks.integer("steps_per_epoch", steps_per_epoch, 1, allow_none=True)
         self._epoch = 0
         self.beta = None
 

@@ -2,7 +2,7 @@
 
 The exported SavedModel needs neither tfbnn nor Keras to serve: load it with plain
 ``tf.saved_model.load(path)``. Endpoints (``x`` is a batch shaped like the model's
-input; ``seed`` a scalar int64):
+input; ``seed`` a scalar ``tf.int64`` or ``tf.int32`` tensor):
 
 =====================  =========================================================
 ``sample(x)``          one draw from the posterior predictive (fresh randomness
@@ -19,11 +19,18 @@ seed)``                any process
 seed)``
 =====================  =========================================================
 
+``serving_default`` (the signature TF Serving and ``saved_model_cli`` use when none
+is named) is ``summary``: a client asking for "the prediction" gets the Monte Carlo
+predictive with its uncertainty, as :func:`tfbnn.predict` returns it, not one noisy
+posterior draw (ask for ``sample`` for that).
+
 Why the seed handling: Keras saves each layer's ``SeedGenerator`` state with the
 model, so a naively exported stochastic model replays the same sample sequence in
 every fresh process. Here every endpoint first overwrites all seed states, either
 from a process-level entropy source (an unseeded ``RandomUniformInt`` op) or from
-the caller's ``seed``.
+the caller's ``seed``. Generator ``i`` (of every stochastic layer, in order) gets the
+state ``[seed, i * 2^32]``; a layer's draws only advance the second component, so the
+layers draw disjoint seeds and independent noise within one call.
 """
 
 import os
@@ -32,6 +39,7 @@ import shutil
 import keras
 import tensorflow as tf
 
+from tfbnn import checks
 from tfbnn.utils import posterior_mean, weight_samples
 
 __all__ = ["export_saved_model", "seed_generators"]
@@ -56,10 +64,18 @@ def _fresh_seed():
     )
 
 
+# Each generator owns a block of 2^32 counters: a layer's SeedGenerator.next() only
+# increments the second state component, so generator i draws [seed, i * 2^32 + k],
+# k = 0, 1, ..., and no two generators (nor two seeds) ever share a seed in one call.
+# Its first seeds used to be [seed, i], [seed, i + 1]: the next generator's first seed.
+_COUNTER_BLOCK = 2**32
+
+
 def _reseed(generators, seed):
+    seed = tf.cast(seed, tf.int64)
     for i, generator in enumerate(generators):
-        state = generator.state
-        generator.state.assign(tf.cast(tf.stack([seed, tf.constant(i, tf.int64)]), state.dtype))
+        state = tf.stack([seed, tf.constant(i * _COUNTER_BLOCK, tf.int64)])
+        generator.state.assign(tf.cast(state, generator.state.dtype))
 
 
 def _classification_summary(samples, from_logits):
@@ -96,15 +112,16 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
         overwrite: bool. If False and ``filepath`` exists, raise instead of replacing it.
 
     Returns:
-        ``filepath``.
+        ``filepath``. Its ``serving_default`` signature is the ``summary`` endpoint
+        (see the module docstring); ``sample_seeded`` / ``summary_seeded`` take the
+        seed as an int64 or int32 scalar tensor.
 
     Example:
         >>> tfbnn.export.export_saved_model(model, "saved_models/bbb_export", num_samples=50)
         >>> served = tf.saved_model.load("saved_models/bbb_export")   # no tfbnn needed
         >>> served.summary_seeded(x, tf.constant(0, tf.int64))["epistemic"]
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"Expected `num_samples` to be a positive integer. Received: num_samples={num_samples!r}")
+    num_samples = checks.integer("num_samples", num_samples, 1)
     if task not in _TASKS:
         raise ValueError(f"Expected `task` in {_TASKS}. Received: task={task!r}")
     if os.path.exists(filepath) and not overwrite:
@@ -114,7 +131,6 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
             raise ValueError("The model has no defined inputs; pass `input_signature`. Received: input_signature=None")
         inp = model.inputs[0]
         input_signature = tf.TensorSpec(inp.shape, inp.dtype)
-    seed_spec = tf.TensorSpec([], tf.int64)
     generators = seed_generators(model)
 
     # The sampling mode is set inside each traced body (Python runs at trace time),
@@ -137,7 +153,7 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
         _reseed(generators, _fresh_seed())
         return model(x, training=False)
 
-    @tf.function(input_signature=[input_signature, seed_spec])
+    @tf.function
     def sample_seeded(x, seed):
         _reseed(generators, seed)
         return model(x, training=False)
@@ -152,18 +168,23 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
         _reseed(generators, _fresh_seed())
         return summarize(x)
 
-    @tf.function(input_signature=[input_signature, seed_spec])
+    @tf.function
     def summary_seeded(x, seed):
         _reseed(generators, seed)
         return summarize(x)
 
     saved_states = [g.state.numpy() for g in generators]
     try:
-        for fn in (sample, sample_seeded, mean, summary, summary_seeded):
+        for fn in (sample, mean, summary):
             fn.get_concrete_function()
+        for fn in (sample_seeded, summary_seeded):  # the seed as an int64 or an int32 scalar
+            for dtype in (tf.int64, tf.int32):
+                fn.get_concrete_function(input_signature, tf.TensorSpec([], dtype, name="seed"))
         archive = keras.export.ExportArchive()
         archive.track(model)
-        for name, fn in (("sample", sample), ("mean", mean), ("summary", summary),
+        # The first endpoint is also the SavedModel's "serving_default" signature (what
+        # TF Serving and saved_model_cli call by default): the Monte Carlo summary.
+        for name, fn in (("summary", summary), ("sample", sample), ("mean", mean),
                          ("sample_seeded", sample_seeded), ("summary_seeded", summary_seeded)):
             archive.add_endpoint(name, fn)
         # Written beside the target and moved into place: a failed export leaves any

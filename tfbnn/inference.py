@@ -42,6 +42,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfbnn import checks
 from tfbnn.likelihoods import GaussianHead, gaussian_nll, split_gaussian
 from tfbnn.utils import bayesian_layers, weight_samples
 
@@ -196,8 +197,7 @@ class RegressionPrediction:
         Returns:
             ``(lower, upper)``, each shaped like ``mean``.
         """
-        if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
-            raise ValueError(f"Expected `level` in (0, 1). Received: level={level!r}")
+        level = checks.number("level", level, low=0, high=1, low_open=True, high_open=True)
         z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
         half = z * self.total_std
         return self.mean - half, self.mean + half
@@ -401,10 +401,33 @@ def _compiled_sampler(model, num_samples, joint, mc_dropout, signature):
 def _to_tensor(v):
     if isinstance(v, tf.Tensor):
         return v
-    v = np.asarray(v)
-    if np.issubdtype(v.dtype, np.floating):
-        v = v.astype(keras.config.floatx())
-    return tf.convert_to_tensor(v)
+    try:
+        v = np.asarray(v)
+        if np.issubdtype(v.dtype, np.floating):
+            v = v.astype(keras.config.floatx())
+        return tf.convert_to_tensor(v)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"Expected `x` to be arrays or tensors ({e}). Received: x with a value of type {type(v).__name__}"
+        ) from None
+
+
+def _check_input_shapes(model, batch):
+    """``x`` against the model's declared inputs (Sequential / functional): a clear error
+    here instead of one from inside the traced Monte Carlo function."""
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):  # a subclassed model declares none
+        return
+    leaves = tf.nest.flatten(batch)
+    if not inputs or len(inputs) > 1:  # several inputs: Keras matches them by name or order
+        return
+    expected = tf.TensorShape(inputs[0].shape)
+    if len(leaves) != 1 or not leaves[0].shape[1:].is_compatible_with(expected[1:]):
+        raise ValueError(
+            f"Expected `x` shaped like the model's input {tuple(expected)}. "
+            f"Received: x with shapes {[tuple(v.shape) for v in leaves]}"
+        )
 
 
 def _batches(x, batch_size):
@@ -419,13 +442,16 @@ def _batches(x, batch_size):
         return
     x = tf.nest.map_structure(_to_tensor, x)
     leaves = tf.nest.flatten(x)
-    if not leaves or leaves[0].shape.rank == 0:
+    if not leaves or any(v.shape.rank == 0 for v in leaves):
         raise ValueError(f"Expected inputs with a batch axis. Received: x of shape {getattr(x, 'shape', None)}")
     num = int(leaves[0].shape[0])
     if num == 0:
         raise ValueError("Expected at least one example. Received: x with 0 examples")
     if any(int(v.shape[0]) != num for v in leaves):
-        raise ValueError(f"All inputs must have the same number of examples. Received: {[v.shape for v in leaves]}")
+        raise ValueError(
+            f"Expected every input in `x` to have the same number of examples. Received: x with shapes "
+            f"{[tuple(v.shape) for v in leaves]}"
+        )
     size = batch_size or _DEFAULT_BATCH_SIZE
     for start in range(0, num, size):
         yield tf.nest.map_structure(lambda v, s=start: v[s : s + size], x)
@@ -442,29 +468,55 @@ def _output_layer(model):
     return layer
 
 
+def _ends_in_softmax(layer):
+    if isinstance(layer, keras.layers.Softmax):
+        return True
+    activation = getattr(layer, "activation", None)
+    return activation is not None and getattr(activation, "__name__", None) == "softmax"
+
+
 def _looks_like_probabilities(samples):
     if samples.ndim < 3 or samples.shape[-1] < 2:
         return False
     return bool(np.all(samples >= -1e-6) and np.allclose(samples.sum(axis=-1), 1.0, atol=1e-3))
 
 
-def _resolve_task(task, first_samples, from_logits, gaussian_head):
+def _task_from_model(task, model, from_logits, gaussian_head):
+    """The task ``"auto"`` stands for, read from the model; None if it cannot tell."""
     if task != "auto":
         return task
     if gaussian_head:
         return "regression"
-    if from_logits or _looks_like_probabilities(first_samples):
+    if from_logits:
         return "classification"
-    return "regression"
+    layer = _output_layer(model)
+    if layer is None:  # a subclassed model: no output layer to read
+        return None
+    return "classification" if _ends_in_softmax(layer) else "regression"
+
+
+def _task_from_outputs(samples):
+    """Last resort for a model without a readable output layer (a subclassed model)."""
+    return "classification" if _looks_like_probabilities(samples) else "regression"
+
+
+def _check_finite(batch, offset):
+    """Rejects NaN / infinite inputs: they would give NaN summaries."""
+    for v in tf.nest.flatten(batch):
+        if v.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(v))):
+            flat = tf.reshape(tf.math.is_finite(v), [tf.shape(v)[0], -1])
+            rows = (np.flatnonzero(~tf.reduce_all(flat, axis=1).numpy()) + offset).tolist()
+            raise ValueError(
+                "Expected finite inputs (NaN or infinite values give NaN predictions). "
+                f"Received: x with NaN or infinite values in rows {rows[:10]}{' ...' if len(rows) > 10 else ''}"
+            )
 
 
 def _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head):
     if not isinstance(model, keras.layers.Layer):
         raise ValueError(f"Expected a Keras model. Received: model={type(model).__name__}")
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"Expected `num_samples` to be a positive integer. Received: num_samples={num_samples!r}")
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-        raise ValueError(f"Expected `batch_size` to be a positive integer or None. Received: batch_size={batch_size!r}")
+    num_samples = checks.integer("num_samples", num_samples, 1)
+    batch_size = checks.integer("batch_size", batch_size, 1, allow_none=True)
     if task not in TASKS:
         raise ValueError(f"Expected `task` in {TASKS}. Received: task={task!r}")
     if from_logits and (task == "regression" or gaussian_head):
@@ -476,6 +528,7 @@ def _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head
         raise ValueError(
             "A Gaussian head is a regression likelihood. Received: task='classification', gaussian_head=True"
         )
+    return num_samples, batch_size
 
 
 def _check_dropout(model, mc_dropout):
@@ -523,17 +576,21 @@ def predict(
         model: a Keras model with one output.
         x: inputs: an array or tensor ``(N, ...)``, a list/dict of them (multi-input
             models), or a batched ``tf.data.Dataset`` yielding ``x`` or
-            ``(x, y, ...)``.
+            ``(x, y, ...)``. Floating-point inputs must be finite (NaN or
+            infinite values raise a ValueError naming the rows).
         num_samples: int >= 1, T. Default 100. Memory grows as ``T * batch_size``.
         batch_size: int or None, examples per vectorized call (default 32; must be
             None for a dataset).
         return_samples: bool, keep the ``(T, N, ...)`` samples in the result.
         task: ``"auto"`` (default), ``"classification"`` or ``"regression"``.
-            ``"auto"`` picks classification when ``from_logits=True`` or when the
-            first batch's outputs are probability vectors (non-negative, rows
-            summing to 1, at least 2 classes), regression otherwise and for a
-            Gaussian head. A single sigmoid unit needs ``task="classification"``
-            (it is expanded to two classes).
+            ``"auto"`` reads the model, not the data: classification when
+            ``from_logits=True`` or when the output layer ends in a softmax
+            (a ``softmax`` activation or a ``keras.layers.Softmax``), regression
+            for a Gaussian head or any other output layer. Only a model without a
+            readable output layer (a subclassed model) falls back to its first
+            batch's outputs (probability vectors: classification). A single
+            sigmoid unit needs ``task="classification"`` (it is expanded to two
+            classes).
         from_logits: bool, the outputs are logits: a softmax (sigmoid for one
             unit) is applied per sample before averaging.
         gaussian_head: bool or None. Whether the outputs are ``(mean, scale)`` of a
@@ -570,7 +627,7 @@ def predict(
         >>> res.mean_probs.shape, res.mutual_information.shape
         ((10, 3), (10,))
     """
-    _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head)
+    num_samples, batch_size = _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head)
     if gaussian_head is None:
         gaussian_head = isinstance(_output_layer(model), GaussianHead)
     _check_dropout(model, mc_dropout)
@@ -578,15 +635,24 @@ def predict(
     first = next(batches, None)
     if first is None:
         raise ValueError("Expected at least one batch of inputs. Received: an empty dataset")
+    _check_input_shapes(model, first)
     if not model.built:  # build outside the tf.function, with one sample per row
+        _check_finite(first, 0)
         model(first, training=False)
     sampler = _compiled_sampler(model, num_samples, joint, mc_dropout, _signature(first))
-    parts, resolved = [], None
+    parts, resolved, seen = [], _task_from_model(task, model, from_logits, gaussian_head), 0
     with weight_samples(model, num_samples, joint=joint):
         for batch in _chain(first, batches):
+            _check_finite(batch, seen)
+            seen += int(tf.nest.flatten(batch)[0].shape[0])
             samples = sampler(batch).numpy()
             if resolved is None:
-                resolved = _resolve_task(task, samples, from_logits, gaussian_head)
+                resolved = _task_from_outputs(samples)
+            if gaussian_head and samples.shape[-1] % 2:
+                raise ValueError(
+                    "Expected an even last output dimension (means, then scales) with `gaussian_head`. "
+                    f"Received: gaussian_head={gaussian_head!r}, outputs of shape {samples.shape[1:]}"
+                )
             if resolved == "classification":
                 parts.append(summarize_classification(samples, from_logits, keep_samples=return_samples))
             else:

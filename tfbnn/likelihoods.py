@@ -17,26 +17,29 @@ import math
 import keras
 import tensorflow as tf
 
+from tfbnn import checks
+
 __all__ = ["GaussianHead", "gaussian_nll", "split_gaussian"]
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
-def split_gaussian(outputs):
+def split_gaussian(outputs, name="outputs"):
     """Splits the output of a :class:`GaussianHead` into ``(mean, scale)``.
 
     Args:
         outputs: tensor or array ``(..., 2 d)``: the means, then the scales.
+        name: the argument errors name. Default ``"outputs"``.
 
     Returns:
         ``(mean, scale)``, each ``(..., d)``.
     """
-    outputs = tf.convert_to_tensor(outputs)
-    dim = outputs.shape[-1]
+    outputs = checks.float_tensor(name, outputs)
+    dim = outputs.shape[-1] if outputs.shape.rank else None
     if dim is None or dim % 2:
         raise ValueError(
-            "Expected the last dimension of a Gaussian head's output to be even (means, then "
-            f"scales). Received: shape={tuple(outputs.shape)}"
+            f"Expected the last dimension of `{name}`, a Gaussian head's output, to be even (means, then "
+            f"scales). Received: {name}.shape={tuple(outputs.shape)}"
         )
     return outputs[..., : dim // 2], outputs[..., dim // 2 :]
 
@@ -82,13 +85,7 @@ class GaussianHead(keras.layers.Layer):
 
     def __init__(self, min_scale=1e-3, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) or not (
-            math.isfinite(min_scale) and min_scale > 0
-        ):
-            raise ValueError(
-                f"Expected `min_scale` to be a positive finite float. Received: min_scale={min_scale!r}"
-            )
-        self.min_scale = float(min_scale)
+        self.min_scale = checks.number("min_scale", min_scale, low=0, low_open=True)
 
     def build(self, input_shape):
         dim = input_shape[-1]
@@ -110,6 +107,29 @@ class GaussianHead(keras.layers.Layer):
         config = super().get_config()
         config.update({"min_scale": self.min_scale})
         return config
+
+
+def _checked_targets(y_true, mean, y_pred):
+    """``y_true`` shaped like the means: broadcasting would score the wrong targets."""
+    message = (f"Expected `y_true` shaped like the head's means (`y_pred` holds {mean.shape[-1]} means, then as "
+               "many scales).")
+    received = f"y_true.shape={tuple(y_true.shape)}, y_pred.shape={tuple(y_pred.shape)}"
+    if not y_true.shape.is_compatible_with(mean.shape):
+        raise ValueError(f"{message} Received: {received}")
+    if y_true.shape.rank is None or y_true.shape.is_fully_defined():
+        return y_true
+    # Unknown sizes (a retraced step): compared when the step runs.
+    return checks.checked(y_true, lambda: tf.reduce_all(tf.equal(tf.shape(y_true), tf.shape(mean))), message,
+                           lambda: received)
+
+
+def _checked_scales(scale):
+    """``scale`` > 0: a raw (not GaussianHead) output would give a NaN loss."""
+    return checks.checked(
+        scale, lambda: tf.reduce_all(scale > 0),
+        "Expected positive scales in the second half of `y_pred` (the output of a GaussianHead).",
+        lambda: f"y_pred with min scale={float(tf.reduce_min(scale)):.4g}",
+    )
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
@@ -134,10 +154,10 @@ def gaussian_nll(y_true, y_pred):
         0.9189
         >>> # model.compile(optimizer="adam", loss=tfbnn.gaussian_nll)
     """
-    y_pred = tf.convert_to_tensor(y_pred)
-    mean, scale = split_gaussian(y_pred)
-    y_true = tf.cast(y_true, mean.dtype)
+    y_pred = checks.float_tensor("y_pred", y_pred)
+    mean, scale = split_gaussian(y_pred, name="y_pred")
+    y_true = tf.cast(checks.float_tensor("y_true", y_true), mean.dtype)
     if y_true.shape.rank == mean.shape.rank - 1:
         y_true = y_true[..., None]
-    z = (y_true - mean) / scale
+    z = (_checked_targets(y_true, mean, y_pred) - mean) / _checked_scales(scale)
     return tf.reduce_sum(tf.math.log(scale) + 0.5 * tf.square(z) + _HALF_LOG_2PI, axis=-1)

@@ -44,6 +44,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfbnn import checks
+
 __all__ = [
     "expected_calibration_error",
     "negative_log_likelihood",
@@ -66,14 +68,15 @@ _EDGE_TOL = 1e-7
 
 
 # -- argument checks ---------------------------------------------------------------
+_MAX_BINS = 100_000  # the Keras metric holds three float64 vectors of this length
+
+
 def _check_num_bins(num_bins):
-    if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins <= 0:
-        raise ValueError(f"Expected `num_bins` to be a positive integer. Received: num_bins={num_bins!r}")
-    return int(num_bins)
+    return checks.integer("num_bins", num_bins, 1, _MAX_BINS, f"an integer in [1, {_MAX_BINS}]")
 
 
 def _check_probs(probs):
-    p = np.asarray(probs, dtype=np.float64)
+    p = checks.array("probs", probs, np.float64)
     if p.ndim != 2 or p.shape[1] < 2:
         raise ValueError(
             "Expected `probs` of shape (N, C) with C >= 2 classes (stack [1 - p, p] for one "
@@ -84,7 +87,7 @@ def _check_probs(probs):
     if not np.all(np.isfinite(p)) or np.any(p < -_SUM_TOL) or np.any(p > 1 + _SUM_TOL):
         raise ValueError(
             "Expected `probs` to hold probabilities in [0, 1] (pass logits through a softmax "
-            f"first). Received: probs with min={np.nanmin(p):.4g}, max={np.nanmax(p):.4g}"
+            f"first). Received: {checks.value_range('probs', p)}"
         )
     sums = p.sum(axis=1)
     if not np.allclose(sums, 1.0, atol=_SUM_TOL):
@@ -94,7 +97,7 @@ def _check_probs(probs):
 
 
 def check_labels(labels, probs):
-    y = np.asarray(labels)
+    y = checks.array("labels", labels)
     n, num_classes = probs.shape
     if y.ndim == 2 and y.shape[1] == num_classes and num_classes > 1:
         y = np.argmax(y, axis=1)
@@ -333,7 +336,7 @@ def selective_prediction(probs, labels, uncertainty=None):
     if uncertainty is None:
         u = 1.0 - p.max(axis=1)
     else:
-        u = np.asarray(uncertainty, dtype=np.float64)
+        u = checks.array("uncertainty", uncertainty, np.float64)
         if u.shape != y.shape:
             raise ValueError(
                 "Expected one `uncertainty` score per example. "
@@ -352,6 +355,11 @@ def selective_prediction(probs, labels, uncertainty=None):
 def _probs_and_labels(y_true, y_pred, from_logits):
     """Probabilities ``(B, C)`` and int labels ``(B,)`` from sparse or one-hot labels."""
     y_pred = tf.convert_to_tensor(y_pred)
+    if y_pred.shape.rank is not None and (y_pred.shape.rank < 2 or y_pred.shape[-1] == 1):
+        raise ValueError(
+            "Expected `y_pred` of shape (B, ..., C) with C >= 2 classes (stack [1 - p, p] for one sigmoid "
+            f"output). Received: y_pred.shape={tuple(y_pred.shape)}"
+        )
     probs = tf.nn.softmax(y_pred, axis=-1) if from_logits else y_pred
     probs = tf.cast(probs, tf.float64)
     y_true = tf.convert_to_tensor(y_true)
@@ -362,9 +370,54 @@ def _probs_and_labels(y_true, y_pred, from_logits):
         labels = tf.squeeze(y_true, axis=-1)
     else:
         labels = y_true
-    labels = tf.reshape(tf.cast(labels, tf.int64), [-1])
+    labels = tf.reshape(tf.cast(labels, tf.float64), [-1])
     probs = tf.reshape(probs, [-1, tf.shape(probs)[-1]])
-    return probs, labels
+    return _checked_probs(probs, from_logits), _checked_labels(labels, probs, y_true, y_pred)
+
+
+def _same_length(a, b, message, received):
+    """``a`` if its leading dimension is ``b``'s (statically when known, else when run)."""
+    n_a, n_b = a.shape[0], b.shape[0]
+    if n_a is not None and n_b is not None:
+        if n_a != n_b:
+            raise ValueError(f"{message} Received: {received()}")
+        return a
+    return checks.checked(a, lambda: tf.equal(tf.shape(a)[0], tf.shape(b)[0]), message, received)
+
+
+def _checked_probs(probs, from_logits):
+    """The checks of :func:`expected_calibration_error` & co. on ``y_pred``, in the graph."""
+    if from_logits:
+        return checks.checked(probs, lambda: tf.reduce_all(tf.math.is_finite(probs)),
+                               "Expected finite logits `y_pred`.", lambda: "NaN or infinite values")
+    probs = checks.checked(
+        probs,
+        lambda: tf.reduce_all(tf.math.is_finite(probs) & (probs >= -_SUM_TOL) & (probs <= 1 + _SUM_TOL)),
+        "Expected `y_pred` to hold probabilities in [0, 1] (logits need from_logits=True).",
+        lambda: checks.value_range("y_pred", probs),
+    )
+    sums = tf.reduce_sum(probs, axis=-1)
+    return checks.checked(
+        probs, lambda: tf.reduce_all(tf.abs(sums - 1.0) <= _SUM_TOL),
+        "Expected each row of `y_pred` to sum to 1.",
+        lambda: f"a row summing to {float(tf.gather(sums, tf.argmax(tf.abs(sums - 1.0)))):.6g}",
+    )
+
+
+def _checked_labels(labels, probs, y_true, y_pred):
+    """Integer labels ``(B,)`` in ``[0, C)``, one per row of ``probs`` (as :func:`check_labels`)."""
+    labels = _same_length(
+        labels, probs, "Expected `y_true` and `y_pred` to have the same number of examples.",
+        lambda: f"y_true.shape={tuple(y_true.shape)}, y_pred.shape={tuple(y_pred.shape)}",
+    )
+    num_classes = tf.cast(tf.shape(probs)[-1], labels.dtype)
+    labels = checks.checked(
+        labels,
+        lambda: tf.reduce_all((labels >= 0) & (labels < num_classes) & tf.equal(labels, tf.round(labels))),
+        f"Expected integer class labels in [0, {probs.shape[-1]}) in `y_true`.",
+        lambda: checks.value_range("y_true", labels),
+    )
+    return tf.cast(labels, tf.int64)
 
 
 def _weights(sample_weight, labels):
@@ -372,9 +425,12 @@ def _weights(sample_weight, labels):
     if sample_weight is None:
         return tf.ones_like(labels, dtype=tf.float64)
     w = tf.cast(sample_weight, tf.float64)
-    if w.shape.rank:
-        w = tf.reshape(w, [-1])
-    return tf.broadcast_to(w, tf.shape(labels))
+    if not w.shape.rank:
+        return tf.broadcast_to(w, tf.shape(labels))
+    return _same_length(
+        tf.reshape(w, [-1]), labels, "Expected one `sample_weight` per example.",
+        lambda: f"sample_weight.shape={tuple(w.shape)}, labels.shape={tuple(labels.shape)}",
+    )
 
 
 class _MeanOfExamples(keras.metrics.Metric):

@@ -33,17 +33,33 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+from tfbnn import checks
+
 tfd = tfp.distributions
 
 __all__ = ["Prior", "Normal", "ScaleMixture", "Graves", "get", "serialize", "deserialize"]
 
 
-def _check_positive(name, value):
-    if not isinstance(value, (int, float, np.floating, np.integer)) or isinstance(value, bool):
-        raise ValueError(f"Expected `{name}` to be a positive number. Received: {name}={value!r}")
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"Expected `{name}` to be a positive finite number. Received: {name}={value}")
-    return float(value)
+# Layers compute in float32. A scale that float32 rounds to 0 (1e-46) makes the KL
+# infinite; one whose 0.5 / scale^2 (the KL's factor) is no normal float32 number
+# (scale > 2^62 ~ 4.6e18) makes that factor 0 and the KL NaN (inf * 0).
+_MIN_SCALE = float(np.finfo(np.float32).tiny)  # ~1.18e-38
+_MAX_SCALE = 2.0**62
+_MAX_LOC = float(np.finfo(np.float32).max)  # ~3.40e38
+
+
+def _check_scale(name, value, allow_none=False):
+    return checks.number(
+        name, value, low=_MIN_SCALE, high=_MAX_SCALE, allow_none=allow_none,
+        what=f"a positive number in [{_MIN_SCALE:.3g}, {_MAX_SCALE:.3g}] (float32 holds it and 1 / {name}^2)",
+    )
+
+
+def _check_loc(value, allow_none=False):
+    return checks.number(
+        "loc", value, low=-_MAX_LOC, high=_MAX_LOC, allow_none=allow_none,
+        what=f"a number that float32 represents, in [{-_MAX_LOC:.3g}, {_MAX_LOC:.3g}]",
+    )
 
 
 class Prior:
@@ -92,7 +108,10 @@ class Normal(Prior):
 
     Args:
         loc: float, prior mean. Default 0.
-        scale: float > 0, prior standard deviation. Default 1.
+        scale: float > 0, prior standard deviation. Default 1. Layers compute in
+            float32, so ``scale`` must lie in ``[1.18e-38, 2^62 ~ 4.6e18]`` (float32
+            holds ``scale`` and ``1 / scale^2``) and ``|loc|`` in float32's range. A
+            KL beyond float32 (a tiny scale) is infinite, never NaN.
 
     Example:
         >>> p = Normal(0.0, 0.1)
@@ -103,10 +122,8 @@ class Normal(Prior):
     has_closed_form_kl = True
 
     def __init__(self, loc=0.0, scale=1.0):
-        if not isinstance(loc, (int, float, np.floating, np.integer)) or not math.isfinite(loc):
-            raise ValueError(f"Expected `loc` to be a finite number. Received: loc={loc!r}")
-        self.loc = float(loc)
-        self.scale = _check_positive("scale", scale)
+        self.loc = _check_loc(loc)
+        self.scale = _check_scale("scale", scale)
 
     def distribution(self, dtype="float32"):
         return tfd.Normal(tf.constant(self.loc, dtype), tf.constant(self.scale, dtype))
@@ -127,7 +144,8 @@ class ScaleMixture(Prior):
     Args:
         pi: float in (0, 1), weight of the first component.
         sigma1: float > 0, scale of the first component.
-        sigma2: float > 0, scale of the second component.
+        sigma2: float > 0, scale of the second component. Both scales lie in
+            ``[1.18e-38, 2^62]`` (see :class:`Normal`).
 
     Example:
         >>> p = ScaleMixture(pi=0.25, sigma1=1.0, sigma2=math.exp(-6))
@@ -143,11 +161,10 @@ class ScaleMixture(Prior):
     has_closed_form_kl = False
 
     def __init__(self, pi=0.25, sigma1=1.0, sigma2=math.exp(-6.0)):
-        if not isinstance(pi, (int, float, np.floating)) or not (0.0 < pi < 1.0):
-            raise ValueError(f"Expected `pi` in the open interval (0, 1). Received: pi={pi!r}")
-        self.pi = float(pi)
-        self.sigma1 = _check_positive("sigma1", sigma1)
-        self.sigma2 = _check_positive("sigma2", sigma2)
+        self.pi = checks.number("pi", pi, low=0, high=1, low_open=True, high_open=True,
+                                 what="a number in the open interval (0, 1)")
+        self.sigma1 = _check_scale("sigma1", sigma1)
+        self.sigma2 = _check_scale("sigma2", sigma2)
 
     def distribution(self, dtype="float32"):
         return tfd.MixtureSameFamily(
@@ -160,14 +177,17 @@ class ScaleMixture(Prior):
         )
 
     def log_prob(self, x):
-        # Same value as distribution().log_prob(x), written as one logaddexp so the
+        # Same value as distribution().log_prob(x), written as one log-sum-exp so the
         # Monte Carlo KL over millions of weights stays two fused elementwise passes.
+        # Each component uses (x / sigma)^2, never x^2 * (1 / sigma^2): for a narrow
+        # component that factor overflows float32 and x = 0 would give 0 * inf = NaN;
+        # an overflowing (x / sigma)^2 is a component density of 0, which log-sum-exp takes.
         log_norm = -0.5 * math.log(2.0 * math.pi)
         a = math.log(self.pi) - math.log(self.sigma1) + log_norm
         b = math.log1p(-self.pi) - math.log(self.sigma2) + log_norm
-        x2 = tf.square(x)
         return tf.math.reduce_logsumexp(
-            tf.stack([a - x2 * (0.5 / self.sigma1**2), b - x2 * (0.5 / self.sigma2**2)]), axis=0
+            tf.stack([a - 0.5 * tf.square(x * (1.0 / self.sigma1)), b - 0.5 * tf.square(x * (1.0 / self.sigma2))]),
+            axis=0,
         )
 
     def get_config(self):
@@ -200,7 +220,8 @@ class Graves(Prior):
 
     Args:
         loc: float or None (fitted), the prior mean.
-        scale: float > 0 or None (fitted), the prior standard deviation.
+        scale: float > 0 or None (fitted), the prior standard deviation; as for
+            :class:`Normal`, in ``[1.18e-38, 2^62]``.
 
     Example:
         >>> p = Graves()
@@ -215,12 +236,8 @@ class Graves(Prior):
     has_closed_form_kl = True
 
     def __init__(self, loc=None, scale=None):
-        if loc is not None and (
-            isinstance(loc, bool) or not isinstance(loc, (int, float, np.floating, np.integer)) or not math.isfinite(loc)
-        ):
-            raise ValueError(f"Expected `loc` to be a finite number or None. Received: loc={loc!r}")
-        self.loc = None if loc is None else float(loc)
-        self.scale = None if scale is None else _check_positive("scale", scale)
+        self.loc = _check_loc(loc, allow_none=True)
+        self.scale = _check_scale("scale", scale, allow_none=True)
 
     @property
     def adaptive(self):
@@ -272,6 +289,8 @@ _ALIASES = {
 
 def serialize(prior):
     """Returns a JSON-able dict ``{"class_name": ..., "config": ...}``."""
+    if not isinstance(prior, Prior):
+        raise ValueError(f"Expected `prior` to be a tfbnn.priors.Prior. Received: prior={prior!r}")
     return {"class_name": type(prior).__name__, "config": prior.get_config()}
 
 
@@ -280,13 +299,14 @@ def deserialize(config):
     return get(config)
 
 
-def get(identifier):
+def get(identifier, name="prior"):
     """Resolves a prior from a name, a config dict or a :class:`Prior`.
 
     Args:
         identifier: ``"normal"``, ``"scale_mixture"`` (alias ``"blundell"``),
             ``"graves"`` (the fitted Gaussian of :class:`Graves`), a dict
             from :func:`serialize`, or a :class:`Prior` instance (returned as is).
+        name: the argument errors name (``"kernel_prior"`` for a layer's). Default ``"prior"``.
 
     Returns:
         A :class:`Prior`.
@@ -300,16 +320,20 @@ def get(identifier):
         cls = _ALIASES.get(identifier.lower())
         if cls is None:
             raise ValueError(
-                f"Unknown prior. Expected one of {sorted(_ALIASES)}. Received: prior={identifier!r}"
+                f"Unknown prior. Expected one of {sorted(_ALIASES)}. Received: {name}={identifier!r}"
             )
         return cls()
     if isinstance(identifier, dict) and "class_name" in identifier:
-        name = identifier["class_name"]
+        class_name = identifier["class_name"]
         classes = {c.__name__: c for c in _ALIASES.values()}
-        if name not in classes:
-            raise ValueError(f"Unknown prior class. Received: class_name={name!r}")
-        return classes[name].from_config(identifier.get("config", {}))
+        config = identifier.get("config", {})
+        if not isinstance(class_name, str) or class_name not in classes or not isinstance(config, dict):
+            raise ValueError(
+                f"Expected `{name}` to be a serialized prior of a class in {sorted(classes)} with a config "
+                f"dict. Received: {name}={identifier!r}"
+            )
+        return classes[class_name].from_config(config)
     raise ValueError(
-        "Expected a prior name, a serialized prior dict or a tfbnn.priors.Prior. "
-        f"Received: prior={identifier!r}"
+        f"Expected `{name}` to be a prior name, a serialized prior dict or a tfbnn.priors.Prior. "
+        f"Received: {name}={identifier!r}"
     )

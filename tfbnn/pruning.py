@@ -52,6 +52,7 @@ import zipfile
 import keras
 import numpy as np
 
+from tfbnn import checks
 from tfbnn.layers.variational_dropout import VariationalDropoutLayer
 from tfbnn.utils import bayesian_layers
 
@@ -128,11 +129,7 @@ def _check_names_unique(layers):
 # -- criteria --------------------------------------------------------------------
 def check_threshold(criterion, threshold):
     """``threshold`` as a float, checked for ``criterion`` (``"snr"``: > 0; ``"log_alpha"``: finite)."""
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating, np.integer)):
-        raise ValueError(f"Expected `threshold` to be a number. Received: threshold={threshold!r}")
-    threshold = float(threshold)
-    if not math.isfinite(threshold):
-        raise ValueError(f"Expected `threshold` to be finite. Received: threshold={threshold}")
+    threshold = checks.number("threshold", threshold)
     if criterion == "snr" and threshold <= 0:
         raise ValueError(
             "Expected `threshold` > 0 for the signal-to-noise criterion |mu| / sigma (a ratio of "

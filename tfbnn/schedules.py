@@ -24,19 +24,17 @@ import math
 
 import keras
 
+from tfbnn import checks
+
 __all__ = ["Schedule", "Constant", "Linear", "WarmUp", "Cosine", "Cyclic", "Blundell", "get"]
 
 
 def _check_nonneg(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"Expected `{name}` to be a non-negative number. Received: {name}={value!r}")
-    return float(value)
+    return checks.number(name, value, low=0)
 
 
 def _check_positive(name, value):
-    if _check_nonneg(name, value) <= 0:
-        raise ValueError(f"Expected `{name}` to be a positive number. Received: {name}={value!r}")
-    return float(value)
+    return checks.number(name, value, low=0, low_open=True)
 
 
 def _position(epoch, batch, steps_per_epoch):
@@ -133,9 +131,7 @@ class Cyclic(Schedule):
 
     def __init__(self, cycle_epochs=4, ratio=0.5, end=1.0):
         self.cycle_epochs = _check_positive("cycle_epochs", cycle_epochs)
-        if not (0.0 < float(ratio) <= 1.0):
-            raise ValueError(f"Expected `ratio` in (0, 1]. Received: ratio={ratio!r}")
-        self.ratio = float(ratio)
+        self.ratio = checks.number("ratio", ratio, low=0, high=1, low_open=True)
         self.end = _check_nonneg("end", end)
 
     def __call__(self, epoch, batch, steps_per_epoch=None):

@@ -2,7 +2,10 @@
 
 import contextlib
 
-from tfbnn.layers.base import BayesianLayer, StochasticLayer
+import keras
+
+from tfbnn import checks
+from tfbnn.layers.base import INFERENCE_MODES, BayesianLayer, StochasticLayer, _validate_kl_weight
 
 __all__ = [
     "stochastic_layers",
@@ -18,6 +21,8 @@ __all__ = [
 def stochastic_layers(model):
     """All :class:`tfbnn.layers.StochasticLayer` instances in ``model`` (Bayesian layers,
     MC dropout, ...), nested ones included."""
+    if not isinstance(model, keras.layers.Layer):
+        raise ValueError(f"Expected a Keras model or layer. Received: model={model!r}")
     # Keras' own traversal: covers Sequential, functional, subclassed and nested models.
     layers = model._flatten_layers(include_self=True, recursive=True)
     return [layer for layer in layers if isinstance(layer, StochasticLayer)]
@@ -39,6 +44,7 @@ def set_kl_weight(model, value):
         The number of layers set.
     """
     layers = bayesian_layers(model)
+    value = _validate_kl_weight(value, "value", allow_none=False)
     for layer in layers:
         layer.set_kl_weight(value)
     return len(layers)
@@ -78,6 +84,8 @@ def set_inference_mode(model, mode):
     Returns:
         A dict ``{layer_name: previous_mode}`` usable to restore the old modes.
     """
+    if mode not in INFERENCE_MODES:
+        raise ValueError(f"Expected `mode` in {INFERENCE_MODES}. Received: mode={mode!r}")
     previous = {}
     for layer in stochastic_layers(model):
         previous[layer.name] = layer.inference_mode
@@ -131,8 +139,7 @@ def weight_samples(model, num_samples, joint=False):
         num_samples: int >= 1, T.
         joint: bool, see above.
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"Expected `num_samples` to be a positive integer. Received: num_samples={num_samples!r}")
+    num_samples = checks.integer("num_samples", num_samples, 1)
     layers = stochastic_layers(model)
     previous = [(layer._weight_samples, layer._joint_samples) for layer in layers]
     for layer in layers:

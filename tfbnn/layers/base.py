@@ -1,9 +1,9 @@
 """What every tfbnn Bayesian layer shares: the KL weight, the sampling switch, seeds."""
 
-import math
-
 import keras
 import tensorflow as tf
+
+from tfbnn import checks
 
 __all__ = ["StochasticLayer", "BayesianLayer", "INFERENCE_MODES"]
 
@@ -30,21 +30,15 @@ class _StoreWithout:
         return len(self.keys())
 
 
-def _validate_kl_weight(value, name="kl_weight"):
-    if value is None:
+def _validate_kl_weight(value, name="kl_weight", allow_none=True):
+    if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:
+    if not checks.is_number(value) and not isinstance(value, (str, bytes, bool)):
+        try:  # a scalar tensor or 0-d array
             value = float(value)
         except (TypeError, ValueError):
-            raise ValueError(
-                f"Expected `{name}` to be a non-negative float (beta / N). Received: {name}={value!r}"
-            ) from None
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(
-            f"Expected `{name}` to be a non-negative finite float (beta / N). Received: {name}={value}"
-        )
-    return float(value)
+            pass
+    return checks.number(name, value, low=0, what="a non-negative finite float (beta / N)")
 
 
 class StochasticLayer(keras.layers.Layer):
@@ -68,9 +62,7 @@ class StochasticLayer(keras.layers.Layer):
     def __init__(self, inference_mode="sample", seed=None, **kwargs):
         super().__init__(**kwargs)
         self.inference_mode = inference_mode
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"Expected `seed` to be an int or None. Received: seed={seed!r}")
-        self.seed = seed
+        self.seed = seed = checks.seed(seed)
         self.seed_generator = keras.random.SeedGenerator(seed)
         # Monte Carlo prediction protocol (see tfbnn.utils.weight_samples): with T > 1
         # the leading axis of the inputs is T * B, sample-major. Jointly, layers that
@@ -182,9 +174,7 @@ class BayesianLayer(StochasticLayer):
 
     def set_kl_weight(self, value):
         """Sets ``kl_weight`` (``beta / N``); safe to call between compiled steps."""
-        value = _validate_kl_weight(value)
-        if value is None:
-            raise ValueError("Expected a float for `kl_weight`. Received: kl_weight=None")
+        value = _validate_kl_weight(value, allow_none=False)
         self._kl_weight_value = value
         if self.built:
             self._kl_weight.assign(value)

@@ -23,26 +23,14 @@ Channels-last inputs: ``(batch, length, channels)`` or ``(batch, height, width, 
 import keras
 import tensorflow as tf
 
+from tfbnn import checks
 from tfbnn import kl as kl_lib
-from tfbnn.layers._conv_utils import conv_output_shape
+from tfbnn.layers._conv_utils import conv_output_shape, positive_ints
 from tfbnn.layers.dense import DenseBayesian
 
 __all__ = ["Conv1DReparameterization", "Conv1DFlipout", "Conv2DReparameterization", "Conv2DFlipout"]
 
 _PADDINGS = ("valid", "same")
-
-
-def _tuple(received, rank, name):
-    value = received
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = (value,) * rank
-    value = tuple(value) if isinstance(value, (tuple, list)) else value
-    if (not isinstance(value, tuple) or len(value) != rank
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
-        raise ValueError(
-            f"Expected `{name}` to be a positive int or {rank} positive ints. Received: {name}={received!r}"
-        )
-    return value
 
 
 class _ConvBayesian(DenseBayesian):
@@ -61,13 +49,12 @@ class _ConvBayesian(DenseBayesian):
     rank = 2
 
     def __init__(self, filters, kernel_size, strides=1, padding="valid", dilation_rate=1, **kwargs):
-        if isinstance(filters, bool) or not isinstance(filters, int) or filters <= 0:
-            raise ValueError(f"Expected `filters` to be a positive integer. Received: filters={filters!r}")
+        filters = checks.integer("filters", filters, 1)
         super().__init__(units=filters, **kwargs)
         self.filters = filters
-        self.kernel_size = _tuple(kernel_size, self.rank, "kernel_size")
-        self.strides = _tuple(strides, self.rank, "strides")
-        self.dilation_rate = _tuple(dilation_rate, self.rank, "dilation_rate")
+        self.kernel_size = positive_ints("kernel_size", kernel_size, self.rank)
+        self.strides = positive_ints("strides", strides, self.rank)
+        self.dilation_rate = positive_ints("dilation_rate", dilation_rate, self.rank)
         if padding not in _PADDINGS:
             raise ValueError(f"Expected `padding` in {_PADDINGS}. Received: padding={padding!r}")
         self.padding = padding
@@ -85,6 +72,7 @@ class _ConvBayesian(DenseBayesian):
         return self.kernel_size + (input_dim, self.filters)
 
     def _conv(self, inputs, kernel):
+        self.compute_output_shape(inputs.shape)  # rejects inputs smaller than the kernel
         return keras.ops.conv(inputs, kernel, strides=self.strides, padding=self.padding,
                               dilation_rate=self.dilation_rate, data_format="channels_last")
 

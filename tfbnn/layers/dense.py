@@ -41,6 +41,7 @@ import math
 import keras
 import tensorflow as tf
 
+from tfbnn import checks
 from tfbnn import kl as kl_lib
 from tfbnn import priors as priors_lib
 from tfbnn.layers.base import BayesianLayer
@@ -178,8 +179,7 @@ class DenseBayesian(BayesianLayer):
         **kwargs,
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
-        if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
-            raise ValueError(f"Expected `units` to be a positive integer. Received: units={units!r}")
+        units = checks.integer("units", units, 1)
         if posterior_parameterization not in POSTERIOR_PARAMETERIZATIONS:
             raise ValueError(
                 f"Expected `posterior_parameterization` in {POSTERIOR_PARAMETERIZATIONS}. "
@@ -190,17 +190,17 @@ class DenseBayesian(BayesianLayer):
             _default_rho_initializer if posterior_parameterization == "softplus" else _default_log_variance_initializer
         )
         self.units = units
-        self.activation = keras.activations.get(activation)
+        self.activation = checks.activation(activation)
         self.use_bias = bool(use_bias)
-        self.kernel_prior = priors_lib.get(kernel_prior)
-        self.bias_prior = None if bias_prior is None else priors_lib.get(bias_prior)
-        self.kernel_loc_initializer = keras.initializers.get(kernel_loc_initializer)
-        self.kernel_rho_initializer = keras.initializers.get(
-            kernel_rho_initializer or default_rho()
+        self.kernel_prior = priors_lib.get(kernel_prior, name="kernel_prior")
+        self.bias_prior = None if bias_prior is None else priors_lib.get(bias_prior, name="bias_prior")
+        self.kernel_loc_initializer = checks.initializer("kernel_loc_initializer", kernel_loc_initializer)
+        self.kernel_rho_initializer = checks.initializer(
+            "kernel_rho_initializer", default_rho() if kernel_rho_initializer is None else kernel_rho_initializer
         )
-        self.bias_loc_initializer = keras.initializers.get(bias_loc_initializer)
-        self.bias_rho_initializer = keras.initializers.get(
-            bias_rho_initializer or default_rho()
+        self.bias_loc_initializer = checks.initializer("bias_loc_initializer", bias_loc_initializer)
+        self.bias_rho_initializer = checks.initializer(
+            "bias_rho_initializer", default_rho() if bias_rho_initializer is None else bias_rho_initializer
         )
 
     @property

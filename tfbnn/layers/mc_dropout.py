@@ -21,15 +21,27 @@ optimizer or a kernel regularizer).
 import keras
 import tensorflow as tf
 
+from tfbnn import checks
 from tfbnn.layers.base import StochasticLayer
 
 __all__ = ["MCDropout", "MCSpatialDropout2D"]
 
 
 def _check_rate(rate):
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
-        raise ValueError(f"Expected `rate` in [0, 1). Received: rate={rate!r}")
-    return float(rate)
+    return checks.number("rate", rate, low=0, high=1, high_open=True)
+
+
+def _check_noise_shape(noise_shape):
+    if noise_shape is None:
+        return None
+    if not isinstance(noise_shape, (tuple, list)) or not all(
+        d is None or (checks.is_integer(d) and d > 0) for d in noise_shape
+    ):
+        raise ValueError(
+            "Expected `noise_shape` to be None or a tuple of positive ints and None. "
+            f"Received: noise_shape={noise_shape!r}"
+        )
+    return tuple(None if d is None else int(d) for d in noise_shape)
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
@@ -60,7 +72,7 @@ class MCDropout(StochasticLayer):
     def __init__(self, rate, noise_shape=None, inference_mode="sample", seed=None, **kwargs):
         super().__init__(inference_mode=inference_mode, seed=seed, **kwargs)
         self.rate = _check_rate(rate)
-        self.noise_shape = None if noise_shape is None else tuple(noise_shape)
+        self.noise_shape = _check_noise_shape(noise_shape)
 
     def _mask_shape(self, inputs):
         shape = tf.shape(inputs)

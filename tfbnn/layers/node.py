@@ -73,6 +73,7 @@ import warnings
 import keras
 import tensorflow as tf
 
+from tfbnn import checks
 from tfbnn.layers._conv_utils import conv_output_shape
 from tfbnn.layers._conv_utils import pair as _pair
 from tfbnn.layers.base import BayesianLayer
@@ -99,19 +100,11 @@ _MIN_INIT_SCALE = 1e-6
 
 
 def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"Expected `{name}` to be an integer >= {minimum}. Received: {name}={value!r}")
-    return value
+    return checks.integer(name, value, minimum, what=f"an integer >= {minimum}")
 
 
 def _check_float(name, value, positive):
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if ok:
-        ok = value > 0 if positive else value >= 0
-    if not ok:
-        what = "a positive" if positive else "a non-negative"
-        raise ValueError(f"Expected `{name}` to be {what} finite float. Received: {name}={value!r}")
-    return float(value)
+    return checks.number(name, value, low=0, low_open=positive)
 
 
 class _InverseSoftplusAbsNormal(keras.initializers.Initializer):
@@ -405,10 +398,10 @@ class NodeDense(NodeLayer):
     ):
         super().__init__(**kwargs)
         self.units = _check_int("units", units, 1)
-        self.activation = keras.activations.get(activation)
+        self.activation = checks.activation(activation)
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
 
     def build(self, input_shape):
         if len(input_shape) < 2:
@@ -514,10 +507,10 @@ class NodeConv2D(NodeLayer):
             )
         self.padding = padding
         self.data_format = data_format
-        self.activation = keras.activations.get(activation)
+        self.activation = checks.activation(activation)
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
 
     @property
     def _channel_axis(self):
@@ -540,6 +533,7 @@ class NodeConv2D(NodeLayer):
         self.input_spec = keras.layers.InputSpec(ndim=4, axes={self._channel_axis: channels})
 
     def call(self, inputs, training=None):
+        self.compute_output_shape(inputs.shape)  # rejects inputs smaller than the kernel
         outputs = keras.ops.conv(
             inputs * self._noise(inputs, training, self._channel_axis),
             self.kernel,
@@ -608,9 +602,9 @@ class NodeNoise(NodeLayer):
 
     def __init__(self, axis=-1, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(axis, bool) or not isinstance(axis, int) or axis == 0:
+        if not checks.is_integer(axis) or axis == 0:
             raise ValueError(f"Expected `axis` to be a non-zero integer (not the batch axis). Received: axis={axis!r}")
-        self.axis = axis
+        self.axis = int(axis)
 
     def build(self, input_shape):
         rank = len(input_shape)

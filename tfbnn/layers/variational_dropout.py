@@ -56,6 +56,7 @@ no correlation across positions).
 import keras
 import tensorflow as tf
 
+from tfbnn import checks
 from tfbnn import kl as kl_lib
 from tfbnn.layers.base import BayesianLayer
 from tfbnn.layers._conv_utils import conv_output_shape
@@ -91,12 +92,6 @@ def resolve_parameterization(value):
             f"Expected `parameterization` in {sorted(_ALIASES)}. Received: parameterization={value!r}"
         )
     return name
-
-
-def _check_float(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float("-inf") < value < float("inf"):
-        raise ValueError(f"Expected `{name}` to be a finite number. Received: {name}={value!r}")
-    return float(value)
 
 
 class VariationalDropoutLayer(BayesianLayer):
@@ -139,19 +134,21 @@ class VariationalDropoutLayer(BayesianLayer):
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
         self.parameterization = resolve_parameterization(parameterization)
-        self.activation = keras.activations.get(activation)
+        self.activation = checks.activation(activation)
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.log_sigma2_initializer = keras.initializers.get(
-            log_sigma2_initializer or keras.initializers.Constant(-10.0)
+        self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
+        self.log_sigma2_initializer = checks.initializer(
+            "log_sigma2_initializer",
+            keras.initializers.Constant(-10.0) if log_sigma2_initializer is None else log_sigma2_initializer,
         )
-        self.log_alpha_initializer = keras.initializers.get(
-            log_alpha_initializer or keras.initializers.Constant(-8.0)
+        self.log_alpha_initializer = checks.initializer(
+            "log_alpha_initializer",
+            keras.initializers.Constant(-8.0) if log_alpha_initializer is None else log_alpha_initializer,
         )
         default_low, default_high = DEFAULT_LOG_ALPHA_BOUNDS[self.parameterization]
-        self.min_log_alpha = _check_float("min_log_alpha", min_log_alpha)
-        self.max_log_alpha = default_high if max_log_alpha is None else _check_float("max_log_alpha", max_log_alpha)
+        self.min_log_alpha = checks.number("min_log_alpha", min_log_alpha)
+        self.max_log_alpha = default_high if max_log_alpha is None else checks.number("max_log_alpha", max_log_alpha)
         self._max_log_alpha_arg = max_log_alpha
         if self.min_log_alpha >= self.max_log_alpha:
             raise ValueError(
@@ -309,9 +306,7 @@ class DenseVariationalDropout(VariationalDropoutLayer):
 
     def __init__(self, units, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
-            raise ValueError(f"Expected `units` to be a positive integer. Received: units={units!r}")
-        self.units = units
+        self.units = checks.integer("units", units, 1)
 
     def build(self, input_shape):
         if len(input_shape) < 2:
@@ -398,9 +393,7 @@ class Conv2DVariationalDropout(VariationalDropoutLayer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if isinstance(filters, bool) or not isinstance(filters, int) or filters <= 0:
-            raise ValueError(f"Expected `filters` to be a positive integer. Received: filters={filters!r}")
-        self.filters = filters
+        self.filters = checks.integer("filters", filters, 1)
         self.kernel_size = _pair("kernel_size", kernel_size)
         self.strides = _pair("strides", strides)
         self.dilation_rate = _pair("dilation_rate", dilation_rate)
@@ -434,6 +427,7 @@ class Conv2DVariationalDropout(VariationalDropoutLayer):
         self.input_spec = keras.layers.InputSpec(ndim=4, axes={self._channel_axis: channels})
 
     def _op(self, inputs, kernel):
+        self.compute_output_shape(inputs.shape)  # rejects inputs smaller than the kernel
         return keras.ops.conv(
             inputs,
             kernel,

@@ -2,15 +2,14 @@
 
 import keras
 
+from tfbnn import checks
 from tfbnn.models.methods import get_factory
 
 __all__ = ["check_num_classes", "check_input_shape", "classifier_head", "prologue"]
 
 
 def check_num_classes(num_classes):
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(f"Expected `num_classes` to be an integer >= 2. Received: num_classes={num_classes!r}")
-    return num_classes
+    return checks.integer("num_classes", num_classes, 2)
 
 
 def check_input_shape(input_shape, rank=None, min_side=1, model=""):
@@ -39,7 +38,7 @@ def classifier_head(x, factory, num_classes, name="predictions"):
     model's one MC dropout layer (``<name>_dropout``) comes in front of it.
     """
     x = factory.head_dropout(x, name=f"{name}_dropout")
-    return factory.head(num_classes, activation="softmax", name=name)(x)
+    return factory.head(check_num_classes(num_classes), activation="softmax", name=name)(x)
 
 
 def prologue(method, options, num_examples, seed, num_classes, input_shape, rank, min_side, model,

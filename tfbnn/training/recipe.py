@@ -168,7 +168,7 @@ class Recipe:
         for field in ("max_examples", "max_test_examples"):
             value = getattr(self, field)
             _check(value is None or (_is_int(value) and value >= 1), field, value, "a positive integer or None")
-        checks = {
+        rules = {
             "learning_rate": (lambda v: v > 0, "a positive number"),
             "momentum": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
             "weight_decay": (lambda v: v >= 0, "a non-negative number"),
@@ -178,7 +178,7 @@ class Recipe:
             "warmup_epochs": (lambda v: v >= 0, "a non-negative number"),
             "beta": (lambda v: v >= 0, "a non-negative number"),
         }
-        for field, (ok, expected) in checks.items():
+        for field, (ok, expected) in rules.items():
             value = getattr(self, field)
             _check(_is_real(value) and ok(value), field, value, expected)
             set_(self, field, float(value))
