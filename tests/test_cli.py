@@ -388,3 +388,14 @@ def test_recipes_and_run_commands(tmp_path, capsys):
     assert cli.main(["run", str(out_dir / "recipe.json"), "--verbose", "0", "--output-dir", str(tmp_path / "again")]) == 0
     assert cli.main(["run", "no-such-recipe"]) == 2
     _assert_one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("sigma2", ["1e-300", "1e160"])
+def test_a_prior_scale_float32_cannot_hold_is_one_error_line(sigma2, tmp_path, capsys):
+    """Issue 12 item 2: such a scale gave a ZeroDivisionError / OverflowError traceback."""
+    status = cli.main(["train", *TINY, "--prior", "scale_mixture", "--sigma2", sigma2,
+                       "--output", str(tmp_path / "m.keras")])
+    assert status == 2
+    err = capsys.readouterr().err
+    _assert_one_error_line(err)
+    assert "sigma2" in err and os.listdir(tmp_path) == []

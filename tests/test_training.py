@@ -191,7 +191,7 @@ def test_every_recipe_runs_end_to_end_in_quick_mode_offline(name, tmp_path):
 def test_run_writes_a_model_whose_posterior_mean_matches_the_reported_numbers(tmp_path):
     result = training.run(_quick("digits-bbb-mlp", epochs=2), output_dir=str(tmp_path / "r"), verbose=0)
     model = keras.saving.load_model(tmp_path / "r" / "model.keras")
-    x, y = training.run.__globals__["_arrays"](training.load_data(result.recipe).test)
+    x, y = training.arrays(training.load_data(result.recipe).test)
     with tfbnn.posterior_mean(model):
         probs = model.predict(x, verbose=0)
     assert tfbnn.metrics.accuracy(probs, y) == pytest.approx(result.test["posterior_mean_accuracy"])

@@ -93,16 +93,19 @@ def atomic_write(path):
 
 
 def plain(value):
-    """``value`` as a JSON/CSV-friendly Python object (NumPy scalars and arrays converted;
-    non-finite floats as strings, floats rounded to 6 decimals)."""
-    if isinstance(value, float):
-        return round(value, 6) if math.isfinite(value) else str(value)
-    if hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0:  # NumPy arrays
-        return [plain(v) for v in value.tolist()]
-    if hasattr(value, "item"):  # NumPy scalars
-        return plain(value.item())
-    if isinstance(value, tuple):
+    """``value`` as a strict-JSON / CSV-friendly Python object, recursively: NumPy scalars and
+    arrays become Python numbers and lists, tuples lists, non-finite floats the strings
+    ``"nan"``, ``"inf"``, ``"-inf"``; finite floats keep every digit."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
+    if hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0:  # NumPy arrays
+        return plain(value.tolist())
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # NumPy scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
     return value
 
 
@@ -115,8 +118,8 @@ def write_text(path, text):
 
 
 def write_json(path, obj, indent=1):
-    """Writes ``obj`` as JSON, atomically (NumPy values converted); returns ``path``."""
-    return write_text(path, json.dumps(obj, indent=indent, default=plain) + "\n")
+    """Writes ``obj`` as strict JSON, atomically (:func:`plain` values); returns ``path``."""
+    return write_text(path, json.dumps(plain(obj), indent=indent, allow_nan=False) + "\n")
 
 
 def read_json(path):

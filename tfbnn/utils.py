@@ -5,7 +5,7 @@ import contextlib
 import keras
 
 from tfbnn import checks
-from tfbnn.layers.base import INFERENCE_MODES, BayesianLayer, StochasticLayer, _validate_kl_weight
+from tfbnn.layers.base import INFERENCE_MODES, BayesianLayer, StochasticLayer, validate_kl_weight
 
 __all__ = [
     "stochastic_layers",
@@ -44,7 +44,7 @@ def set_kl_weight(model, value):
         The number of layers set.
     """
     layers = bayesian_layers(model)
-    value = _validate_kl_weight(value, "value", allow_none=False)
+    value = validate_kl_weight(value, "value", allow_none=False)
     for layer in layers:
         layer.set_kl_weight(value)
     return len(layers)

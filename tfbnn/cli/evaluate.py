@@ -60,9 +60,7 @@ def load_model(path):
 
 def _test_split(args, model):
     """The test split in the shape the model takes (flattened for dense models, images for conv)."""
-    import numpy as np
-
-    from tfbnn import datasets
+    from tfbnn import datasets, training
 
     shape = tuple(model.inputs[0].shape[1:])
     try:
@@ -74,8 +72,7 @@ def _test_split(args, model):
     if tuple(data.input_shape) != shape:
         raise ValueError(f"the model expects inputs of shape {shape}, the dataset has {tuple(data.input_shape)}. "
                          f"Received: --dataset={args.dataset}")
-    xs, ys = zip(*((x.numpy(), y.numpy()) for x, y in data.test))
-    return data.name, np.concatenate(xs), np.concatenate(ys)
+    return (data.name, *training.arrays(data.test))
 
 
 def run(args):

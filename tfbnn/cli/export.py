@@ -19,8 +19,9 @@ def add_parser(subparsers):
             "(tf.saved_model.load). Endpoints: sample(x), sample_seeded(x, seed), mean(x),\n"
             "summary(x) and summary_seeded(x, seed) (a T-sample summary: mean_probs,\n"
             "predictive_entropy, aleatoric, epistemic for classifiers; mean and standard deviations\n"
-            "for regression). Unseeded endpoints draw fresh samples in every process; seeded ones\n"
-            "reproduce."
+            "for regression). serving_default is the summary (what a serving client wants: the\n"
+            "prediction with its uncertainty). Unseeded endpoints draw fresh samples in every process;\n"
+            "seeded ones (int32 or int64 seeds) reproduce."
         ),
     )
     parser.add_argument("model", type=argtypes.existing_model, help="a .keras file")

@@ -13,11 +13,12 @@ flattened images, as
 
 * iBNN: :class:`tfbnn.layers.NodeDense` layers, :func:`tfbnn.ibnn.make_optimizer`,
   ``beta`` annealed 0 -> 1 over the first half of training; ``K * n`` test samples;
-* MC dropout (Gal & Ghahramani 2016): ``keras.layers.Dense`` with ``Dropout`` after
-  every hidden layer, kept on at test time (``mc_dropout=True``), the same number of
-  test samples.
+* MC dropout (Gal & Ghahramani 2016): ``keras.layers.Dense`` with
+  :class:`tfbnn.layers.MCDropout` after every hidden layer (kept on at test time), the
+  same number of test samples.
 
-Data: ``digits`` (offline, default) or ``fashion_mnist`` (tensorflow-datasets).
+Both are the zoo's MLP (:func:`tfbnn.models.mlp`). Data: ``digits`` (offline,
+default), ``mnist`` or ``fashion_mnist`` (tensorflow-datasets).
 
 Outputs (``--output-dir``, default ``saved_models/experiments/ibnn_shift/``):
 ``shift_gaussian.png``, ``shift_salt_and_pepper.png`` (uncertainty and accuracy against
@@ -156,7 +157,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         label = METHOD_LABELS[method]
         for corruption in s["corruptions"]:
             sweep = evaluation.shift_sweep(model, x_test, ds.y_test, corruption, num_samples=num_samples,
-                                                seed=s["seed"], batch_size=128, mc_dropout=method == "mc_dropout")
+                                           seed=s["seed"], batch_size=128)
             sweeps[corruption][label] = sweep
             rows += [{"method": label, "corruption": corruption, **r} for r in sweep]
             first, last = sweep[0], sweep[-1]

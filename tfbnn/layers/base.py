@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from tfbnn import checks
 
-__all__ = ["StochasticLayer", "BayesianLayer", "INFERENCE_MODES"]
+__all__ = ["StochasticLayer", "BayesianLayer", "INFERENCE_MODES", "validate_kl_weight"]
 
 INFERENCE_MODES = ("sample", "mean")
 _SEED_KEY = "seed_state"
@@ -30,7 +30,8 @@ class _StoreWithout:
         return len(self.keys())
 
 
-def _validate_kl_weight(value, name="kl_weight", allow_none=True):
+def validate_kl_weight(value, name="kl_weight", allow_none=True):
+    """``value`` as a float >= 0 (or None when ``allow_none``); a ValueError naming ``name`` otherwise."""
     if value is None and allow_none:
         return None
     if not checks.is_number(value) and not isinstance(value, (str, bytes, bool)):
@@ -152,7 +153,7 @@ class BayesianLayer(StochasticLayer):
 
     def __init__(self, kl_weight=None, inference_mode="sample", seed=None, **kwargs):
         super().__init__(inference_mode=inference_mode, seed=seed, **kwargs)
-        self._kl_weight_value = _validate_kl_weight(kl_weight)
+        self._kl_weight_value = validate_kl_weight(kl_weight)
 
     def _build_kl_weight(self):
         self._kl_weight = self.add_weight(
@@ -174,7 +175,7 @@ class BayesianLayer(StochasticLayer):
 
     def set_kl_weight(self, value):
         """Sets ``kl_weight`` (``beta / N``); safe to call between compiled steps."""
-        value = _validate_kl_weight(value, allow_none=False)
+        value = validate_kl_weight(value, allow_none=False)
         self._kl_weight_value = value
         if self.built:
             self._kl_weight.assign(value)

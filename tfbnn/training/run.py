@@ -27,6 +27,7 @@ folder nor a half-written file, and never replaces the results of an earlier run
 """
 
 import dataclasses
+import math
 import os
 import shutil
 import time
@@ -35,7 +36,8 @@ from tfbnn import io
 from tfbnn.errors import RunError
 from tfbnn.training.recipe import Recipe
 
-__all__ = ["run", "RunResult", "build_model", "convert_model", "deterministic_version", "load_data", "results_table",
+__all__ = ["run", "RunResult", "build_model", "convert_model", "deterministic_version", "load_data", "arrays",
+           "results_table",
            "SHIFT_GAMMA", "DEFAULT_ROOT"]
 
 #: Gaussian shift of the clean-vs-shifted comparison: x' = (1 - g) x + g eps.
@@ -197,12 +199,11 @@ def _fit(model, recipe, data, epochs, verbose, extra_callbacks):
 
 
 def _finite(history):
-    import math
-
     return all(math.isfinite(v) for v in history.history.get("loss", [])) and bool(history.history.get("loss"))
 
 
-def _arrays(dataset):
+def arrays(dataset):
+    """``(x, y)`` NumPy arrays of a batched ``tf.data`` split (e.g. ``load_data(recipe).test``)."""
     import numpy as np
 
     xs, ys = zip(*((x.numpy(), y.numpy()) for x, y in dataset))
@@ -221,7 +222,7 @@ def _eval_samples(recipe, model):
 def _evaluate(model, recipe, data):
     from tfbnn import evaluation, utils
 
-    x_test, y_test = _arrays(data.test)
+    x_test, y_test = arrays(data.test)
     t = _eval_samples(recipe, model)
     result = evaluation.evaluate_classifier(model, x_test, y_test, num_samples=t, num_bins=recipe.ece_bins,
                                             shift_gamma=SHIFT_GAMMA, sweep_levels=(), seed=recipe.seed,
@@ -241,7 +242,7 @@ def _history_rows(history):
 
 
 def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
-    """Builds, (pre-trains and converts,) compiles and fits; returns (model, trainable, history, seconds)."""
+    """Builds, (pre-trains and converts,) compiles and fits; returns ``(model, history, seconds)``."""
     import contextlib
 
     import keras

@@ -1,7 +1,7 @@
 """What a search leaves behind: KerasTuner's JSON records, the trial table, the CSV, the heat map.
 
 :func:`write_record` writes KerasTuner's oracle, trial and tuner records whole or
-not at all (:func:`tfbnn.io.write_json`), so a search killed at any moment can be
+not at all (:func:`tfbnn.io.write_text`), so a search killed at any moment can be
 resumed. :func:`trial_records` reads the trials of a tuner (best first),
 :func:`write_csv` and :func:`plot_prior_grid` turn them into a table and a figure.
 """
@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from tfbnn.io import write_csv as io_write_csv
-from tfbnn.io import write_json
+from tfbnn.io import write_text
 from tfbnn.tuning.spaces import OBJECTIVES
 
 __all__ = ["write_record", "trial_records", "write_csv", "plot_prior_grid"]
@@ -22,10 +22,11 @@ __all__ = ["write_record", "trial_records", "write_csv", "plot_prior_grid"]
 def write_record(path, obj):
     """Writes one of KerasTuner's JSON records (oracle, trial, tuner state) to ``path``.
 
-    Whole or not at all (:func:`tfbnn.io.write_json`: a temporary file, then a
+    Whole or not at all (:func:`tfbnn.io.write_text`: a temporary file, then a
     rename), so that a kill never leaves half a record for a resumed search to choke
-    on. On a remote file system (``gs://...``) there is no rename: the record is
-    written as KerasTuner writes it.
+    on. The text is ``json.dumps(obj)`` exactly as KerasTuner writes it (a diverged
+    trial's ``NaN`` score stays a number when read back). On a remote file system
+    (``gs://...``) there is no rename: the record is written as KerasTuner writes it.
     """
     path = os.fspath(path)
     if "://" in path:
@@ -34,7 +35,7 @@ def write_record(path, obj):
         with tf.io.gfile.GFile(path, "w") as f:
             f.write(json.dumps(obj))
         return path
-    return write_json(path, obj)
+    return write_text(path, json.dumps(obj))
 
 
 def _oracle(tuner_or_oracle):
