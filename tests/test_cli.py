@@ -214,9 +214,11 @@ def test_export_command_writes_a_servable_saved_model(trained, tmp_path, capsys)
     served = tf.saved_model.load(str(out))
     summary = served.summary_seeded(tf.zeros((2, 64)), tf.constant(1, tf.int64))
     assert summary["mean_probs"].shape == (2, 10)
-    # A second export to the same folder needs --overwrite.
+    # A second export to the same folder needs --overwrite, and the message says so in flags.
     assert cli.main(["export", str(trained), "--output", str(out)]) == 2
-    _assert_one_error_line(capsys.readouterr().err)
+    err = capsys.readouterr().err
+    _assert_one_error_line(err)
+    assert "--overwrite" in err and "overwrite=True" not in err
 
 
 @pytest.mark.heavy
@@ -399,3 +401,26 @@ def test_a_prior_scale_float32_cannot_hold_is_one_error_line(sigma2, tmp_path, c
     err = capsys.readouterr().err
     _assert_one_error_line(err)
     assert "sigma2" in err and os.listdir(tmp_path) == []
+
+
+def test_library_errors_speak_of_flags_not_python_arguments(tmp_path, capsys):
+    assert cli.main(["tune", "--pi", "1.5", "--output", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    _assert_one_error_line(err)
+    assert "--pi" in err and "`pi`" not in err and " pi=" not in err
+    from tfbnn import argtypes
+
+    parser = cli.build_parser()
+    assert argtypes.in_flags("Expected `num_samples` > 0. Received: num_samples=0, max_num_samples=3", parser) == \
+        "Expected --num-samples > 0. Received: --num-samples=0, max_num_samples=3"
+
+
+def test_tune_header_names_the_searched_model_and_space(tmp_path, capsys):
+    argv = ["tune", "--search", "ibnn-random", "--max-trials", "1", "--epochs", "1", "--dataset", "moons",
+            "--max-examples", "60", "--hidden-units", "4", "--depth", "1", "--output", str(tmp_path / "t")]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    header = out[out.index("tfbnn tune: ibnn-random"):].split("project:")[0]
+    assert "model:   iBNN MLP, 1 x 4 NodeDense units" in header and "BbB" not in header
+    assert "space:   IBNNSpace over num_components, init_stddev, prior_stddev, variational_learning_rate" in header
+    assert " object at 0x" not in header

@@ -1,5 +1,7 @@
 """tfbnn.datasets: the offline digits / moons datasets, the tfds loader (mock data), load()."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -102,3 +104,49 @@ def test_load_dispatch_and_unknown_name():
         datasets.load("xyz")
     with pytest.raises(ValueError, match="unexpected keyword argument"):
         datasets.load("digits", max_examples=5)
+
+
+def test_a_module_tensorflow_datasets_misses_is_named_as_an_install_problem(monkeypatch):
+    """Issue "One way to run a study", item 5: a fresh install failed with "No module named
+    'importlib_resources'" and the message blamed the network."""
+    def load(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'importlib_resources'", name="importlib_resources")
+
+    monkeypatch.setattr(tfds, "load", load)
+    for call in (lambda: datasets.load_tfds("mnist"), lambda: datasets.load_pipeline("cifar10")):
+        with pytest.raises(RuntimeError) as info:
+            call()
+        message = str(info.value)
+        assert "pip install importlib_resources" in message and "not the network" in message
+        assert "internet" not in message
+
+
+def test_importlib_resources_is_declared_and_importable():
+    import re
+
+    import importlib_resources  # noqa: F401  (tensorflow-datasets imports it undeclared)
+
+    pyproject = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "pyproject.toml")).read()
+    dependencies = pyproject.split("dependencies = [", 1)[1].split("\n]", 1)[0]
+    assert re.search(r'"importlib[_-]resources"', dependencies)
+
+
+def test_a_failed_download_leaves_no_partial_files(tmp_path, monkeypatch):
+    data_dir = tmp_path / "tfds"
+    kept = data_dir / "mnist" / "2.0.0" / "dataset_info.json"  # prepared earlier: stays
+    kept.parent.mkdir(parents=True)
+    kept.write_text("{}")
+
+    def load(name, data_dir=None, **kwargs):
+        partial = os.path.join(data_dir, name, "3.0.1.incomplete7H3K")
+        os.makedirs(partial)
+        open(os.path.join(partial, "mnist-train.tfrecord-00000-of-00001"), "w").write("half")
+        os.makedirs(os.path.join(data_dir, "downloads", "extracted"))
+        open(os.path.join(data_dir, "downloads", "train-images.gz.tmp"), "w").write("half")
+        raise ConnectionError("Temporary failure in name resolution")
+
+    monkeypatch.setattr(tfds, "load", load)
+    with pytest.raises(RuntimeError, match="no internet access.*ConnectionError"):
+        datasets.load_tfds("mnist", data_dir=str(data_dir))
+    left = sorted(os.path.relpath(os.path.join(p, n), data_dir) for p, ds, fs in os.walk(data_dir) for n in ds + fs)
+    assert left == ["mnist", os.path.join("mnist", "2.0.0"), os.path.join("mnist", "2.0.0", "dataset_info.json")]

@@ -9,6 +9,7 @@ parses its arguments before TensorFlow starts.
 import argparse
 import math
 import os
+import re
 import sys
 
 from tfbnn.errors import RunError
@@ -32,6 +33,7 @@ __all__ = [
     "existing_model",
     "verbosity",
     "run_parsed",
+    "in_flags",
     "STRATEGIES",
     "add_strategy_argument",
 ]
@@ -197,11 +199,33 @@ def verbosity(verbose):
     return 1 if isatty is not None and isatty() else 2
 
 
+def _flags(parser):
+    """``{dest: "--flag"}`` of every optional argument of ``parser`` and its subcommands."""
+    flags = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                flags.update(_flags(sub))
+        elif action.option_strings and action.dest not in ("help", "version"):
+            flags.setdefault(action.dest, max(action.option_strings, key=len))
+    return flags
+
+
+def in_flags(message, parser):
+    """``message`` with the library's argument names (`` `pi` ``, ``overwrite=True``) as the
+    command's flags (``--pi``, ``--overwrite=True``): a command-line user never sees Python names."""
+    for dest, flag in _flags(parser).items():
+        message = re.sub(rf"`{re.escape(dest)}`", flag, message)
+        message = re.sub(rf"(?<![\w\-`]){re.escape(dest)}=", f"{flag}=", message)
+    return message
+
+
 def run_parsed(parser, argv, interrupted=None):
     """Parses ``argv`` with ``parser`` and runs the chosen ``func``; returns the exit status.
 
     ``--help``: 0; a bad option (argparse, or a ``ValueError`` / ``TypeError`` of the
-    library): one ``<prog>: error: ...`` line and 2; a :class:`tfbnn.errors.RunError`:
+    library, its argument names written as flags: :func:`in_flags`): one
+    ``<prog>: error: ...`` line and 2; a :class:`tfbnn.errors.RunError`:
     its line and 1; with ``interrupted``, Ctrl-C prints ``<prog>: <interrupted>`` and
     gives 130. TensorFlow is imported (quietly) only after the arguments parsed.
     """
@@ -216,7 +240,7 @@ def run_parsed(parser, argv, interrupted=None):
     try:
         return args.func(args)
     except (ValueError, TypeError) as e:
-        print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+        print(f"{prog}: error: {in_flags(one_line(e), parser)}", file=sys.stderr)
         return 2
     except RunError as e:
         print(f"{prog}: error: {one_line(e)}", file=sys.stderr)

@@ -10,11 +10,13 @@ import numpy as np
 
 from tfbnn.datasets import _tfds
 from tfbnn.datasets.base import ArrayDataset
+from tfbnn.datasets.catalog import CATALOG, GRAYSCALE_DATASETS
 
 __all__ = ["load_tfds", "TFDS_DATASETS"]
 
 # name -> number of classes (also the fallback when the builder info has none).
-TFDS_DATASETS = {"mnist": 10, "fashion_mnist": 10}
+#: The tensorflow-datasets sets :func:`load_tfds` takes (grey-scale images) -> classes.
+TFDS_DATASETS = {n: CATALOG[n][2] for n in GRAYSCALE_DATASETS if not CATALOG[n][3]}
 
 _ITERATION_BATCH = 1024
 
