@@ -9,7 +9,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from tfbnn import cli, datasets
-from tfbnn.experiments import _common, ibnn_lenet, ibnn_regression, ibnn_shift
+from tfbnn.experiments import ibnn_lenet, ibnn_regression, ibnn_shift
 
 # 1437 digits training examples = 3 x 479: no partial last batch, so one trace of the train step.
 DIGITS_BATCH = 479

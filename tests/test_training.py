@@ -233,3 +233,18 @@ def test_baseline_and_graves_conversion(tmp_path):
     assert set(result.baseline) >= {"accuracy", "nll", "ece", "brier"}
     np.testing.assert_allclose(result.baseline["predictive_entropy"],
                                result.baseline["aleatoric"], atol=1e-6)  # deterministic: no epistemic part
+
+
+def test_a_recipe_model_with_its_optimizer_loads_in_a_fresh_process_after_import_tfbnn(tmp_path):
+    """The Molchanov recipe compiles with a LinearRamp learning rate; `import tfbnn` registers it."""
+    import subprocess
+    import sys
+
+    recipe = _quick("vd-lenet300-100", dataset="digits")
+    training.run(recipe, output_dir=str(tmp_path / "vd"), verbose=0)
+    code = ("import keras, tfbnn; m = keras.saving.load_model(%r); "
+            "print(type(m.optimizer.learning_rate).__name__, type(m.optimizer._learning_rate).__name__)"
+            % str(tmp_path / "vd" / "model.keras"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1].split()[-1] == "LinearRamp"

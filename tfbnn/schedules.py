@@ -18,6 +18,10 @@ name               beta(t)
 ``blundell``       ``beta_i = M * 2^(M - i) / (2^M - 1)`` for minibatch ``i = 1..M`` of
                    an epoch: Blundell et al. (2015) eq. 9 weights ``pi_i`` times ``M``
 =================  ===============================================================
+
+One learning-rate schedule lives here too, so that a model compiled with it loads
+after ``import tfbnn``: :class:`LinearRamp` (flat, then linear, then flat; Molchanov et
+al. 2017, Trinh et al. 2022), used by :func:`tfbnn.training.learning_rate`.
 """
 
 import math
@@ -26,7 +30,7 @@ import keras
 
 from tfbnn import checks
 
-__all__ = ["Schedule", "Constant", "Linear", "WarmUp", "Cosine", "Cyclic", "Blundell", "get"]
+__all__ = ["Schedule", "Constant", "Linear", "WarmUp", "Cosine", "Cyclic", "Blundell", "get", "LinearRamp"]
 
 
 def _check_nonneg(name, value):
@@ -189,3 +193,37 @@ def get(identifier):
         f"Unknown KL schedule. Expected one of {sorted(_NAMES)} or a Schedule. "
         f"Received: schedule={identifier!r}"
     )
+
+
+# -- learning rate ----------------------------------------------------------------------
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class LinearRamp(keras.optimizers.schedules.LearningRateSchedule):
+    """``initial`` until step ``start``, linear to ``final * initial`` at step ``end``, then constant.
+
+    The learning-rate policy of Molchanov et al. (2017; flat, then linear to 0) and of
+    Trinh et al. (2022; flat for 50% of training, linear to 1% at 90%)::
+
+        lr(t) = initial * (1 - (1 - final) * clip((t - start) / (end - start), 0, 1))
+
+    Args:
+        initial: float, the rate before ``start``.
+        start, end: ints, optimizer steps where the ramp begins and ends.
+        final: float, the rate after ``end`` as a fraction of ``initial``. Default 0.
+
+    Example:
+        >>> schedule = tfbnn.schedules.LinearRamp(1e-3, start=100 * 600, end=200 * 600)
+        >>> keras.optimizers.Adam(schedule)
+    """
+
+    def __init__(self, initial, start, end, final=0.0):
+        self.initial, self.start, self.end, self.final = float(initial), int(start), int(end), float(final)
+
+    def __call__(self, step):
+        t = keras.ops.cast(step, "float32")
+        frac = keras.ops.clip((t - self.start) / max(self.end - self.start, 1), 0.0, 1.0)
+        return self.initial * (1.0 - (1.0 - self.final) * frac)
+
+    def get_config(self):
+        return {"initial": self.initial, "start": self.start, "end": self.end, "final": self.final}

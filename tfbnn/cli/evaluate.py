@@ -49,8 +49,8 @@ def load_model(path):
     import keras
 
     import tfbnn.layers  # noqa: F401  (registers the tfbnn layers for deserialization)
-    import tfbnn.models  # noqa: F401
-    import tfbnn.training  # noqa: F401  (learning-rate schedules of compiled models)
+    import tfbnn.models  # noqa: F401  (the zoo's own layers)
+    import tfbnn.schedules  # noqa: F401  (the learning-rate schedule of compiled recipe models)
 
     try:
         return keras.saving.load_model(path)

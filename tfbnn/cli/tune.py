@@ -16,11 +16,11 @@ Output folder (``--output``, default ``tuners/results/<search>-<dataset>``)::
     worker-*.log     the workers' output (with --workers)
 """
 
-import argparse
 import gc
 import json
 import math
 import os
+import re
 import sys
 
 from tfbnn import argtypes
@@ -205,16 +205,22 @@ def _space(args, search):
     from tfbnn import tuning
 
     if search.space_class is tuning.BlundellPriorSpace:
-        return tuning.BlundellPriorSpace(
-            pi=args.pi if args.pi is not None else tuning.BLUNDELL_PI,
-            neg_log_sigma1=args.neg_log_sigma1,
-            neg_log_sigma2=args.neg_log_sigma2,
-            sigma1=args.sigma1,
-            sigma2=args.sigma2,
-            learning_rate=args.tune_learning_rate,
-            hidden_units=args.tune_hidden_units,
-            schedule=args.tune_schedule,
-        )
+        try:
+            return tuning.BlundellPriorSpace(
+                pi=args.pi if args.pi is not None else tuning.BLUNDELL_PI,
+                neg_log_sigma1=args.neg_log_sigma1,
+                neg_log_sigma2=args.neg_log_sigma2,
+                sigma1=args.sigma1,
+                sigma2=args.sigma2,
+                learning_rate=args.tune_learning_rate,
+                hidden_units=args.tune_hidden_units,
+                schedule=args.tune_schedule,
+            )
+        except ValueError as e:  # the space's extra dimensions are the --tune-* flags
+            message = str(e)
+            for name in ("learning_rate", "hidden_units", "schedule"):
+                message = re.sub(rf"(`{name}`|(?<![\w-]){name}(?==))", f"--tune-{name.replace('_', '-')}", message)
+            raise ValueError(message) from None
     grid_options = ("pi", "neg_log_sigma1", "neg_log_sigma2", "sigma1", "sigma2", "tune_learning_rate",
                     "tune_hidden_units", "tune_schedule")
     given = [o for o in grid_options if getattr(args, o) is not None]

@@ -47,10 +47,8 @@ def check_finite_history(history, what):
     """Raises the command's run failure (exit 1) when training produced NaN/inf losses."""
     losses = history.history.get("loss", [])
     if not losses or not all(math.isfinite(v) for v in losses):
-        from tfbnn.errors import RunError
-
         raise RunError(f"training of {what} diverged (loss {losses[-1] if losses else 'missing'}); "
-                           "try a smaller learning rate")
+                       "try a smaller learning rate")
 
 
 def fixed_noise_gaussian_nll(noise_std):

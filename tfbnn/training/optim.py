@@ -11,6 +11,7 @@
 import keras
 
 from tfbnn import schedules
+from tfbnn.schedules import LinearRamp
 
 __all__ = ["learning_rate", "make_optimizer", "kl_schedule", "weight_decay_exclusions", "LinearRamp"]
 
@@ -35,26 +36,6 @@ def learning_rate(recipe, steps_per_epoch):
     start, end = recipe.lr_boundaries or (0.0, recipe.epochs)
     return LinearRamp(lr, int(round(start * steps_per_epoch)), max(1, int(round(end * steps_per_epoch))),
                       recipe.lr_final)
-
-
-@keras.saving.register_keras_serializable(package="tfbnn")
-class LinearRamp(keras.optimizers.schedules.LearningRateSchedule):
-    """``initial`` until step ``start``, linear to ``final * initial`` at step ``end``, then constant.
-
-    The learning-rate policy of Molchanov et al. (2017; flat, then linear to 0) and of
-    Trinh et al. (2022; flat for 50% of training, linear to 1% at 90%).
-    """
-
-    def __init__(self, initial, start, end, final=0.0):
-        self.initial, self.start, self.end, self.final = float(initial), int(start), int(end), float(final)
-
-    def __call__(self, step):
-        t = keras.ops.cast(step, "float32")
-        frac = keras.ops.clip((t - self.start) / max(self.end - self.start, 1), 0.0, 1.0)
-        return self.initial * (1.0 - (1.0 - self.final) * frac)
-
-    def get_config(self):
-        return {"initial": self.initial, "start": self.start, "end": self.end, "final": self.final}
 
 
 def weight_decay_exclusions(model):

@@ -130,4 +130,10 @@ __all__ = [
     "free_port",
     "wait_for_chief",
     "launch_distributed",
+    "LAYER_NAMES",
+    "SCHEDULE_NAMES",
+    "GridSearchOracle",
+    "RandomSearchOracle",
+    "tuner_id",
+    "write_record",
 ]
