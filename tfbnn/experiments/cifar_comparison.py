@@ -225,6 +225,7 @@ def run_experiment(
     from tfbnn import priors, training
 
     options = _method_options(method, estimator, prior, dropout_rate, num_components)
+    option_text = ", ".join(f"{k}={v}" for k, v in options.items())
     if "prior" in options and not isinstance(options["prior"], str):
         options["prior"] = priors.serialize(options["prior"])
     recipe = training.Recipe(
@@ -236,8 +237,6 @@ def run_experiment(
     )
     result = training.run(recipe, output_dir=os.path.join(root, run_name), model_path=model_path, verbose=verbose)
     test = {**result.test, "mutual_information": result.test["epistemic"]}
-    option_text = ", ".join(f"{k}={v}" for k, v in _method_options(method, estimator, prior, dropout_rate,
-                                                                  num_components).items())
     row = {
         "run": run_name, "model": model, "method": method, "options": option_text, "dataset": dataset,
         "num_examples": result.num_examples, "epochs": epochs, "parameters": result.model.count_params(),
