@@ -248,3 +248,20 @@ def test_a_recipe_model_with_its_optimizer_loads_in_a_fresh_process_after_import
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1].split()[-1] == "LinearRamp"
+
+
+def test_defaults_follow_the_papers():
+    """Issue 13 item 3 (partly): the scale mixture's default is the seed study's best grid point
+    (1/4, e^0, e^-8); the iBNN LeNet sweep scales parameter counts x1/x4/x16/x64 (widths x1/2/4/8)."""
+    from tfbnn.experiments import ibnn_lenet
+
+    prior = tfbnn.priors.ScaleMixture()
+    assert (prior.pi, prior.sigma1, prior.sigma2) == pytest.approx((0.25, 1.0, math.exp(-8.0)))
+    from tfbnn import cli
+
+    args = cli.build_parser().parse_args(["train", "--prior", "scale_mixture"])
+    assert cli.train.recipe_from_args(args).method_options["prior"]["config"]["sigma2"] == pytest.approx(math.exp(-8))
+    widths = ibnn_lenet.DEFAULTS["widths"]
+    counts = [ibnn_lenet.build_lenet("bbb", (28, 28, 1), 10, width=w).count_params() for w in widths]
+    for count, factor in zip(counts, (1, 4, 16, 64)):
+        assert 0.7 * factor < count / counts[0] < 1.1 * factor  # dense weights grow with the square of the width

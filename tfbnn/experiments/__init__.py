@@ -23,7 +23,7 @@ module                          experiment
 ``ibnn_regression``             iBNN (Trinh et al. 2022): y = x^3 from 30 points,
                                 1-5 hidden layers of 256 ReLU units, iBNN vs
                                 Bayes-by-Backprop predictive bands
-``ibnn_lenet``                  LeNet width sweep (1x, 4x, 16x, 64x) iBNN vs BbB on
+``ibnn_lenet``                  LeNet size sweep (parameters x1, x4, x16, x64) iBNN vs BbB on
                                 Fashion-MNIST (tfds) or the offline 8x8 digits
 ``ibnn_shift``                  accuracy and total / aleatoric / epistemic uncertainty
                                 under growing input corruption: iBNN vs MC dropout

@@ -62,7 +62,7 @@ DEFAULTS = {
     "prior": "normal",
     "pi": 0.25,
     "sigma1": 1.0,
-    "sigma2": 0.0024787521766663585,  # exp(-6), as tfbnn train
+    "sigma2": 0.00033546262790251185,  # exp(-8), as tfbnn train
     "dropout_rate": 0.1,
     "num_components": 4,
     "schedule": "linear",

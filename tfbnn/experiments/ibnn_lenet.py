@@ -1,7 +1,9 @@
 """LeNet model-size sweep: iBNN versus Bayes-by-Backprop as the hidden width grows.
 
 Trinh et al. (2022) compare node-based iBNNs with Bayes-by-Backprop (BbB) on LeNet-5
-scaled to 1x, 4x, 16x and 64x its hidden width: BbB has two variational parameters
+scaled to 1x, 4x, 16x and 64x its parameter count, that is 1x, 2x, 4x and 8x its hidden
+width (the dense weights, most of the parameters, grow with the square of the width):
+BbB has two variational parameters
 per weight and its KL grows with the model, iBNN has ``2 K`` per input node and keeps
 deterministic weights, so its accuracy and NLL hold up (or improve) as the model
 grows while BbB's degrade.
@@ -56,7 +58,7 @@ BASE_WIDTHS = (6, 16, 120, 84)
 
 DEFAULTS = {
     "dataset": "digits",
-    "widths": (1, 4, 16, 64),
+    "widths": (1, 2, 4, 8),  # parameter counts x1, x4, x16, x64 (Trinh et al. 2022, Fig. 5)
     "methods": METHODS,
     "epochs": 20,
     "batch_size": 64,
