@@ -88,6 +88,93 @@ def test_random_masks_match_sparsity_per_layer():
     assert all(np.array_equal(again[n], rand[n]) for n in masks)
 
 
+# -- fixed fractions ------------------------------------------------------------------------
+def _expected_pruned(model, fraction, scope, criterion="auto"):
+    """Independently: {layer: set of pruned flat indices}, lowest score first, ties by (layer, index)."""
+    entries = []
+    for li, layer in enumerate(model.layers):
+        if criterion == "snr" or not isinstance(layer, VD):
+            mu, sigma = layer.kernel_loc.numpy().ravel(), layer.kernel_scale().numpy().ravel()
+            score = [np.log(abs(float(m)) / float(s)) if m != 0 else -np.inf for m, s in zip(mu, sigma)]
+        else:  # the larger log alpha, the lower alpha^(-1/2)
+            score = [-0.5 * float(a) for a in layer.log_alpha().numpy().ravel()]
+        entries.append([(sc, li, i) for i, sc in enumerate(score)])
+    groups = [sum(entries, [])] if scope == "global" else entries
+    pruned = {layer.name: set() for layer in model.layers}
+    for group in groups:
+        for _, li, i in sorted(group)[:round(fraction * len(group))]:
+            pruned[model.layers[li].name].add(i)
+    return pruned
+
+
+@pytest.mark.parametrize("scope", ["global", "layer"])
+@pytest.mark.parametrize("criterion", ["auto", "snr"])
+def test_fraction_masks_prune_exactly_the_lowest_signal_to_noise_weights(scope, criterion):
+    model = _two_layer_model()
+    for fraction in (0.0, 0.1, 0.5, 0.75, 0.95, 0.98):
+        masks = pruning.fraction_masks(model, fraction, criterion=criterion, scope=scope)
+        expected = _expected_pruned(model, fraction, scope, criterion)
+        assert set(masks) == {"vd", "graves"}
+        for name, mask in masks.items():
+            assert mask.dtype == bool and mask.shape == model.get_layer(name).kernel_loc.shape
+            assert set(np.flatnonzero(~mask.ravel())) == expected[name], (fraction, name)
+        if scope == "global":
+            assert sum(int((~m).sum()) for m in masks.values()) == round(fraction * 45)
+        else:
+            assert [int((~masks[n]).sum()) for n in ("vd", "graves")] == [round(fraction * 30), round(fraction * 15)]
+    assert all(m.all() for m in pruning.fraction_masks(model, 0.0, scope=scope).values())
+
+
+def test_fraction_masks_break_ties_by_position_and_prune_zeroed_weights_first():
+    rng = np.random.default_rng(0)
+    theta = rng.normal(size=(4, 5)).astype("float32")
+    model, layer = _vd_model(np.full((4, 5), 20.0, "float32"), theta)  # every log alpha clips to the same max
+    assert np.all(layer.log_alpha().numpy() == layer.log_alpha().numpy()[0, 0])
+    mask = pruning.fraction_masks(model, 0.3)["vd"]
+    np.testing.assert_array_equal(np.flatnonzero(~mask.ravel()), np.arange(6))  # first 6 in C order
+    graves_model = keras.Sequential([keras.Input((3,)), tfbnn.layers.GravesDense(4, seed=1, name="a"),
+                                     tfbnn.layers.GravesDense(2, seed=2, name="b")])
+    for g in graves_model.layers:
+        g.kernel_loc.assign(np.full(g.kernel_loc.shape, 0.5, "float32"))
+        g.kernel_rho.assign(np.full(g.kernel_rho.shape, -1.0, "float32"))
+    masks = pruning.fraction_masks(graves_model, 0.5)  # 10 of 20 tied weights: all of "a" (12) comes first
+    assert int((~masks["a"]).sum()) == 10 and masks["b"].all()
+    np.testing.assert_array_equal(np.flatnonzero(~masks["a"].ravel()), np.arange(10))
+    # Already-zero weights rank lowest, whatever their scale.
+    theta[2, 3] = theta[0, 4] = 0.0
+    model, _ = _vd_model(np.full((4, 5), -5.0, "float32"), theta)
+    np.testing.assert_array_equal(np.flatnonzero(~pruning.fraction_masks(model, 0.1)["vd"].ravel()), [4, 13])
+    again = pruning.fraction_masks(graves_model, 0.5)
+    assert all(np.array_equal(again[n], masks[n]) for n in masks)
+
+
+def test_fraction_arguments_are_checked():
+    model = _two_layer_model()
+    x, y = np.zeros((4, 6), "float32"), np.zeros(4, int)
+    for bad, shown in ((1.0, "fraction=1.0"), (-0.1, "fraction=-0.1"), (float("nan"), "fraction=nan"),
+                       ("half", "fraction='half'"), (True, "fraction=True")):
+        with pytest.raises(ValueError, match=f"Expected `fraction` to be a number in \\[0, 1\\). Received: {shown}"):
+            pruning.fraction_masks(model, bad)
+    with pytest.raises(ValueError, match="Expected `scope` in \\('global', 'layer'\\). Received: scope='model'"):
+        pruning.fraction_masks(model, 0.5, scope="model")
+    with pytest.raises(ValueError, match="criterion='magnitude'"):
+        pruning.fraction_masks(model, 0.5, criterion="magnitude")
+    with pytest.raises(ValueError, match="log-alpha criterion needs a variational-dropout layer.*GravesDense"):
+        pruning.fraction_masks(model, 0.5, criterion="log_alpha")
+    with pytest.raises(ValueError, match="at least one built Bayesian layer"):
+        pruning.fraction_masks(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), 0.5)
+    with pytest.raises(ValueError, match="Received: fractions=0.5"):
+        pruning.pruning_curve(model, x, y, fractions=0.5)
+    with pytest.raises(ValueError, match="Received: fraction=1.5"):
+        pruning.pruning_curve(model, x, y, fractions=(0.5, 1.5))
+    with pytest.raises(ValueError, match="Received: fractions=\\[\\]"):
+        pruning.pruning_curve(model, x, y, fractions=())
+    with pytest.raises(ValueError, match="num_samples=0"):
+        pruning.pruning_curve(model, x, y, num_samples=0)
+    with pytest.raises(ValueError, match="y of shape \\(3,\\)"):
+        pruning.pruning_curve(model, x, y[:3])
+
+
 # -- applying masks -----------------------------------------------------------------------
 def test_pruned_predictions_exclude_pruned_weights_when_sampling_and_in_mean_mode():
     rng = np.random.default_rng(1)
@@ -261,3 +348,33 @@ def test_principled_pruning_keeps_accuracy_and_random_pruning_does_not(trained_v
     assert full > 0.9
     assert principled >= full - 0.01
     assert random < full - 0.2
+
+
+@pytest.mark.heavy
+def test_pruning_curve_principled_beats_random_and_is_written(trained_vd_digits, tmp_path):
+    model, ds = trained_vd_digits
+    before = [v.numpy().copy() for v in model.weights]
+    rows = pruning.pruning_curve(model, ds.x_test, ds.y_test, fractions=(0.0, 0.5, 0.95), num_samples=5, seed=0)
+    assert all(np.array_equal(v.numpy(), b) for v, b in zip(model.weights, before))  # restored
+    assert [r["fraction"] for r in rows] == [0.0, 0.5, 0.95]
+    total = sum(layer.kernel_loc.shape.num_elements() for layer in pruning.prunable_layers(model))
+    assert [r["num_pruned"] for r in rows] == [0, round(0.5 * total), round(0.95 * total)]
+    assert rows[1]["sparsity"] == pytest.approx(0.5, abs=1e-3)
+    full, half, most = rows
+    print("\n" + pruning.format_pruning_curve(rows))
+    assert full["accuracy"] > 0.9
+    # The model prunes > 60% by log alpha > 3 (test above): half of the weights carry no signal.
+    assert half["accuracy"] >= full["accuracy"] - 0.02
+    assert half["accuracy"] >= half["random_accuracy"] + 0.05
+    assert most["accuracy"] >= most["random_accuracy"]
+    paths = pruning.write_pruning_curve(rows, str(tmp_path / "out"))
+    assert [os.path.basename(p) for p in paths] == ["pruning_curve.csv", "pruning_curve.json", "pruning_curve.png"]
+    assert all(os.path.getsize(p) > 0 for p in paths)
+    stored = tfbnn.io.read_json(paths[1])["rows"]
+    assert [r["accuracy"] for r in stored] == [r["accuracy"] for r in rows]
+    with open(paths[0]) as f:
+        assert f.readline().strip() == "fraction,num_pruned,sparsity,accuracy,random_accuracy"
+    no_random = pruning.pruning_curve(model, ds.x_test[:50], ds.y_test[:50], fractions=(0.5,), num_samples=2,
+                                      scope="layer", random_baseline=False)
+    assert no_random[0]["random_accuracy"] is None
+    assert "-" in pruning.format_pruning_curve(no_random)

@@ -32,7 +32,8 @@ def test_sparsity_study_on_mnist_through_tfds_mock_writes_its_numbers_and_plot(t
     assert result["dataset"]["num_examples"] == 64
     names = {os.path.basename(f) for f in result["files"]}
     assert {"study.png", "accuracy_vs_samples.csv", "sparsity_per_epoch.csv", "sparsity.csv", "threshold_sweep.csv",
-            "storage.csv", "results.json", "pruned.npz", "pruned.keras"} <= names
+            "storage.csv", "results.json", "pruned.npz", "pruned.keras", "pruning_curve.csv", "pruning_curve.json",
+            "pruning_curve.png"} <= names
     assert all(os.path.getsize(f) > 0 for f in result["files"])
     summary = _csv(tmp_path / "accuracy_vs_samples.csv")
     assert [(r["variant"], r["num_samples"]) for r in summary] == [
@@ -49,6 +50,12 @@ def test_sparsity_study_on_mnist_through_tfds_mock_writes_its_numbers_and_plot(t
     assert sparsities == sorted(sparsities, reverse=True)  # higher log-alpha threshold, fewer pruned
     sizes = [int(r["sparse_npz_bytes"]) for r in sweep]
     assert sizes == sorted(sizes)
+    curve = _csv(tmp_path / "pruning_curve.csv")  # Blundell's fractions by default, global ranking
+    assert [float(r["fraction"]) for r in curve] == list(tfbnn.pruning.BLUNDELL_FRACTIONS) == [0, 0.5, 0.75, 0.95, 0.98]
+    weights = 784 * 16 + 16 * 10
+    assert [int(r["num_pruned"]) for r in curve] == [round(f * weights) for f in tfbnn.pruning.BLUNDELL_FRACTIONS]
+    assert all(0.0 <= float(r[k]) <= 1.0 for r in curve for k in ("accuracy", "random_accuracy"))
+    assert stored["pruning_curve"][1]["fraction"] == 0.5
     storage = {(r["format"], r["pruned"]): int(r["bytes"]) for r in _csv(tmp_path / "storage.csv")}
     assert storage[("sparse .npz (means)", "True")] <= storage[("sparse .npz (means)", "False")]
     # The pruned model file restores into a freshly converted model of the same architecture.
@@ -64,6 +71,8 @@ def test_sparsity_study_command_line_errors(capsys):
         (["--hidden-units", "10"], "--hidden-units applies to --model mlp"),
         (["--init-scale", "-1"], "expected a positive number"),
         (["--dataset", "cifar10"], "invalid choice: 'cifar10'"),
+        (["--fractions", "0.5", "1"], "expected a number in [0, 1), got '1'"),
+        (["--fraction-scope", "model"], "invalid choice: 'model'"),
     ]
     for argv, message in cases:
         assert vd_sparsity.main(argv + ["--output-dir", "/tmp/tfbnn_test_unused"]) == 2
@@ -71,6 +80,10 @@ def test_sparsity_study_command_line_errors(capsys):
         assert message in err and len(err.splitlines()) == 1, err
     with pytest.raises(ValueError, match="Unknown settings \\['depth'\\]"):
         vd_sparsity.run_experiment(depth=3)
+    with pytest.raises(ValueError, match="Received: fractions=1.2"):
+        vd_sparsity.run_experiment(fractions=(0.5, 1.2))
+    with pytest.raises(ValueError, match="Received: fraction_scope='model'"):
+        vd_sparsity.run_experiment(fraction_scope="model")
     with pytest.raises(ValueError, match="hidden_units=\\(10,\\)"):
         vd_sparsity.run_experiment(hidden_units=(10,))
 

@@ -10,6 +10,8 @@ works headless and leaves the user's pyplot state alone; :func:`save` writes it.
 * :func:`uncertainty_vs_shift` -- total / aleatoric / epistemic entropy and accuracy
   against corruption intensity (from :func:`tfbnn.evaluation.shift_sweep`).
 * :func:`learning_curves` -- loss and metrics per epoch from a Keras ``History``.
+* :func:`pruning_curve` -- accuracy against the fraction of weights pruned, by
+  signal-to-noise and at random (from :func:`tfbnn.pruning.pruning_curve`).
 
 Example:
     >>> res = tfbnn.predict(model, x_test, num_samples=50)
@@ -31,6 +33,7 @@ __all__ = [
     "accuracy_coverage",
     "uncertainty_vs_shift",
     "learning_curves",
+    "pruning_curve",
     "save",
 ]
 
@@ -186,4 +189,29 @@ def learning_curves(history, title="Learning curves"):
         ax.set(xlabel="epoch", title=key)
         ax.legend(fontsize=7)
     fig.suptitle(title)
+    return fig
+
+
+def pruning_curve(rows, title="Pruning by signal-to-noise vs at random"):
+    """Accuracy against the percentage of weights pruned: principled and random pruning.
+
+    Blundell et al. (2015), Table 2 as a curve: the principled masks remove the weights
+    with the lowest ``|mu| / sigma`` (:func:`tfbnn.pruning.fraction_masks`), the random
+    ones as many per layer at random positions.
+
+    Args:
+        rows: the rows of :func:`tfbnn.pruning.pruning_curve` (``fraction``,
+            ``accuracy``, ``random_accuracy`` (None: not drawn)).
+        title: str.
+    """
+    fig, (ax,) = _figure(width=5.5)
+    # Evenly spaced positions: Blundell's fractions crowd near 100% on a linear axis.
+    x = np.arange(len(rows))
+    ax.plot(x, [r["accuracy"] for r in rows], "o-", color="tab:green", label="lowest signal-to-noise pruned")
+    random = [(xi, r["random_accuracy"]) for xi, r in zip(x, rows) if r.get("random_accuracy") is not None]
+    if random:
+        ax.plot(*zip(*random), "s--", color="tab:red", label="random, same count per layer")
+    ax.set(xlabel="weights pruned", ylabel="accuracy", ylim=(0, 1.02), title=title)
+    ax.set_xticks(x, [f"{100 * r['fraction']:g}%" for r in rows])
+    ax.legend(loc="lower left")
     return fig

@@ -66,6 +66,12 @@ __all__ = [
     "log_alpha_mask",
     "compute_masks",
     "random_masks",
+    "SCOPES",
+    "BLUNDELL_FRACTIONS",
+    "fraction_masks",
+    "pruning_curve",
+    "format_pruning_curve",
+    "write_pruning_curve",
     "sparsity",
     "apply_masks",
     "pruned",
@@ -87,6 +93,10 @@ DEFAULT_SNR_THRESHOLD = 0.83
 DEFAULT_LOG_ALPHA_THRESHOLD = 3.0
 # Untransformed scale written into pruned weights: sigma = softplus(-100) + 1e-6 = 1e-6,
 # and sigma^2 = exp(-80) (the log-variance clip).
+#: Scopes of :func:`fraction_masks`: one ranking over all kernels, or one per layer.
+SCOPES = ("global", "layer")
+#: Blundell et al. (2015), Table 2: the fractions of weights removed (0: the full model).
+BLUNDELL_FRACTIONS = (0.0, 0.5, 0.75, 0.95, 0.98)
 _PRUNED_RHO = {"softplus": -100.0, "log_variance": -80.0}
 _FORMAT = "tfbnn.sparse/1"
 
@@ -282,6 +292,202 @@ def random_masks(masks, seed=None):
         flat[rng.choice(mask.size, size=num_pruned, replace=False)] = False
         out[name] = flat.reshape(mask.shape)
     return out
+
+
+# -- fixed fractions -------------------------------------------------------------------
+def _log_snr(layer, criterion):
+    """``log(|mu| / sigma)`` per kernel weight, by ``criterion``; ``-inf`` where already pruned.
+
+    For the log-alpha criterion this is ``-log(alpha) / 2`` from the layer's clipped
+    ``log alpha`` (``|theta| / sigma = alpha^(-1/2)``), so the ranking is by highest
+    ``log alpha`` first and layers of either criterion share one scale.
+    """
+    if _resolve_criterion(layer, criterion) == "snr":
+        with np.errstate(divide="ignore"):
+            score = np.log(signal_to_noise(layer))
+    else:
+        if not isinstance(layer, VariationalDropoutLayer):
+            raise ValueError(
+                "The log-alpha criterion needs a variational-dropout layer (DenseVariationalDropout, "
+                f"Conv2DVariationalDropout); use criterion='snr'. Received: layer {layer.name!r} of type "
+                f"{type(layer).__name__}"
+            )
+        score = -0.5 * np.asarray(layer.log_alpha().numpy(), np.float64)
+    return np.where(_already_pruned(layer), -np.inf, score)
+
+
+def _lowest(scores, count):
+    """Boolean keep-mask of a flat score array with the ``count`` lowest removed (ties: lower index first)."""
+    keep = np.ones(scores.size, bool)
+    keep[np.argsort(scores, kind="stable")[:count]] = False
+    return keep
+
+
+def _check_fraction_args(criterion, scope, fraction):
+    if criterion not in CRITERIA:
+        raise ValueError(f"Expected `criterion` in {CRITERIA}. Received: criterion={criterion!r}")
+    if scope not in SCOPES:
+        raise ValueError(f"Expected `scope` in {SCOPES}. Received: scope={scope!r}")
+    return checks.number("fraction", fraction, low=0, high=1, high_open=True)
+
+
+def fraction_masks(model, fraction, criterion="auto", scope="global"):
+    """Keep-masks that prune a fixed fraction of the weights, lowest signal-to-noise first.
+
+    Each kernel weight gets the score ``s = log(|mu| / sigma)`` (Graves 2011), or for
+    variational dropout with the log-alpha criterion ``s = -log(alpha) / 2`` (the same
+    quantity, ``|theta| / sigma = alpha^(-1/2)``, from the layer's clipped
+    ``log alpha``: the highest ``log alpha`` goes first). Weights already pruned
+    (``mu = 0``) score ``-inf``. With ``n`` weights in scope, exactly
+    ``k = round(fraction * n)`` (Python's ``round``) with the lowest scores are pruned:
+
+    * ``scope="global"``: one ranking over all prunable kernels together
+      (``n`` = all their weights), as in Blundell et al. (2015), Table 2;
+    * ``scope="layer"``: each layer loses ``round(fraction * n_layer)`` of its own.
+
+    Ties are broken deterministically: among equal scores the weight that comes first
+    (layers in model order, then the kernel's flat C-order index) is pruned first.
+
+    Args:
+        model: a Keras model with Bayesian layers.
+        fraction: float in ``[0, 1)``, the fraction of weights to prune (0 prunes nothing).
+        criterion: ``"auto"`` (default: log alpha for variational-dropout layers,
+            signal-to-noise for the others), ``"snr"`` or ``"log_alpha"``.
+        scope: ``"global"`` (default) or ``"layer"``.
+
+    Returns:
+        ``{layer name: boolean keep-mask}``, like :func:`compute_masks`.
+
+    Example:
+        >>> masks = tfbnn.pruning.fraction_masks(model, 0.95)       # Blundell's 95% row
+        >>> with tfbnn.pruning.pruned(model, masks):
+        ...     probs = tfbnn.predict(model, x_test, num_samples=10).mean_probs
+
+    References:
+        Blundell et al. (2015), Weight Uncertainty in Neural Networks, sec. 5.1,
+        Table 2 and Fig. 4. Graves (2011), Practical Variational Inference for
+        Neural Networks.
+    """
+    fraction = _check_fraction_args(criterion, scope, fraction)
+    layers = require_prunable_layers(model)
+    _check_names_unique(layers)
+    scores = [_log_snr(layer, criterion) for layer in layers]
+    if scope == "layer":
+        return {
+            layer.name: _lowest(s.reshape(-1), round(fraction * s.size)).reshape(s.shape)
+            for layer, s in zip(layers, scores)
+        }
+    flat = np.concatenate([s.reshape(-1) for s in scores])
+    keep = _lowest(flat, round(fraction * flat.size))
+    ends = np.cumsum([s.size for s in scores])[:-1]
+    return {layer.name: part.reshape(s.shape) for layer, s, part in zip(layers, scores, np.split(keep, ends))}
+
+
+def _mc_accuracy(model, x, labels, num_samples, batch_size, masks):
+    from tfbnn.inference import predict
+
+    with pruned(model, masks):
+        res = predict(model, x, num_samples=num_samples, batch_size=batch_size, task="classification")
+    return float(np.mean(res.predicted_class == labels))
+
+
+def pruning_curve(model, x, y, fractions=BLUNDELL_FRACTIONS, num_samples=10, scope="global", criterion="auto",
+                  seed=None, random_baseline=True, batch_size=512):
+    """Monte Carlo accuracy against the fraction of weights pruned, principled and random.
+
+    For each ``fraction`` the model is pruned by :func:`fraction_masks` (lowest
+    ``|mu| / sigma`` first) and, for the baseline, by :func:`random_masks` with the same
+    number of weights per layer; the accuracy is that of the Monte Carlo predictive
+    ``p(y | x) ~ (1/T) sum_t p(y | x, w_t)``, ``w_t ~ q(w)`` (:func:`tfbnn.predict`,
+    ``T = num_samples``) of the pruned model (:func:`pruned`; the model is restored after).
+
+    Args:
+        model: a Keras classifier with Bayesian layers.
+        x: inputs.
+        y: integer labels ``(N,)`` or one-hot ``(N, C)``.
+        fractions: fractions in ``[0, 1)`` (default Blundell's 0, 50, 75, 95, 98%).
+        num_samples: int > 0, Monte Carlo samples T (default 10).
+        scope: ``"global"`` (default) or ``"layer"`` (see :func:`fraction_masks`).
+        criterion: ``"auto"``, ``"snr"`` or ``"log_alpha"``.
+        seed: int or None, seeds the random masks (one draw per fraction).
+        random_baseline: bool, also measure random pruning (default True).
+        batch_size: int > 0, examples per prediction batch (default 512).
+
+    Returns:
+        A list of dicts ``{fraction, num_pruned, sparsity, accuracy, random_accuracy}``
+        (``random_accuracy`` None without the baseline), one per fraction in order.
+
+    Example:
+        >>> rows = tfbnn.pruning.pruning_curve(model, x_test, y_test, seed=0)
+        >>> print(tfbnn.pruning.format_pruning_curve(rows))
+        >>> tfbnn.pruning.write_pruning_curve(rows, "out")   # CSV, JSON and PNG
+
+    References:
+        Blundell et al. (2015), sec. 5.1, Table 2 (accuracy after removing 50-98% of
+        the weights by signal-to-noise) and Fig. 4. Graves (2011).
+    """
+    if isinstance(fractions, (str, bytes)) or not hasattr(fractions, "__iter__"):
+        raise ValueError(f"Expected `fractions` to be a sequence of numbers in [0, 1). Received: fractions={fractions!r}")
+    fractions = [_check_fraction_args(criterion, scope, f) for f in fractions]
+    if not fractions:
+        raise ValueError("Expected at least one fraction. Received: fractions=[]")
+    num_samples = checks.integer("num_samples", num_samples, 1)
+    batch_size = checks.integer("batch_size", batch_size, 1)
+    seed = checks.seed(seed)
+    labels = np.asarray(y)
+    if labels.ndim == 2:
+        labels = labels.argmax(-1)
+    if labels.ndim != 1 or len(labels) != len(x):
+        raise ValueError(
+            "Expected `y` to be integer labels (N,) or one-hot (N, C) with N = len(x) = "
+            f"{len(x)}. Received: y of shape {np.shape(y)}"
+        )
+    rng = np.random.default_rng(seed)
+    rows = []
+    for fraction in fractions:
+        masks = fraction_masks(model, fraction, criterion, scope)
+        row = {"fraction": fraction, "num_pruned": sum(int(m.size - np.count_nonzero(m)) for m in masks.values()),
+               "sparsity": sparsity(masks),
+               "accuracy": _mc_accuracy(model, x, labels, num_samples, batch_size, masks),
+               "random_accuracy": None}
+        if random_baseline:
+            rand = random_masks(masks, seed=int(rng.integers(2**31)))
+            row["random_accuracy"] = _mc_accuracy(model, x, labels, num_samples, batch_size, rand)
+        rows.append(row)
+    return rows
+
+
+def format_pruning_curve(rows, title="Accuracy against the fraction of weights pruned"):
+    """:func:`pruning_curve`'s rows as a plain text table (Blundell et al. 2015, Table 2 style)."""
+    from tfbnn import io
+
+    table = [("pruned", "weights", "accuracy", "random")]
+    for r in rows:
+        random = "-" if r["random_accuracy"] is None else f"{100 * r['random_accuracy']:.2f}%"
+        table.append((f"{100 * r['fraction']:g}%", str(r["num_pruned"]), f"{100 * r['accuracy']:.2f}%", random))
+    return io.format_table(title, [table])
+
+
+def write_pruning_curve(rows, output_dir, name="pruning_curve", title=None):
+    """Writes :func:`pruning_curve`'s rows as ``<name>.csv``, ``<name>.json`` and ``<name>.png``.
+
+    The files go next to each other in ``output_dir`` (created if needed); each is
+    written atomically (:mod:`tfbnn.io`); the PNG is :func:`tfbnn.plots.pruning_curve`.
+
+    Returns:
+        The three paths, CSV, JSON, PNG.
+    """
+    from tfbnn import io, plots
+
+    io.prepare_output_dir(output_dir)
+    base = os.path.join(output_dir, name)
+    csv_path = io.write_csv(base + ".csv", rows, columns=["fraction", "num_pruned", "sparsity", "accuracy",
+                                                          "random_accuracy"])
+    json_path = io.write_json(base + ".json", {"rows": rows})
+    fig = plots.pruning_curve(rows, **({} if title is None else {"title": title}))
+    with io.atomic_write(base + ".png") as tmp:
+        plots.save(fig, tmp)
+    return [csv_path, json_path, base + ".png"]
 
 
 def sparsity(masks):

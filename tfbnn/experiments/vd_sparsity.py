@@ -18,13 +18,16 @@ Reproduces the VariationalMLP study of sparse variational dropout (Molchanov et 
    random mask for random pruning): mean and standard deviation;
 6. sweep the pruning threshold: sparsity, accuracy (principled and random) and the
    stored size of the pruned model (:func:`tfbnn.pruning.export_sparse`, a sparse
-   ``.npz``; :func:`tfbnn.pruning.save_compressed`, a deflated ``.keras``).
+   ``.npz``; :func:`tfbnn.pruning.save_compressed`, a deflated ``.keras``);
+7. prune fixed fractions of the weights, lowest signal-to-noise first (``fractions``,
+   default Blundell et al. 2015's 0, 50, 75, 95, 98%; ``fraction_scope`` global or per
+   layer; :func:`tfbnn.pruning.pruning_curve`), against random pruning at each fraction.
 
 Outputs (``output_dir``, default ``saved_models/experiments/vd_sparsity/<dataset>_<method>/``):
 ``study.png`` (accuracy vs T with error bars; sparsity per epoch per layer; accuracy
 and stored size vs sparsity), ``accuracy_vs_samples.csv``, ``sparsity_per_epoch.csv``,
-``sparsity.csv``, ``threshold_sweep.csv``, ``storage.csv``, ``results.json`` and the
-pruned model ``pruned.npz``.
+``sparsity.csv``, ``threshold_sweep.csv``, ``storage.csv``, ``pruning_curve.csv`` /
+``.json`` / ``.png``, ``results.json`` and the pruned model ``pruned.npz``.
 
 Datasets: ``digits`` (default, offline, 8x8 inputs: LeNet-300-100 is 64-300-100-10),
 ``moons`` (offline, 2-D), ``mnist`` and ``fashion_mnist`` (tensorflow-datasets,
@@ -84,6 +87,8 @@ DEFAULTS = {
     "sample_counts": (1, 2, 5, 10, 20, 50),
     "repeats": 5,
     "sweep": True,
+    "fractions": (0.0, 0.5, 0.75, 0.95, 0.98),  # tfbnn.pruning.BLUNDELL_FRACTIONS
+    "fraction_scope": "global",
     "seed": 0,
 }
 
@@ -93,7 +98,9 @@ DESCRIPTION = (
     "(tfbnn.convert), warm up and anneal the KL, report per-layer sparsity (log alpha > 3 or\n"
     "|mu|/sigma < 0.83), then Monte Carlo accuracy with no / principled / random pruning and\n"
     "accuracy against the number of MC samples with error bars over repeats, a threshold sweep\n"
-    "with the stored size of the pruned model. Writes study.png next to CSV and JSON files.\n"
+    "with the stored size of the pruned model, and accuracy after pruning fixed fractions of the\n"
+    "weights (Blundell et al. 2015: 50-98%) against random pruning. Writes study.png and\n"
+    "pruning_curve.png next to CSV and JSON files.\n"
     "The default dataset (digits) is offline; mnist and fashion_mnist download via tfds."
 )
 
@@ -150,6 +157,8 @@ def _load(s):
 
 
 def _check_settings(s):
+    from tfbnn import checks
+
     if s["model"] not in MODELS:
         raise ValueError(f"Expected `model` in {list(MODELS)}. Received: model={s['model']!r}")
     if s["method"] not in METHODS:
@@ -173,6 +182,11 @@ def _check_settings(s):
     hidden = s["hidden_units"]
     if not hidden or any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in hidden):
         raise ValueError(f"Expected `hidden_units` to be positive integers. Received: hidden_units={hidden!r}")
+    for f in s["fractions"]:
+        checks.number("fractions", f, low=0, high=1, high_open=True)
+    if s["fraction_scope"] not in ("global", "layer"):
+        raise ValueError("Expected `fraction_scope` in ('global', 'layer'). "
+                         f"Received: fraction_scope={s['fraction_scope']!r}")
     if s["threshold"] is not None:
         from tfbnn import pruning
 
@@ -370,7 +384,8 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         dict: ``settings``, ``deterministic_accuracy``, ``sparsity`` (principled,
         overall), ``sparsity_report`` (per layer), ``accuracy`` (``{variant: mean,
         std}`` at ``num_samples``), ``accuracy_summary``, ``accuracy_rows``,
-        ``sparsity_per_epoch``, ``threshold_sweep``, ``storage`` and ``files``.
+        ``sparsity_per_epoch``, ``threshold_sweep``, ``pruning_curve`` (rows of
+        :func:`tfbnn.pruning.pruning_curve`), ``storage`` and ``files``.
     """
     unknown = sorted(set(settings) - set(DEFAULTS))
     if unknown:
@@ -383,6 +398,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                 f"Received: hidden_units={s['hidden_units']!r}"
             )
     s["hidden_units"], s["sample_counts"] = tuple(s["hidden_units"]), tuple(s["sample_counts"])
+    s["fractions"] = tuple(s["fractions"])
     if s["num_samples"] not in s["sample_counts"]:
         s["sample_counts"] = tuple(sorted(set(s["sample_counts"]) | {s["num_samples"]}))
     _check_settings(s)
@@ -414,6 +430,12 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     at_t = {r["variant"]: {"mean": r["mean"], "std": r["std"]} for r in summary if r["num_samples"] == s["num_samples"]}
     storage, model_files = _storage(s, model, masks, output_dir)
     sweep = _sweep(s, model, ds, output_dir) if s["sweep"] else []
+    curve = []
+    if s["fractions"]:
+        curve = pruning.pruning_curve(model, ds.x_test, ds.y_test, s["fractions"], s["num_samples"],
+                                      scope=s["fraction_scope"], criterion=_criterion(s["method"]), seed=s["seed"])
+        say("\n" + pruning.format_pruning_curve(
+            curve, f"MC accuracy (T = {s['num_samples']}) after pruning a fraction ({s['fraction_scope']})") + "\n")
     result = {
         "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
         "dataset": {"name": ds.name, "num_examples": ds.num_examples, "num_test_examples": ds.num_test_examples},
@@ -425,6 +447,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         "accuracy_rows": rows,
         "sparsity_per_epoch": _per_epoch_rows(history),
         "threshold_sweep": sweep,
+        "pruning_curve": curve,
         "storage": storage,
         "seconds": time.perf_counter() - start,
     }
@@ -438,6 +461,8 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     ]
     if sweep:
         files.append(_common.write_csv(os.path.join(output_dir, "threshold_sweep.csv"), sweep))
+    if curve:
+        files += pruning.write_pruning_curve(curve, output_dir)
     files += model_files
     files.append(_common.write_json(os.path.join(output_dir, "results.json"), result))
     result["files"] = files
@@ -508,6 +533,12 @@ def add_arguments(parser):
     parser.add_argument("--repeats", type=argtypes.positive_int, default=d["repeats"],
                         help="repeats per point (error bars: std over repeats)")
     parser.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the threshold sweep")
+    parser.add_argument("--fractions", type=argtypes.rate, nargs="*", default=list(d["fractions"]), metavar="F",
+                        help="fractions of the weights to prune, lowest signal-to-noise first, each in [0, 1), "
+                             "against random pruning (Blundell et al. 2015; writes pruning_curve.*; "
+                             "no value: skip)")
+    parser.add_argument("--fraction-scope", choices=("global", "layer"), default=d["fraction_scope"],
+                        help="rank the weights over all layers together or within each layer")
     parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed of data and models")
     parser.add_argument("--output-dir", default=None, metavar="DIR",
                         help="output folder (default: saved_models/experiments/vd_sparsity/<dataset>_<method>)")
@@ -522,6 +553,7 @@ def run(args):
             raise ValueError(f"--hidden-units applies to --model mlp. Received: --model {args.model}")
         settings["hidden_units"] = tuple(args.hidden_units)
     settings["sample_counts"] = tuple(args.sample_counts)
+    settings["fractions"] = tuple(args.fractions)
     result = run_experiment(output_dir=args.output_dir, **settings)
     print("\nWrote " + ", ".join(result["files"]))
     return 0
