@@ -212,3 +212,12 @@ def test_one_sample_is_the_wrapped_model():
     with tfbnn.posterior_mean(model):
         np.testing.assert_array_equal(model.predict(x, verbose=0), net.predict(x, verbose=0))
     assert tf.is_tensor(model(x, training=True))
+
+
+def test_fits_under_xla():
+    net, _ = FAMILIES["local_reparameterization"]
+    model = tfbnn.MultiSampleModel(net(), num_samples=3)
+    model.compile("adam", "sparse_categorical_crossentropy", jit_compile=True)
+    rng = np.random.RandomState(3)
+    history = model.fit(rng.randn(32, 6).astype("float32"), rng.randint(0, 3, 32), batch_size=16, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()

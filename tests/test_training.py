@@ -1,6 +1,7 @@
 """tfbnn.training: recipes (published protocols, JSON round trip, validation), the optimizer and
 schedules they become, and run() end to end (outputs, atomicity, reproducibility)."""
 
+import importlib
 import json
 import math
 import os
@@ -114,7 +115,7 @@ def test_every_recipe_round_trips_through_json(name, tmp_path):
         ({"lr_schedule": "step"}, "lr_boundaries"),
         ({"beta": -1.0}, "beta=-1.0"),
         ({"kl_schedule": "blundell", "beta": 0.5}, "beta=0.5"),
-        ({"train_samples": 2}, "train_samples=2"),
+        ({"train_samples": 2, "method": "deterministic"}, "train_samples=2"),
         ({"pretrain_epochs": 3, "method": "mc_dropout"}, "pretrain_epochs=3"),
         ({"learning_rate": float("nan")}, "learning_rate=nan"),
         ({"name": "../x"}, "name='../x'"),
@@ -248,3 +249,13 @@ def test_a_recipe_model_with_its_optimizer_loads_in_a_fresh_process_after_import
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1].split()[-1] == "LinearRamp"
+
+
+def test_train_samples_wrap_every_stochastic_method(tmp_path):
+    run_module = importlib.import_module("tfbnn.training.run")
+
+    recipe = _quick("digits-bbb-mlp", epochs=1, train_samples=3)
+    result = training.run(recipe, output_dir=str(tmp_path / "r"), verbose=0)
+    assert all(math.isfinite(r["loss"]) for r in result.history)
+    assert isinstance(run_module._multi_sample_model(recipe, result.model), tfbnn.MultiSampleModel)
+    assert recipe.replace(method="mc_dropout", method_options={}).train_samples == 3  # allowed

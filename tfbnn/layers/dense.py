@@ -308,7 +308,9 @@ class DenseBayesian(BayesianLayer):
             bias_scale = self.bias_scale()
         blocks = self._weight_samples
         rows = inputs.shape[0]
-        if self._mc_prediction and self._share_tiled_moments and (rows is None or rows % blocks == 0):
+        # Prediction only: the data-dependent branch does not compile under XLA (a train step).
+        shared = self._mc_prediction and not self._samples_add_kl and self._share_tiled_moments
+        if shared and (rows is None or rows % blocks == 0):
             mean, variance = self._moments_of_tiled_rows(inputs, scale, bias_scale, blocks)
         else:
             mean, variance = self._moments(inputs, scale, bias_scale)
