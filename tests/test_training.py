@@ -1,6 +1,7 @@
 """tfbnn.training: recipes (published protocols, JSON round trip, validation), the optimizer and
 schedules they become, and run() end to end (outputs, atomicity, reproducibility)."""
 
+import importlib
 import json
 import math
 import os
@@ -114,7 +115,7 @@ def test_every_recipe_round_trips_through_json(name, tmp_path):
         ({"lr_schedule": "step"}, "lr_boundaries"),
         ({"beta": -1.0}, "beta=-1.0"),
         ({"kl_schedule": "blundell", "beta": 0.5}, "beta=0.5"),
-        ({"train_samples": 2}, "train_samples=2"),
+        ({"train_samples": 2, "method": "deterministic"}, "train_samples=2"),
         ({"pretrain_epochs": 3, "method": "mc_dropout"}, "pretrain_epochs=3"),
         ({"learning_rate": float("nan")}, "learning_rate=nan"),
         ({"name": "../x"}, "name='../x'"),
@@ -265,3 +266,13 @@ def test_defaults_follow_the_papers():
     counts = [ibnn_lenet.build_lenet("bbb", (28, 28, 1), 10, width=w).count_params() for w in widths]
     for count, factor in zip(counts, (1, 4, 16, 64)):
         assert 0.7 * factor < count / counts[0] < 1.1 * factor  # dense weights grow with the square of the width
+
+
+def test_train_samples_wrap_every_stochastic_method(tmp_path):
+    run_module = importlib.import_module("tfbnn.training.run")
+
+    recipe = _quick("digits-bbb-mlp", epochs=1, train_samples=3)
+    result = training.run(recipe, output_dir=str(tmp_path / "r"), verbose=0)
+    assert all(math.isfinite(r["loss"]) for r in result.history)
+    assert isinstance(run_module._multi_sample_model(recipe, result.model), tfbnn.MultiSampleModel)
+    assert recipe.replace(method="mc_dropout", method_options={}).train_samples == 3  # allowed

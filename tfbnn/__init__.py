@@ -21,7 +21,7 @@ from tfbnn import startup
 # the command line load on first use (``tfbnn.tuning``). The `tfbnn` command loads
 # nothing here, so that it parses its arguments before TensorFlow starts.
 _CORE = ("errors", "io", "checks", "priors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
-         "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "models", "datasets")
+         "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample", "models", "datasets")
 _LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
 _NAMES = {
     "callbacks": ("KLAnnealing", "SparsityMonitor"),
@@ -34,6 +34,7 @@ _NAMES = {
                "NodeNoise", "Conv1DFlipout", "Conv1DReparameterization", "Conv2DFlipout", "Conv2DReparameterization",
                "BayesianLayer", "DenseFlipout", "DenseLocalReparameterization", "DenseReparameterization",
                "MCDropout", "MCSpatialDropout2D", "StochasticLayer"),
+    "multisample": ("MultiSampleModel",),
     "utils": ("bayesian_layers", "kl_divergence", "posterior_mean", "set_inference_mode", "set_kl_weight",
               "stochastic_layers", "weight_samples"),
 }
@@ -107,6 +108,7 @@ __all__ = [
     "set_kl_weight",
     "stochastic_layers",
     "weight_samples",
+    "MultiSampleModel",
     "predict",
     "ClassificationPrediction",
     "RegressionPrediction",

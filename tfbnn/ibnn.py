@@ -55,7 +55,7 @@ import tensorflow as tf
 
 from tfbnn import inference
 from tfbnn.layers.node import VARIATIONAL_WEIGHT_NAMES, NodeNoise, NodeLayer
-from tfbnn.utils import bayesian_layers, weight_samples
+from tfbnn.utils import _NetworkWrapper, _tile_rows, bayesian_layers, weight_samples
 
 __all__ = [
     "IBNNModel",
@@ -152,16 +152,8 @@ def _train_samples(model, num_samples):
             layer._train_samples = value
 
 
-def _tile_rows(x, times):
-    if x is None:
-        return None
-    return tf.nest.map_structure(
-        lambda v: tf.tile(v, tf.concat([[times], tf.ones([tf.rank(v) - 1], tf.int32)], axis=0)), x
-    )
-
-
 @keras.saving.register_keras_serializable(package="tfbnn")
-class IBNNModel(keras.Model):
+class IBNNModel(_NetworkWrapper):
     """Trains a node-layer model with ``S`` noise samples per example (Algorithm 1).
 
     In its train step each batch ``(x, y, sample_weight)`` of ``B`` examples is tiled
@@ -198,9 +190,6 @@ class IBNNModel(keras.Model):
         self.network = model
         self.num_train_samples = num_train_samples
 
-    def call(self, inputs, training=None):
-        return self.network(inputs, training=training)
-
     def train_step(self, data):
         samples = self.num_train_samples
         if samples == 1:
@@ -219,12 +208,6 @@ class IBNNModel(keras.Model):
             {"model": keras.saving.serialize_keras_object(self.network), "num_train_samples": self.num_train_samples}
         )
         return config
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        model = keras.saving.deserialize_keras_object(config.pop("model"), custom_objects=custom_objects)
-        return cls(model, **config)
 
 
 # -- per-group learning rates ---------------------------------------------------------------

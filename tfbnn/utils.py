@@ -3,6 +3,7 @@
 import contextlib
 
 import keras
+import tensorflow as tf
 
 from tfbnn import checks
 from tfbnn.layers.base import INFERENCE_MODES, BayesianLayer, StochasticLayer, validate_kl_weight
@@ -113,7 +114,7 @@ def posterior_mean(model):
 
 
 @contextlib.contextmanager
-def weight_samples(model, num_samples, joint=False):
+def weight_samples(model, num_samples, joint=False, with_kl=False):
     """Context manager for vectorized Monte Carlo prediction with T weight samples.
 
     Inside it, ``model`` expects its batch tiled sample-major, ``(T * B, ...)``
@@ -132,27 +133,61 @@ def weight_samples(model, num_samples, joint=False):
 
     Layers that sample per row anyway (local reparameterization, MC dropout) are
     the same in both modes. Inside the context the layers add no KL loss (a
-    prediction has no use for it).
+    prediction has no use for it) unless ``with_kl=True``.
 
     Args:
         model: a Keras model.
         num_samples: int >= 1, T.
         joint: bool, see above.
+        with_kl: bool. True (for training with T samples, see
+            :class:`tfbnn.MultiSampleModel`; needs ``joint=True``): every Bayesian
+            layer adds ``kl_weight * KL`` as in an ordinary call, the KL averaged
+            over the T samples: a closed-form KL once, a Monte Carlo KL as the mean
+            of its T one-sample estimates (at the T weight draws of the forward
+            pass; local reparameterization draws T weight samples for it).
     """
     num_samples = checks.integer("num_samples", num_samples, 1)
+    if with_kl and not joint:
+        raise ValueError(
+            "Expected `joint=True` with `with_kl=True`: a training loss needs T whole-network "
+            f"weight samples. Received: joint={joint!r}"
+        )
     layers = stochastic_layers(model)
-    previous = [(layer._weight_samples, layer._joint_samples) for layer in layers]
+    previous = [(layer._weight_samples, layer._joint_samples, layer._samples_add_kl) for layer in layers]
     for layer in layers:
         layer._weight_samples, layer._joint_samples = num_samples, bool(joint)
+        layer._samples_add_kl = bool(with_kl)
     saved = _reset_compiled_functions(model)
     try:
         yield model
     finally:
-        for layer, (value, joint_value) in zip(layers, previous):
-            layer._weight_samples, layer._joint_samples = value, joint_value
+        for layer, (value, joint_value, kl_value) in zip(layers, previous):
+            layer._weight_samples, layer._joint_samples, layer._samples_add_kl = value, joint_value, kl_value
         _restore_compiled_functions(model, saved)
 
 
 def kl_divergence(model):
     """Sum of the unscaled KL of all Bayesian layers of ``model`` (a scalar tensor)."""
     return sum(layer.kl_divergence() for layer in bayesian_layers(model))
+
+
+def _tile_rows(x, times):
+    """``x`` (a nest of tensors, or None) tiled ``times`` times along the rows, sample-major."""
+    if x is None:
+        return None
+    return tf.nest.map_structure(
+        lambda v: tf.tile(v, tf.concat([[times], tf.ones([tf.rank(v) - 1], tf.int32)], axis=0)), x
+    )
+
+
+class _NetworkWrapper(keras.Model):
+    """A model that trains ``self.network`` its own way and saves it in its config under ``"model"``."""
+
+    def call(self, inputs, training=None):
+        return self.network(inputs, training=training)
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        model = keras.saving.deserialize_keras_object(config.pop("model"), custom_objects=custom_objects)
+        return cls(model, **config)

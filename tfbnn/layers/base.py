@@ -71,6 +71,9 @@ class StochasticLayer(keras.layers.Layer):
         # every row gets its own independent sample.
         self._weight_samples = 1
         self._joint_samples = True
+        # Set by weight_samples(..., with_kl=True) (training with several samples,
+        # tfbnn.MultiSampleModel): the KL is then added, averaged over the T samples.
+        self._samples_add_kl = False
 
     @property
     def inference_mode(self):
@@ -91,6 +94,11 @@ class StochasticLayer(keras.layers.Layer):
     def _mc_prediction(self):
         """Inside ``weight_samples(model, T > 1)``: a prediction, no loss is used."""
         return self._weight_samples > 1
+
+    @property
+    def _adds_kl(self):
+        """Whether this call adds its KL loss: always, except in Monte Carlo prediction."""
+        return not self._mc_prediction or self._samples_add_kl
 
     def _next_seed(self):
         """A fresh stateless seed; replicas of a tf.distribute run get distinct ones."""

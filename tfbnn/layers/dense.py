@@ -308,7 +308,9 @@ class DenseBayesian(BayesianLayer):
             bias_scale = self.bias_scale()
         blocks = self._weight_samples
         rows = inputs.shape[0]
-        if self._mc_prediction and self._share_tiled_moments and (rows is None or rows % blocks == 0):
+        # Prediction only: the data-dependent branch does not compile under XLA (a train step).
+        shared = self._mc_prediction and not self._samples_add_kl and self._share_tiled_moments
+        if shared and (rows is None or rows % blocks == 0):
             mean, variance = self._moments_of_tiled_rows(inputs, scale, bias_scale, blocks)
         else:
             mean, variance = self._moments(inputs, scale, bias_scale)
@@ -347,9 +349,10 @@ class DenseBayesian(BayesianLayer):
         tiled = tf.cond(tf.equal(rows % blocks, 0), blocks_equal, lambda: tf.constant(False))
         return tf.cond(tiled, once, lambda: self._moments(inputs, scale, bias_scale))
 
-    def _kl(self, loc, scale, prior, kl):
-        """``kl`` (the closed form from :meth:`_scale_and_kl`), or a one-sample Monte Carlo estimate if None."""
-        return self._sample(loc, scale, prior)[1] if kl is None else kl
+    def _kl(self, loc, scale, prior, kl, num_samples=1):
+        """``kl`` (the closed form from :meth:`_scale_and_kl`), or if None a Monte Carlo
+        estimate averaged over ``num_samples`` weight samples."""
+        return self._sample(loc, scale, prior, num_samples)[1] if kl is None else kl
 
     def kl_divergence(self):
         """``KL(q || p)`` of kernel and bias, summed, unscaled (MC for the scale mixture)."""
@@ -393,7 +396,7 @@ class DenseBayesian(BayesianLayer):
     def _finish(self, outputs, bias, kl, training):
         if bias is not None:
             outputs = self._add_bias(outputs, bias)
-        if not self._mc_prediction:
+        if self._adds_kl:
             self._add_kl_loss(kl, training)
         if self.activation is not None:
             outputs = self.activation(outputs)
@@ -558,12 +561,15 @@ class DenseLocalReparameterization(DenseBayesian):
     def call(self, inputs, training=None):
         scale, kl = self._kernel_scale_and_kl()
         bias_scale, bias_kl = self._bias_scale_and_kl() if self.bayesian_bias else (None, 0.0)
-        if self._mc_prediction:
+        if not self._adds_kl:
             kl = 0.0
         else:
-            kl = self._kl(self.kernel_loc, scale, self.kernel_prior, kl)
+            # Training with T samples (weight_samples(..., with_kl=True)): a Monte
+            # Carlo KL is averaged over T draws, like the other estimators' T samples.
+            draws = self._weight_samples
+            kl = self._kl(self.kernel_loc, scale, self.kernel_prior, kl, draws)
             if self.bayesian_bias:
-                kl = kl + self._kl(self.bias_loc, bias_scale, self.bias_prior, bias_kl)
+                kl = kl + self._kl(self.bias_loc, bias_scale, self.bias_prior, bias_kl, draws)
         if self._sampling(training):
             outputs = self._local_reparameterization(inputs, scale, bias_scale)
         else:

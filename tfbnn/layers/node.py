@@ -314,7 +314,7 @@ class NodeLayer(BayesianLayer):
         return tf.reduce_mean(log_q - log_p)
 
     def _add_node_kl(self, training):
-        if not self._mc_prediction:
+        if self._adds_kl:
             self._add_kl_loss(self.kl_divergence(), training)
 
     def get_config(self):

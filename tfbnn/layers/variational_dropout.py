@@ -233,7 +233,7 @@ class VariationalDropoutLayer(BayesianLayer):
                 outputs = self._op(inputs, self.kernel_loc)
         if self.use_bias:
             outputs = self._add_bias(outputs)
-        if not self._mc_prediction:
+        if self._adds_kl:
             self._add_kl_loss(self.kl_divergence(), training)
         if self.activation is not None:
             outputs = self.activation(outputs)

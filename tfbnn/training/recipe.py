@@ -107,7 +107,10 @@ class Recipe:
         warmup_epochs: float >= 0, ``warmup``'s KL-free epochs.
         beta: float >= 0, the final KL weight (1: the ELBO; < 1: a tempered
             posterior; ``constant`` uses it throughout).
-        train_samples: int >= 1, noise samples per example per step (iBNN's ``S``).
+        train_samples: int >= 1, ``S``, samples per step: for iBNN the noise samples per
+            example (:class:`tfbnn.ibnn.IBNNModel`), for the other stochastic methods
+            whole-network weight samples whose outputs are averaged before the loss
+            (:class:`tfbnn.MultiSampleModel`, Blundell et al. 2015 sec. 5.1).
         eval_samples: int >= 1, ``T`` of the Monte Carlo test predictive.
         ece_bins: int >= 1.
         seed: int >= 0: data split, initialization, shuffling, every layer's noise.
@@ -216,11 +219,11 @@ class Recipe:
                 "`variational_learning_rate` applies to method='ibnn' only. "
                 f"Received: method={self.method!r}, variational_learning_rate={self.variational_learning_rate}"
             )
-        if self.train_samples > 1 and self.method != "ibnn":
+        if self.train_samples > 1 and self.method == "deterministic":
             raise ValueError(
-                "`train_samples` > 1 (several noise samples per example and step) is available for "
-                f"method='ibnn' (tfbnn.ibnn.IBNNModel). Received: method={self.method!r}, "
-                f"train_samples={self.train_samples}"
+                "`train_samples` > 1 (several weight or noise samples per step) needs a stochastic "
+                f"method, one of {[m for m in METHODS if m != 'deterministic']}. "
+                f"Received: method={self.method!r}, train_samples={self.train_samples}"
             )
         if self.pretrain_epochs and self.method not in ("bbb", "vd", "graves"):
             raise ValueError(

@@ -12,8 +12,9 @@ What :func:`run` does, in order:
 3. compiles with the recipe's optimizer and learning-rate schedule
    (:func:`tfbnn.training.make_optimizer`) and fits with
    :class:`tfbnn.KLAnnealing` (``beta`` from :func:`tfbnn.training.kl_schedule`),
-   a NaN guard and per-epoch timing; iBNN with ``train_samples = S`` trains through
-   :class:`tfbnn.ibnn.IBNNModel`;
+   a NaN guard and per-epoch timing; with ``train_samples = S > 1`` iBNN trains through
+   :class:`tfbnn.ibnn.IBNNModel` and the other methods through
+   :class:`tfbnn.MultiSampleModel` (S weight samples per step, outputs averaged);
 4. evaluates the Monte Carlo predictive on the test split
    (:func:`tfbnn.evaluation.evaluate_classifier`): accuracy, NLL, ECE, Brier score,
    total / aleatoric / epistemic uncertainty on clean and Gaussian-shifted inputs;
@@ -265,15 +266,24 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
             model = convert_model(recipe, model, data.num_examples)
         trainable = model
         if recipe.train_samples > 1:
-            from tfbnn import ibnn
-
-            trainable = ibnn.IBNNModel(model, num_train_samples=recipe.train_samples)
+            trainable = _multi_sample_model(recipe, model)
             trainable(keras.ops.zeros((1, *data.input_shape)))
         _compile(trainable, recipe, data.steps_per_epoch, jit)
     if verbose or recipe.method != "deterministic":
         print(_describe(recipe, model, data, strategy), flush=True)
     history = _fit(trainable, recipe, data, recipe.epochs, verbose, extra_callbacks)
     return model, history, time.perf_counter() - start
+
+
+def _multi_sample_model(recipe, model):
+    """The model that trains ``model`` with ``recipe.train_samples`` samples per step."""
+    if recipe.method == "ibnn":
+        from tfbnn import ibnn
+
+        return ibnn.IBNNModel(model, num_train_samples=recipe.train_samples)
+    from tfbnn.multisample import MultiSampleModel
+
+    return MultiSampleModel(model, num_samples=recipe.train_samples)
 
 
 def _describe(recipe, model, data, strategy=None):
