@@ -55,7 +55,7 @@ import tensorflow as tf
 
 from tfbnn import inference
 from tfbnn.layers.node import VARIATIONAL_WEIGHT_NAMES, NodeNoise, NodeLayer
-from tfbnn.utils import _NetworkWrapper, _tile_rows, bayesian_layers, weight_samples
+from tfbnn.utils import NetworkWrapper, tile_rows, bayesian_layers, weight_samples
 
 __all__ = [
     "IBNNModel",
@@ -153,7 +153,7 @@ def _train_samples(model, num_samples):
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class IBNNModel(_NetworkWrapper):
+class IBNNModel(NetworkWrapper):
     """Trains a node-layer model with ``S`` noise samples per example (Algorithm 1).
 
     In its train step each batch ``(x, y, sample_weight)`` of ``B`` examples is tiled
@@ -196,7 +196,7 @@ class IBNNModel(_NetworkWrapper):
             return super().train_step(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         data = keras.utils.pack_x_y_sample_weight(
-            _tile_rows(x, samples), _tile_rows(y, samples), _tile_rows(sample_weight, samples)
+            tile_rows(x, samples), tile_rows(y, samples), tile_rows(sample_weight, samples)
         )
         # Read by the node layers while the step is traced.
         with _train_samples(self, samples):
@@ -484,7 +484,7 @@ def sample_outputs(model, x, num_samples, batch_size=None):
     # One trace for every batch size (the last batch is smaller).
     spec = tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype))
     with weight_samples(model, num_samples):
-        run = tf.function(lambda v: model(_tile_rows(v, num_samples), training=False), input_signature=[spec])
+        run = tf.function(lambda v: model(tile_rows(v, num_samples), training=False), input_signature=[spec])
         for start in range(0, len(x), size):
             out = run(tf.convert_to_tensor(x[start : start + size])).numpy()
             parts.append(out.reshape((num_samples, -1) + out.shape[1:]))

@@ -6,7 +6,7 @@ import tensorflow as tf
 from tfbnn import checks
 from tfbnn.layers.base import StochasticLayer
 from tfbnn.layers.node import NodeLayer
-from tfbnn.utils import _NetworkWrapper, _tile_rows, weight_samples
+from tfbnn.utils import NetworkWrapper, tile_rows, weight_samples
 
 __all__ = ["MultiSampleModel", "AVERAGES"]
 
@@ -26,7 +26,7 @@ def average_samples(outputs, average):
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class MultiSampleModel(_NetworkWrapper):
+class MultiSampleModel(NetworkWrapper):
     """Trains and evaluates a Bayesian model with ``S`` whole-network weight samples per step.
 
     Blundell et al. (2015) estimate the ELBO's expected likelihood with several
@@ -115,7 +115,7 @@ class MultiSampleModel(_NetworkWrapper):
             return super().call(inputs, training=training)
         samples = self.num_samples
         with weight_samples(self.network, samples, joint=True, with_kl=True):
-            outputs = self.network(_tile_rows(inputs, samples), training=training)
+            outputs = self.network(tile_rows(inputs, samples), training=training)
         return tf.nest.map_structure(lambda y: average_samples(_split_samples(y, samples), self.average), outputs)
 
     def _steps_with_samples(self, step, data):

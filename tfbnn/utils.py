@@ -16,6 +16,8 @@ __all__ = [
     "posterior_mean",
     "weight_samples",
     "kl_divergence",
+    "tile_rows",
+    "NetworkWrapper",
 ]
 
 
@@ -171,7 +173,7 @@ def kl_divergence(model):
     return sum(layer.kl_divergence() for layer in bayesian_layers(model))
 
 
-def _tile_rows(x, times):
+def tile_rows(x, times):
     """``x`` (a nest of tensors, or None) tiled ``times`` times along the rows, sample-major."""
     if x is None:
         return None
@@ -180,8 +182,10 @@ def _tile_rows(x, times):
     )
 
 
-class _NetworkWrapper(keras.Model):
-    """A model that trains ``self.network`` its own way and saves it in its config under ``"model"``."""
+class NetworkWrapper(keras.Model):
+    """Base of the models that train a wrapped ``self.network`` their own way
+    (:class:`tfbnn.ibnn.IBNNModel`, :class:`tfbnn.MultiSampleModel`): calls go to the
+    network unchanged, and the config holds it under ``"model"``."""
 
     def call(self, inputs, training=None):
         return self.network(inputs, training=training)
