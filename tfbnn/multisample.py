@@ -4,9 +4,8 @@ import keras
 import tensorflow as tf
 
 from tfbnn import checks
-from tfbnn.layers.base import StochasticLayer
 from tfbnn.layers.node import NodeLayer
-from tfbnn.utils import NetworkWrapper, tile_rows, weight_samples
+from tfbnn.utils import NetworkWrapper, stochastic_layers, tile_rows, weight_samples
 
 __all__ = ["MultiSampleModel", "AVERAGES"]
 
@@ -97,8 +96,8 @@ class MultiSampleModel(NetworkWrapper):
         num_samples = checks.integer("num_samples", num_samples, 1)
         if average not in AVERAGES:
             raise ValueError(f"Expected `average` in {AVERAGES}. Received: average={average!r}")
-        layers = model._flatten_layers(include_self=False, recursive=True)
-        if not any(isinstance(layer, StochasticLayer) for layer in layers):
+        layers = stochastic_layers(model)
+        if not layers:
             raise ValueError(f"Expected a model with tfbnn stochastic layers. Received: model={model.name!r} without any")
         if any(isinstance(layer, NodeLayer) for layer in layers):
             raise ValueError(

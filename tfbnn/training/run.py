@@ -302,7 +302,8 @@ def _describe(recipe, model, data, strategy=None):
         lines.append(f"  strategy: {type(strategy).__name__}, {strategy.num_replicas_in_sync} replica(s)")
     if recipe.is_bayesian:
         lines.append(f"  ELBO:     KL schedule {recipe.kl_schedule} to beta = {recipe.beta:g}, "
-                     f"{recipe.train_samples} sample(s) per example and step")
+                     f"{recipe.train_samples} " + ("noise samples per example" if recipe.method == "ibnn" else
+                     "whole-network weight samples") + " per step")
     return "\n".join(lines)
 
 
