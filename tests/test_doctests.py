@@ -17,7 +17,8 @@ import pytest
 
 PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tfbnn")
 OPTIONFLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-PROMPT = re.compile(r"^\s*>>>( |$)", re.MULTILINE)
+# A `>>>` prompt with code on it (doctest ignores prompts with only a comment).
+PROMPT = re.compile(r"^\s*>>> +(?!#)\S", re.MULTILINE)
 
 
 def _modules():
@@ -49,10 +50,11 @@ def test_docstring_examples_run(module_name, path, tmp_path, monkeypatch):
     tests = _doctests(module_name)
     # Every `>>>` prompt in the file belongs to an example the finder collected: an
     # example hidden where doctest does not look (a docstring of an object from
-    # another module, a comment) would otherwise never run.
+    # another module, a comment) would otherwise never run. (More examples than
+    # prompts: a docstring template filled in for several classes.)
     with open(path, encoding="utf-8") as f:
         prompts = len(PROMPT.findall(f.read()))
-    assert sum(len(t.examples) for t in tests) == prompts, (
+    assert sum(len(t.examples) for t in tests) >= prompts, (
         f"{path}: {prompts} `>>>` prompts, but doctest found "
         f"{sum(len(t.examples) for t in tests)} examples in docstrings"
     )
