@@ -376,8 +376,8 @@ def add_node_noise(
     Args:
         model: a built ``keras.Sequential`` or functional model (nested ones are
             handled recursively); subclassed models cannot be rebuilt.
-        num_components, prior_stddev, init_scale_mean, init_scale_stddev,
-            kl_estimator: the node layers' arguments (see :mod:`tfbnn.layers.node`).
+        num_components, prior_stddev, init_scale_mean, init_scale_stddev, kl_estimator: the
+            node layers' arguments (see :mod:`tfbnn.layers.node`).
         init_stddev: float >= 0, sigma0 of the initial component means. Default 0:
             every ``mu_k`` starts at 1, so the copy starts as the trained network
             plus small noise (``sigma ~ 0.05``), rather than a perturbed one.

@@ -198,9 +198,9 @@ class LayerFactory:
             or ``"last"`` (a deterministic body: only :meth:`head` and
             :meth:`head_dropout` follow the method).
 
-    Attributes:
-        method, options (resolved, defaults filled in), num_examples, seed,
-        bayesian_layers, kl_weight (``1 / N`` or None), is_bayesian.
+    Its attributes: ``method``, ``options`` (resolved, defaults filled in),
+    ``num_examples``, ``seed``, ``bayesian_layers``, ``kl_weight`` (``1 / N`` or
+    None), ``is_bayesian``.
     """
 
     def __init__(self, method="deterministic", options=None, num_examples=None, seed=None, bayesian_layers="all"):
