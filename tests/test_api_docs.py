@@ -61,3 +61,13 @@ def test_docstring_conventions_become_google_style():
     )
     # Outside an Args section a "a, b: c" line is prose and stays.
     assert normalize("Returns:\n    mean, std: arrays.\n") == "Returns:\n    mean, std: arrays.\n"
+
+
+def test_restructuredtext_habits_become_markdown():
+    normalize = _load_extension().normalize
+    assert normalize("See :class:`tfbnn.KLAnnealing` and :func:`~tfbnn.predict`.") == (
+        "See ``tfbnn.KLAnnealing`` and ``tfbnn.predict``.")
+    assert normalize("The loss is::\n\n    a + b\n") == "The loss is:\n\n    a + b\n"
+    table = ("====  ===========\nname  what\n====  ===========\n``a``   first,\n      wrapped\n"
+             "``b``   second\n====  ===========\n")
+    assert normalize(table) == "| name | what |\n|---|---|\n| ``a`` | first, wrapped |\n| ``b`` | second |\n"
