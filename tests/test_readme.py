@@ -14,6 +14,8 @@ import shlex
 
 import pytest
 
+import tfbnn  # noqa: F401  (the checkout's package, imported before the blocks change directory)
+
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
 # Blocks that cannot run here, by the heading of their section, with the reason.
