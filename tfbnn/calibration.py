@@ -46,6 +46,7 @@ def logits_from_probs(probs, min_prob=_MIN_PROB):
         float64 array ``(N, C)``.
 
     Example:
+        >>> import tfbnn
         >>> tfbnn.calibration.logits_from_probs([[0.5, 0.5]])
         array([[-0.69314718, -0.69314718]])
     """
@@ -79,6 +80,7 @@ class TemperatureScaling:
         max_iterations: int > 0, L-BFGS iterations of :meth:`fit`. Default 100.
 
     Example:
+        >>> import numpy as np, tfbnn
         >>> rng = np.random.default_rng(0)
         >>> z = rng.normal(size=(2000, 3))                     # calibrated logits
         >>> y = np.array([rng.choice(3, p=np.exp(r) / np.exp(r).sum()) for r in z])

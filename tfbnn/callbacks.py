@@ -49,8 +49,15 @@ class KLAnnealing(keras.callbacks.Callback):
             unknown length.
 
     Example:
-        >>> cb = tfbnn.KLAnnealing(num_examples=len(x_train), schedule=tfbnn.schedules.WarmUp(2, 5))
-        >>> model.fit(x_train, y_train, epochs=10, callbacks=[cb])
+        >>> import keras, numpy as np, tfbnn
+        >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+        >>> y = (x[:, 0] > 0).astype("int32")
+        >>> model = keras.Sequential([keras.Input((4,)), tfbnn.DenseFlipout(2, activation="softmax", seed=0)])
+        >>> model.compile("adam", "sparse_categorical_crossentropy")
+        >>> cb = tfbnn.KLAnnealing(num_examples=len(x), schedule=tfbnn.schedules.WarmUp(1, 2))
+        >>> history = model.fit(x, y, epochs=3, batch_size=32, callbacks=[cb], verbose=0)
+        >>> history.history["kl_beta"]   # beta at each epoch's last batch (2 batches per epoch)
+        [0.0, 0.25, 0.75]
 
     With ``fit(steps_per_execution=k)`` Keras calls batch hooks once per k steps,
     so beta changes every k batches.
@@ -115,9 +122,15 @@ class SparsityMonitor(keras.callbacks.Callback):
         verbose: 0 or 1; 1 prints one line per epoch.
 
     Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+        >>> y = (x[:, 0] > 0).astype("int32")
+        >>> model = keras.Sequential([keras.Input((4,)), tfbnn.DenseVariationalDropout(2, activation="softmax", seed=0)])
+        >>> model.compile("adam", "sparse_categorical_crossentropy")
         >>> monitor = tfbnn.callbacks.SparsityMonitor()
-        >>> history = model.fit(x, y, epochs=5, callbacks=[tfbnn.KLAnnealing(len(x)), monitor])
-        >>> history.history["sparsity"]
+        >>> history = model.fit(x, y, epochs=2, callbacks=[tfbnn.KLAnnealing(len(x)), monitor], verbose=0)
+        >>> len(history.history["sparsity"]), len(monitor.reports)   # one value and report per epoch
+        (2, 2)
     """
 
     def __init__(self, criterion="auto", threshold=None, verbose=0):
@@ -154,9 +167,15 @@ class NaNGuard(keras.callbacks.TerminateOnNaN):
     can report where training diverged.
 
     Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> x = np.full((8, 2), np.nan, "float32")            # NaN inputs: the loss becomes NaN
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> model.compile("sgd", "mse")
         >>> guard = tfbnn.callbacks.NaNGuard()
-        >>> model.fit(x, y, callbacks=[guard])
-        >>> if guard.where: print(guard.message())
+        >>> _ = model.fit(x, np.zeros(8), epochs=3, callbacks=[guard], verbose=0)
+        Batch 0: Invalid loss, terminating training
+        >>> guard.message()
+        'the loss became nan at epoch 1, batch 1'
     """
 
     def __init__(self):

@@ -156,6 +156,7 @@ def shift_sweep(
         With ``return_predictions``: ``(rows, predictions)``.
 
     Example:
+        >>> import keras, numpy as np, tfbnn
         >>> model = keras.Sequential([keras.Input((4,)),
         ...                           tfbnn.layers.DenseFlipout(3, activation="softmax", seed=0)])
         >>> x, y = np.random.default_rng(0).random((20, 4)).astype("float32"), np.zeros(20, int)

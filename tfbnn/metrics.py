@@ -146,6 +146,7 @@ def accuracy(probs, labels):
         float in [0, 1].
 
     Example:
+        >>> import tfbnn
         >>> tfbnn.metrics.accuracy([[0.9, 0.1], [0.4, 0.6]], [0, 0])
         0.5
     """
@@ -168,6 +169,7 @@ def negative_log_likelihood(probs, labels):
         float >= 0.
 
     Example:
+        >>> import tfbnn
         >>> round(tfbnn.metrics.negative_log_likelihood([[0.5, 0.5], [0.25, 0.75]], [0, 1]), 4)
         0.4904
     """
@@ -191,6 +193,7 @@ def brier_score(probs, labels):
         float in [0, 2].
 
     Example:
+        >>> import tfbnn
         >>> tfbnn.metrics.brier_score([[1.0, 0.0], [0.5, 0.5]], [0, 1])
         0.25
     """
@@ -242,6 +245,7 @@ def reliability_diagram(probs, labels, num_bins=15):
         A :class:`ReliabilityDiagram`.
 
     Example:
+        >>> import tfbnn
         >>> d = tfbnn.metrics.reliability_diagram([[0.9, 0.1], [0.6, 0.4]], [0, 1], num_bins=5)
         >>> d.count.tolist(), d.accuracy[[2, 4]].tolist()   # 0.6 is in (0.4, 0.6]
         ([0, 0, 1, 0, 1], [0.0, 1.0])
@@ -279,6 +283,7 @@ def expected_calibration_error(probs, labels, num_bins=15):
         float in [0, 1].
 
     Example:
+        >>> import tfbnn
         >>> tfbnn.metrics.expected_calibration_error([[0.9, 0.1], [0.8, 0.2]], [0, 1], num_bins=10)
         0.45
     """
@@ -326,6 +331,7 @@ def selective_prediction(probs, labels, uncertainty=None):
         A :class:`SelectivePrediction` (``coverage``, ``accuracy``, ``area``).
 
     Example:
+        >>> import tfbnn
         >>> curve = tfbnn.metrics.selective_prediction([[0.9, 0.1], [0.6, 0.4]], [0, 1])
         >>> curve.accuracy.tolist(), curve.area
         ([1.0, 0.5], 0.75)
@@ -472,6 +478,7 @@ class NegativeLogLikelihood(_MeanOfExamples):
         name, dtype: as for any ``keras.metrics.Metric``.
 
     Example:
+        >>> import tfbnn
         >>> m = tfbnn.metrics.NegativeLogLikelihood()
         >>> m.update_state([0, 1], [[0.5, 0.5], [0.25, 0.75]])
         >>> round(float(m.result()), 4)
@@ -498,6 +505,7 @@ class BrierScore(_MeanOfExamples):
         name, dtype: as for any ``keras.metrics.Metric``.
 
     Example:
+        >>> import tfbnn
         >>> m = tfbnn.metrics.BrierScore()
         >>> m.update_state([0, 1], [[1.0, 0.0], [0.5, 0.5]])
         >>> float(m.result())
@@ -529,6 +537,7 @@ class ExpectedCalibrationError(keras.metrics.Metric):
         name, dtype: as for any ``keras.metrics.Metric``.
 
     Example:
+        >>> import tfbnn
         >>> m = tfbnn.metrics.ExpectedCalibrationError(num_bins=10)
         >>> m.update_state([0], [[0.9, 0.1]])
         >>> m.update_state([1], [[0.8, 0.2]])   # accumulated across batches
