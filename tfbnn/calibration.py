@@ -7,7 +7,9 @@ softens (``T > 1``) the probabilities::
     p(y | x) = softmax(z(x) / T),    T* = argmin_T  -(1/N) sum_i log softmax(z_i / T)_{y_i}
 
 The fit minimises the validation NLL over ``log T`` (so ``T`` stays positive)
-with L-BFGS (``tfp.optimizer.lbfgs_minimize``), in float64.
+with L-BFGS (``tfp.optimizer.lbfgs_minimize``), in float64, within
+``1e-3 < T < 1e3`` (a fit that ends at a bound warns: the validation NLL has no
+finite minimum, e.g. predictions no better than uniform).
 
 For a model that ends in a softmax, :func:`logits_from_probs` gives logits
 ``log p`` (the softmax is shift invariant, so ``softmax(log p / T)`` is temperature
@@ -31,7 +33,8 @@ under-confident because the samples disagree (a Bayes-by-Backprop MLP at
 ``beta = 1`` on a small data set), which ``"samples"`` cannot: sharpening every
 sample leaves their disagreement, and so the width of the mixture, in place.
 ``"samples"`` keeps the predictive a mixture of per-sample predictions, so the
-uncertainty split stays the exact Depeweg et al. (2018) one.
+uncertainty split stays the exact Depeweg et al. (2018) one, but unlike
+``"pooled"`` it can change the predicted class.
 
 The uncertainty split of a tempered predictive. ``"samples"``: the tempered samples
 go through :func:`tfbnn.inference.summarize_classification` (total = aleatoric +
@@ -53,6 +56,7 @@ References:
 """
 
 import math
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -62,11 +66,13 @@ from tfbnn import checks
 from tfbnn.inference import ClassificationPrediction, entropy, summarize_classification
 from tfbnn.metrics import check_labels
 
-__all__ = ["TemperatureScaling", "logits_from_probs", "scale_prediction", "METHODS"]
+__all__ = ["TemperatureScaling", "logits_from_probs", "scale_prediction", "METHODS", "MAX_TEMPERATURE"]
 
 #: How a Monte Carlo predictive is tempered: ``softmax(log p_bar / T)`` ("pooled") or
 #: ``mean_s softmax(log p_s / T)`` ("samples").
 METHODS = ("pooled", "samples")
+#: Fitted temperatures stay in (1 / MAX_TEMPERATURE, MAX_TEMPERATURE).
+MAX_TEMPERATURE = 1e3
 
 _MIN_PROB = 1e-12
 
@@ -152,6 +158,9 @@ def scale_prediction(prediction, temperature, method="pooled"):
     ``expected_entropy = H[p_T] - mutual_information`` (``samples`` is None). See
     the module docstring for why pooled is the default. ``T = 1`` returns the
     predictive unchanged (up to the ``1e-12`` probability floor of the logs).
+    ``"pooled"`` never changes the predicted class; ``"samples"`` can (a mixture of
+    sharpened samples may favour another class than the mixture did), and so can
+    change the accuracy.
 
     Args:
         prediction: a :class:`tfbnn.ClassificationPrediction` (from
@@ -192,7 +201,12 @@ def scale_prediction(prediction, temperature, method="pooled"):
 
 
 def _lbfgs_log_temperature(loss, initial_temperature, max_iterations):
-    """``argmin_T loss(log T)`` by L-BFGS over ``log T`` (``loss``: float64 scalar tensor)."""
+    """``argmin_T loss(log T)`` by L-BFGS over ``log T``, clipped to ``(1 / MAX_TEMPERATURE, MAX_TEMPERATURE)``.
+
+    A validation NLL that keeps falling as ``T -> inf`` (predictions no better than
+    uniform there) or ``T -> 0`` sends ``log T`` far out: the fit stops at the bound,
+    with a warning, instead of overflowing.
+    """
 
     def loss_and_grad(log_t):
         return tfp.math.value_and_gradient(lambda v: loss(v[0]), log_t)
@@ -204,8 +218,14 @@ def _lbfgs_log_temperature(loss, initial_temperature, max_iterations):
         tolerance=1e-10,
     )
     log_t = float(result.position.numpy()[0])
-    if not math.isfinite(log_t):
+    if math.isnan(log_t):
         raise RuntimeError(f"Temperature scaling diverged. Received: log T={log_t}")
+    bound = math.log(MAX_TEMPERATURE)
+    if abs(log_t) >= bound:
+        log_t = math.copysign(bound, log_t)
+        warnings.warn(f"Temperature scaling stopped at the bound T = {math.exp(log_t):.4g}: the validation NLL "
+                      "keeps falling towards T = " + ("inf (the predictions are no better than uniform on the "
+                      "validation data)" if log_t > 0 else "0") + ". Check the model and the hold-out.")
     return math.exp(log_t)
 
 

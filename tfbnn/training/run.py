@@ -483,7 +483,7 @@ def interpretation(result):
             f"{hi['accuracy']:.1%} -> {lo['accuracy']:.1%}) and narrowed the posterior (epistemic uncertainty on "
             f"clean inputs {hi['epistemic']:.3f} -> {lo['epistemic']:.3f} nats): beta is a hyper-parameter, to be "
             "chosen on validation data, and below 1 the model is no longer the Bayes posterior of its prior.")
-    return textwrap.fill(" ".join(text), 100)
+    return textwrap.fill(" ".join(text), 100, break_on_hyphens=False)
 
 
 def _write_outputs(stage, result, history_obj):
