@@ -289,20 +289,19 @@ def _numbers(accuracy, confidence, nll, ece, epistemic, auroc_epistemic):
 
 def test_the_printed_reading_follows_the_numbers():
     """interpretation() quotes the results and picks its words from them, not from expectations."""
-    run_module = importlib.import_module("tfbnn.training.run")
     recipe = training.get_recipe("digits-bbb-mlp")
-    result = run_module.RunResult(
+    result = training.RunResult(
         recipe=recipe, model=None, history=[], num_examples=100, train_seconds=1.0, files=[], output_dir="",
         test=_numbers(0.90, 0.95, 0.40, 0.05, 0.02, 0.8),                    # beta = 0.1: over-confident, worse NLL
         comparison={"beta": 1.0, **_numbers(0.93, 0.80, 0.30, 0.11, 0.20, 0.95)},  # beta = 1: under-confident
         baseline=_numbers(0.93, 0.97, 0.35, 0.04, 0.0, 0.5))
-    text = " ".join(run_module.interpretation(result).split())
+    text = " ".join(training.interpretation(result).split())
     assert "at beta = 1 (the ELBO) the BbB predictive is under-confident (mean confidence 80.0% at accuracy 93.0%" in text
     assert "at beta = 0.1 (a cold posterior, each example counted 10 times) it is over-confident" in text
     assert "and as accurate" in text and "and 3.0 points less accurate" in text
     assert "The smaller beta did not improve the predictive here (NLL 0.300 -> 0.400" in text
     assert "AUROC 0.950 at beta = 1, 0.800 at beta = 0.1" in text and "(AUROC 0.50)" in text
     assert "Temperature scaling" not in text  # none was fitted
-    assert run_module.interpretation(dataclasses.replace(result, baseline=None)) == ""
+    assert training.interpretation(dataclasses.replace(result, baseline=None)) == ""
     with pytest.raises(ValueError, match="compare_beta=1"):
         training.run(recipe.replace(method="deterministic"), compare_beta=1.0)

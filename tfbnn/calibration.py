@@ -27,7 +27,7 @@ A Bayesian model predicts ``p_bar = (1/S) sum_s p_s`` from ``S`` weight samples
 
 ``"pooled"`` is the default: it is Guo et al.'s temperature scaling applied to the
 distribution the model actually predicts, so it is the post-hoc recalibration of
-the predictive, and Rahaman & Thiery (2021, sec. 4) find pool-then-calibrate the
+the predictive, and Rahaman & Thiery (2021) find pool-then-calibrate the
 better order for ensembles. It can also sharpen a predictive that is
 under-confident because the samples disagree (a Bayes-by-Backprop MLP at
 ``beta = 1`` on a small data set), which ``"samples"`` cannot: sharpening every

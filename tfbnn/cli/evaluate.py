@@ -112,24 +112,12 @@ def _temperature(args, model, validation):
     return calibration.TemperatureScaling().fit_prediction(prediction, y_val)
 
 
-def _table_rows(numbers, num_bins):
-    c, s = numbers["clean"], numbers["shifted"]
-    rows = [("metric", "clean", f"shifted (gamma={SHIFT_GAMMA:g})")]
-    for key, label in (("accuracy", "accuracy"), ("nll", "NLL"), ("brier", "Brier score"),
-                       ("ece", f"ECE ({num_bins} bins)"), ("predictive_entropy", "total uncertainty"),
-                       ("aleatoric", "aleatoric"), ("epistemic", "epistemic")):
-        rows.append((label, f"{c[key]:.4f}", f"{s[key]:.4f}"))
-    return rows
-
-
-def _scaled_rows(numbers, num_bins):
-    scaled = numbers["temperature_scaled"]
-    c, s = scaled["clean"], scaled["shifted"]
-    rows = [(f"temperature-scaled (temperature {scaled['temperature']:.4g})", "clean", f"shifted (gamma={SHIFT_GAMMA:g})")]
-    for key, label in (("nll", "NLL"), ("brier", "Brier score"), ("ece", f"ECE ({num_bins} bins)"),
-                       ("predictive_entropy", "total uncertainty")):
-        rows.append((label, f"{c[key]:.4f}", f"{s[key]:.4f}"))
-    return rows
+def _metric_rows(title, part, keys, num_bins):
+    """Rows ``(label, clean, shifted)`` of ``part`` (a dict with ``clean`` and ``shifted``)."""
+    labels = {"accuracy": "accuracy", "nll": "NLL", "brier": "Brier score", "ece": f"ECE ({num_bins} bins)",
+              "predictive_entropy": "total uncertainty", "aleatoric": "aleatoric", "epistemic": "epistemic"}
+    rows = [(title, "clean", f"shifted (gamma={SHIFT_GAMMA:g})")]
+    return rows + [(labels[k], f"{part['clean'][k]:.4f}", f"{part['shifted'][k]:.4f}") for k in keys]
 
 
 def _detection_rows(numbers):
@@ -155,9 +143,12 @@ def run(args):
                                  shift_gamma=SHIFT_GAMMA, seed=args.seed,
                                  temperature=_temperature(args, model, validation))
     paths = write_report(result, folder, name=os.path.basename(args.model))
-    blocks = [_table_rows(result.numbers, args.num_bins)]
-    if "temperature_scaled" in result.numbers:
-        blocks.append(_scaled_rows(result.numbers, args.num_bins))
+    blocks = [_metric_rows("metric", result.numbers, ("accuracy", "nll", "brier", "ece", "predictive_entropy",
+                                                      "aleatoric", "epistemic"), args.num_bins)]
+    scaled = result.numbers.get("temperature_scaled")
+    if scaled:
+        blocks.append(_metric_rows(f"temperature-scaled (temperature {scaled['temperature']:.4g})", scaled,
+                                   ("nll", "brier", "ece", "predictive_entropy"), args.num_bins))
     blocks.append(_detection_rows(result.numbers))
     sweep = [("Gaussian shift gamma", "accuracy", "total", "aleatoric", "epistemic")]
     sweep += [(f"{r['level']:g}", f"{r['accuracy']:.4f}", f"{r['predictive_entropy']:.4f}",

@@ -1,8 +1,9 @@
 """``tfbnn train``: a recipe from flags, run by :func:`tfbnn.training.run`.
 
 With no options it is the project's main job: the built-in recipe ``digits-bbb-mlp``
-(a Bayes-by-Backprop MLP on the offline digits, about a minute on two CPU cores) with
-a deterministic baseline beside it. Every flag changes one field of that recipe; a
+(a Bayes-by-Backprop MLP on the offline digits with a tempered posterior, beta = 0.1,
+and temperature scaling fitted on a 15% hold-out), the same MLP at beta = 1 (the ELBO)
+and a deterministic baseline beside it, about a minute and a quarter on two CPU cores. Every flag changes one field of that recipe; a
 flag that does not apply to the chosen model or method is an error, never dropped.
 """
 
