@@ -60,6 +60,9 @@ __all__ = [
 
 TASKS = ("auto", "classification", "regression")
 _DEFAULT_BATCH_SIZE = 32
+# H[mean_t p_t] - mean_t H[p_t] of identical samples is not exactly 0 in float64
+# (about 1e-15): below this it is round-off, not disagreement between samples.
+_ROUNDOFF_NATS = 1e-9
 # Layers that MC dropout keeps on at inference. GaussianNoise is left out on
 # purpose: it is an input-noise regularizer, not a dropout posterior.
 _DROPOUT_TYPES = (keras.layers.Dropout, keras.layers.GaussianDropout, keras.layers.AlphaDropout)
@@ -110,7 +113,8 @@ class ClassificationPrediction:
         expected_entropy: ``(B,)``, aleatoric uncertainty ``mean_t H[p_t]``.
         mutual_information: ``(B,)``, epistemic uncertainty
             ``H[p_bar] - mean_t H[p_t]`` (Depeweg et al. 2018; Trinh et al. 2022,
-            eq. 26-27), >= 0 (round-off below 0 is clipped).
+            eq. 26-27), >= 0: differences below ``1e-9`` nats are float round-off
+            and set to 0, so identical samples (a deterministic model) give exactly 0.
         samples: ``(T, B, C)`` per-sample probabilities, or None when
             ``return_samples=False``.
         num_samples: T.
@@ -247,7 +251,8 @@ def summarize_classification(samples, from_logits=False, keep_samples=True):
     mean_probs = probs.mean(axis=0)
     total = entropy(mean_probs)
     aleatoric = entropy(probs).mean(axis=0)
-    epistemic = np.maximum(total - aleatoric, 0.0)
+    gap = total - aleatoric
+    epistemic = np.where(gap > _ROUNDOFF_NATS, gap, 0.0)
     return ClassificationPrediction(
         mean_probs=mean_probs.astype(np.float32),
         predictive_entropy=total.astype(np.float32),

@@ -15,6 +15,9 @@ negative_log_likelihood         ``-(1/N) sum_i log p_{i, y_i}`` (nats; probabili
 brier_score ``BrierScore``      ``(1/N) sum_i sum_c (p_ic - 1[c = y_i])^2`` (Brier 1950, summed
                                 over classes: range [0, 2]; some papers divide by C)
 accuracy                        ``(1/N) sum_i 1[argmax_c p_ic = y_i]``
+auroc                           ``P(s_out > s_in) + P(s_out = s_in) / 2``: the area under the ROC
+                                curve of telling apart two sets of uncertainty scores (Mann-
+                                Whitney U / (n_in n_out); Hanley & McNeil 1982)
 ==============================  =============================================================
 
 Bin convention: bins are right-closed, ``((m-1)/M, m/M]`` as in Guo et al.
@@ -36,6 +39,10 @@ References:
     Guo, Pleiss, Sun, Weinberger. On Calibration of Modern Neural Networks. ICML 2017.
     Brier. Verification of Forecasts Expressed in Terms of Probability. 1950.
     Geifman, El-Yaniv. Selective Classification for Deep Neural Networks. NeurIPS 2017.
+    Hanley, McNeil. The Meaning and Use of the Area under a Receiver Operating
+    Characteristic (ROC) Curve. Radiology 1982 (AUROC = Mann-Whitney U / (m n)).
+    Hendrycks, Gimpel. A Baseline for Detecting Misclassified and Out-of-Distribution
+    Examples in Neural Networks. ICLR 2017 (AUROC of uncertainty scores).
 """
 
 import dataclasses
@@ -55,6 +62,7 @@ __all__ = [
     "ReliabilityDiagram",
     "selective_prediction",
     "SelectivePrediction",
+    "auroc",
     "ExpectedCalibrationError",
     "NegativeLogLikelihood",
     "BrierScore",
@@ -355,6 +363,59 @@ def selective_prediction(probs, labels, uncertainty=None):
     k = np.arange(1, len(y) + 1)
     acc = np.cumsum(correct) / k
     return SelectivePrediction(coverage=k / len(y), accuracy=acc, area=float(np.mean(acc)))
+
+
+def _check_scores(name, scores):
+    s = checks.array(name, scores, np.float64)
+    if s.ndim != 1 or s.shape[0] == 0:
+        raise ValueError(f"Expected `{name}` of shape (N,) with N >= 1. Received: {name}.shape={s.shape}")
+    if not np.all(np.isfinite(s)):
+        raise ValueError(f"Expected finite `{name}`. Received: NaN or infinite values")
+    return s
+
+
+def auroc(in_scores, out_scores):
+    """Area under the ROC curve of separating ``out_scores`` (positives) from ``in_scores``.
+
+    With uncertainty scores (higher = more uncertain) of in-distribution inputs
+    ``s_in`` and shifted or out-of-distribution inputs ``s_out``::
+
+        AUROC = P(s_out > s_in) + P(s_out = s_in) / 2
+              = U / (n_in n_out),   U = sum of the ranks of s_out - n_out (n_out + 1) / 2
+
+    (Mann-Whitney U with mid-ranks for ties; Hanley & McNeil 1982). 1 separates the
+    two sets perfectly, 0.5 is chance; a score that cannot see the shift at all (the
+    epistemic uncertainty of a deterministic model, always 0) gives exactly 0.5. The
+    threshold-free detection measure of Hendrycks & Gimpel (2017).
+
+    Args:
+        in_scores: ``(n_in,)`` scores of the clean inputs (the negatives).
+        out_scores: ``(n_out,)`` scores of the shifted inputs (the positives).
+
+    Returns:
+        A float in [0, 1] (``sklearn.metrics.roc_auc_score`` on the stacked scores
+        with labels 0 / 1 gives the same number).
+
+    Example:
+        >>> tfbnn.metrics.auroc([0.1, 0.2, 0.3], [0.25, 0.4])   # 5 of 6 pairs ordered
+        0.8333333333333334
+        >>> tfbnn.metrics.auroc([0.0, 0.0], [0.0])                # ties: chance
+        0.5
+        >>> # res_in, res_out = tfbnn.predict(model, x), tfbnn.predict(model, x_shifted)
+        >>> # auroc(res_in.mutual_information, res_out.mutual_information)
+    """
+    neg = _check_scores("in_scores", in_scores)
+    pos = _check_scores("out_scores", out_scores)
+    scores = np.concatenate([neg, pos])
+    order = np.argsort(scores, kind="mergesort")
+    sorted_scores = scores[order]
+    # Mid-ranks: every member of a run of equal scores gets the mean of the run's ranks.
+    starts = np.flatnonzero(np.r_[True, sorted_scores[1:] != sorted_scores[:-1]])
+    ends = np.r_[starts[1:], len(scores)]
+    ranks = np.empty(len(scores))
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
+    u = ranks[len(neg):].sum() - len(pos) * (len(pos) + 1) / 2.0
+    return float(u / (len(neg) * len(pos)))
 
 
 # -- Keras metrics ---------------------------------------------------------------------

@@ -5,7 +5,9 @@ name                                   protocol (source)
 =====================================  =====================================================
 ``digits-bbb-mlp``                     the main job (``tfbnn train``): BbB MLP 64-64, local
                                        reparameterization, N(0, 1) prior, Adam 3e-3, 60
-                                       epochs, KL ramp over the first half; offline digits
+                                       epochs, KL ramp over the first half to a tempered
+                                       beta = 0.1; offline digits, 15% validation hold-out
+                                       for temperature scaling
 ``blundell-mnist-{400,800,1200}``      Blundell et al. 2015 sec. 5.1: 2 hidden ReLU layers of
                                        400/800/1200 units, scale-mixture prior, minibatch
                                        weights pi_i = 2^(M-i)/(2^M-1) (eq. 9), plain SGD lr
@@ -117,12 +119,16 @@ def _main_job():
     return Recipe(
         name="digits-bbb-mlp",
         description=("the main job: a small Bayes-by-Backprop MLP on the offline 8x8 digits (no download), "
-                     "about a minute on 2 CPU cores"),
-        reference="Blundell et al. 2015 (Bayes by Backprop); Kingma et al. 2015 (local reparameterization)",
+                     "about a minute on 2 CPU cores; a tempered posterior, beta = 0.1 (the data counted ten times "
+                     "against the prior: at beta = 1 the predictive of this MLP on ~1,200 examples is "
+                     "under-confident and less accurate than a deterministic one; `tfbnn train` trains beta = 1 "
+                     "beside it), temperature scaling fitted on a 15% validation hold-out"),
+        reference=("Blundell et al. 2015 (Bayes by Backprop); Kingma et al. 2015 (local reparameterization); "
+                   "Wenzel et al. 2020 (tempered posteriors); Guo et al. 2017 (temperature scaling)"),
         model="mlp", model_options={"hidden_units": (64, 64)},
         method="bbb", method_options={"estimator": "local_reparameterization", "prior": "normal"},
-        dataset="digits", optimizer="adam", learning_rate=3e-3, epochs=60, batch_size=32,
-        kl_schedule="linear", eval_samples=32,
+        dataset="digits", validation_fraction=0.15, optimizer="adam", learning_rate=3e-3, epochs=60, batch_size=32,
+        kl_schedule="linear", beta=0.1, eval_samples=32, temperature_scaling=True,
     )
 
 
