@@ -86,7 +86,7 @@ def add_parser(subparsers):
                        "wide_resnet28_10, transformer, lenet_300_100, mlp_blundell, ...")
     model.add_argument("--method", choices=METHODS, default="bbb",
                        help="deterministic; mc_dropout (dropout kept on at inference); bbb (Bayes by Backprop); "
-                       "vd (sparse variational dropout); ibnn (node-based iBNN); graves (Graves 2011)")
+                       "vd (sparse variational dropout); ibnn (node-based iBNN); graves (Graves 2011, fixed N(0, 1) prior)")
     model.add_argument("--hidden-units", type=argtypes.positive_int, default=None, metavar="UNITS",
                        help=f"mlp only: units per hidden layer (default: {_MAIN_HIDDEN_UNITS})")
     model.add_argument("--depth", type=argtypes.positive_int, default=None,

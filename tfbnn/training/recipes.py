@@ -17,7 +17,8 @@ name                                   protocol (source)
 ``graves-lenet300-100-pretrained``     linear to 0 at 200, batch 100, KL weight 0 for 5
                                        epochs then linear to 1 over 15; from random
                                        initialisation or after frequentist pre-training;
-                                       Graves (2011) under the same protocol
+                                       Graves (2011), fixed N(0, 1) prior, under the same
+                                       protocol
 ``ibnn-cifar10-vgg16``                 Trinh et al. 2022 (official code, README command):
                                        VGG16, K = 4, SGD Nesterov 0.9, lr 0.05 flat to 50%
                                        then linear to 1% at 90%, weight decay 5e-4 (weights
@@ -44,6 +45,7 @@ from tfbnn.training.recipe import Recipe, load_recipe
 
 __all__ = ["RECIPES", "get_recipe", "recipe_names", "resolve"]
 
+_STANDARD_NORMAL = {"class_name": "Normal", "config": {"loc": 0.0, "scale": 1.0}}
 _BLUNDELL_PRIOR = {"class_name": "ScaleMixture", "config": {"pi": 0.25, "sigma1": 1.0, "sigma2": math.exp(-8.0)}}
 
 
@@ -68,12 +70,14 @@ def _molchanov(method, pretrained):
     return Recipe(
         name=name,
         description=("sparse variational dropout (additive, Molchanov) " if vd else "Graves (2011) variational "
-                     "inference ") + "on LeNet-300-100, MNIST, " +
+                     "inference with the fixed N(0, 1) prior (his MNIST prior; the adaptive prior collapses at "
+                     "beta = 1; Molchanov's code has no Graves baseline: his protocol is reused) ") +
+                    "on LeNet-300-100, MNIST, " +
                     ("after 20 epochs of frequentist pre-training" if pretrained else "from random initialisation"),
         reference=("Molchanov et al. 2017, Variational Dropout Sparsifies DNNs, sec. 5.1; official code "
                    "experiments/lenet/lenet300-100-ard.py and nets/optpolicy.py (lr_linear, rw_linear)"),
         model="lenet_300_100", method=method,
-        method_options={"parameterization": "additive"} if vd else {},
+        method_options={"parameterization": "additive"} if vd else {"prior": _STANDARD_NORMAL},
         dataset="mnist", optimizer="adam", learning_rate=1e-3, lr_schedule="linear", lr_boundaries=(100, 200),
         lr_final=0.0, epochs=200, batch_size=100, pretrain_epochs=20 if pretrained else 0,
         kl_schedule="warmup", warmup_epochs=5, kl_epochs=15, eval_samples=10,
