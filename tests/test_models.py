@@ -222,6 +222,29 @@ def test_big_net_parameter_counts():
     assert original.count_params() == 62_378_344
 
 
+def test_vgg16_small_parameter_count_and_ibnn_noise_variables():
+    # VGG16-small (Trinh et al. 2022, official models/vgg.py): VGG-16's 13 convolutions, then
+    # dense 512 -> 512 -> 512 -> classes on the flattened 1x1x512 map of a 32x32 input.
+    channels = [3] + [f for block in zoo.vgg.BLOCKS for f in block]  # 3, 64, 64, 128, ..., 512
+    convs = sum(9 * c_in * c_out + c_out for c_in, c_out in zip(channels[:-1], channels[1:]))
+    dense = (512 * 512 + 512) * 2 + 512 * NUM_CLASSES + NUM_CLASSES
+    small = zoo.vgg16_small(num_classes=NUM_CLASSES)
+    assert small.count_params() == convs + dense == 15_245_130  # "VGG16-small: ~15M parameters"
+    assert convs == 14_714_688 and small.name == "vgg16_small_deterministic"
+    assert small.get_config()["layers"] == zoo.build("vgg16", variant="small").get_config()["layers"]
+    options = dict(num_components=4, prior_mean=1.0, prior_stddev=0.3, init_stddev=0.05, init_scale_mean=0.3,
+                   init_scale_stddev=0.02)
+    ibnn = zoo.build("vgg16_small", "ibnn", num_examples=N, **options)
+    nodes = [layer.num_nodes for layer in tfbnn.ibnn.node_layers(ibnn)]
+    # iBNN noise multiplies every layer's inputs: one variable per input channel of each convolution
+    # (3, then the outputs of the first 12: 3,715) and per input feature of each dense layer (the
+    # flattened 512-map into fc1, fc1's 512 into fc2, fc2's 512 into the head: 1,536).
+    assert nodes == channels[:-1] + [512, 512, 512]
+    assert sum(channels[:-1]) == 3_715 and sum(nodes) == 5_251  # the paper's count of noise variables
+    layer = ibnn.get_layer("fc1")
+    assert (layer.prior_mean, layer.prior_stddev, layer.init_stddev, layer.init_scale_mean) == (1.0, 0.3, 0.05, 0.3)
+
+
 # -- the method factory ----------------------------------------------------------------------
 
 
@@ -252,10 +275,15 @@ def test_vd_ibnn_and_mc_dropout_layers_and_options():
     vd_layers = tfbnn.bayesian_layers(vd)
     assert [type(l) for l in vd_layers] == [Conv2DVariationalDropout] * 2 + [DenseVariationalDropout] * 3
     assert all(l.parameterization == "multiplicative" for l in vd_layers)
-    ibnn = zoo.lenet5("ibnn", num_examples=N, num_components=3, prior_stddev=0.2)
+    options = dict(num_components=3, prior_mean=0.9, prior_stddev=0.2, init_mean=1.1, init_stddev=0.0,
+                   init_scale_mean=0.25, init_scale_stddev=0.0)
+    ibnn = zoo.lenet5("ibnn", num_examples=N, **options)
     ibnn_layers = tfbnn.bayesian_layers(ibnn)
     assert [type(l) for l in ibnn_layers] == [NodeConv2D] * 2 + [NodeDense] * 3
-    assert all(l.num_components == 3 and l.prior_stddev == 0.2 for l in ibnn_layers)
+    assert all({k: getattr(l, k) for k in options} == options for l in ibnn_layers)
+    head = ibnn.get_layer("predictions")  # the initial means and scales the options asked for
+    np.testing.assert_array_equal(head.node_loc.numpy(), np.float32(1.1))
+    np.testing.assert_allclose(head.node_scale().numpy(), 0.25, rtol=1e-6)
     mc = zoo.lenet5("mc_dropout", rate=0.3)
     kinds = [type(l) for l in tfbnn.stochastic_layers(mc)]
     assert kinds == [MCSpatialDropout2D] * 2 + [MCDropout] * 2
@@ -416,6 +444,13 @@ def test_bad_bayesian_layers_are_rejected_clearly(name, value):
         (lambda: zoo.lenet5("bbb", num_examples=N, prior="xyz"), r"Received: prior='xyz'"),
         (lambda: zoo.lenet5("vd", num_examples=N, parameterization="xyz"), r"Received: parameterization='xyz'"),
         (lambda: zoo.lenet5("ibnn", num_examples=N, num_components=0), r"Received: num_components=0"),
+        (lambda: zoo.lenet5("ibnn", num_examples=N, prior_mean=float("nan")), r"Received: prior_mean=nan"),
+        (lambda: zoo.lenet5("ibnn", num_examples=N, prior_stddev=0), r"Received: prior_stddev=0"),
+        (lambda: zoo.lenet5("ibnn", num_examples=N, init_scale_mean=-0.1), r"Received: init_scale_mean=-0.1"),
+        (lambda: zoo.lenet5("ibnn", num_examples=N, init_scale_stddev="a"), r"Received: init_scale_stddev='a'"),
+        (lambda: zoo.vgg16(variant="tiny"), r"Expected `variant` in \['imagenet', 'small'\]. Received: variant='tiny'"),
+        (lambda: zoo.vgg16_small(variant="small"), r"vgg16_small fixes `variant`"),
+        (lambda: zoo.build("transformer"), r"needs `vocab_size`.*Received: vocab_size=None"),
         (lambda: zoo.lenet5("mc_dropout", rate=1.0), r"Received: rate=1.0"),
         (lambda: zoo.lenet5(seed=-1), r"Received: seed=-1"),
         (lambda: zoo.lenet5(num_classes=1), r"Received: num_classes=1"),

@@ -26,6 +26,8 @@ name                  builder                       deterministic parameters, 10
 ``alexnet``           :func:`alexnet`               37,323,146 (32x32x3)
 ``resnet50``          :func:`resnet50`              23,608,202 (= keras.applications)
 ``vgg16``             :func:`vgg16`                 33,638,218 (= keras.applications)
+``vgg16_small``       :func:`vgg16_small`           15,245,130 (VGG16-small, Trinh et al.
+                                                    2022; fc layers of 512)
 ``wide_resnet28_10``  :func:`wide_resnet28_10`      36,479,194 trainable
 ``transformer``       :func:`transformer`           654,562 (vocab 20,000, length 120,
                                                     2 classes)
@@ -38,8 +40,10 @@ Method options: ``mc_dropout``: ``rate`` (default 0.1); ``bbb``: ``estimator``
 (``"flipout"`` default, ``"reparameterization"``, ``"local_reparameterization"``) and
 ``prior`` (a name such as ``"normal"``, ``"scale_mixture"``, or a
 :class:`tfbnn.priors.Prior`); ``vd``: ``parameterization`` (``"additive"`` default,
-``"multiplicative"``); ``ibnn``: ``num_components`` (K, default 4), ``prior_stddev``,
-``init_stddev``.
+``"multiplicative"``); ``ibnn``: ``num_components`` (K, default 4), the prior
+``prior_mean`` / ``prior_stddev`` (``N(1, 0.1^2)``), the initial component means
+``init_mean`` / ``init_stddev`` (``N(1, 0.5^2)``) and scales ``init_scale_mean`` /
+``init_scale_stddev`` (``|N(0.05, 0.02^2)|``).
 
 Example:
     >>> import tfbnn.models
@@ -65,7 +69,7 @@ from tfbnn.models.mlp import PRESETS as MLP_PRESETS
 from tfbnn.models.mlp import mlp
 from tfbnn.models.resnet import resnet50
 from tfbnn.models.transformer import TokenAndPositionEmbedding, transformer
-from tfbnn.models.vgg import vgg16
+from tfbnn.models.vgg import vgg16, vgg16_small
 from tfbnn.models.wide_resnet import wide_resnet, wide_resnet28_10
 
 __all__ = [
@@ -86,6 +90,7 @@ __all__ = [
     "alexnet",
     "resnet50",
     "vgg16",
+    "vgg16_small",
     "wide_resnet",
     "wide_resnet28_10",
     "transformer",
@@ -99,6 +104,7 @@ MODELS = {
     "alexnet": alexnet,
     "resnet50": resnet50,
     "vgg16": vgg16,
+    "vgg16_small": vgg16_small,
     "wide_resnet28_10": wide_resnet28_10,
     "transformer": transformer,
 }
@@ -148,7 +154,8 @@ def build(name, method="deterministic", **kwargs):
         **kwargs: the builder's arguments (``num_classes``, ``input_shape``,
             ``num_examples``, ``seed``, ``bayesian_layers``, family options such as
             ``stem``) and the method's options (``rate``, ``estimator``, ``prior``,
-            ``parameterization``, ``num_components``, ``prior_stddev``, ``init_stddev``).
+            ``parameterization``, ``num_components``, ``prior_mean``, ``prior_stddev``,
+            ``init_mean``, ``init_stddev``, ``init_scale_mean``, ``init_scale_stddev``).
 
     Returns:
         An uncompiled functional ``keras.Model`` with softmax outputs.
