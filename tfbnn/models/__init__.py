@@ -29,6 +29,8 @@ name                  builder                       deterministic parameters, 10
 ``vgg16_small``       :func:`vgg16_small`           15,245,130 (VGG16-small, Trinh et al.
                                                     2022; fc layers of 512)
 ``wide_resnet28_10``  :func:`wide_resnet28_10`      36,479,194 trainable
+``convnext``          :func:`convnext`              28,589,128 (ConvNeXt-T, 224x224x3,
+                                                    1000 classes; CIFAR: ``patch_size`` 1-2)
 ``transformer``       :func:`transformer`           654,562 (vocab 20,000, length 120,
                                                     2 classes)
 ====================  ============================  =====================================
@@ -55,6 +57,8 @@ Example:
 """
 
 from tfbnn.models.alexnet import alexnet
+from tfbnn.models.convnext import CONFIGS as CONVNEXT_CONFIGS
+from tfbnn.models.convnext import LayerScale, StochasticDepth, convnext
 from tfbnn.models.lenet import lenet5
 from tfbnn.models.methods import (
     BAYESIAN_LAYERS,
@@ -91,6 +95,10 @@ __all__ = [
     "resnet50",
     "vgg16",
     "vgg16_small",
+    "convnext",
+    "CONVNEXT_CONFIGS",
+    "LayerScale",
+    "StochasticDepth",
     "wide_resnet",
     "wide_resnet28_10",
     "transformer",
@@ -105,6 +113,7 @@ MODELS = {
     "resnet50": resnet50,
     "vgg16": vgg16,
     "vgg16_small": vgg16_small,
+    "convnext": convnext,
     "wide_resnet28_10": wide_resnet28_10,
     "transformer": transformer,
 }

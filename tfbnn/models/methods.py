@@ -220,12 +220,17 @@ class LayerFactory:
         return (f"LayerFactory(method={self.method!r}, {opts}{', ' if opts else ''}num_examples={self.num_examples}, "
                 f"bayesian_layers={self.bayesian_layers!r})")
 
-    def _next_seed(self):
+    def next_seed(self):
+        """The next derived seed (``seed + i + 1`` for the i-th call; None without a seed).
+
+        The factory's own stochastic layers take theirs from here; a builder's other
+        seeded layers (ConvNeXt's stochastic depth) do too, so no two share a seed.
+        """
         self._count += 1
         return None if self.seed is None else self.seed + self._count
 
     def _bayesian_kwargs(self):
-        kwargs = {"kl_weight": self.kl_weight, "seed": self._next_seed()}
+        kwargs = {"kl_weight": self.kl_weight, "seed": self.next_seed()}
         if self.method == "bbb":
             prior = self.options["prior"]
             kwargs.update(kernel_prior=prior, bias_prior=prior)
@@ -289,7 +294,7 @@ class LayerFactory:
         return self._mc_dropout(layers_lib.MCDropout, x, name) if last_only else x
 
     def _mc_dropout(self, cls, x, name):
-        return cls(self.options["rate"], seed=self._next_seed(), name=name)(x)
+        return cls(self.options["rate"], seed=self.next_seed(), name=name)(x)
 
     # -- normalization -------------------------------------------------------------------
     def batch_norm(self, name=None, **kwargs):
