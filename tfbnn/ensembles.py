@@ -54,6 +54,7 @@ def member_seeds(seed, num_members):
     layers seeded the same way, the same initial weights).
 
     Example:
+        >>> import tfbnn
         >>> tfbnn.ensembles.member_seeds(3, 4)
         [3, 1003, 2003, 3003]
     """
@@ -125,6 +126,7 @@ class DeepEnsemble(keras.Model):
     Output shape: the members' output shape, ``(B, ...)``.
 
     Example:
+        >>> import keras, numpy as np, tfbnn
         >>> def member(seed):
         ...     keras.utils.set_random_seed(seed)
         ...     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
@@ -275,6 +277,7 @@ def train_ensemble(build_fn, num_members, x, y=None, seed=0, compile_kwargs=None
         A :class:`DeepEnsemble` (and the list of histories with ``return_histories``).
 
     Example:
+        >>> import keras, numpy as np, tfbnn
         >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
         >>> y = (x[:, 0] > 0).astype("int32")
         >>> def build(seed):

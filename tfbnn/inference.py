@@ -271,6 +271,7 @@ def summarize_classification(samples, from_logits=False, keep_samples=True):
         A :class:`ClassificationPrediction`.
 
     Example:
+        >>> import tfbnn
         >>> p = np.array([[[0.9, 0.1]], [[0.1, 0.9]]])  # T=2 confident, disagreeing samples
         >>> s = tfbnn.inference.summarize_classification(p)
         >>> round(float(s.mutual_information[0]), 4)  # log 2 - H(0.9, 0.1)
@@ -312,6 +313,7 @@ def summarize_regression(samples, gaussian_head=False, keep_samples=True):
         A :class:`RegressionPrediction`.
 
     Example:
+        >>> import tfbnn
         >>> s = tfbnn.inference.summarize_regression(np.array([[[1.0, 0.5]], [[3.0, 0.5]]]),
         ...                                          gaussian_head=True)
         >>> s.mean, s.epistemic_std, s.aleatoric_std
