@@ -33,8 +33,15 @@ def add_parser(subparsers):
                         help="dataset whose test split is evaluated")
     parser.add_argument("--seed", type=argtypes.non_negative_int, default=0,
                         help="seed of the data split and the shift noise")
-    parser.add_argument("--num-samples", type=argtypes.positive_int, default=50, metavar="T",
-                        help="Monte Carlo samples per example")
+    parser.add_argument("--num-samples", type=argtypes.samples_or_auto, default=50, metavar="T",
+                        help="Monte Carlo samples per example (per member of a deep ensemble), or 'auto': add "
+                        "samples in chunks until the Monte Carlo standard error of each example's predictive "
+                        "mean is below --tolerance")
+    parser.add_argument("--tolerance", type=argtypes.positive_float, default=None, metavar="SE",
+                        help="--num-samples auto: the target standard error of the predicted probabilities "
+                        "(default 0.01)")
+    parser.add_argument("--max-samples", type=argtypes.positive_int, default=None, metavar="T",
+                        help="--num-samples auto: the most samples per example (default 1000)")
     parser.add_argument("--num-bins", type=argtypes.positive_int, default=15, help="ECE bins")
     parser.add_argument("--max-examples", type=argtypes.positive_int, default=None,
                         help="cap on the test examples")
@@ -48,6 +55,7 @@ def load_model(path):
     """A saved ``.keras`` model (tfbnn's layers registered); a corrupt file is a :class:`RunError`."""
     import keras
 
+    import tfbnn.ensembles  # noqa: F401  (DeepEnsemble)
     import tfbnn.layers  # noqa: F401  (registers the tfbnn layers for deserialization)
     import tfbnn.models  # noqa: F401  (the zoo's own layers)
     import tfbnn.schedules  # noqa: F401  (the learning-rate schedule of compiled recipe models)
@@ -62,7 +70,9 @@ def _test_split(args, model):
     """The test split in the shape the model takes (flattened for dense models, images for conv)."""
     from tfbnn import datasets, training
 
-    shape = tuple(model.inputs[0].shape[1:])
+    from tfbnn.ensembles import DeepEnsemble
+
+    shape = tuple((model.members[0] if isinstance(model, DeepEnsemble) else model).inputs[0].shape[1:])
     try:
         data = datasets.load_pipeline(args.dataset, batch_size=1024, validation_fraction=0.0,
                                       standardize=args.dataset in datasets.CIFAR_DATASETS, flatten=len(shape) == 1,
@@ -75,6 +85,12 @@ def _test_split(args, model):
     return (data.name, *training.arrays(data.test))
 
 
+def _tolerance(args):
+    from tfbnn.inference import AdaptiveSampling
+
+    return args.tolerance if args.tolerance is not None else AdaptiveSampling().tolerance
+
+
 def run(args):
     """``tfbnn evaluate``: returns the exit status."""
     from tfbnn import io
@@ -84,19 +100,23 @@ def run(args):
     model = load_model(args.model)
     name, x_test, y_test = _test_split(args, model)
     result = evaluate_classifier(model, x_test, y_test, num_samples=args.num_samples, num_bins=args.num_bins,
-                                 shift_gamma=SHIFT_GAMMA, seed=args.seed)
+                                 shift_gamma=SHIFT_GAMMA, seed=args.seed, tolerance=args.tolerance,
+                                 max_samples=args.max_samples)
     paths = write_report(result, folder, name=os.path.basename(args.model))
     c, s = result.numbers["clean"], result.numbers["shifted"]
     rows = [("metric", "clean", f"shifted (gamma={SHIFT_GAMMA:g})")]
     for key, label in (("accuracy", "accuracy"), ("nll", "NLL"), ("brier", "Brier score"),
                        ("ece", f"ECE ({args.num_bins} bins)"), ("predictive_entropy", "total uncertainty"),
-                       ("aleatoric", "aleatoric"), ("epistemic", "epistemic")):
-        rows.append((label, f"{c[key]:.4f}", f"{s[key]:.4f}"))
+                       ("aleatoric", "aleatoric"), ("epistemic", "epistemic"),
+                       ("mean_samples_used", "samples per example (mean)")):
+        if key in c:
+            rows.append((label, f"{c[key]:.4f}", f"{s[key]:.4f}"))
     sweep = [("Gaussian shift gamma", "accuracy", "total", "aleatoric", "epistemic")]
     sweep += [(f"{r['level']:g}", f"{r['accuracy']:.4f}", f"{r['predictive_entropy']:.4f}",
                f"{r['expected_entropy']:.4f}", f"{r['mutual_information']:.4f}") for r in result.sweep]
     print(io.format_table(f"Evaluation of {args.model} on {name} ({len(y_test)} test examples, "
-                          f"T = {args.num_samples})",
+                          f"T = {args.num_samples}"
+                          + (f", tolerance {_tolerance(args):g})" if args.num_samples == "auto" else ")"),
                           [rows, [("accuracy-coverage area", f"{result.numbers['selective_area']:.4f}")], sweep]))
     print(f"\nWrote {len(paths)} files to {folder}/: " + ", ".join(os.path.basename(p) for p in paths))
     return 0

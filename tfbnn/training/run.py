@@ -58,8 +58,10 @@ class RunResult:
         model: the trained Keras model.
         test: dict of test metrics (``accuracy``, ``nll``, ``ece``, ``brier``,
             ``predictive_entropy``, ``aleatoric``, ``epistemic``, and the same under
-            ``shifted``; ``posterior_mean_accuracy`` for Bayesian models; ``kl``).
-        history: list of per-epoch dicts (loss, accuracy, nll, val_*, kl_beta, seconds).
+            ``shifted``; ``posterior_mean_accuracy`` for Bayesian models; ``kl``, for an
+            ensemble the members' mean; ``num_samples``, for an ensemble all ``M * T``).
+        history: list of per-epoch dicts (loss, accuracy, nll, val_*, kl_beta, seconds);
+            for an ensemble one per member and epoch (with ``member``).
         num_examples: N, the training examples used.
         train_seconds: float.
         files: list of the written paths.
@@ -162,7 +164,7 @@ def _jit(jit_compile, recipe):
     # XLA helps local reparameterization (no weight-sized draw) and slows weight-sized
     # normal draws on CPU (see the README's benchmarks).
     options = recipe.method_options
-    return (recipe.method == "bbb" and options.get("estimator") == "local_reparameterization"
+    return (recipe.member_method == "bbb" and options.get("estimator") == "local_reparameterization"
             and options.get("prior", "normal") == "normal" and _is_mlp(recipe))
 
 
@@ -212,7 +214,7 @@ def arrays(dataset):
 
 
 def _eval_samples(recipe, model):
-    if recipe.method != "ibnn":
+    if recipe.member_method != "ibnn":
         return recipe.eval_samples
     from tfbnn import ibnn
 
@@ -225,21 +227,68 @@ def _evaluate(model, recipe, data):
 
     x_test, y_test = arrays(data.test)
     t = _eval_samples(recipe, model)
+    # An ensemble runs M members with T samples each (T = 1 for deterministic members: exact).
+    total = recipe.num_members * (t if utils.stochastic_layers(model) or recipe.method != "ensemble" else 1)
     result = evaluation.evaluate_classifier(model, x_test, y_test, num_samples=t, num_bins=recipe.ece_bins,
                                             shift_gamma=SHIFT_GAMMA, sweep_levels=(), seed=recipe.seed,
-                                            batch_size=max(1, 2048 // t))
-    test = {**result.numbers["clean"], "shifted": result.numbers["shifted"], "num_samples": t, "num_test": len(y_test)}
+                                            batch_size=max(1, 2048 // total))
+    test = {**result.numbers["clean"], "shifted": result.numbers["shifted"], "num_samples": total,
+            "num_test": len(y_test)}
     for key in ("posterior_mean_accuracy", "posterior_mean_ece"):
         if key in result.numbers:
             test[key] = result.numbers[key]
-    test["kl"] = float(utils.kl_divergence(model)) if utils.bayesian_layers(model) else 0.0
+    # An ensemble's KL is its members' mean: the KL term of each member's ELBO.
+    test["kl"] = float(utils.kl_divergence(model)) / recipe.num_members if utils.bayesian_layers(model) else 0.0
     return test
 
 
 def _history_rows(history):
+    if isinstance(history, _EnsembleHistory):  # one row per member and epoch
+        return [{"member": m, **row} for m, h in enumerate(history.members) for row in _history_rows(h)]
     logs = history.history
     epochs = len(logs.get("loss", []))
     return [{"epoch": i + 1, **{k: float(v[i]) for k, v in logs.items() if i < len(v)}} for i in range(epochs)]
+
+
+class _EnsembleHistory:
+    """The members' Keras histories; ``history`` holds the per-epoch mean over members (the curves)."""
+
+    def __init__(self, members):
+        self.members = members
+        keys = set.intersection(*(set(h.history) for h in members))
+        self.history = {k: [sum(vs) / len(vs) for vs in zip(*(h.history[k] for h in members))] for k in sorted(keys)}
+
+
+def _member_data(data, seed):
+    """``data`` with its training split reshuffled by ``seed``: every member sees its own data order
+    (Lakshminarayanan et al. 2017 train members on random orders), the same examples and hold-out."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    train = (data.train.unbatch().shuffle(max(1, data.num_examples), seed=seed, reshuffle_each_iteration=True)
+             .batch(data.batch_size).apply(tf.data.experimental.assert_cardinality(data.train.cardinality()))
+             .prefetch(tf.data.AUTOTUNE))
+    return dataclasses.replace(data, train=train)
+
+
+def _train_ensemble(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
+    """Trains the M members of an ``ensemble`` recipe one after the other; ``(DeepEnsemble, history, seconds)``."""
+    import keras
+
+    from tfbnn.ensembles import DeepEnsemble
+
+    members, histories, seconds = [], [], 0.0
+    for index in range(recipe.num_members):
+        member = recipe.member_recipe(index)
+        print(f"ensemble member {index + 1}/{recipe.num_members} (seed {member.seed})", flush=True)
+        keras.utils.set_random_seed(member.seed)
+        model, history, took = _train(member, _member_data(data, member.seed), verbose, jit_compile,
+                                      extra_callbacks, strategy)
+        members.append(model)
+        histories.append(history)
+        seconds += took
+    return DeepEnsemble(members, name=f"ensemble_{members[0].name}"), _EnsembleHistory(histories), seconds
 
 
 def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
@@ -247,6 +296,9 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
     import contextlib
 
     import keras
+
+    if recipe.method == "ensemble":
+        return _train_ensemble(recipe, data, verbose, jit_compile, extra_callbacks, strategy)
 
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
     jit = _jit(jit_compile, recipe)
@@ -310,7 +362,7 @@ def _describe(recipe, model, data, strategy=None):
 def results_table(result):
     """The results of a :class:`RunResult` as aligned text (what :func:`run` prints)."""
     r, t, b = result.recipe, result.test, result.baseline
-    label = r.method if r.method != "bbb" else "BbB"
+    label = {"bbb": "BbB", "ensemble": f"ensemble of {r.num_members} {r.member_method}"}.get(r.method, r.method)
     quality = [("test metric (MC predictive)", label, "deterministic" if b else "")]
     for key, name, fmt in (("accuracy", "accuracy", "{:.2%}"), ("nll", "NLL", "{:.4f}"),
                            ("ece", f"ECE ({r.ece_bins} bins)", "{:.4f}"), ("brier", "Brier score", "{:.4f}")):
