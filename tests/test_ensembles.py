@@ -152,3 +152,29 @@ def test_bad_arguments_name_what_is_wrong():
     with pytest.raises(ValueError, match="optimizer"):
         ensembles.train_ensemble(_dense_member, 2, _x(), np.zeros(12),
                                  compile_kwargs={"optimizer": keras.optimizers.Adam(), "loss": "mse"})
+
+
+@pytest.mark.heavy
+def test_the_uncertainty_comparison_runs_in_quick_mode(tmp_path, capsys):
+    import csv
+    import json
+
+    from tfbnn import cli
+
+    out = tmp_path / "cmp"
+    assert cli.main(["uncertainty-comparison", "--quick", "--num-samples", "4", "--output-dir", str(out)]) == 0
+    for name in ("comparison.csv", "comparison.json", "comparison.md", "comparison.png"):
+        assert (out / name).stat().st_size > 0, name
+    rows = json.loads((out / "comparison.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == ["deterministic", "MC dropout", "BbB", "iBNN", "deep ensemble"]
+    by = {r["method"]: r for r in rows}
+    # No epistemic uncertainty without a posterior: every score ties, the detector is at chance.
+    assert by["deterministic"]["epistemic_clean"] == pytest.approx(0.0, abs=1e-6)
+    assert by["deterministic"]["auroc_epistemic"] == 0.5
+    assert by["deep ensemble"]["epistemic_clean"] > 0 and by["deep ensemble"]["num_samples"] == 2  # 2 members
+    for r in rows:
+        assert 0 <= r["accuracy"] <= 1 and 0 <= r["auroc_total"] <= 1 and r["nll"] > 0
+    with open(out / "comparison.csv") as f:
+        assert [r["method"] for r in csv.DictReader(f)] == list(by)
+    assert (out / "comparison.md").read_text().count("\n| ") == 6  # header + 5 rows
+    assert "| deep ensemble |" in capsys.readouterr().out
