@@ -392,33 +392,31 @@ def _easy_and_hard(n=6):
     return x
 
 
-def _numpy_standard_error(samples, strata=1):
-    """max_c sqrt(sum_m s_mc^2 / (S^2 n)) from NaN-padded, member-major samples (S * T, B, C)."""
+def _numpy_standard_error(samples, strata=1, floor=1.0):
+    """max_c sqrt((sum_m s_mc^2 / S + floor / n) / (S n)) from NaN-padded, member-major samples (S * T, B, C)."""
     s = samples.astype(np.float64).reshape(strata, -1, *samples.shape[1:])
     n = np.sum(~np.isnan(s[0, :, :, 0]), axis=0)
     var = np.nanvar(s, axis=1, ddof=1)  # (S, B, C)
-    return np.sqrt(np.max(var.sum(axis=0) / (strata**2 * n[:, None]), axis=-1)), n
+    return np.sqrt(np.max((var.sum(axis=0) / strata + floor / n[:, None]) / (strata * n[:, None]), axis=-1)), n
 
 
 def test_adaptive_stopping_rule_holds_on_the_returned_samples():
     x = _easy_and_hard()
     model = _wide_posterior()
-    tol, chunk, low, high = 0.01, 8, 16, 400
+    tol, chunk, low, high = 0.02, 8, 16, 400
     res = tfbnn.predict(model, x, num_samples="auto", tolerance=tol, chunk_size=chunk, min_samples=low,
                         max_samples=high, return_samples=True, batch_size=5)
     assert res.samples.shape == (res.num_samples, 12, 3) and res.num_samples == res.samples_used.max()
     se, n = _numpy_standard_error(res.samples)
     np.testing.assert_array_equal(n, res.samples_used)
     np.testing.assert_allclose(res.standard_error, se, rtol=1e-5, atol=1e-9)
-    assert np.all((n >= low) & (n <= high)) and np.all((n - low) % chunk == 0)
+    assert np.all((n >= low) & (n <= high)) and np.all(n % chunk == 0)
     stopped = n < high
     assert np.all(se[stopped] <= tol) and stopped.sum() >= 6
-    # ... and it stopped at the first chunk boundary where the rule held.
-    s = res.samples.astype(np.float64)
-    for b in np.flatnonzero(n > low):
-        earlier = s[: n[b] - chunk, b]
-        assert np.max(earlier.std(axis=0, ddof=1)) / np.sqrt(len(earlier)) > tol
+    # Identical samples (x = 0) stop once the Chow-Robbins term 1 / n^2 <= tol^2: n >= 1 / tol.
+    assert np.all(n[:6] >= 1 / tol) and np.all(n[:6] < 2 / tol + chunk)
     # The summary is the ordinary summary of each example's own samples.
+    s = res.samples.astype(np.float64)
     for b in range(12):
         own = inference.summarize_classification(s[: n[b], b : b + 1])
         np.testing.assert_allclose(res.mean_probs[b], own.mean_probs[0], atol=1e-6)
@@ -429,24 +427,28 @@ def test_adaptive_stopping_rule_holds_on_the_returned_samples():
 def test_adaptive_counts_differ_between_easy_and_hard_inputs_and_per_batch_shares_them():
     x = _easy_and_hard()
     model = _wide_posterior()
-    res = tfbnn.predict(model, x, num_samples="auto", tolerance=0.01, max_samples=2000)
-    assert np.all(res.samples_used[:6] == 16)  # x = 0: no variance, the minimum
-    assert np.all(res.samples_used[6:] > 64)
-    batch = tfbnn.predict(model, x, num_samples="auto", tolerance=0.01, max_samples=2000, per="batch", batch_size=4)
+    res = tfbnn.predict(model, x, num_samples="auto", tolerance=0.01, max_samples=4000)
+    assert np.all(res.samples_used[:6] <= 256)  # x = 0: no variance, 1 / tol samples and a chunk
+    assert np.all(res.samples_used[6:] >= 4 * res.samples_used[:6].max())
+    batch = tfbnn.predict(model, x, num_samples="auto", tolerance=0.01, max_samples=4000, per="batch", batch_size=4)
     counts = batch.samples_used.reshape(3, 4)
-    assert np.all(counts == counts[:, :1]) and counts[0, 0] == 16 and counts[2, 0] > 64
-    assert np.all(batch.standard_error[batch.samples_used < 2000] <= 0.01)
+    assert np.all(counts == counts[:, :1]) and counts[0, 0] <= 256 and counts[2, 0] >= 4 * counts[0, 0]
+    assert np.all(batch.standard_error[batch.samples_used < 4000] <= 0.01)
 
 
 def test_adaptive_sampling_of_a_deterministic_model_stops_at_the_minimum():
     det = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3, activation="softmax")])
-    res = tfbnn.predict(det, _x(), num_samples="auto", min_samples=5, chunk_size=5, return_samples=True)
+    res = tfbnn.predict(det, _x(), num_samples="auto", min_samples=5, chunk_size=2, return_samples=True)
     np.testing.assert_array_equal(res.samples_used, np.full(10, 5))
-    np.testing.assert_array_equal(res.standard_error, np.zeros(10))
+    np.testing.assert_array_equal(res.standard_error, np.zeros(10))  # no noise, no Monte Carlo error
     np.testing.assert_allclose(res.mean_probs, det.predict(_x(), verbose=0), atol=1e-6)
-    reg = tfbnn.predict(keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)]), _x(), num_samples="auto",
-                        min_samples=3, chunk_size=2)
-    np.testing.assert_array_equal(reg.samples_used, np.full(10, 4))  # the first chunk boundary past 3
+    reg = tfbnn.predict(keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)]), _x(), num_samples="auto")
+    np.testing.assert_array_equal(reg.samples_used, np.full(10, 16))  # the default minimum
+    # Bayesian layers in posterior-mean mode: identical samples, zero variance; regression has no floor.
+    linear = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(2, seed=1)])
+    with tfbnn.posterior_mean(linear):
+        same = tfbnn.predict(linear, _x(), num_samples="auto", min_samples=3, chunk_size=2)
+    np.testing.assert_array_equal(same.samples_used, np.full(10, 3))
 
 
 def test_adaptive_regression_and_ensembles_follow_the_numpy_computation():
@@ -455,7 +457,7 @@ def test_adaptive_regression_and_ensembles_follow_the_numpy_computation():
     linear.layers[0].kernel_rho.assign(np.full((5, 2), -1.0, "float32"))
     res = tfbnn.predict(linear, x, num_samples="auto", tolerance=0.02, chunk_size=4, min_samples=4,
                         max_samples=4000, return_samples=True)
-    se, n = _numpy_standard_error(res.samples)
+    se, n = _numpy_standard_error(res.samples, floor=0.0)  # regression: no variance floor
     np.testing.assert_allclose(res.standard_error, se, rtol=1e-5, atol=1e-9)
     assert np.all(se <= 0.02) and np.all(n[:4] == 4) and np.all(n[4:] > 4)
     s = res.samples.astype(np.float64)
@@ -464,12 +466,12 @@ def test_adaptive_regression_and_ensembles_follow_the_numpy_computation():
         np.testing.assert_allclose(res.epistemic_std[b], s[: n[b], b].std(0), rtol=1e-4, atol=1e-6)
     # An ensemble of Bayesian members: the members are strata, between-member spread is no Monte Carlo error.
     ensemble = tfbnn.DeepEnsemble([_wide_posterior(seed=s, rho=-1.0) for s in (1, 1001, 2001)])
-    ens = tfbnn.predict(ensemble, x, num_samples="auto", tolerance=0.005, chunk_size=4, min_samples=4,
+    ens = tfbnn.predict(ensemble, x, num_samples="auto", tolerance=0.01, chunk_size=4, min_samples=4,
                         return_samples=True)
     se, n = _numpy_standard_error(ens.samples, strata=3)
     np.testing.assert_array_equal(3 * n, ens.samples_used)
     np.testing.assert_allclose(ens.standard_error, se, rtol=1e-5, atol=1e-9)
-    assert np.all(se <= 0.005) and np.all(n[:4] == 4) and np.all(n[4:] > 4)
+    assert np.all(se <= 0.01) and np.all(n[4:] > n[:4].max())
     s = ens.samples.astype(np.float64).reshape(3, -1, 8, 3)
     np.testing.assert_allclose(ens.mean_probs, np.nanmean(s, axis=1).mean(axis=0), atol=1e-6)
 

@@ -607,7 +607,7 @@ class AdaptiveSampling:
             output value for regression).
         max_samples: int, the most samples per example (per member of an ensemble).
         min_samples: int >= 2, the fewest (a sample variance needs two).
-        chunk_size: int >= 1, samples drawn per vectorized call.
+        chunk_size: int >= 1, the smallest chunk of samples per vectorized call.
         per: ``"example"`` (stop each example when it meets the rule) or ``"batch"``
             (sample a batch until all its examples meet it).
     """
@@ -683,14 +683,16 @@ class _RunningMoments:
         self.m2[:, rows] += m2_b + np.square(delta) * _expand(n_a * k / n, mean_b.ndim - 1)
         self.count[rows] += k
 
-    def standard_error(self, rows):
-        """``(b,)``: the largest component of ``sqrt(sum_s var_s / (S^2 n))``, the standard
-        error of the equally weighted mean of the S strata means (inf below 2 samples)."""
+    def standard_error(self, rows, floor=0.0):
+        """``(b,)``: the largest component of ``sqrt((sum_s var_s / S + floor / n) / (S n))``, the
+        standard error of the equally weighted mean of the S strata means, each sample variance
+        raised by ``floor / n`` (Chow and Robbins 1965; inf below 2 samples)."""
         n = self.count[rows].astype(np.float64)
         strata = self.mean.shape[0]
         with np.errstate(divide="ignore", invalid="ignore"):
             variance = self.m2[:, rows] / _expand(n - 1, self.m2.ndim - 1)
-            se2 = variance.sum(axis=0) / _expand(strata**2 * n, self.m2.ndim - 1)
+            se2 = (variance.sum(axis=0) / strata + _expand(floor / n, self.m2.ndim - 1)) / _expand(
+                strata * n, self.m2.ndim - 1)
         se = np.sqrt(np.max(se2.reshape(len(rows), -1), axis=1))
         return np.where(n >= 2, se, np.inf)
 
@@ -715,6 +717,9 @@ class _AdaptiveBatch:
         self.from_logits, self.gaussian_head, self.keep = from_logits, gaussian_head, keep_samples
         self.moments = None
         self.extra = None  # classification: summed sample entropies; Gaussian head: summed variances
+        # Probabilities lie in [0, 1]: a variance floor 1 / n keeps a run of identical samples (a rare class
+        # not drawn yet) from stopping early. Regression outputs have no known range: no floor.
+        self.variance_floor = 1.0 if task == "classification" else 0.0
         self.chunks = []
 
     def add(self, rows, samples):
@@ -757,7 +762,7 @@ class _AdaptiveBatch:
             "samples": self._samples() if self.keep else None,
             "num_samples": int(used.max()),
             "samples_used": used,
-            "standard_error": m.standard_error(np.arange(self.size)).astype(np.float32),
+            "standard_error": m.standard_error(np.arange(self.size), self.variance_floor).astype(np.float32),
         }
         if self.task == "classification":
             mean_probs, _ = m.pooled()
@@ -775,6 +780,18 @@ class _AdaptiveBatch:
                                     aleatoric_std=aleatoric, **common)
 
 
+def _next_chunk(rule, done, errors):
+    """Samples per example of the next call: enough for the median active example to meet the
+    rule if its variance estimate holds (``se^2`` falls as ``1 / n``; Stein's two-stage idea,
+    iterated), at least ``chunk_size``, at most doubling ``n``, as ``chunk_size * 2^j`` (few traces)."""
+    if done == 0:
+        return min(max(rule.chunk_size, rule.min_samples), rule.max_samples)
+    needed = done * np.square(np.median(errors) / rule.tolerance) - done
+    wanted = int(np.clip(needed, rule.chunk_size, max(rule.chunk_size, done)))
+    k = rule.chunk_size * 2 ** int(np.ceil(np.log2(wanted / rule.chunk_size)))
+    return int(min(k, rule.max_samples - done))
+
+
 def _sample_adaptively(draw, batch, rule, resolve, make_batch):
     """Draws chunks for the examples of ``batch`` that have not met ``rule``; returns the summary.
 
@@ -782,21 +799,21 @@ def _sample_adaptively(draw, batch, rule, resolve, make_batch):
     task (called once); ``make_batch(task)`` an empty :class:`_AdaptiveBatch`.
     """
     size = int(tf.nest.flatten(batch)[0].shape[0])
-    active = np.arange(size)
-    summary = None
+    active, errors, summary = np.arange(size), None, None
     while active.size:
         done = 0 if summary is None else int(summary.moments.count[active[0]])
-        k = min(rule.chunk_size, rule.max_samples - done)
         sub = batch if active.size == size else tf.nest.map_structure(lambda v: tf.gather(v, active), batch)
-        samples = draw(sub, k)
+        samples = draw(sub, _next_chunk(rule, done, errors))
         if summary is None:
             summary = make_batch(resolve(samples))
         summary.add(active, samples)
         count = summary.moments.count[active]
-        converged = (count >= rule.min_samples) & (summary.moments.standard_error(active) <= rule.tolerance)
+        errors = summary.moments.standard_error(active, summary.variance_floor)
+        converged = (count >= rule.min_samples) & (errors <= rule.tolerance)
         if rule.per == "batch":
             converged = np.full(active.shape, bool(converged.all()))
-        active = active[~converged & (count < rule.max_samples)]
+        keep = ~converged & (count < rule.max_samples)
+        active, errors = active[keep], errors[keep]
     return summary.result()
 
 
@@ -839,31 +856,40 @@ def predict(
     usual deep ensemble of deterministic networks) is run with ``T = 1``: its
     predictive is exact with M samples, whatever ``num_samples`` says.
 
-    **Adaptive sampling** (``num_samples="auto"``). Samples are added in chunks of
-    ``chunk_size`` (each chunk one vectorized call) until the Monte Carlo standard
-    error of the predictive mean is at most ``tolerance``. With ``n`` samples per
-    member, ``S`` members (1 for an ordinary model) and ``s_{m,c}^2`` the sample
-    variance (``n - 1`` in the denominator) of component ``c`` of the outputs of member
-    ``m`` (class probabilities, or regression means), the estimate ``p_bar_c = (1/S)
-    sum_m mean_t p_{m,t,c}`` has the standard error (stratified sampling, members as
-    strata; for ``S = 1`` the usual ``s_c / sqrt(n)``)::
+    **Adaptive sampling** (``num_samples="auto"``). Samples are added in vectorized chunks
+    until the Monte Carlo standard error of the predictive mean is at most ``tolerance``.
+    With ``n`` samples per member, ``S`` members (1 for an ordinary model) and
+    ``s_{m,c}^2`` the sample variance (``n - 1`` in the denominator) of component ``c``
+    of member ``m``'s outputs (class probabilities, or regression means), the estimate
+    ``p_bar_c = (1/S) sum_m mean_t p_{m,t,c}`` has the standard error (stratified
+    sampling, members as strata)::
 
-        se_c = sqrt( sum_m s_{m,c}^2 / (S^2 n) )
+        se_c = sqrt( (sum_m s_{m,c}^2 / S  +  f / n) / (S n) )
 
-    and an example stops at the first chunk boundary with ``n >= min_samples`` and
-    ``max_c se_c <= tolerance``, or at ``max_samples``. By the central limit theorem
-    the error of every component of the returned predictive mean is then below
-    ``1.96 * tolerance`` with probability about 95% (the fixed-width sequential rule
-    of Chow and Robbins 1965, asymptotically valid as ``tolerance -> 0``; the
-    ``min_samples`` floor guards against stopping on a chance low variance of a few
-    samples). The variance between members is not Monte Carlo error (the members are
-    fixed) and does not count. ``per="example"`` (default) stops sampling each example
-    when it meets the rule, so confident inputs use ``min_samples`` and ambiguous ones
-    more; ``per="batch"`` samples a whole batch until all its examples meet it. The
-    result's ``samples_used`` ``(N,)`` and ``standard_error`` ``(N,)`` report each
-    example's count and final standard error; the summaries are computed from running
-    moments (no ``(T, N, C)`` array is kept unless ``return_samples``). A model without
-    stochastic layers (all samples equal) stops at ``min_samples``.
+    with ``f = 1`` for class probabilities and ``f = 0`` for regression. For ``S = 1``
+    and ``f = 0`` it is the usual ``s_c / sqrt(n)``. The ``f / n`` term is Chow and
+    Robbins' (1965) ``s_n^2 + 1/n`` in their fixed-width sequential rule: a probability
+    whose samples so far are all equal (a class that a few percent of the posterior
+    favours, not drawn yet) has ``s = 0``, and stopping then would miss it; the term
+    asks for at least ``1 / tolerance`` samples before such an example stops, so a class
+    with probability ``q`` is drawn with probability ``1 - exp(-q / tolerance)``. An
+    example stops at the end of the first chunk with ``n >= min_samples`` and ``max_c
+    se_c <= tolerance``, or at ``max_samples``; by the central limit theorem every
+    component of the returned predictive mean is then within ``1.96 * tolerance`` with
+    probability about 95% (asymptotically, as ``tolerance -> 0``). The variance between
+    members is not Monte Carlo error (the members are fixed) and does not count. Chunk
+    sizes follow Stein's two-stage idea, iterated: after each chunk the number of
+    samples the median unfinished example still needs, ``n (se / tolerance)^2 - n``, as
+    ``chunk_size * 2^j``, at least ``chunk_size`` and at most doubling ``n`` (few calls,
+    few traces). ``per="example"`` (default) stops sampling each example when it meets
+    the rule, so confident inputs use few samples and ambiguous ones many;
+    ``per="batch"`` samples a whole batch until all its examples meet it. The result's
+    ``samples_used`` ``(N,)`` and ``standard_error`` ``(N,)`` report each example's
+    count and final ``max_c se_c``; the summaries are computed from running moments (no
+    ``(T, N, C)`` array is kept unless ``return_samples``). A model without stochastic
+    layers has no Monte Carlo error: it is run once with ``min_samples`` (a deep
+    ensemble of such models with one sample per member) and reports
+    ``standard_error = 0``.
 
     Args:
         model: a Keras model with one output, or a :class:`tfbnn.DeepEnsemble`.
@@ -908,7 +934,8 @@ def predict(
         tolerance: float > 0, ``"auto"`` only: the target standard error. Default 0.01.
         max_samples: int >= min_samples, ``"auto"`` only: the most samples. Default 1000.
         min_samples: int >= 2, ``"auto"`` only: the fewest samples. Default ``chunk_size``.
-        chunk_size: int >= 1, ``"auto"`` only: samples per vectorized call. Default 16.
+        chunk_size: int >= 1, ``"auto"`` only: the smallest chunk (samples per example and
+            vectorized call). Default 16.
         per: ``"example"`` (default) or ``"batch"``, ``"auto"`` only: see above.
 
     Returns:
@@ -934,6 +961,8 @@ def predict(
     References:
         Chow, Robbins. On the Asymptotic Theory of Fixed-Width Sequential Confidence
         Intervals for the Mean. Ann. Math. Statist. 36, 1965.
+        Stein. A Two-Sample Test for a Linear Hypothesis Whose Power is Independent
+        of the Variance. Ann. Math. Statist. 16, 1945.
         Chan, Golub, LeVeque. Updating Formulae and a Pairwise Algorithm for
         Computing Sample Variances. Stanford CS report STAN-CS-79-773, 1979.
     """
@@ -952,9 +981,9 @@ def predict(
         _check_finite(first, 0)
         model(first, training=False)
     strata = model.num_members if isinstance(model, DeepEnsemble) else 1
-    exact = strata > 1 and not stochastic_layers(model) and not mc_dropout
-    if exact:  # deterministic members: one sample each is the exact predictive
-        num_samples, rule = 1, None
+    exact = not stochastic_layers(model) and not mc_dropout
+    if exact and (strata > 1 or adaptive):  # no noise: one sample per member is the exact predictive
+        num_samples, rule = (1 if strata > 1 else rule.min_samples), None
     signature = _signature(first)
     resolved = _task_from_model(task, model, from_logits, gaussian_head)
 
