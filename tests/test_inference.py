@@ -441,6 +441,8 @@ def test_adaptive_sampling_of_a_deterministic_model_stops_at_the_minimum():
     res = tfbnn.predict(det, _x(), num_samples="auto", min_samples=5, chunk_size=2, return_samples=True)
     np.testing.assert_array_equal(res.samples_used, np.full(10, 5))
     np.testing.assert_array_equal(res.standard_error, np.zeros(10))  # no noise, no Monte Carlo error
+    np.testing.assert_array_equal(res.mutual_information, np.zeros(10))  # exactly, not round-off
+    np.testing.assert_array_equal(tfbnn.predict(det, _x(), num_samples=7).mutual_information, np.zeros(10))
     np.testing.assert_allclose(res.mean_probs, det.predict(_x(), verbose=0), atol=1e-6)
     reg = tfbnn.predict(keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)]), _x(), num_samples="auto")
     np.testing.assert_array_equal(reg.samples_used, np.full(10, 16))  # the default minimum

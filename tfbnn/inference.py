@@ -131,7 +131,8 @@ class ClassificationPrediction:
         expected_entropy: ``(B,)``, aleatoric uncertainty ``mean_t H[p_t]``.
         mutual_information: ``(B,)``, epistemic uncertainty
             ``H[p_bar] - mean_t H[p_t]`` (Depeweg et al. 2018; Trinh et al. 2022,
-            eq. 26-27), >= 0 (round-off below 0 is clipped).
+            eq. 26-27), >= 0 (round-off below 0 is clipped; exactly 0 where all samples
+            are identical).
         samples: ``(T, B, C)`` per-sample probabilities, or None when
             ``return_samples=False``. With adaptive sampling (``num_samples="auto"``)
             ``T`` is the most samples any example got and example ``b``'s rows past its
@@ -283,7 +284,8 @@ def summarize_classification(samples, from_logits=False, keep_samples=True):
     mean_probs = probs.mean(axis=0)
     total = entropy(mean_probs)
     aleatoric = entropy(probs).mean(axis=0)
-    epistemic = np.maximum(total - aleatoric, 0.0)
+    # Identical samples have no epistemic part: exactly 0, not the round-off of total - aleatoric.
+    epistemic = np.where(np.all(probs == probs[:1], axis=(0, -1)), 0.0, np.maximum(total - aleatoric, 0.0))
     return ClassificationPrediction(
         mean_probs=mean_probs.astype(np.float32),
         predictive_entropy=total.astype(np.float32),
@@ -768,10 +770,12 @@ class _AdaptiveBatch:
             mean_probs, _ = m.pooled()
             total = entropy(mean_probs)
             aleatoric = self.extra / _expand(used.astype(np.float64), self.extra.ndim)
+            same = np.all((m.m2 == 0) & (m.mean == m.mean[:1]), axis=(0, -1))  # identical samples: no epistemic part
+            epistemic = np.where(same, 0.0, np.maximum(total - aleatoric, 0.0))
             return ClassificationPrediction(
                 mean_probs=mean_probs.astype(np.float32), predictive_entropy=total.astype(np.float32),
-                expected_entropy=aleatoric.astype(np.float32),
-                mutual_information=np.maximum(total - aleatoric, 0.0).astype(np.float32), **common)
+                expected_entropy=aleatoric.astype(np.float32), mutual_information=epistemic.astype(np.float32),
+                **common)
         mean, variance = m.pooled()
         aleatoric = None
         if self.gaussian_head:
