@@ -12,7 +12,7 @@ from tfbnn import cli
 
 # One small epoch without XLA compilation: a few seconds.
 TINY = ["--epochs", "1", "--depth", "1", "--hidden-units", "16", "--batch-size", "128", "--num-samples", "3",
-        "--verbose", "0", "--jit-compile", "off", "--no-baseline"]
+        "--verbose", "0", "--jit-compile", "off", "--no-baseline", "--no-beta-comparison"]
 
 
 def _assert_one_error_line(err):
@@ -86,7 +86,7 @@ def test_train_writes_a_loadable_model_and_prints_the_table(tmp_path, capsys):
     assert cli.main(["train", *TINY, "--output", str(path)]) == 0
     out = capsys.readouterr().out
     for text in (
-        "N = 1437",
+        "N = 1221 training / 216 validation",  # the main job holds out 15% for temperature scaling
         "test metric (MC predictive)",
         "NLL",
         "ECE (15 bins)",
@@ -112,7 +112,7 @@ def test_train_on_mock_tfds_uses_the_loaded_count(tmp_path, capsys):
     with tfds.testing.mock_data(num_examples=40):
         assert cli.main(["train", *TINY, "--dataset", "mnist", "--output", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "N = 40 training" in out and path.exists()
+    assert "N = 34 training / 6 validation" in out and path.exists()
 
 
 def test_nan_loss_fails_cleanly_and_keeps_the_old_model(tmp_path, capsys):
@@ -159,14 +159,47 @@ def test_parser_has_one_module_per_subcommand():
     assert args.func is train.run and args.dataset == "digits" and args.baseline
 
 
-def test_train_reports_the_deterministic_baseline_beside_bbb(tmp_path, capsys):
-    tiny = [a for a in TINY if a != "--no-baseline"]
+def test_train_reports_beta_1_and_the_deterministic_baseline_beside_the_tempered_bbb(tmp_path, capsys):
+    import json
+
+    tiny = [a for a in TINY if a not in ("--no-baseline", "--no-beta-comparison")]
     assert cli.main(["train", *tiny, "--output", str(tmp_path / "m.keras")]) == 0
     out = capsys.readouterr().out
-    header = next(line for line in out.splitlines() if line.startswith("test metric (MC predictive)"))
-    assert header.split()[-2:] == ["BbB", "deterministic"]
-    ece_row = next(line for line in out.splitlines() if line.startswith("ECE (15 bins)"))
-    assert len(ece_row.split()) == 5  # label (3 words), BbB, deterministic
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("test metric (MC predictive)"))
+    assert header.split()[-5:] == ["BbB", "beta=0.1", "BbB", "beta=1", "deterministic"]
+    for label in ("ECE (15 bins)", "ECE, temperature-scaled", "NLL, temperature-scaled", "mean confidence"):
+        row = next(line for line in lines if line.startswith(label))
+        assert len(row.split()) == len(label.split()) + 3, row
+    results = json.loads((tmp_path / "m_run" / "results.json").read_text())
+    assert results["comparison"]["beta"] == 1.0
+    for test in (results["test"], results["comparison"], results["baseline"]):
+        scaled = test["temperature_scaled"]
+        assert scaled["method"] == "pooled" and scaled["temperature"] > 0 and scaled["num_validation"] == 216
+        assert scaled["clean"]["accuracy"] == test["accuracy"]  # pooled temperature scaling keeps the argmax
+        assert 0 <= test["shift_detection"]["auroc_entropy"] <= 1
+    det_row = next(line for line in lines if line.startswith("AUROC, epistemic"))
+    assert det_row.split()[-1] == "0.500" and results["baseline"]["epistemic"] == 0.0
+    assert "Reading the table (N = 1221 training examples)" in out and "at beta = 1 (the ELBO)" in out
+    assert "tempered, 'cold' posterior" in out  # the header says beta < 1 is not the ELBO
+
+
+def test_train_defaults_are_the_main_recipe_and_temperature_scaling_needs_a_hold_out(tmp_path, capsys):
+    from tfbnn import training
+
+    main = training.get_recipe("digits-bbb-mlp")
+    recipe = cli.train.recipe_from_args(cli.build_parser().parse_args(["train"]))
+    for field in ("beta", "validation_fraction", "temperature_scaling", "learning_rate", "epochs", "batch_size",
+                  "kl_schedule", "eval_samples", "model_options", "method_options"):
+        assert getattr(recipe, field) == getattr(main, field), field
+    assert main.beta == 0.1 and main.temperature_scaling and main.validation_fraction == 0.15
+    blundell = cli.train.recipe_from_args(cli.build_parser().parse_args(["train", "--schedule", "blundell"]))
+    assert blundell.beta == 1.0  # Blundell's minibatch weights fix beta
+    status = cli.main(["train", *TINY, "--validation-fraction", "0", "--output", str(tmp_path / "m.keras")])
+    assert status == 2
+    err = capsys.readouterr().err
+    _assert_one_error_line(err)
+    assert "Received: --temperature-scale=True, --validation-fraction=0.0" in err and os.listdir(tmp_path) == []
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +226,28 @@ def test_evaluate_writes_metrics_json_next_to_the_figures(trained, tmp_path, cap
     assert [r["level"] for r in numbers["sweep"]] == [0.0, 0.25, 0.5, 0.75, 1.0]
     out = capsys.readouterr().out
     assert f"{clean['ece']:.4f}" in out and "accuracy-coverage area" in out
+
+
+def test_evaluate_applies_or_fits_a_temperature(trained, tmp_path, capsys):
+    import json
+
+    assert cli.main(["evaluate", str(trained), "--num-samples", "4", "--temperature", "1",
+                     "--output-dir", str(tmp_path / "t1")]) == 0
+    numbers = json.loads((tmp_path / "t1" / "metrics.json").read_text())
+    scaled = numbers["temperature_scaled"]
+    assert scaled["temperature"] == 1.0
+    for key in ("nll", "ece", "predictive_entropy", "epistemic"):  # T = 1: the raw predictive
+        assert scaled["clean"][key] == pytest.approx(numbers["clean"][key], abs=1e-5)
+    assert "temperature-scaled (temperature 1)" in capsys.readouterr().out
+    assert cli.main(["evaluate", str(trained), "--num-samples", "4", "--fit-temperature",
+                     "--output-dir", str(tmp_path / "fit")]) == 0
+    fitted = json.loads((tmp_path / "fit" / "metrics.json").read_text())["temperature_scaled"]
+    assert fitted["temperature"] != 1.0 and "shift detection (AUROC)" in capsys.readouterr().out
+    assert cli.main(["evaluate", str(trained), "--fit-temperature", "--validation-fraction", "0"]) == 2
+    err = capsys.readouterr().err
+    _assert_one_error_line(err)
+    assert "--validation-fraction=0" in err
+    assert cli.main(["evaluate", str(trained), "--fit-temperature", "--temperature", "2"]) == 2
 
 
 def test_evaluate_rejects_a_model_of_another_dataset(trained, tmp_path, capsys):
@@ -316,7 +371,8 @@ def test_help_shows_defaults_equal_to_zero_one_and_false(capsys):
     assert cli.main(["train", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "--seed SEED seeds the data split, initialization, shuffling and every layer's noise (default: 0)" in out
-    assert "(default: 0.0)" in out and "(default: 1.0)" in out  # --momentum, --beta
+    assert "(default: 0.0)" in out and "(default: True)" in out  # --momentum, --temperature-scale
+    assert "(default: 0.1; 1 with --schedule blundell, whose minibatch weights fix it)" in out  # --beta
 
 
 def test_help_and_option_errors_do_not_import_tensorflow():

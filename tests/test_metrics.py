@@ -265,21 +265,3 @@ def test_numpy_scalars_are_accepted_as_keras_accepts_them():
     with pytest.raises(ValueError, match="temperature=True"):
         calibration.TemperatureScaling(True)
 
-
-def test_detection_auroc_against_pair_counting_and_sklearn():
-    from sklearn.metrics import roc_auc_score
-
-    rng = np.random.default_rng(0)
-    clean = np.round(rng.normal(size=40), 1)  # rounding makes ties
-    shifted = np.round(rng.normal(0.8, 1.0, size=30), 1)
-    pairs = np.mean([(o > i) + 0.5 * (o == i) for o in shifted for i in clean])
-    auc = tfbnn.metrics.detection_auroc(clean, shifted)
-    assert auc == pytest.approx(pairs, abs=1e-12)
-    labels = np.r_[np.zeros(40), np.ones(30)]
-    assert auc == pytest.approx(roc_auc_score(labels, np.r_[clean, shifted]), abs=1e-12)
-    assert tfbnn.metrics.detection_auroc(np.zeros(5), np.zeros(3)) == 0.5  # no signal: chance
-    assert tfbnn.metrics.detection_auroc([0.0, 0.1], [0.2, 0.3]) == 1.0
-    with pytest.raises(ValueError, match="out_scores with 0 values"):
-        tfbnn.metrics.detection_auroc([0.1], [])
-    with pytest.raises(ValueError, match="in_scores with NaN"):
-        tfbnn.metrics.detection_auroc([np.nan], [0.1])

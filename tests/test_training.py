@@ -1,6 +1,7 @@
 """tfbnn.training: recipes (published protocols, JSON round trip, validation), the optimizer and
 schedules they become, and run() end to end (outputs, atomicity, reproducibility)."""
 
+import dataclasses
 import importlib
 import json
 import math
@@ -120,6 +121,8 @@ def test_every_recipe_round_trips_through_json(name, tmp_path):
         ({"learning_rate": float("nan")}, "learning_rate=nan"),
         ({"name": "../x"}, "name='../x'"),
         ({"seed": True}, "seed=True"),
+        ({"temperature_scaling": 1}, "temperature_scaling=1"),
+        ({"temperature_scaling": True, "validation_fraction": 0.0}, "temperature_scaling=True, validation_fraction=0.0"),
     ],
 )
 def test_bad_recipes_name_the_field(changes, needle):
@@ -199,7 +202,7 @@ def test_run_writes_a_model_whose_posterior_mean_matches_the_reported_numbers(tm
     assert tfbnn.metrics.accuracy(probs, y) == pytest.approx(result.test["posterior_mean_accuracy"])
     # KL reported = the model's KL; the ELBO's N is the data actually used.
     assert result.test["kl"] == pytest.approx(float(tfbnn.kl_divergence(model)), rel=1e-5)
-    assert result.num_examples == 48
+    assert result.num_examples == 48 - round(48 * result.recipe.validation_fraction)
 
 
 def test_run_is_seeded(tmp_path):
@@ -326,3 +329,29 @@ def test_an_ensemble_recipe_trains_distinct_members_and_reports_their_mixture(tm
         probs = loaded.predict(x, verbose=0)
     assert tfbnn.metrics.accuracy(probs, y) == pytest.approx(result.test["posterior_mean_accuracy"])
     assert result.test["kl"] == pytest.approx(float(tfbnn.kl_divergence(model)) / 2, rel=1e-5)  # members' mean
+
+
+def _numbers(accuracy, confidence, nll, ece, epistemic, auroc_epistemic):
+    shifted = {"epistemic": 3 * epistemic, "accuracy": 0.3}
+    return {"accuracy": accuracy, "confidence": confidence, "nll": nll, "ece": ece, "epistemic": epistemic,
+            "shifted": shifted, "shift_detection": {"auroc_entropy": 0.9, "auroc_epistemic": auroc_epistemic}}
+
+
+def test_the_printed_reading_follows_the_numbers():
+    """interpretation() quotes the results and picks its words from them, not from expectations."""
+    recipe = training.get_recipe("digits-bbb-mlp")
+    result = training.RunResult(
+        recipe=recipe, model=None, history=[], num_examples=100, train_seconds=1.0, files=[], output_dir="",
+        test=_numbers(0.90, 0.95, 0.40, 0.05, 0.02, 0.8),                    # beta = 0.1: over-confident, worse NLL
+        comparison={"beta": 1.0, **_numbers(0.93, 0.80, 0.30, 0.11, 0.20, 0.95)},  # beta = 1: under-confident
+        baseline=_numbers(0.93, 0.97, 0.35, 0.04, 0.0, 0.5))
+    text = " ".join(training.interpretation(result).split())
+    assert "at beta = 1 (the ELBO) the BbB predictive is under-confident (mean confidence 80.0% at accuracy 93.0%" in text
+    assert "at beta = 0.1 (a cold posterior, each example counted 10 times) it is over-confident" in text
+    assert "and as accurate" in text and "and 3.0 points less accurate" in text
+    assert "The smaller beta did not improve the predictive here (NLL 0.300 -> 0.400" in text
+    assert "AUROC 0.950 at beta = 1, 0.800 at beta = 0.1" in text and "(AUROC 0.50)" in text
+    assert "Temperature scaling" not in text  # none was fitted
+    assert training.interpretation(dataclasses.replace(result, baseline=None)) == ""
+    with pytest.raises(ValueError, match="compare_beta=1"):
+        training.run(recipe.replace(method="deterministic"), compare_beta=1.0)

@@ -217,7 +217,9 @@ def _flags(parser):
             for sub in action.choices.values():
                 flags.update(_flags(sub))
         elif action.option_strings and action.dest not in ("help", "version"):
-            flags.setdefault(action.dest, max(action.option_strings, key=len))
+            # A --x/--no-x pair (BooleanOptionalAction) is named by its positive flag.
+            names = [o for o in action.option_strings if not o.startswith("--no-")] or action.option_strings
+            flags.setdefault(action.dest, max(names, key=len))
     return flags
 
 

@@ -13,6 +13,46 @@ ELBO; schedules move it (annealing, warm-up, Blundell's minibatch weights, see
 :mod:`tfbnn.schedules`). :class:`KLAnnealing` owns ``beta`` and writes ``beta / N``
 into each layer's non-trainable ``kl_weight`` variable before every batch, so the
 change takes effect inside the compiled train step.
+
+Tempered ("cold") posteriors: beta < 1
+--------------------------------------
+A final ``beta < 1`` is not the ELBO but a tempered one. Multiplying the loss by
+``N / beta``::
+
+    (N / beta) * loss = (1 / beta) * sum_i NLL_i  +  KL(q || p)
+
+which is the negative ELBO of a data set holding every example ``1 / beta`` times
+(``beta = 0.1``: ten copies), or equally of the prior's weight cut to ``beta``
+against the data. Over all ``q`` its optimum is the likelihood-tempered posterior
+``p_beta(w | D) = p(D | w)^(1/beta) p(w) / Z``: a "cold" posterior, sharper than
+the Bayes posterior, that tends to the maximum-likelihood point as ``beta -> 0``
+(``beta`` is Wenzel et al.'s temperature ``T`` with the likelihood tempered and the
+prior not; with a Normal prior ``N(0, s^2)`` their fully tempered posterior
+``exp(-U(w) / T)``, ``U = -sum_i log p(y_i | x_i, w) - log p(w)``, is this one with
+the prior ``N(0, T s^2)``). Variational BNNs down-weight the KL this way in
+practice (Zhang et al. 2018, noisy natural gradient, KL weight ``lambda``; Osawa
+et al. 2019, VOGN, ``tau``), and Wenzel et al. (2020) find cold posteriors predict
+better than the Bayes posterior in deep networks.
+
+The trade-off. On little data the ``beta = 1`` mean-field posterior is wide: its
+samples disagree, so the Monte Carlo predictive is under-confident (its mean
+confidence below its accuracy) and less accurate than a deterministic network.
+A smaller ``beta`` narrows it: accuracy, NLL and calibration usually improve,
+but the epistemic uncertainty (mutual information) shrinks with it, so the
+model says less about inputs it has not seen, and the result is no longer the
+Bayes posterior of the stated prior (``beta`` is a hyper-parameter: choose it on
+validation data). Post-hoc temperature scaling of the predictive
+(:meth:`tfbnn.TemperatureScaling.fit_prediction`) fixes the calibration of a
+``beta = 1`` model without retraining, but not its accuracy.
+
+References:
+    Blundell, Cornebise, Kavukcuoglu, Wierstra. Weight Uncertainty in Neural
+    Networks. ICML 2015 (eq. 1-2, 9).
+    Wenzel et al. How Good is the Bayes Posterior in Deep Neural Networks Really?
+    ICML 2020 (sec. 2, the tempered posterior).
+    Zhang, Sun, Duvenaud, Grosse. Noisy Natural Gradient as Variational Inference.
+    ICML 2018.
+    Osawa et al. Practical Deep Learning with Bayesian Principles. NeurIPS 2019.
 """
 
 import math
@@ -38,6 +78,9 @@ class KLAnnealing(keras.callbacks.Callback):
     (progress bar per batch, ``History`` per epoch: the value at the epoch's last
     batch).
 
+    ``beta`` ends at the schedule's final value: 1 for the ELBO, below 1 for a
+    tempered ("cold") posterior (see the module docstring, "Tempered posteriors").
+
     Args:
         num_examples: int > 0, ``N``, the number of training examples (not batches).
         schedule: a name (``"constant", "linear", "warmup", "cosine", "cyclic",
@@ -49,8 +92,15 @@ class KLAnnealing(keras.callbacks.Callback):
             unknown length.
 
     Example:
-        >>> cb = tfbnn.KLAnnealing(num_examples=len(x_train), schedule=tfbnn.schedules.WarmUp(2, 5))
-        >>> model.fit(x_train, y_train, epochs=10, callbacks=[cb])
+        >>> import keras, numpy as np, tfbnn
+        >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+        >>> y = (x[:, 0] > 0).astype("int32")
+        >>> model = keras.Sequential([keras.Input((4,)), tfbnn.DenseFlipout(2, activation="softmax", seed=0)])
+        >>> model.compile("adam", "sparse_categorical_crossentropy")
+        >>> cb = tfbnn.KLAnnealing(num_examples=len(x), schedule=tfbnn.schedules.WarmUp(1, 2))
+        >>> history = model.fit(x, y, epochs=3, batch_size=32, callbacks=[cb], verbose=0)
+        >>> history.history["kl_beta"]   # beta at each epoch's last batch (2 batches per epoch)
+        [0.0, 0.25, 0.75]
 
     With ``fit(steps_per_execution=k)`` Keras calls batch hooks once per k steps,
     so beta changes every k batches.
@@ -115,9 +165,15 @@ class SparsityMonitor(keras.callbacks.Callback):
         verbose: 0 or 1; 1 prints one line per epoch.
 
     Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+        >>> y = (x[:, 0] > 0).astype("int32")
+        >>> model = keras.Sequential([keras.Input((4,)), tfbnn.DenseVariationalDropout(2, activation="softmax", seed=0)])
+        >>> model.compile("adam", "sparse_categorical_crossentropy")
         >>> monitor = tfbnn.callbacks.SparsityMonitor()
-        >>> history = model.fit(x, y, epochs=5, callbacks=[tfbnn.KLAnnealing(len(x)), monitor])
-        >>> history.history["sparsity"]
+        >>> history = model.fit(x, y, epochs=2, callbacks=[tfbnn.KLAnnealing(len(x)), monitor], verbose=0)
+        >>> len(history.history["sparsity"]), len(monitor.reports)   # one value and report per epoch
+        (2, 2)
     """
 
     def __init__(self, criterion="auto", threshold=None, verbose=0):
@@ -154,9 +210,15 @@ class NaNGuard(keras.callbacks.TerminateOnNaN):
     can report where training diverged.
 
     Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> x = np.full((8, 2), np.nan, "float32")            # NaN inputs: the loss becomes NaN
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> model.compile("sgd", "mse")
         >>> guard = tfbnn.callbacks.NaNGuard()
-        >>> model.fit(x, y, callbacks=[guard])
-        >>> if guard.where: print(guard.message())
+        >>> _ = model.fit(x, np.zeros(8), epochs=3, callbacks=[guard], verbose=0)
+        Batch 0: Invalid loss, terminating training
+        >>> guard.message()
+        'the loss became nan at epoch 1, batch 1'
     """
 
     def __init__(self):

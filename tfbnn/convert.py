@@ -33,12 +33,22 @@ parameterization has ``sigma >= 1e-6``; variational dropout clips
 ``layer_kwargs={"min_log_alpha": -20.0}`` for less).
 
 Example:
-    >>> det = keras.Sequential([keras.Input((64,)), keras.layers.Dense(300, "relu"),
+    >>> import keras, numpy as np, tfbnn
+    >>> ds = tfbnn.datasets.load("digits")                 # 8x8 digits, offline
+    >>> x, y = ds.x_train[:256], ds.y_train[:256]
+    >>> det = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, "relu"),
     ...                         keras.layers.Dense(10, "softmax")])
-    >>> det.fit(x, y, epochs=5)
+    >>> det.compile("adam", "sparse_categorical_crossentropy")
+    >>> _ = det.fit(x, y, epochs=1, verbose=0)
     >>> bnn = tfbnn.convert.to_bayesian(det, method="vd", init_scale="moped", moped_delta=0.05)
+    >>> [type(layer).__name__ for layer in bnn.layers]
+    ['DenseVariationalDropout', 'DenseVariationalDropout']
+    >>> with tfbnn.posterior_mean(bnn):                    # posterior means = the trained weights
+    ...     np.allclose(bnn.predict(x, verbose=0), det.predict(x, verbose=0), atol=1e-5)
+    True
     >>> bnn.compile("adam", "sparse_categorical_crossentropy")
-    >>> bnn.fit(x, y, epochs=20, callbacks=[tfbnn.KLAnnealing(len(x), tfbnn.schedules.WarmUp(2, 10))])
+    >>> _ = bnn.fit(x, y, epochs=1, verbose=0,
+    ...             callbacks=[tfbnn.KLAnnealing(len(x), tfbnn.schedules.WarmUp(1, 10))])
 
 Reference:
     Krishnan, Subedar, Tickoo. Specifying Weight Priors in Bayesian Deep Neural

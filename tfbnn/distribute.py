@@ -142,9 +142,11 @@ def get_strategy(name="auto", devices=None):
             ``"mirrored"``, or a malformed ``TF_CONFIG``.
 
     Example:
-        >>> strategy = tfbnn.distribute.get_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
-        >>> strategy.num_replicas_in_sync
-        2
+        >>> import tfbnn
+        >>> strategy = tfbnn.distribute.get_strategy("mirrored", devices=["/cpu:0"])
+        >>> strategy.num_replicas_in_sync     # one replica per device ...
+        1
+        >>> # ... e.g. two on a CPU split before TensorFlow starts (split_cpu(2)): devices=["/cpu:0", "/cpu:1"]
     """
     resolved = resolve_strategy_name(name)
     if devices is not None:

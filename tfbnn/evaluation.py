@@ -8,6 +8,16 @@ sweep over shift intensities (:func:`shift_sweep`). The clean and shifted number
 are rows of that same sweep (one stream of corruption noise), so they agree with
 its table. :func:`write_report` saves the figures next to a JSON of the numbers.
 The ``tfbnn evaluate`` command and :func:`tfbnn.training.run` use both.
+
+Shift detection: how well an uncertainty score tells the shifted inputs from the
+clean ones, as the AUROC (:func:`tfbnn.metrics.auroc`, 0.5 = chance) of the
+predictive entropy (total) and of the mutual information (epistemic). A
+deterministic model has no epistemic uncertainty (0 everywhere), so its epistemic
+AUROC is exactly 0.5: only its total uncertainty can flag a shift.
+
+With a ``temperature`` (fitted on held-out data by
+:meth:`tfbnn.TemperatureScaling.fit_prediction`), the same numbers are computed
+for the tempered predictive (:func:`tfbnn.calibration.scale_prediction`) too.
 """
 
 import dataclasses
@@ -15,11 +25,11 @@ import os
 
 import numpy as np
 
-from tfbnn import inference, io, metrics, plots
+from tfbnn import calibration, inference, io, metrics, plots
 from tfbnn.datasets import corruptions
 from tfbnn.utils import bayesian_layers, posterior_mean
 
-__all__ = ["Evaluation", "evaluate_classifier", "shift_sweep", "write_report"]
+__all__ = ["Evaluation", "evaluate_classifier", "shift_detection", "shift_sweep", "write_report"]
 
 
 @dataclasses.dataclass
@@ -41,15 +51,38 @@ def _summary(res, labels, num_bins):
         "nll": metrics.negative_log_likelihood(res.mean_probs, labels),
         "brier": metrics.brier_score(res.mean_probs, labels),
         "ece": metrics.expected_calibration_error(res.mean_probs, labels, num_bins),
+        "confidence": float(np.mean(res.confidence)),
         "predictive_entropy": float(np.mean(res.predictive_entropy)),
         "aleatoric": float(np.mean(res.expected_entropy)),
         "epistemic": float(np.mean(res.mutual_information)),
     }
 
 
+def shift_detection(clean, shifted):
+    """AUROC of telling ``shifted`` from ``clean`` predictions by their uncertainty.
+
+    Args:
+        clean, shifted: :class:`tfbnn.ClassificationPrediction` of the clean and the
+            shifted inputs.
+
+    Returns:
+        ``{"auroc_entropy": ..., "auroc_epistemic": ...}``: :func:`tfbnn.metrics.auroc`
+        of the predictive entropy and of the mutual information.
+    """
+    return {
+        "auroc_entropy": metrics.auroc(clean.predictive_entropy, shifted.predictive_entropy),
+        "auroc_epistemic": metrics.auroc(clean.mutual_information, shifted.mutual_information),
+    }
+
+
+def _numbers(clean, shifted, labels, num_bins):
+    return {"clean": _summary(clean, labels, num_bins), "shifted": _summary(shifted, labels, num_bins),
+            "shift_detection": shift_detection(clean, shifted)}
+
+
 def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.5,
-                        sweep_levels=(0.0, 0.25, 0.5, 0.75, 1.0), seed=0, batch_size=256, tolerance=None,
-                        max_samples=None):
+                        sweep_levels=(0.0, 0.25, 0.5, 0.75, 1.0), seed=0, batch_size=256, temperature=None,
+                        tolerance=None, max_samples=None):
     """Monte Carlo evaluation of a classifier on clean and shifted inputs.
 
     Args:
@@ -64,19 +97,27 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
         sweep_levels: Gaussian-shift intensities of the sweep (empty: no sweep).
         seed: int, seed of the shift noise.
         batch_size: examples per vectorized call.
+        temperature: None, a float ``T > 0`` or a :class:`tfbnn.TemperatureScaling`
+            (its ``temperature`` and ``method``; a float means ``method="pooled"``):
+            also evaluate the tempered predictive.
 
     Returns:
         An :class:`Evaluation`; ``numbers`` holds ``clean`` and ``shifted`` dicts
-        (accuracy, nll, brier, ece, predictive_entropy, aleatoric, epistemic),
-        ``selective_area``, ``posterior_mean_accuracy`` and ``posterior_mean_ece``
-        (Bayesian models), and the ``sweep`` rows.
+        (accuracy, nll, brier, ece, confidence (the mean top probability),
+        predictive_entropy, aleatoric, epistemic), ``shift_detection``
+        (:func:`shift_detection`), ``selective_area``, ``posterior_mean_accuracy`` and
+        ``posterior_mean_ece`` (Bayesian models), the ``sweep`` rows, and with a
+        ``temperature`` ``temperature_scaled``: ``temperature``, ``method`` and the
+        tempered ``clean``, ``shifted`` and ``shift_detection``.
     """
+    scaling = _scaling(temperature)
     labels = np.asarray(y)
     sweep_levels = tuple(sweep_levels or ())
     levels = tuple(sorted({0.0, float(shift_gamma), *map(float, sweep_levels)}))
     rows, predictions = shift_sweep(model, x, labels, "gaussian", levels=levels, num_samples=num_samples,
-                                    seed=seed, batch_size=batch_size, return_predictions=True, tolerance=tolerance,
-                                    max_samples=max_samples)
+                                    seed=seed, batch_size=batch_size, return_predictions=True,
+                                    return_samples=scaling is not None and scaling.method == "samples",
+                                    tolerance=tolerance, max_samples=max_samples)
     clean, shifted = predictions[levels.index(0.0)], predictions[levels.index(float(shift_gamma))]
     sweep = [row for row in rows if row["level"] in set(map(float, sweep_levels))]
     numbers = {
@@ -85,8 +126,7 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
         **({"tolerance": float(tolerance)} if tolerance is not None else {}),
         "num_bins": int(num_bins),
         "shift_gamma": float(shift_gamma),
-        "clean": _summary(clean, labels, num_bins),
-        "shifted": _summary(shifted, labels, num_bins),
+        **_numbers(clean, shifted, labels, num_bins),
         "selective_area": metrics.selective_prediction(clean.mean_probs, labels, clean.predictive_entropy).area,
         "sweep": sweep,
     }
@@ -95,7 +135,18 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
             mean_probs = model.predict(x, batch_size=batch_size, verbose=0)
         numbers["posterior_mean_accuracy"] = metrics.accuracy(mean_probs, labels)
         numbers["posterior_mean_ece"] = metrics.expected_calibration_error(mean_probs, labels, num_bins)
+    if scaling is not None:
+        numbers["temperature_scaled"] = {
+            "temperature": scaling.temperature, "method": scaling.method,
+            **_numbers(scaling.transform_prediction(clean), scaling.transform_prediction(shifted), labels, num_bins),
+        }
     return Evaluation(numbers=numbers, labels=labels, clean=clean, shifted=shifted, sweep=sweep)
+
+
+def _scaling(temperature):
+    if temperature is None or isinstance(temperature, calibration.TemperatureScaling):
+        return temperature
+    return calibration.TemperatureScaling(temperature=temperature)
 
 
 def write_report(evaluation, folder, name="model"):
@@ -134,6 +185,7 @@ def shift_sweep(
     from_logits=False,
     mc_dropout=False,
     return_predictions=False,
+    return_samples=False,
     tolerance=None,
     max_samples=None,
 ):
@@ -158,6 +210,7 @@ def shift_sweep(
         batch_size, from_logits, mc_dropout: passed to :func:`tfbnn.inference.predict`.
         return_predictions: bool; also return each level's
             :class:`tfbnn.inference.ClassificationPrediction`.
+        return_samples: bool; those predictions keep their ``(T, N, C)`` samples.
 
     Returns:
         A list with one dict per level: ``level``, ``accuracy``, ``nll``, ``ece``,
@@ -166,6 +219,7 @@ def shift_sweep(
         With ``return_predictions``: ``(rows, predictions)``.
 
     Example:
+        >>> import keras, numpy as np, tfbnn
         >>> model = keras.Sequential([keras.Input((4,)),
         ...                           tfbnn.layers.DenseFlipout(3, activation="softmax", seed=0)])
         >>> x, y = np.random.default_rng(0).random((20, 4)).astype("float32"), np.zeros(20, int)
@@ -194,6 +248,7 @@ def shift_sweep(
             task="classification",
             from_logits=from_logits,
             mc_dropout=mc_dropout,
+            return_samples=return_samples,
             tolerance=tolerance,
             max_samples=max_samples,
         )

@@ -117,9 +117,18 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
         seed as an int64 or int32 scalar tensor.
 
     Example:
-        >>> tfbnn.export.export_saved_model(model, "saved_models/bbb_export", num_samples=50)
-        >>> served = tf.saved_model.load("saved_models/bbb_export")   # no tfbnn needed
-        >>> served.summary_seeded(x, tf.constant(0, tf.int64))["epistemic"]
+        >>> import os, tempfile, keras, numpy as np, tensorflow as tf, tfbnn
+        >>> model = keras.Sequential([keras.Input((4,)), tfbnn.DenseFlipout(3, activation="softmax", seed=0)])
+        >>> path = os.path.join(tempfile.mkdtemp(), "bbb_export")
+        >>> tfbnn.export.export_saved_model(model, path, num_samples=50) == path
+        True
+        >>> served = tf.saved_model.load(path)                 # no tfbnn needed
+        >>> x = np.ones((2, 4), "float32")
+        >>> summary = served.summary_seeded(x, tf.constant(0, tf.int64))
+        >>> summary["epistemic"].shape
+        TensorShape([2])
+        >>> np.array_equal(summary["mean_probs"], served.summary_seeded(x, tf.constant(0, tf.int64))["mean_probs"])
+        True
     """
     num_samples = checks.integer("num_samples", num_samples, 1)
     if task not in _TASKS:

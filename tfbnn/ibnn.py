@@ -118,7 +118,10 @@ def ibnn_num_samples(model, n=DEFAULT_PREDICTION_SAMPLES_PER_COMPONENT):
         n: int >= 1, samples per component (default 5, the paper's choice).
 
     Example:
-        >>> res = tfbnn.predict(model, x, num_samples=tfbnn.ibnn.ibnn_num_samples(model, n=5))
+        >>> import keras, tfbnn
+        >>> net = keras.Sequential([keras.Input((8,)), tfbnn.layers.NodeDense(2, num_components=4, seed=0)])
+        >>> tfbnn.ibnn.ibnn_num_samples(net, n=5)             # K = 4 components, 5 samples each
+        20
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"Expected `n` (samples per component) to be a positive integer. Received: n={n!r}")
@@ -174,9 +177,16 @@ class IBNNModel(NetworkWrapper):
     Saves and loads as ``.keras`` (``IBNNModel`` is registered).
 
     Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+        >>> y = (x[:, 0] > 0).astype("int32")
+        >>> net = keras.Sequential([keras.Input((8,)),
+        ...                         tfbnn.layers.NodeDense(2, "softmax", num_components=4, seed=0)])
         >>> model = tfbnn.ibnn.IBNNModel(net, num_train_samples=4)
         >>> model.compile("adam", "sparse_categorical_crossentropy")
-        >>> model.fit(x, y, callbacks=[tfbnn.KLAnnealing(num_examples=len(x))])
+        >>> history = model.fit(x, y, callbacks=[tfbnn.KLAnnealing(num_examples=len(x))], verbose=0)
+        >>> model.predict(x[:3], verbose=0).shape             # one draw per example
+        (3, 2)
     """
 
     def __init__(self, model, num_train_samples=1, **kwargs):
@@ -254,9 +264,13 @@ def make_optimizer(weight_optimizer=None, variational_learning_rate=None, variat
         A ``keras.optimizers.MultiOptimizer``.
 
     Example:
+        >>> import keras, tfbnn
         >>> schedule = keras.optimizers.schedules.CosineDecay(1e-3, decay_steps=10_000)
         >>> opt = tfbnn.ibnn.make_optimizer(keras.optimizers.Adam(schedule), variational_learning_rate=0.01)
-        >>> model.compile(opt, "sparse_categorical_crossentropy")
+        >>> net = keras.Sequential([keras.Input((8,)), tfbnn.layers.NodeDense(2, "softmax", seed=0)])
+        >>> net.compile(opt, "sparse_categorical_crossentropy")
+        >>> type(opt).__name__
+        'MultiOptimizer'
     """
     if weight_optimizer is None:
         weight_optimizer = keras.optimizers.Adam(_DEFAULT_WEIGHT_LEARNING_RATE)
@@ -362,8 +376,8 @@ def add_node_noise(
     Args:
         model: a built ``keras.Sequential`` or functional model (nested ones are
             handled recursively); subclassed models cannot be rebuilt.
-        num_components, prior_stddev, init_scale_mean, init_scale_stddev,
-            kl_estimator: the node layers' arguments (see :mod:`tfbnn.layers.node`).
+        num_components, prior_stddev, init_scale_mean, init_scale_stddev, kl_estimator: the
+            node layers' arguments (see :mod:`tfbnn.layers.node`).
         init_stddev: float >= 0, sigma0 of the initial component means. Default 0:
             every ``mu_k`` starts at 1, so the copy starts as the trained network
             plus small noise (``sigma ~ 0.05``), rather than a perturbed one.
@@ -379,9 +393,16 @@ def add_node_noise(
         set: use :class:`tfbnn.KLAnnealing` or :func:`tfbnn.set_kl_weight`).
 
     Example:
-        >>> ibnn = tfbnn.ibnn.add_node_noise(trained, num_components=4, freeze_weights=True)
+        >>> import keras, numpy as np, tfbnn
+        >>> x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+        >>> y = (x[:, 0] > 0).astype("int32")
+        >>> trained = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, "relu"),
+        ...                             keras.layers.Dense(2, "softmax")])
+        >>> ibnn = tfbnn.ibnn.add_node_noise(trained, num_components=4, freeze_weights=True, seed=0)
+        >>> [type(layer).__name__ for layer in ibnn.layers]
+        ['NodeNoise', 'Dense', 'NodeNoise', 'Dense']
         >>> ibnn.compile(tfbnn.ibnn.make_optimizer(), "sparse_categorical_crossentropy")
-        >>> ibnn.fit(x, y, epochs=5, callbacks=[tfbnn.KLAnnealing(num_examples=len(x))])
+        >>> _ = ibnn.fit(x, y, epochs=1, callbacks=[tfbnn.KLAnnealing(num_examples=len(x))], verbose=0)
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"Expected a Keras model. Received: model={type(model).__name__}")

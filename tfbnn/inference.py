@@ -63,6 +63,9 @@ __all__ = [
 
 TASKS = ("auto", "classification", "regression")
 _DEFAULT_BATCH_SIZE = 32
+# H[mean_t p_t] - mean_t H[p_t] of identical samples is not exactly 0 in float64
+# (about 1e-15): below this it is round-off, not disagreement between samples.
+_ROUNDOFF_NATS = 1e-9
 # Layers that MC dropout keeps on at inference. GaussianNoise is left out on
 # purpose: it is an input-noise regularizer, not a dropout posterior.
 _DROPOUT_TYPES = (keras.layers.Dropout, keras.layers.GaussianDropout, keras.layers.AlphaDropout)
@@ -131,8 +134,8 @@ class ClassificationPrediction:
         expected_entropy: ``(B,)``, aleatoric uncertainty ``mean_t H[p_t]``.
         mutual_information: ``(B,)``, epistemic uncertainty
             ``H[p_bar] - mean_t H[p_t]`` (Depeweg et al. 2018; Trinh et al. 2022,
-            eq. 26-27), >= 0 (round-off below 0 is clipped; exactly 0 where all samples
-            are identical).
+            eq. 26-27), >= 0: differences below ``1e-9`` nats are float round-off
+            and set to 0, so identical samples (a deterministic model) give exactly 0.
         samples: ``(T, B, C)`` per-sample probabilities, or None when
             ``return_samples=False``. With adaptive sampling (``num_samples="auto"``)
             ``T`` is the most samples any example got and example ``b``'s rows past its
@@ -272,7 +275,7 @@ def summarize_classification(samples, from_logits=False, keep_samples=True):
         A :class:`ClassificationPrediction`.
 
     Example:
-        >>> import tfbnn
+        >>> import numpy as np, tfbnn
         >>> p = np.array([[[0.9, 0.1]], [[0.1, 0.9]]])  # T=2 confident, disagreeing samples
         >>> s = tfbnn.inference.summarize_classification(p)
         >>> round(float(s.mutual_information[0]), 4)  # log 2 - H(0.9, 0.1)
@@ -284,8 +287,8 @@ def summarize_classification(samples, from_logits=False, keep_samples=True):
     mean_probs = probs.mean(axis=0)
     total = entropy(mean_probs)
     aleatoric = entropy(probs).mean(axis=0)
-    # Identical samples have no epistemic part: exactly 0, not the round-off of total - aleatoric.
-    epistemic = np.where(np.all(probs == probs[:1], axis=(0, -1)), 0.0, np.maximum(total - aleatoric, 0.0))
+    gap = total - aleatoric
+    epistemic = np.where(gap > _ROUNDOFF_NATS, gap, 0.0)
     return ClassificationPrediction(
         mean_probs=mean_probs.astype(np.float32),
         predictive_entropy=total.astype(np.float32),
@@ -315,7 +318,7 @@ def summarize_regression(samples, gaussian_head=False, keep_samples=True):
         A :class:`RegressionPrediction`.
 
     Example:
-        >>> import tfbnn
+        >>> import numpy as np, tfbnn
         >>> s = tfbnn.inference.summarize_regression(np.array([[[1.0, 0.5]], [[3.0, 0.5]]]),
         ...                                          gaussian_head=True)
         >>> s.mean, s.epistemic_std, s.aleatoric_std
@@ -770,8 +773,8 @@ class _AdaptiveBatch:
             mean_probs, _ = m.pooled()
             total = entropy(mean_probs)
             aleatoric = self.extra / _expand(used.astype(np.float64), self.extra.ndim)
-            same = np.all((m.m2 == 0) & (m.mean == m.mean[:1]), axis=(0, -1))  # identical samples: no epistemic part
-            epistemic = np.where(same, 0.0, np.maximum(total - aleatoric, 0.0))
+            gap = total - aleatoric
+            epistemic = np.where(gap > _ROUNDOFF_NATS, gap, 0.0)  # as summarize_classification
             return ClassificationPrediction(
                 mean_probs=mean_probs.astype(np.float32), predictive_entropy=total.astype(np.float32),
                 expected_entropy=aleatoric.astype(np.float32), mutual_information=epistemic.astype(np.float32),

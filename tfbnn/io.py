@@ -70,8 +70,14 @@ def atomic_write(path):
     If the block raises, the temporary file is removed and ``path`` is untouched.
 
     Example:
-        >>> with atomic_write("out/model.keras") as tmp:
+        >>> import os, tempfile, keras
+        >>> from tfbnn.io import atomic_write
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.keras")   # the folder must exist
+        >>> with atomic_write(path) as tmp:
         ...     model.save(tmp)
+        >>> os.listdir(os.path.dirname(path))               # no temporary file left behind
+        ['model.keras']
     """
     path = os.fspath(path)
     _remove_stale_temporaries(path)

@@ -150,6 +150,7 @@ def gaussian_nll(y_true, y_pred):
         Tensor ``(batch, ...)``: the NLL of every example.
 
     Example:
+        >>> import tfbnn
         >>> round(float(tfbnn.gaussian_nll([[0.0]], [[0.0, 1.0]])[0]), 4)  # log(2 pi) / 2
         0.9189
         >>> # model.compile(optimizer="adam", loss=tfbnn.gaussian_nll)

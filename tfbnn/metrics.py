@@ -15,6 +15,9 @@ negative_log_likelihood         ``-(1/N) sum_i log p_{i, y_i}`` (nats; probabili
 brier_score ``BrierScore``      ``(1/N) sum_i sum_c (p_ic - 1[c = y_i])^2`` (Brier 1950, summed
                                 over classes: range [0, 2]; some papers divide by C)
 accuracy                        ``(1/N) sum_i 1[argmax_c p_ic = y_i]``
+auroc                           ``P(s_out > s_in) + P(s_out = s_in) / 2``: the area under the ROC
+                                curve of telling apart two sets of uncertainty scores (Mann-
+                                Whitney U / (n_in n_out); Hanley & McNeil 1982)
 ==============================  =============================================================
 
 Bin convention: bins are right-closed, ``((m-1)/M, m/M]`` as in Guo et al.
@@ -36,6 +39,10 @@ References:
     Guo, Pleiss, Sun, Weinberger. On Calibration of Modern Neural Networks. ICML 2017.
     Brier. Verification of Forecasts Expressed in Terms of Probability. 1950.
     Geifman, El-Yaniv. Selective Classification for Deep Neural Networks. NeurIPS 2017.
+    Hanley, McNeil. The Meaning and Use of the Area under a Receiver Operating
+    Characteristic (ROC) Curve. Radiology 1982 (AUROC = Mann-Whitney U / (m n)).
+    Hendrycks, Gimpel. A Baseline for Detecting Misclassified and Out-of-Distribution
+    Examples in Neural Networks. ICLR 2017 (AUROC of uncertainty scores).
 """
 
 import dataclasses
@@ -55,7 +62,7 @@ __all__ = [
     "ReliabilityDiagram",
     "selective_prediction",
     "SelectivePrediction",
-    "detection_auroc",
+    "auroc",
     "ExpectedCalibrationError",
     "NegativeLogLikelihood",
     "BrierScore",
@@ -147,6 +154,7 @@ def accuracy(probs, labels):
         float in [0, 1].
 
     Example:
+        >>> import tfbnn
         >>> tfbnn.metrics.accuracy([[0.9, 0.1], [0.4, 0.6]], [0, 0])
         0.5
     """
@@ -169,6 +177,7 @@ def negative_log_likelihood(probs, labels):
         float >= 0.
 
     Example:
+        >>> import tfbnn
         >>> round(tfbnn.metrics.negative_log_likelihood([[0.5, 0.5], [0.25, 0.75]], [0, 1]), 4)
         0.4904
     """
@@ -192,6 +201,7 @@ def brier_score(probs, labels):
         float in [0, 2].
 
     Example:
+        >>> import tfbnn
         >>> tfbnn.metrics.brier_score([[1.0, 0.0], [0.5, 0.5]], [0, 1])
         0.25
     """
@@ -243,6 +253,7 @@ def reliability_diagram(probs, labels, num_bins=15):
         A :class:`ReliabilityDiagram`.
 
     Example:
+        >>> import tfbnn
         >>> d = tfbnn.metrics.reliability_diagram([[0.9, 0.1], [0.6, 0.4]], [0, 1], num_bins=5)
         >>> d.count.tolist(), d.accuracy[[2, 4]].tolist()   # 0.6 is in (0.4, 0.6]
         ([0, 0, 1, 0, 1], [0.0, 1.0])
@@ -280,6 +291,7 @@ def expected_calibration_error(probs, labels, num_bins=15):
         float in [0, 1].
 
     Example:
+        >>> import tfbnn
         >>> tfbnn.metrics.expected_calibration_error([[0.9, 0.1], [0.8, 0.2]], [0, 1], num_bins=10)
         0.45
     """
@@ -327,6 +339,7 @@ def selective_prediction(probs, labels, uncertainty=None):
         A :class:`SelectivePrediction` (``coverage``, ``accuracy``, ``area``).
 
     Example:
+        >>> import tfbnn
         >>> curve = tfbnn.metrics.selective_prediction([[0.9, 0.1], [0.6, 0.4]], [0, 1])
         >>> curve.accuracy.tolist(), curve.area
         ([1.0, 0.5], 0.75)
@@ -352,47 +365,57 @@ def selective_prediction(probs, labels, uncertainty=None):
     return SelectivePrediction(coverage=k / len(y), accuracy=acc, area=float(np.mean(acc)))
 
 
-def _scores(name, values):
-    v = checks.array(name, values, np.float64).reshape(-1)
-    if v.size == 0:
-        raise ValueError(f"Expected at least one value in `{name}`. Received: {name} with 0 values")
-    if not np.all(np.isfinite(v)):
-        raise ValueError(f"Expected finite `{name}`. Received: {checks.value_range(name, v)}")
-    return v
+def _check_scores(name, scores):
+    s = checks.array(name, scores, np.float64)
+    if s.ndim != 1 or s.shape[0] == 0:
+        raise ValueError(f"Expected `{name}` of shape (N,) with N >= 1. Received: {name}.shape={s.shape}")
+    if not np.all(np.isfinite(s)):
+        raise ValueError(f"Expected finite `{name}`. Received: NaN or infinite values")
+    return s
 
 
-def detection_auroc(in_scores, out_scores):
-    """Area under the ROC curve of telling ``out`` inputs from ``in`` inputs by a score.
+def auroc(in_scores, out_scores):
+    """Area under the ROC curve of separating ``out_scores`` (positives) from ``in_scores``.
 
-    Higher scores should mean "out" (shifted, out-of-distribution): e.g. the mutual
-    information (epistemic uncertainty) of clean versus shifted test inputs. The
-    area is the probability that a random ``out`` example scores above a random
-    ``in`` example, ties counting one half (the Mann-Whitney U statistic over
-    ``n_in * n_out``)::
+    With uncertainty scores (higher = more uncertain) of in-distribution inputs
+    ``s_in`` and shifted or out-of-distribution inputs ``s_out``::
 
-        AUROC = (1 / (n_in n_out)) sum_i sum_j ( 1[o_j > i_i] + 0.5 * 1[o_j = i_i] )
+        AUROC = P(s_out > s_in) + P(s_out = s_in) / 2
+              = U / (n_in n_out),   U = sum of the ranks of s_out - n_out (n_out + 1) / 2
 
-    computed from average ranks in ``O(n log n)``. 0.5 is chance (and what a model
-    with no epistemic uncertainty gets from it: every score 0), 1 a perfect detector.
+    (Mann-Whitney U with mid-ranks for ties; Hanley & McNeil 1982). 1 separates the
+    two sets perfectly, 0.5 is chance; a score that cannot see the shift at all (the
+    epistemic uncertainty of a deterministic model, always 0) gives exactly 0.5. The
+    threshold-free detection measure of Hendrycks & Gimpel (2017).
 
     Args:
-        in_scores: ``(N_in,)`` scores of the in-distribution (clean) inputs.
-        out_scores: ``(N_out,)`` scores of the shifted inputs.
+        in_scores: ``(n_in,)`` scores of the clean inputs (the negatives).
+        out_scores: ``(n_out,)`` scores of the shifted inputs (the positives).
 
     Returns:
-        float in [0, 1].
+        A float in [0, 1] (``sklearn.metrics.roc_auc_score`` on the stacked scores
+        with labels 0 / 1 gives the same number).
 
     Example:
-        >>> import tfbnn
-        >>> tfbnn.metrics.detection_auroc([0.1, 0.2, 0.3], [0.25, 0.4])
+        >>> tfbnn.metrics.auroc([0.1, 0.2, 0.3], [0.25, 0.4])   # 5 of 6 pairs ordered
         0.8333333333333334
+        >>> tfbnn.metrics.auroc([0.0, 0.0], [0.0])                # ties: chance
+        0.5
+        >>> # res_in, res_out = tfbnn.predict(model, x), tfbnn.predict(model, x_shifted)
+        >>> # auroc(res_in.mutual_information, res_out.mutual_information)
     """
-    from scipy.stats import rankdata
-
-    a, b = _scores("in_scores", in_scores), _scores("out_scores", out_scores)
-    ranks = rankdata(np.concatenate([a, b]))  # average ranks: ties count one half
-    u = ranks[len(a):].sum() - len(b) * (len(b) + 1) / 2.0
-    return float(u / (len(a) * len(b)))
+    neg = _check_scores("in_scores", in_scores)
+    pos = _check_scores("out_scores", out_scores)
+    scores = np.concatenate([neg, pos])
+    order = np.argsort(scores, kind="mergesort")
+    sorted_scores = scores[order]
+    # Mid-ranks: every member of a run of equal scores gets the mean of the run's ranks.
+    starts = np.flatnonzero(np.r_[True, sorted_scores[1:] != sorted_scores[:-1]])
+    ends = np.r_[starts[1:], len(scores)]
+    ranks = np.empty(len(scores))
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
+    u = ranks[len(neg):].sum() - len(pos) * (len(pos) + 1) / 2.0
+    return float(u / (len(neg) * len(pos)))
 
 
 # -- Keras metrics ---------------------------------------------------------------------
@@ -516,6 +539,7 @@ class NegativeLogLikelihood(_MeanOfExamples):
         name, dtype: as for any ``keras.metrics.Metric``.
 
     Example:
+        >>> import tfbnn
         >>> m = tfbnn.metrics.NegativeLogLikelihood()
         >>> m.update_state([0, 1], [[0.5, 0.5], [0.25, 0.75]])
         >>> round(float(m.result()), 4)
@@ -542,6 +566,7 @@ class BrierScore(_MeanOfExamples):
         name, dtype: as for any ``keras.metrics.Metric``.
 
     Example:
+        >>> import tfbnn
         >>> m = tfbnn.metrics.BrierScore()
         >>> m.update_state([0, 1], [[1.0, 0.0], [0.5, 0.5]])
         >>> float(m.result())
@@ -573,6 +598,7 @@ class ExpectedCalibrationError(keras.metrics.Metric):
         name, dtype: as for any ``keras.metrics.Metric``.
 
     Example:
+        >>> import tfbnn
         >>> m = tfbnn.metrics.ExpectedCalibrationError(num_bins=10)
         >>> m.update_state([0], [[0.9, 0.1]])
         >>> m.update_state([1], [[0.8, 0.2]])   # accumulated across batches

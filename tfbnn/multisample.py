@@ -79,10 +79,17 @@ class MultiSampleModel(NetworkWrapper):
     ``.network``.
 
     Example:
-        >>> net = tfbnn.models.mlp(...)   # a softmax-output Bayesian model
+        >>> import keras, numpy as np, tfbnn
+        >>> x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+        >>> y = (x[:, 0] > 0).astype("int32")
+        >>> net = keras.Sequential([keras.Input((8,)),            # a softmax-output Bayesian model
+        ...                         tfbnn.DenseFlipout(16, activation="relu", seed=1),
+        ...                         tfbnn.DenseFlipout(2, activation="softmax", seed=2)])
         >>> model = tfbnn.MultiSampleModel(net, num_samples=5)
         >>> model.compile("adam", "sparse_categorical_crossentropy")
-        >>> model.fit(x, y, callbacks=[tfbnn.KLAnnealing(num_examples=len(x))])
+        >>> history = model.fit(x, y, callbacks=[tfbnn.KLAnnealing(num_examples=len(x))], verbose=0)
+        >>> model.network is net
+        True
 
     Reference:
         Blundell, Cornebise, Kavukcuoglu, Wierstra. Weight Uncertainty in Neural

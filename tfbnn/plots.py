@@ -14,9 +14,15 @@ works headless and leaves the user's pyplot state alone; :func:`save` writes it.
   signal-to-noise and at random (from :func:`tfbnn.pruning.pruning_curve`).
 
 Example:
+    >>> import os, tempfile, keras, numpy as np, tfbnn
+    >>> x_test = np.random.default_rng(0).normal(size=(50, 4)).astype("float32")
+    >>> y_test = (x_test[:, 0] > 0).astype("int32")
+    >>> model = keras.Sequential([keras.Input((4,)), tfbnn.DenseFlipout(2, activation="softmax", seed=0)])
     >>> res = tfbnn.predict(model, x_test, num_samples=50)
     >>> fig = tfbnn.plots.reliability_diagram(res.mean_probs, y_test)
-    >>> tfbnn.plots.save(fig, "reliability.png")
+    >>> path = os.path.join(tempfile.mkdtemp(), "reliability.png")
+    >>> tfbnn.plots.save(fig, path) == path and os.path.getsize(path) > 0
+    True
 """
 
 import os

@@ -32,12 +32,25 @@ that :func:`keras.saving.load_model` reads as usual (Keras itself stores its
 ``.keras`` zip uncompressed, so its size does not change with sparsity).
 
 Example:
+    >>> import os, tempfile, keras, numpy as np, tfbnn
+    >>> x = np.random.default_rng(0).normal(size=(100, 8)).astype("float32")
+    >>> y = (x[:, 0] > 0).astype("int32")
+    >>> model = keras.Sequential([keras.Input((8,)),
+    ...     tfbnn.DenseVariationalDropout(32, activation="relu", name="hidden", seed=1),
+    ...     tfbnn.DenseVariationalDropout(2, activation="softmax", name="out", seed=2)])
     >>> masks = tfbnn.pruning.compute_masks(model)            # log alpha > 3 / snr < 0.83
-    >>> print(tfbnn.pruning.sparsity_report(model, masks))
+    >>> {name: mask.shape for name, mask in masks.items()}    # True where a weight is kept
+    {'hidden': (8, 32), 'out': (32, 2)}
+    >>> print(tfbnn.pruning.sparsity_report(model, masks))    # untrained: little is pruned
+    layer   type                     criterion  weights  pruned  sparsity  compression
+    ...
+    total                                           320 ...
     >>> with tfbnn.pruning.pruned(model, masks):
-    ...     acc = evaluate(model)                              # pruned predictions
+    ...     probs = tfbnn.predict(model, x, num_samples=10).mean_probs   # pruned predictions
     >>> rand = tfbnn.pruning.random_masks(masks, seed=0)       # same sparsity per layer
-    >>> nbytes = tfbnn.pruning.export_sparse(model, "model.npz", masks)
+    >>> tfbnn.pruning.sparsity(rand) == tfbnn.pruning.sparsity(masks)
+    True
+    >>> nbytes = tfbnn.pruning.export_sparse(model, os.path.join(tempfile.mkdtemp(), "model.npz"), masks)
 """
 
 import contextlib
@@ -359,9 +372,15 @@ def fraction_masks(model, fraction, criterion="auto", scope="global"):
         ``{layer name: boolean keep-mask}``, like :func:`compute_masks`.
 
     Example:
+        >>> import keras, tfbnn
+        >>> model = keras.Sequential([keras.Input((8,)), tfbnn.DenseFlipout(32, seed=1),
+        ...                           tfbnn.DenseFlipout(2, seed=2)])
         >>> masks = tfbnn.pruning.fraction_masks(model, 0.95)       # Blundell's 95% row
-        >>> with tfbnn.pruning.pruned(model, masks):
-        ...     probs = tfbnn.predict(model, x_test, num_samples=10).mean_probs
+        >>> round(tfbnn.pruning.sparsity(masks), 2)
+        0.95
+        >>> masks = tfbnn.pruning.fraction_masks(model, 0.5, scope="layer")   # half of each layer
+        >>> [round(tfbnn.pruning.sparsity(mask), 2) for mask in masks.values()]
+        [0.5, 0.5]
 
     References:
         Blundell et al. (2015), Weight Uncertainty in Neural Networks, sec. 5.1,
@@ -418,9 +437,23 @@ def pruning_curve(model, x, y, fractions=BLUNDELL_FRACTIONS, num_samples=10, sco
         (``random_accuracy`` None without the baseline), one per fraction in order.
 
     Example:
-        >>> rows = tfbnn.pruning.pruning_curve(model, x_test, y_test, seed=0)
+        >>> import os, tempfile, keras, numpy as np, tfbnn
+        >>> x = np.random.default_rng(0).normal(size=(100, 8)).astype("float32")
+        >>> y = (x[:, 0] > 0).astype("int32")
+        >>> model = keras.Sequential([keras.Input((8,)), tfbnn.DenseFlipout(32, activation="relu", seed=1),
+        ...                           tfbnn.DenseFlipout(2, activation="softmax", seed=2)])
+        >>> rows = tfbnn.pruning.pruning_curve(model, x, y, seed=0)      # by |mu| / sigma
+        >>> [row["fraction"] for row in rows]
+        [0.0, 0.5, 0.75, 0.95, 0.98]
         >>> print(tfbnn.pruning.format_pruning_curve(rows))
-        >>> tfbnn.pruning.write_pruning_curve(rows, "out")   # CSV, JSON and PNG
+        Accuracy against the fraction of weights pruned
+        -----------------------------------------------
+        pruned  weights  accuracy  random
+        0%            0 ...
+        98%         314 ...
+        >>> paths = tfbnn.pruning.write_pruning_curve(rows, tempfile.mkdtemp())
+        >>> [os.path.basename(path) for path in paths]      # CSV, JSON and PNG
+        ['pruning_curve.csv', 'pruning_curve.json', 'pruning_curve.png']
 
     References:
         Blundell et al. (2015), sec. 5.1, Table 2 (accuracy after removing 50-98% of
@@ -606,8 +639,14 @@ def pruned(model, masks):
     """Context manager: ``model`` pruned by ``masks`` inside, restored exactly after.
 
     Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> model = keras.Sequential([keras.Input((8,)), tfbnn.DenseFlipout(2, seed=1)])
+        >>> masks = tfbnn.pruning.fraction_masks(model, 0.5)
+        >>> before = model.layers[0].kernel_loc.numpy()
         >>> with tfbnn.pruning.pruned(model, masks):
-        ...     probs = tfbnn.predict(model, x_test, num_samples=10).mean_probs
+        ...     pruned_loc = model.layers[0].kernel_loc.numpy()
+        >>> int((pruned_loc == 0).sum()), bool(np.array_equal(model.layers[0].kernel_loc.numpy(), before))
+        (8, True)
     """
     masks = _check_masks(masks)
     layers = _layer_map(model, masks)

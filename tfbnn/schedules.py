@@ -213,8 +213,11 @@ class LinearRamp(keras.optimizers.schedules.LearningRateSchedule):
         final: float, the rate after ``end`` as a fraction of ``initial``. Default 0.
 
     Example:
+        >>> import keras, tfbnn
         >>> schedule = tfbnn.schedules.LinearRamp(1e-3, start=100 * 600, end=200 * 600)
-        >>> keras.optimizers.Adam(schedule)
+        >>> [round(float(schedule(step)), 6) for step in (0, 100 * 600, 150 * 600, 200 * 600)]
+        [0.001, 0.001, 0.0005, 0.0]
+        >>> optimizer = keras.optimizers.Adam(schedule)
     """
 
     def __init__(self, initial, start, end, final=0.0):

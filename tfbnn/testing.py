@@ -13,8 +13,10 @@
 
 Example:
     >>> from tfbnn import testing, layers
-    >>> testing.run_layer_test(layers.DenseFlipout, {"units": 3, "seed": 1}, input_shape=(4, 5),
-    ...                        expected_output_shape=(4, 3))
+    >>> layer = testing.run_layer_test(layers.DenseFlipout, {"units": 3, "seed": 1}, input_shape=(4, 5),
+    ...                                expected_output_shape=(4, 3))
+    >>> layer.units, layer.built
+    (3, True)
 """
 
 import os

@@ -102,8 +102,15 @@ def posterior_mean(model):
     """Context manager: posterior-mean predictions inside, previous modes after.
 
     Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> model = keras.Sequential([keras.Input((4,)), tfbnn.DenseFlipout(3, seed=0)])
+        >>> x = np.ones((2, 4), "float32")
         >>> with tfbnn.posterior_mean(model):
-        ...     y_mean = model.predict(x)
+        ...     y_mean = model.predict(x, verbose=0)
+        >>> bool(np.allclose(y_mean, x @ model.layers[0].kernel_loc.numpy()))   # x mu (+ bias 0)
+        True
+        >>> bool(np.allclose(model.predict(x, verbose=0), y_mean))   # sampled again outside
+        False
     """
     saved = _reset_compiled_functions(model)
     previous = set_inference_mode(model, "mean")

@@ -25,7 +25,18 @@ def add_parser(subparsers):
             "uncertainty-versus-shift curves. The clean and shifted numbers are rows of the sweep\n"
             "(the same noise draws). Use the dataset and --seed the model was trained with, so the\n"
             "test split is the held-out one. Dense and convolutional models both work: the images\n"
-            "are given in the shape the model expects."
+            "are given in the shape the model expects.\n"
+            "\n"
+            "Temperature scaling of the Monte Carlo predictive, softmax(log p_bar / T) (Guo et al. 2017):\n"
+            "--temperature T applies a known T (e.g. the one `tfbnn train` fitted, in its results.json);\n"
+            "--fit-temperature fits T on the validation hold-out of the training split (--validation-fraction\n"
+            "and --seed as in training, so that the model never saw those examples). The tempered numbers\n"
+            "are printed beside the raw ones and stored under temperature_scaled in metrics.json."
+        ),
+        epilog=(
+            "examples:\n"
+            "  tfbnn evaluate saved_models/bbb_mlp_digits.keras --fit-temperature\n"
+            "  tfbnn evaluate saved_models/bbb_mlp_digits.keras --temperature 0.9"
         ),
     )
     parser.add_argument("model", type=argtypes.existing_model, help="a .keras file (e.g. from tfbnn train)")
@@ -45,6 +56,14 @@ def add_parser(subparsers):
     parser.add_argument("--num-bins", type=argtypes.positive_int, default=15, help="ECE bins")
     parser.add_argument("--max-examples", type=argtypes.positive_int, default=None,
                         help="cap on the test examples")
+    scaling = parser.add_mutually_exclusive_group()
+    scaling.add_argument("--temperature", type=argtypes.positive_float, default=None, metavar="T",
+                         help="also evaluate the predictive tempered by this T")
+    scaling.add_argument("--fit-temperature", action="store_true",
+                         help="fit T on the validation hold-out (minimum NLL) and evaluate the tempered predictive")
+    parser.add_argument("--validation-fraction", type=argtypes.rate, default=0.15, metavar="F",
+                        help="with --fit-temperature: the hold-out fraction the model was trained with "
+                        "(tfbnn train's default)")
     parser.add_argument("--output-dir", default=None, metavar="DIR",
                         help="where the JSON and PNGs go; default: MODEL without .keras + '_evaluation/'")
     parser.set_defaults(func=run)
@@ -66,15 +85,19 @@ def load_model(path):
         raise RunError(f"could not load {path}: {argtypes.one_line(e)}") from e
 
 
-def _test_split(args, model):
-    """The test split in the shape the model takes (flattened for dense models, images for conv)."""
+def _splits(args, model):
+    """The data in the shape the model takes (flattened for dense models, images for conv):
+    ``(name, (x_test, y_test), (x_val, y_val) or None)``."""
     from tfbnn import datasets, training
 
     from tfbnn.ensembles import DeepEnsemble
 
     shape = tuple((model.members[0] if isinstance(model, DeepEnsemble) else model).inputs[0].shape[1:])
+    fraction = args.validation_fraction if args.fit_temperature else 0.0
+    if args.fit_temperature and not fraction:
+        raise ValueError("--fit-temperature fits T on the validation hold-out. Received: --validation-fraction=0")
     try:
-        data = datasets.load_pipeline(args.dataset, batch_size=1024, validation_fraction=0.0,
+        data = datasets.load_pipeline(args.dataset, batch_size=1024, validation_fraction=fraction,
                                       standardize=args.dataset in datasets.CIFAR_DATASETS, flatten=len(shape) == 1,
                                       seed=args.seed, max_test_examples=args.max_examples)
     except RuntimeError as e:
@@ -82,7 +105,42 @@ def _test_split(args, model):
     if tuple(data.input_shape) != shape:
         raise ValueError(f"the model expects inputs of shape {shape}, the dataset has {tuple(data.input_shape)}. "
                          f"Received: --dataset={args.dataset}")
-    return (data.name, *training.arrays(data.test))
+    validation = training.arrays(data.validation) if data.validation is not None else None
+    return data.name, training.arrays(data.test), validation
+
+
+def _temperature(args, model, validation):
+    """The :class:`tfbnn.TemperatureScaling` to apply, or None."""
+    from tfbnn import calibration, inference
+
+    if args.temperature is not None:
+        return calibration.TemperatureScaling(temperature=args.temperature)
+    if validation is None:
+        return None
+    x_val, y_val = validation
+    prediction = inference.predict(model, x_val, num_samples=args.num_samples, task="classification",
+                                   tolerance=args.tolerance, max_samples=args.max_samples)
+    return calibration.TemperatureScaling().fit_prediction(prediction, y_val)
+
+
+def _metric_rows(title, part, keys, num_bins):
+    """Rows ``(label, clean, shifted)`` of ``part`` (a dict with ``clean`` and ``shifted``)."""
+    labels = {"accuracy": "accuracy", "nll": "NLL", "brier": "Brier score", "ece": f"ECE ({num_bins} bins)",
+              "predictive_entropy": "total uncertainty", "aleatoric": "aleatoric", "epistemic": "epistemic",
+              "mean_samples_used": "samples per example (mean)"}
+    rows = [(title, "clean", f"shifted (gamma={SHIFT_GAMMA:g})")]
+    return rows + [(labels[k], f"{part['clean'][k]:.4f}", f"{part['shifted'][k]:.4f}") for k in keys]
+
+
+def _detection_rows(numbers):
+    rows = [("shift detection (AUROC)", "raw")]
+    d = numbers["shift_detection"]
+    scaled = numbers.get("temperature_scaled")
+    if scaled:
+        rows[0] += ("temperature-scaled",)
+    for key, label in (("auroc_entropy", "predictive entropy"), ("auroc_epistemic", "epistemic")):
+        rows.append((label, f"{d[key]:.4f}", *([f"{scaled['shift_detection'][key]:.4f}"] if scaled else [])))
+    return rows
 
 
 def _tolerance(args):
@@ -98,25 +156,26 @@ def run(args):
 
     folder = args.output_dir or args.model[: -len(".keras")] + "_evaluation"
     model = load_model(args.model)
-    name, x_test, y_test = _test_split(args, model)
+    name, (x_test, y_test), validation = _splits(args, model)
     result = evaluate_classifier(model, x_test, y_test, num_samples=args.num_samples, num_bins=args.num_bins,
-                                 shift_gamma=SHIFT_GAMMA, seed=args.seed, tolerance=args.tolerance,
+                                 shift_gamma=SHIFT_GAMMA, seed=args.seed,
+                                 temperature=_temperature(args, model, validation), tolerance=args.tolerance,
                                  max_samples=args.max_samples)
     paths = write_report(result, folder, name=os.path.basename(args.model))
-    c, s = result.numbers["clean"], result.numbers["shifted"]
-    rows = [("metric", "clean", f"shifted (gamma={SHIFT_GAMMA:g})")]
-    for key, label in (("accuracy", "accuracy"), ("nll", "NLL"), ("brier", "Brier score"),
-                       ("ece", f"ECE ({args.num_bins} bins)"), ("predictive_entropy", "total uncertainty"),
-                       ("aleatoric", "aleatoric"), ("epistemic", "epistemic"),
-                       ("mean_samples_used", "samples per example (mean)")):
-        if key in c:
-            rows.append((label, f"{c[key]:.4f}", f"{s[key]:.4f}"))
+    adaptive = ("mean_samples_used",) if "mean_samples_used" in result.numbers["clean"] else ()
+    blocks = [_metric_rows("metric", result.numbers, ("accuracy", "nll", "brier", "ece", "predictive_entropy",
+                                                      "aleatoric", "epistemic", *adaptive), args.num_bins)]
+    scaled = result.numbers.get("temperature_scaled")
+    if scaled:
+        blocks.append(_metric_rows(f"temperature-scaled (temperature {scaled['temperature']:.4g})", scaled,
+                                   ("nll", "brier", "ece", "predictive_entropy"), args.num_bins))
+    blocks.append(_detection_rows(result.numbers))
     sweep = [("Gaussian shift gamma", "accuracy", "total", "aleatoric", "epistemic")]
     sweep += [(f"{r['level']:g}", f"{r['accuracy']:.4f}", f"{r['predictive_entropy']:.4f}",
                f"{r['expected_entropy']:.4f}", f"{r['mutual_information']:.4f}") for r in result.sweep]
     print(io.format_table(f"Evaluation of {args.model} on {name} ({len(y_test)} test examples, "
                           f"T = {args.num_samples}"
                           + (f", tolerance {_tolerance(args):g})" if args.num_samples == "auto" else ")"),
-                          [rows, [("accuracy-coverage area", f"{result.numbers['selective_area']:.4f}")], sweep]))
+                          [*blocks, [("accuracy-coverage area", f"{result.numbers['selective_area']:.4f}")], sweep]))
     print(f"\nWrote {len(paths)} files to {folder}/: " + ", ".join(os.path.basename(p) for p in paths))
     return 0

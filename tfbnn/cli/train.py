@@ -1,8 +1,9 @@
 """``tfbnn train``: a recipe from flags, run by :func:`tfbnn.training.run`.
 
 With no options it is the project's main job: the built-in recipe ``digits-bbb-mlp``
-(a Bayes-by-Backprop MLP on the offline digits, about a minute on two CPU cores) with
-a deterministic baseline beside it. Every flag changes one field of that recipe; a
+(a Bayes-by-Backprop MLP on the offline digits with a tempered posterior, beta = 0.1,
+and temperature scaling fitted on a 15% hold-out), the same MLP at beta = 1 (the ELBO)
+and a deterministic baseline beside it, about a minute and a quarter on two CPU cores. Every flag changes one field of that recipe; a
 flag that does not apply to the chosen model or method is an error, never dropped.
 """
 
@@ -36,6 +37,8 @@ MLP_FLAGS = ("hidden_units", "depth")
 
 # The main job's MLP, when --model is mlp and the flags are not given.
 _MAIN_HIDDEN_UNITS, _MAIN_DEPTH = 64, 2
+# The main job's validation hold-out and final KL weight (tests check they equal the recipe's).
+_MAIN_VALIDATION_FRACTION, _MAIN_BETA = 0.15, 0.1
 
 
 def add_parser(subparsers):
@@ -56,10 +59,14 @@ def add_parser(subparsers):
             "With no options this is the main job: a Bayes-by-Backprop MLP (2 x 64 units, local\n"
             "reparameterization, N(0, 1) prior) on the offline 'digits' dataset (scikit-learn's 8x8\n"
             "digits, 1437 train / 360 test, no download), about a minute on 2 CPU cores, beside the\n"
-            "same MLP with deterministic layers. The results table shows test accuracy, NLL, ECE and\n"
-            "Brier score of the Monte Carlo predictive (--num-samples samples), the KL, and the total /\n"
-            "aleatoric / epistemic uncertainty on clean and on noise-shifted inputs\n"
-            "x' = (1 - g) x + g * eps, eps ~ N(0, 1), g = 0.5.\n"
+            "same MLP with deterministic layers. It trains a tempered posterior, beta = 0.1 (the data\n"
+            "counted ten times against the prior), and the same model at beta = 1 (the ELBO) beside it.\n"
+            "The results table shows test accuracy, NLL, ECE (raw and after temperature scaling fitted\n"
+            "on a 15% validation hold-out), Brier score and mean confidence of the Monte Carlo\n"
+            "predictive (--num-samples samples), the KL, and shift detection: how well the predictive\n"
+            "entropy and the epistemic uncertainty (mutual information) tell noise-shifted inputs\n"
+            "x' = (1 - g) x + g * eps, eps ~ N(0, 1), g = 0.5 from clean ones (AUROC, 0.5 = chance),\n"
+            "followed by a paragraph reading the trade-off.\n"
             "\n"
             "Files are written only after a successful run: a failed run (e.g. the loss became NaN)\n"
             "exits with status 1 and leaves no output and any existing file untouched."
@@ -67,6 +74,7 @@ def add_parser(subparsers):
         epilog=(
             "examples:\n"
             "  tfbnn train\n"
+            "  tfbnn train --beta 1 --no-temperature-scale          # the untempered ELBO, raw predictive\n"
             "  tfbnn train --layer flipout --prior scale_mixture --pi 0.25 --sigma1 1 --sigma2 0.000335\n"
             "  tfbnn train --method mc_dropout --dropout-rate 0.2\n"
             "  tfbnn train --method ensemble --members 5 --baseline\n"
@@ -81,8 +89,9 @@ def add_parser(subparsers):
                       "download on first use")
     data.add_argument("--max-examples", type=argtypes.positive_int, default=None, metavar="N",
                       help="use at most N training examples; N in the ELBO is the count actually used")
-    data.add_argument("--validation-fraction", type=argtypes.rate, default=0.0, metavar="F",
-                      help="hold out this fraction of the training split for validation curves")
+    data.add_argument("--validation-fraction", type=argtypes.rate, default=_MAIN_VALIDATION_FRACTION, metavar="F",
+                      help="hold out this fraction of the training split (seeded): validation curves, and the "
+                      "examples temperature scaling is fitted on")
 
     model = parser.add_argument_group("model and method")
     model.add_argument("--model", default="mlp", metavar="MODEL",
@@ -141,8 +150,11 @@ def add_parser(subparsers):
                           "2^(M-i) / (2^M - 1), Blundell eq. 9)")
     training.add_argument("--anneal-epochs", type=argtypes.positive_float, default=None, metavar="EPOCHS",
                           help="length of the KL ramp in epochs (default: half of --epochs)")
-    training.add_argument("--beta", type=argtypes.non_negative_float, default=1.0,
-                          help="the final KL weight: 1 is the ELBO; < 1 a tempered ('cold') posterior, e.g. 0.1")
+    training.add_argument("--beta", type=argtypes.non_negative_float, default=None,
+                          help="the final KL weight: 1 is the ELBO; < 1 a tempered ('cold') posterior, the data "
+                          "counted 1/beta times against the prior (Wenzel et al. 2020): sharper, more accurate and "
+                          f"better calibrated on little data, with less epistemic uncertainty (default: {_MAIN_BETA:g}; "
+                          "1 with --schedule blundell, whose minibatch weights fix it)")
     training.add_argument("--seed", type=argtypes.non_negative_int, default=0,
                           help="seeds the data split, initialization, shuffling and every layer's noise")
     training.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None,
@@ -159,7 +171,15 @@ def add_parser(subparsers):
                             help="Monte Carlo samples of the test predictive")
     evaluation.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                             help="also train the same model with deterministic layers and report its accuracy, "
-                            "NLL, ECE and Brier score beside")
+                            "NLL, ECE, Brier score and shift detection beside")
+    evaluation.add_argument("--beta-comparison", action=argparse.BooleanOptionalAction, default=True,
+                            help="when --beta is not 1 (Bayesian methods): also train the same model at beta = 1, "
+                            "the untempered ELBO, and report it beside")
+    evaluation.add_argument("--temperature-scale", dest="temperature_scaling",
+                            action=argparse.BooleanOptionalAction, default=True,
+                            help="fit a temperature T to the Monte Carlo predictive, softmax(log p_bar / T), on the "
+                            "validation hold-out (Guo et al. 2017) and report NLL and ECE before and after; needs "
+                            "--validation-fraction > 0")
     evaluation.add_argument("--output", type=argtypes.keras_path, default=None, metavar="PATH",
                             help="the .keras model (default: saved_models/<method>_<model>_<dataset>.keras)")
     evaluation.add_argument("--output-dir", default=None, metavar="DIR",
@@ -225,6 +245,12 @@ def _network_options(args, method):
     return {}
 
 
+def _beta(args):
+    if args.beta is not None:
+        return args.beta
+    return 1.0 if args.schedule == "blundell" else _MAIN_BETA
+
+
 def recipe_from_args(args):
     """The :class:`tfbnn.training.Recipe` the flags describe (the main job's, changed by each flag)."""
     from tfbnn import training
@@ -239,8 +265,8 @@ def recipe_from_args(args):
         dataset=args.dataset, max_examples=args.max_examples, validation_fraction=args.validation_fraction,
         optimizer=args.optimizer, learning_rate=args.learning_rate, momentum=args.momentum, nesterov=args.nesterov,
         weight_decay=args.weight_decay, lr_schedule=args.lr_schedule, epochs=args.epochs, batch_size=args.batch_size,
-        kl_schedule=args.schedule, kl_epochs=args.anneal_epochs, beta=args.beta, eval_samples=args.num_samples,
-        seed=args.seed,
+        kl_schedule=args.schedule, kl_epochs=args.anneal_epochs, beta=_beta(args), eval_samples=args.num_samples,
+        temperature_scaling=args.temperature_scaling, seed=args.seed,
     )
 
 
@@ -253,8 +279,9 @@ def run(args):
     output_dir = args.output_dir or output[: -len(".keras")] + "_run"
     strategy = distribute.strategy_from_args(args)
     jit = {"auto": "auto", "on": True, "off": False}[args.jit_compile]
+    compare = args.beta_comparison and recipe.is_bayesian and recipe.beta != 1.0
     training.run(recipe, output_dir=output_dir, model_path=output, verbose=argtypes.verbosity(args.verbose),
                  baseline=args.baseline and recipe.method != "deterministic", jit_compile=jit,
-                 strategy=strategy)
+                 strategy=strategy, compare_beta=1.0 if compare else None)
     print(f"Saved the model to {output}", flush=True)
     return 0

@@ -116,6 +116,7 @@ def load(name, **kwargs):
         RuntimeError: a tensorflow-datasets dataset could not be downloaded.
 
     Example:
+        >>> import tfbnn
         >>> ds = tfbnn.datasets.load("moons", num_examples=200, noise=0.1, seed=0)
         >>> ds.name, ds.num_classes, ds.num_examples
         ('moons', 2, 160)

@@ -24,6 +24,7 @@ class ArrayDataset:
     (``tfbnn.KLAnnealing(num_examples=ds.num_examples)``).
 
     Example:
+        >>> import tfbnn
         >>> ds = tfbnn.datasets.load("digits")
         >>> ds.num_examples, ds.x_train.shape[1:], ds.num_classes
         (1437, (64,), 10)

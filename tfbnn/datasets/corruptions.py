@@ -74,6 +74,7 @@ def gaussian_noise(x, gamma, seed=None):
         Array of ``x``'s shape and float dtype.
 
     Example:
+        >>> import numpy as np, tfbnn
         >>> x = np.full((2, 3), 0.5, "float32")
         >>> float(tfbnn.datasets.corruptions.gaussian_noise(x, 0.0, seed=0)[0, 0])  # gamma = 0: unchanged
         0.5
@@ -101,6 +102,7 @@ def salt_and_pepper(x, p, seed=None, low=0.0, high=1.0):
         Array of ``x``'s shape and float dtype.
 
     Example:
+        >>> import numpy as np, tfbnn
         >>> x = np.full((1000,), 0.5, "float32")
         >>> out = tfbnn.datasets.corruptions.salt_and_pepper(x, 1.0, seed=0)  # every element 0 or 1
         >>> bool(np.all((out == 0) | (out == 1)))

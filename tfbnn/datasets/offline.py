@@ -74,6 +74,7 @@ def load_digits(test_fraction=0.2, seed=0):
         ValueError: ``test_fraction`` outside (0, 1) or a negative / non-integer ``seed``.
 
     Example:
+        >>> import tfbnn
         >>> ds = tfbnn.datasets.load_digits(seed=0)
         >>> ds.x_train.shape, ds.x_test.shape, float(ds.x_train.max())
         ((1437, 64), (360, 64), 1.0)
@@ -110,6 +111,7 @@ def make_moons(num_examples=1000, noise=0.1, seed=0, test_fraction=0.2):
         ValueError: on a bad argument (the message names it and its value).
 
     Example:
+        >>> import tfbnn
         >>> ds = tfbnn.datasets.make_moons(num_examples=500, noise=0.2, seed=1)
         >>> ds.num_examples, ds.x_test.shape
         (400, (100, 2))

@@ -386,6 +386,7 @@ def load_pipeline(
         RuntimeError: tensorflow-datasets could not provide the data.
 
     Example:
+        >>> import tfbnn
         >>> data = tfbnn.datasets.load_pipeline("digits", batch_size=32, seed=0)
         >>> data.num_examples, data.num_validation, data.input_shape
         (1293, 144, (8, 8, 1))
@@ -446,6 +447,7 @@ def from_arrays(x_train, y_train, x_test, y_test, num_classes=None, name="arrays
     :func:`load_pipeline`.
 
     Example:
+        >>> import tfbnn
         >>> ds = tfbnn.datasets.load("moons", seed=0)
         >>> data = tfbnn.datasets.from_arrays(ds.x_train, ds.y_train, ds.x_test, ds.y_test,
         ...                                   num_classes=2, name="moons", batch_size=32)

@@ -80,6 +80,7 @@ def make_toy_regression(num_examples=40, noise_std=0.02, x_range=(0.0, 0.5), gri
         A :class:`RegressionDataset`.
 
     Example:
+        >>> from tfbnn.datasets.regression import make_toy_regression
         >>> ds = make_toy_regression(seed=0)
         >>> ds.x_train.shape, ds.x_grid.shape
         ((40, 1), (281, 1))

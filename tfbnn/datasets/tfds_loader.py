@@ -64,13 +64,14 @@ def load_tfds(name, max_examples=None, max_test_examples=None, data_dir=None, do
             internet on first use); the message carries the original error.
 
     Example:
-        >>> ds = tfbnn.datasets.load_tfds("mnist", max_examples=10000)
-        >>> ds.num_examples, ds.x_train.shape[1]
-        (10000, 784)
+        With a connection (MNIST downloads on first use)::
 
-        Offline, with generated stand-in data::
+            ds = tfbnn.datasets.load_tfds("mnist", max_examples=10000)
+            ds.num_examples, ds.x_train.shape[1]     # (10000, 784)
 
-        >>> import tensorflow_datasets as tfds
+        Offline, with generated stand-in data:
+
+        >>> import tensorflow_datasets as tfds, tfbnn
         >>> with tfds.testing.mock_data(num_examples=32):
         ...     ds = tfbnn.datasets.load_tfds("fashion_mnist")
         >>> ds.num_examples

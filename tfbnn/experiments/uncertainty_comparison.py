@@ -2,8 +2,9 @@
 
 Every method trains the same MLP (``--hidden-units`` x ``--depth`` ReLU, softmax head) on
 the same split of the same data through :func:`tfbnn.training.run`, with the main job's
-protocol (recipe ``digits-bbb-mlp``: Adam 3e-3, batch 32, KL ramp over the first half of
-training for the methods with a KL term) and only the method changed:
+protocol (recipe ``digits-bbb-mlp``: Adam 3e-3, batch 32, 60 epochs, KL ramp over the first
+half of training for the methods with a KL term, here to the ELBO's ``beta = 1``, with every
+training example used for training and no temperature scaling) and only the method changed:
 
 ==================  =====================================================================
 row                 recipe method
@@ -22,7 +23,7 @@ test split and on the same inputs shifted by Gaussian noise, ``x' = (1 - g) x + 
 Brier score; mean epistemic uncertainty (mutual information) on clean and shifted
 inputs; and how well each example's epistemic uncertainty (and total predictive
 entropy) tells the shifted inputs from the clean ones, as the area under the ROC curve
-(:func:`tfbnn.metrics.detection_auroc`, 0.5 = chance).
+(:func:`tfbnn.metrics.auroc`, 0.5 = chance).
 
 Outputs (``--output-dir``, default ``saved_models/experiments/uncertainty_comparison/``):
 ``comparison.csv``, ``comparison.json``, ``comparison.md`` (the table) and
@@ -88,7 +89,8 @@ def recipes(dataset="digits", hidden_units=64, depth=2, epochs=60, members=5, dr
                "ensemble": {"members": members, "member_method": "deterministic"}}
     base = training.get_recipe("digits-bbb-mlp").replace(
         description="the uncertainty comparison", reference="", model_options={"hidden_units": (hidden_units,) * depth},
-        dataset=dataset, epochs=epochs, eval_samples=num_samples, seed=seed)
+        dataset=dataset, epochs=epochs, eval_samples=num_samples, seed=seed,
+        validation_fraction=0.0, beta=1.0, temperature_scaling=False)  # the ELBO; all data for training
     out = {}
     for label, method in METHODS.items():
         recipe = base.replace(name=f"{NAME}-{method}", method=method, method_options=options[method])
@@ -113,8 +115,8 @@ def _row(label, result, recipe):
     return {
         "method": label, "accuracy": test["accuracy"], "nll": test["nll"], "ece": test["ece"], "brier": test["brier"],
         "epistemic_clean": test["epistemic"], "epistemic_shifted": test["shifted"]["epistemic"],
-        "auroc_epistemic": metrics.detection_auroc(e.clean.mutual_information, e.shifted.mutual_information),
-        "auroc_total": metrics.detection_auroc(e.clean.predictive_entropy, e.shifted.predictive_entropy),
+        "auroc_epistemic": metrics.auroc(e.clean.mutual_information, e.shifted.mutual_information),
+        "auroc_total": metrics.auroc(e.clean.predictive_entropy, e.shifted.predictive_entropy),
         "accuracy_shifted": test["shifted"]["accuracy"], "num_samples": test["num_samples"],
         "train_seconds": round(result.train_seconds, 1),
     }

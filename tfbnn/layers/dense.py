@@ -146,9 +146,9 @@ class DenseBayesian(BayesianLayer):
             kernel. Default ``"normal"`` (N(0, 1)).
         bias_prior: the same for the bias; ``None`` makes the bias a point
             estimate (no posterior, no KL), as TFP's layers do by default.
-        kernel_loc_initializer, kernel_rho_initializer, bias_loc_initializer,
-        bias_rho_initializer: Keras initializers for the posterior mean and the
-            untransformed scale ``rho`` (``sigma = softplus(rho)``, or
+        kernel_loc_initializer, kernel_rho_initializer, bias_loc_initializer, bias_rho_initializer:
+            Keras initializers for the posterior mean and the untransformed scale
+            ``rho`` (``sigma = softplus(rho)``, or
             ``sigma^2 = exp(rho)`` with the log-variance parameterization).
             Default ``rho = -5`` (softplus) / ``rho = -10`` (log variance): sigma ~ 0.0067.
         posterior_parameterization: ``"softplus"`` (default, Blundell et al. 2015:

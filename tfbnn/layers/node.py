@@ -361,9 +361,10 @@ class NodeDense(NodeLayer):
         activation: activation name or callable.
         use_bias: bool. Default True.
         kernel_initializer, bias_initializer: Keras initializers of ``U`` and ``b``.
-        num_components, prior_stddev, init_stddev, init_scale_mean,
-        init_scale_stddev, kl_estimator, num_kl_samples, kl_weight,
-        inference_mode, seed: see :class:`NodeLayer` (K = 4, s = 0.1, sigma0 = 0.5).
+        **kwargs: the arguments of :class:`NodeLayer` (``num_components``,
+            ``prior_stddev``, ``init_stddev``, ``init_scale_mean``, ``init_scale_stddev``,
+            ``kl_estimator``, ``num_kl_samples``, ``kl_weight``, ``inference_mode``,
+            ``seed``; K = 4, s = 0.1, sigma0 = 0.5).
 
     Call arguments:
         inputs: tensor ``(batch, ..., d)``.
@@ -462,7 +463,8 @@ class NodeConv2D(NodeLayer):
         dilation_rate: int or pair. Default 1.
         activation, use_bias, kernel_initializer, bias_initializer: as in
             ``keras.layers.Conv2D``.
-        num_components, prior_stddev, init_stddev, ...: see :class:`NodeLayer`.
+        **kwargs: the arguments of :class:`NodeLayer` (``num_components``,
+            ``prior_stddev``, ``init_stddev``, ...).
 
     Input shape: ``(batch, rows, cols, C_in)`` (channels_last).
     Output shape: ``(batch, new_rows, new_cols, filters)``.
@@ -586,7 +588,8 @@ class NodeNoise(NodeLayer):
     Args:
         axis: int, the channel axis carrying the nodes (default -1; 1 for
             channels_first convolutions). Not the batch axis.
-        num_components, prior_stddev, init_stddev, ...: see :class:`NodeLayer`.
+        **kwargs: the arguments of :class:`NodeLayer` (``num_components``,
+            ``prior_stddev``, ``init_stddev``, ...).
 
     Input shape: any, rank >= 2, with a known ``axis`` dimension ``d``.
     Output shape: the input shape.

@@ -273,9 +273,9 @@ class DenseVariationalDropout(VariationalDropoutLayer):
 
     Args:
         units: int > 0, output dimension.
-        parameterization, activation, use_bias, initializers, ``min_log_alpha``,
-        ``max_log_alpha``, ``kl_weight``, ``inference_mode``, ``seed``: see
-        :class:`VariationalDropoutLayer` and the module docstring.
+        **kwargs: ``parameterization``, ``activation``, ``use_bias``, initializers,
+            ``min_log_alpha``, ``max_log_alpha``, ``kl_weight``, ``inference_mode``,
+            ``seed``: see :class:`VariationalDropoutLayer` and the module docstring.
 
     Call arguments:
         inputs: ``(batch, ..., input_dim)``.
@@ -366,7 +366,8 @@ class Conv2DVariationalDropout(VariationalDropoutLayer):
         padding: ``"valid"`` (default) or ``"same"``.
         data_format: ``"channels_last"`` (default) or ``"channels_first"``.
         dilation_rate: int or pair. Default 1.
-        parameterization and the other arguments: see :class:`VariationalDropoutLayer`.
+        **kwargs: ``parameterization`` and the other arguments of
+            :class:`VariationalDropoutLayer`.
 
     Input shape: ``(batch, rows, cols, channels)`` (channels_last).
     Output shape: ``(batch, new_rows, new_cols, filters)``.

@@ -42,12 +42,20 @@ Method options: ``mc_dropout``: ``rate`` (default 0.1); ``bbb``: ``estimator``
 ``init_stddev``.
 
 Example:
-    >>> import tfbnn.models
-    >>> model = tfbnn.models.build("lenet5", method="bbb", estimator="flipout", num_examples=50_000)
+    >>> import numpy as np, tfbnn
+    >>> x = np.random.default_rng(0).random((32, 16, 16, 1)).astype("float32")
+    >>> model = tfbnn.models.build("lenet5", method="bbb", estimator="flipout", num_examples=len(x),
+    ...                            input_shape=(16, 16, 1), seed=0)
+    >>> sorted({type(layer).__name__ for layer in tfbnn.bayesian_layers(model)})
+    ['Conv2DFlipout', 'DenseFlipout']
     >>> model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
-    >>> model.fit(x, y, callbacks=[tfbnn.KLAnnealing(num_examples=50_000)])
-    >>> res = tfbnn.predict(model, x_test, num_samples=32)
-    >>> hybrid = tfbnn.models.build("resnet50", method="vd", num_examples=50_000, bayesian_layers="last")
+    >>> # model.fit(x, y, epochs=..., callbacks=[tfbnn.KLAnnealing(num_examples=len(x))])
+    >>> tfbnn.predict(model, x[:4], num_samples=8).mean_probs.shape
+    (4, 10)
+    >>> hybrid = tfbnn.models.build("lenet5", method="vd", num_examples=len(x), input_shape=(16, 16, 1),
+    ...                             bayesian_layers="last")
+    >>> [type(layer).__name__ for layer in tfbnn.bayesian_layers(hybrid)]   # the head only
+    ['DenseVariationalDropout']
 """
 
 from tfbnn.models.alexnet import alexnet

@@ -73,7 +73,10 @@ def lenet5(
         An uncompiled functional ``keras.Model``.
 
     Example:
+        >>> import tfbnn
         >>> model = tfbnn.models.lenet5("mc_dropout", rate=0.2)
+        >>> [type(layer).__name__ for layer in model.layers if "Dropout" in type(layer).__name__]
+        ['MCSpatialDropout2D', 'MCSpatialDropout2D', 'MCDropout', 'MCDropout']
     """
     if padding not in _PADDINGS:
         raise ValueError(f"Expected `padding` in {_PADDINGS}. Received: padding={padding!r}")

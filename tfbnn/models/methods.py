@@ -58,10 +58,14 @@ MLP), so all of them differ; with ``seed=None`` every layer draws its own seed f
 RNG (``keras.utils.set_random_seed`` makes that reproducible).
 
 Example:
+    >>> from tfbnn.models import LayerFactory
     >>> f = LayerFactory("bbb", {"estimator": "reparameterization"}, num_examples=50_000, seed=0)
-    >>> f.dense(10, activation="softmax")  # a DenseReparameterization with kl_weight 2e-5, seed 1
+    >>> layer = f.dense(10, activation="softmax")
+    >>> type(layer).__name__, layer.get_config()["kl_weight"], layer.seed
+    ('DenseReparameterization', 2e-05, 1)
     >>> hybrid = LayerFactory("vd", num_examples=50_000, bayesian_layers="last")
-    >>> hybrid.dense(100), hybrid.head(10)  # a keras Dense body layer, a DenseVariationalDropout head
+    >>> type(hybrid.dense(100)).__name__, type(hybrid.head(10)).__name__   # deterministic body, VD head
+    ('Dense', 'DenseVariationalDropout')
 """
 
 import math
@@ -194,9 +198,9 @@ class LayerFactory:
             or ``"last"`` (a deterministic body: only :meth:`head` and
             :meth:`head_dropout` follow the method).
 
-    Attributes:
-        method, options (resolved, defaults filled in), num_examples, seed,
-        bayesian_layers, kl_weight (``1 / N`` or None), is_bayesian.
+    Its attributes: ``method``, ``options`` (resolved, defaults filled in),
+    ``num_examples``, ``seed``, ``bayesian_layers``, ``kl_weight`` (``1 / N`` or
+    None), ``is_bayesian``.
     """
 
     def __init__(self, method="deterministic", options=None, num_examples=None, seed=None, bayesian_layers="all"):

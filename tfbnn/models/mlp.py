@@ -94,7 +94,12 @@ def mlp(
         ``"sparse_categorical_crossentropy"``).
 
     Example:
+        >>> import numpy as np, tfbnn
         >>> model = tfbnn.models.mlp("bbb", hidden_units="lenet_300_100", num_examples=60_000)
+        >>> [(type(layer).__name__, layer.units) for layer in model.layers[1:]]
+        [('DenseFlipout', 300), ('DenseFlipout', 100), ('DenseFlipout', 10)]
+        >>> float(model.layers[1].kl_weight.numpy()) == float(np.float32(1 / 60_000))   # 1 / N
+        True
     """
     units = _check_hidden_units(hidden_units)
     if outputs is not None and (isinstance(outputs, bool) or not isinstance(outputs, int) or outputs < 1):

@@ -61,6 +61,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     Output shape: ``(batch, length, embed_dim)``.
 
     Example:
+        >>> import numpy as np
+        >>> from tfbnn.models.transformer import TokenAndPositionEmbedding
         >>> layer = TokenAndPositionEmbedding(vocab_size=100, max_length=8, embed_dim=4)
         >>> layer(np.zeros((2, 8), "int32")).shape
         TensorShape([2, 8, 4])
@@ -136,10 +138,14 @@ def transformer(
         ``"sparse_categorical_crossentropy"``).
 
     Example:
-        >>> model = tfbnn.models.transformer("vd", vocab_size=20_000, max_length=120, num_examples=25_000)
+        >>> import numpy as np, tfbnn
+        >>> token_ids = np.random.default_rng(0).integers(1, 100, size=(16, 12))
+        >>> labels = token_ids[:, 0] % 2
+        >>> model = tfbnn.models.transformer("vd", vocab_size=100, max_length=12, num_examples=len(labels), seed=0)
         >>> model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
-        >>> model.fit(token_ids, labels, callbacks=[tfbnn.KLAnnealing(num_examples=25_000)])
-        >>> res = tfbnn.predict(model, test_token_ids, num_samples=10)
+        >>> # model.fit(token_ids, labels, epochs=..., callbacks=[tfbnn.KLAnnealing(num_examples=len(labels))])
+        >>> tfbnn.predict(model, token_ids[:5], num_samples=4).mean_probs.shape
+        (5, 2)
     """
     for arg, value in (("vocab_size", vocab_size), ("max_length", max_length), ("embed_dim", embed_dim),
                        ("num_heads", num_heads), ("ff_dim", ff_dim)):

@@ -11,11 +11,21 @@ inference, metrics), :mod:`tfbnn.models` and :mod:`tfbnn.datasets`, and below
 :mod:`tfbnn.tuning`, :mod:`tfbnn.experiments` and the command line, which all use it.
 
 Example:
+    >>> import os, tempfile
     >>> import tfbnn.training as training
-    >>> recipe = training.get_recipe("blundell-mnist-1200")
-    >>> result = training.run(recipe.replace(dataset="digits").quick())   # a few steps, offline
-    >>> result.test["accuracy"], result.test["ece"], result.test["epistemic"]
-    >>> training.save_recipe(recipe.replace(epochs=50), "my_recipe.json")   # tfbnn run my_recipe.json
+    >>> out = tempfile.mkdtemp()
+    >>> recipe = training.get_recipe("digits-bbb-mlp")
+    >>> result = training.run(recipe.quick(), output_dir=os.path.join(out, "run"),  # a few steps
+    ...                       verbose=0, jit_compile=False)                       # no XLA compile
+    digits-bbb-mlp: mlp_bbb ...
+    Wrote 6 files to .../run/
+    >>> sorted(os.path.basename(path) for path in result.files)
+    ['history.csv', 'history.json', 'learning_curves.png', 'model.keras', 'recipe.json', 'results.json']
+    >>> sorted(result.test)[:5]
+    ['accuracy', 'aleatoric', 'brier', 'ece', 'epistemic']
+    >>> path = training.save_recipe(recipe.replace(epochs=50), os.path.join(out, "my_recipe.json"))
+    >>> training.load_recipe(path).epochs                  # `tfbnn run my_recipe.json` runs it
+    50
 """
 
 import importlib
@@ -30,6 +40,8 @@ from tfbnn.training.run import (
     build_model,
     convert_model,
     deterministic_version,
+    fit_temperature,
+    interpretation,
     load_data,
     results_table,
     run,
@@ -61,6 +73,8 @@ __all__ = [
     "load_data",
     "arrays",
     "results_table",
+    "interpretation",
+    "fit_temperature",
     "make_optimizer",
     "learning_rate",
     "kl_schedule",

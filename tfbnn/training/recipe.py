@@ -119,14 +119,26 @@ class Recipe:
             ramp after ``warmup_epochs`` for ``warmup``; the cycle for ``cyclic``).
             None: half of ``epochs``.
         warmup_epochs: float >= 0, ``warmup``'s KL-free epochs.
-        beta: float >= 0, the final KL weight (1: the ELBO; < 1: a tempered
-            posterior; ``constant`` uses it throughout).
+        beta: float >= 0, the final KL weight (1: the ELBO; ``constant`` uses it
+            throughout). ``beta < 1`` trains a tempered ("cold") posterior: the
+            loss ``mean NLL + beta * KL / N`` is, up to the factor ``beta``, the
+            ELBO of the data counted ``1 / beta`` times against the prior, whose
+            optimum is the likelihood-tempered posterior
+            ``p(D | w)^(1/beta) p(w) / Z`` (Wenzel et al. 2020; KL
+            down-weighting as in Zhang et al. 2018 and Osawa et al. 2019). What it
+            buys and costs: :mod:`tfbnn.callbacks`, "Tempered posteriors".
         train_samples: int >= 1, ``S``, samples per step: for iBNN the noise samples per
             example (:class:`tfbnn.ibnn.IBNNModel`), for the other stochastic methods
             whole-network weight samples whose outputs are averaged before the loss
             (:class:`tfbnn.MultiSampleModel`, Blundell et al. 2015 sec. 5.1).
         eval_samples: int >= 1, ``T`` of the Monte Carlo test predictive.
         ece_bins: int >= 1.
+        temperature_scaling: bool. Fit a temperature ``T`` to the Monte Carlo
+            predictive on the validation hold-out (needs ``validation_fraction > 0``;
+            :meth:`tfbnn.TemperatureScaling.fit_prediction`, ``"pooled"``:
+            ``softmax(log p_bar / T)``, Guo et al. 2017) and report the test metrics
+            of the tempered predictive beside the raw ones (``results.json``:
+            ``test["temperature_scaled"]``).
         seed: int >= 0: data split, initialization, shuffling, every layer's noise.
     """
 
@@ -161,6 +173,7 @@ class Recipe:
     train_samples: int = 1
     eval_samples: int = 32
     ece_bins: int = 15
+    temperature_scaling: bool = False
     seed: int = 0
 
     def __post_init__(self):
@@ -202,7 +215,8 @@ class Recipe:
         for field in ("kl_epochs", "variational_learning_rate"):
             value = getattr(self, field)
             _check(value is None or (_is_real(value) and value > 0), field, value, "a positive number or None")
-        _check(isinstance(self.nesterov, bool), "nesterov", self.nesterov, "a bool")
+        for field in ("nesterov", "temperature_scaling"):
+            _check(isinstance(getattr(self, field), bool), field, getattr(self, field), "a bool")
         boundaries = self.lr_boundaries
         _check(isinstance(boundaries, (tuple, list)) and all(_is_real(b) and 0 <= b <= self.epochs for b in boundaries)
                and list(boundaries) == sorted(set(boundaries)), "lr_boundaries", boundaries,
@@ -245,6 +259,11 @@ class Recipe:
             raise ValueError(
                 "`pretrain_epochs` (frequentist pre-training, then conversion) applies to methods "
                 f"'bbb', 'vd' and 'graves'. Received: method={self.method!r}, pretrain_epochs={self.pretrain_epochs}"
+            )
+        if self.temperature_scaling and not self.validation_fraction:
+            raise ValueError(
+                "`temperature_scaling` fits T on the validation hold-out: set `validation_fraction` > 0. "
+                f"Received: temperature_scaling=True, validation_fraction={self.validation_fraction}"
             )
         if self.kl_schedule == "blundell" and self.beta != 1.0:
             raise ValueError(

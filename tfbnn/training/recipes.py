@@ -5,7 +5,9 @@ name                                   protocol (source)
 =====================================  =====================================================
 ``digits-bbb-mlp``                     the main job (``tfbnn train``): BbB MLP 64-64, local
                                        reparameterization, N(0, 1) prior, Adam 3e-3, 60
-                                       epochs, KL ramp over the first half; offline digits
+                                       epochs, KL ramp over the first half to a tempered
+                                       beta = 0.1; offline digits, 15% validation hold-out
+                                       for temperature scaling
 ``digits-ensemble-mlp``                a deep ensemble (Lakshminarayanan et al. 2017) of 5
                                        deterministic MLPs 64-64, each trained as the main job
                                        from its own seed
@@ -120,23 +122,29 @@ def _main_job():
     return Recipe(
         name="digits-bbb-mlp",
         description=("the main job: a small Bayes-by-Backprop MLP on the offline 8x8 digits (no download), "
-                     "about a minute on 2 CPU cores"),
-        reference="Blundell et al. 2015 (Bayes by Backprop); Kingma et al. 2015 (local reparameterization)",
+                     "about a minute on 2 CPU cores; a tempered posterior, beta = 0.1 (the data counted ten times "
+                     "against the prior: at beta = 1 the predictive of this MLP on ~1,200 examples is "
+                     "under-confident and less accurate than a deterministic one; `tfbnn train` trains beta = 1 "
+                     "beside it), temperature scaling fitted on a 15% validation hold-out"),
+        reference=("Blundell et al. 2015 (Bayes by Backprop); Kingma et al. 2015 (local reparameterization); "
+                   "Wenzel et al. 2020 (tempered posteriors); Guo et al. 2017 (temperature scaling)"),
         model="mlp", model_options={"hidden_units": (64, 64)},
         method="bbb", method_options={"estimator": "local_reparameterization", "prior": "normal"},
-        dataset="digits", optimizer="adam", learning_rate=3e-3, epochs=60, batch_size=32,
-        kl_schedule="linear", eval_samples=32,
+        dataset="digits", validation_fraction=0.15, optimizer="adam", learning_rate=3e-3, epochs=60, batch_size=32,
+        kl_schedule="linear", beta=0.1, eval_samples=32, temperature_scaling=True,
     )
 
 
 def _deep_ensemble():
     return _main_job().replace(
         name="digits-ensemble-mlp",
-        description=("a deep ensemble of 5 deterministic MLPs 64-64 on the offline digits, each trained as the main "
-                     "job (Adam 3e-3, 60 epochs) from its own seed (initialization and data order)"),
+        description=("a deep ensemble of 5 deterministic MLPs 64-64 on the offline digits, each trained with the main "
+                     "job's optimizer (Adam 3e-3, 60 epochs, batch 32) from its own seed (initialization and data "
+                     "order); no hold-out, no temperature scaling"),
         reference="Lakshminarayanan et al. 2017, Simple and Scalable Predictive Uncertainty Estimation using Deep "
                   "Ensembles, sec. 2.4 (M = 5, uniform mixture; without adversarial training)",
         method="ensemble", method_options={"members": 5, "member_method": "deterministic"},
+        validation_fraction=0.0, beta=1.0, temperature_scaling=False,
     )
 
 

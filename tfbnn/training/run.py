@@ -17,7 +17,11 @@ What :func:`run` does, in order:
    :class:`tfbnn.MultiSampleModel` (S weight samples per step, outputs averaged);
 4. evaluates the Monte Carlo predictive on the test split
    (:func:`tfbnn.evaluation.evaluate_classifier`): accuracy, NLL, ECE, Brier score,
-   total / aleatoric / epistemic uncertainty on clean and Gaussian-shifted inputs;
+   total / aleatoric / epistemic uncertainty on clean and Gaussian-shifted inputs and
+   how well they detect the shift (AUROC); with ``recipe.temperature_scaling`` it fits
+   a temperature to the predictive on the validation hold-out
+   (:meth:`tfbnn.TemperatureScaling.fit_prediction`) and evaluates the tempered
+   predictive too;
 5. writes ``recipe.json``, ``history.csv``, ``history.json``, ``learning_curves.png``,
    ``results.json`` and ``model.keras``.
 
@@ -38,7 +42,7 @@ from tfbnn.errors import RunError
 from tfbnn.training.recipe import Recipe
 
 __all__ = ["run", "RunResult", "build_model", "convert_model", "deterministic_version", "load_data", "arrays",
-           "results_table",
+           "results_table", "interpretation", "fit_temperature",
            "SHIFT_GAMMA", "DEFAULT_ROOT"]
 
 #: Gaussian shift of the clean-vs-shifted comparison: x' = (1 - g) x + g eps.
@@ -57,9 +61,14 @@ class RunResult:
         recipe: the :class:`Recipe` that ran.
         model: the trained Keras model.
         test: dict of test metrics (``accuracy``, ``nll``, ``ece``, ``brier``,
-            ``predictive_entropy``, ``aleatoric``, ``epistemic``, and the same under
-            ``shifted``; ``posterior_mean_accuracy`` for Bayesian models; ``kl``, for an
-            ensemble the members' mean; ``num_samples``, for an ensemble all ``M * T``).
+            ``confidence``, ``predictive_entropy``, ``aleatoric``, ``epistemic``, and
+            the same under ``shifted``; ``shift_detection``: AUROC of the predictive
+            entropy and of the epistemic uncertainty, clean against shifted;
+            ``posterior_mean_accuracy`` for Bayesian models; ``kl``, for an ensemble
+            the members' mean; ``num_samples``, for an ensemble all ``M * T``; with
+            ``recipe.temperature_scaling``, ``temperature_scaled``: the fitted
+            ``temperature``, ``num_validation`` and the tempered ``clean``,
+            ``shifted`` and ``shift_detection``).
         history: list of per-epoch dicts (loss, accuracy, nll, val_*, kl_beta, seconds);
             for an ensemble one per member and epoch (with ``member``).
         num_examples: N, the training examples used.
@@ -67,6 +76,8 @@ class RunResult:
         files: list of the written paths.
         output_dir: the folder holding the files.
         baseline: the deterministic baseline's test metrics, or None.
+        comparison: the test metrics of the same recipe trained to another final
+            ``beta`` (``comparison["beta"]``), or None.
     """
 
     recipe: Recipe
@@ -78,6 +89,7 @@ class RunResult:
     files: list
     output_dir: str
     baseline: object = None
+    comparison: object = None
 
 
 def _is_mlp(recipe):
@@ -222,6 +234,25 @@ def _eval_samples(recipe, model):
     return -(-recipe.eval_samples // k) * k
 
 
+def fit_temperature(model, recipe, data, num_samples=None):
+    """The :class:`tfbnn.TemperatureScaling` fitted to ``model``'s Monte Carlo predictive
+    on the validation hold-out of ``data`` (``"pooled"``: ``softmax(log p_bar / T)``).
+
+    Raises:
+        ValueError: ``data`` has no validation split.
+    """
+    from tfbnn import calibration, inference
+
+    if data.validation is None:
+        raise ValueError("Temperature scaling needs a validation hold-out. "
+                         f"Received: validation_fraction={recipe.validation_fraction}")
+    t = num_samples or _eval_samples(recipe, model)
+    x_val, y_val = arrays(data.validation)
+    prediction = inference.predict(model, x_val, num_samples=t, batch_size=max(1, 2048 // t),
+                                   task="classification")
+    return calibration.TemperatureScaling().fit_prediction(prediction, y_val)
+
+
 def _evaluate(model, recipe, data):
     from tfbnn import evaluation, utils
 
@@ -229,14 +260,18 @@ def _evaluate(model, recipe, data):
     t = _eval_samples(recipe, model)
     # An ensemble runs M members with T samples each (T = 1 for deterministic members: exact).
     total = recipe.num_members * (t if utils.stochastic_layers(model) or recipe.method != "ensemble" else 1)
+    scaling = fit_temperature(model, recipe, data, t) if recipe.temperature_scaling else None
     result = evaluation.evaluate_classifier(model, x_test, y_test, num_samples=t, num_bins=recipe.ece_bins,
                                             shift_gamma=SHIFT_GAMMA, sweep_levels=(), seed=recipe.seed,
-                                            batch_size=max(1, 2048 // total))
-    test = {**result.numbers["clean"], "shifted": result.numbers["shifted"], "num_samples": total,
-            "num_test": len(y_test)}
+                                            batch_size=max(1, 2048 // total), temperature=scaling)
+    numbers = result.numbers
+    test = {**numbers["clean"], "shifted": numbers["shifted"], "shift_detection": numbers["shift_detection"],
+            "num_samples": total, "num_test": len(y_test)}
     for key in ("posterior_mean_accuracy", "posterior_mean_ece"):
-        if key in result.numbers:
-            test[key] = result.numbers[key]
+        if key in numbers:
+            test[key] = numbers[key]
+    if scaling is not None:
+        test["temperature_scaled"] = {**numbers["temperature_scaled"], "num_validation": data.num_validation}
     # An ensemble's KL is its members' mean: the KL term of each member's ELBO.
     test["kl"] = float(utils.kl_divergence(model)) / recipe.num_members if utils.bayesian_layers(model) else 0.0
     return test
@@ -353,24 +388,75 @@ def _describe(recipe, model, data, strategy=None):
     if strategy is not None:
         lines.append(f"  strategy: {type(strategy).__name__}, {strategy.num_replicas_in_sync} replica(s)")
     if recipe.is_bayesian:
-        lines.append(f"  ELBO:     KL schedule {recipe.kl_schedule} to beta = {recipe.beta:g}, "
+        tempered = (f" (< 1: a tempered, 'cold' posterior, each example counted {1 / recipe.beta:.3g} times "
+                    "against the prior)" if 0 < recipe.beta < 1 else "")
+        lines.append(f"  ELBO:     KL schedule {recipe.kl_schedule} to beta = {recipe.beta:g}{tempered}, "
                      f"{recipe.train_samples} " + ("noise samples per example" if recipe.method == "ibnn" else
                      "whole-network weight samples") + " per step")
+    if recipe.temperature_scaling:
+        lines.append(f"  calibration: temperature scaling of the Monte Carlo predictive, fitted on the "
+                     f"{data.num_validation} validation examples")
     return "\n".join(lines)
 
 
+def _columns(result):
+    """``[(label, test metrics, is_bayesian_model)]``: the run, its beta comparison, the baseline."""
+    r = result.recipe
+    name = {"bbb": "BbB", "ensemble": f"ensemble of {r.num_members} {r.member_method}"}.get(r.method, r.method)
+    columns = [(f"{name} beta={r.beta:g}" if r.is_bayesian else name, result.test, r.is_bayesian)]
+    if result.comparison is not None:
+        columns.append((f"{name} beta={result.comparison['beta']:g}", result.comparison, True))
+    if result.baseline is not None:
+        columns.append(("deterministic", result.baseline, False))
+    return columns
+
+
+def _row(name, columns, value, fmt):
+    """One table row: ``fmt`` of ``value(test)`` per column ('' where it is None)."""
+    cells = [value(t) for _, t, _ in columns]
+    return (name, *("" if v is None else fmt.format(v) for v in cells))
+
+
 def results_table(result):
-    """The results of a :class:`RunResult` as aligned text (what :func:`run` prints)."""
-    r, t, b = result.recipe, result.test, result.baseline
-    label = {"bbb": "BbB", "ensemble": f"ensemble of {r.num_members} {r.member_method}"}.get(r.method, r.method)
-    quality = [("test metric (MC predictive)", label, "deterministic" if b else "")]
-    for key, name, fmt in (("accuracy", "accuracy", "{:.2%}"), ("nll", "NLL", "{:.4f}"),
-                           ("ece", f"ECE ({r.ece_bins} bins)", "{:.4f}"), ("brier", "Brier score", "{:.4f}")):
-        quality.append((name, fmt.format(t[key]), fmt.format(b[key]) if b else ""))
+    """The results of a :class:`RunResult` as aligned text (what :func:`run` prints).
+
+    Columns: the run, the same recipe at another ``beta`` (``comparison``) and the
+    deterministic baseline. Blocks: the run; test quality of the Monte Carlo
+    predictive (raw and, with ``temperature_scaling``, temperature-scaled); shift
+    detection (clean against Gaussian-shifted test inputs); the run's uncertainty split.
+    """
+    r, t = result.recipe, result.test
+    cols = _columns(result)
+    scaled = "temperature_scaled" in t
+
+    def ts(key):
+        return lambda x: x["temperature_scaled"]["clean"][key] if "temperature_scaled" in x else None
+
+    quality = [("test metric (MC predictive)", *(label for label, _, _ in cols)),
+               _row("accuracy", cols, lambda x: x["accuracy"], "{:.2%}"),
+               _row("NLL", cols, lambda x: x["nll"], "{:.4f}")]
+    if scaled:
+        quality.append(_row("NLL, temperature-scaled", cols, ts("nll"), "{:.4f}"))
+    quality.append(_row(f"ECE ({r.ece_bins} bins)", cols, lambda x: x["ece"], "{:.4f}"))
+    if scaled:
+        quality += [_row("ECE, temperature-scaled", cols, ts("ece"), "{:.4f}"),
+                    _row("fitted temperature (validation)", cols,
+                         lambda x: x["temperature_scaled"]["temperature"] if "temperature_scaled" in x else None,
+                         "{:.3f}")]
+    quality += [_row("Brier score", cols, lambda x: x["brier"], "{:.4f}"),
+                _row("mean confidence", cols, lambda x: x["confidence"], "{:.2%}")]
     if "posterior_mean_accuracy" in t:
-        quality.append(("accuracy, posterior mean", f"{t['posterior_mean_accuracy']:.2%}", ""))
+        quality.append(_row("accuracy, posterior mean", cols, lambda x: x.get("posterior_mean_accuracy"), "{:.2%}"))
+    shift = [(f"shift (clean vs gamma={SHIFT_GAMMA:g})", *(label for label, _, _ in cols)),
+             _row("AUROC, predictive entropy", cols, lambda x: x["shift_detection"]["auroc_entropy"], "{:.3f}"),
+             _row("AUROC, epistemic", cols, lambda x: x["shift_detection"]["auroc_epistemic"], "{:.3f}"),
+             _row("epistemic, clean (nats)", cols, lambda x: x["epistemic"], "{:.4f}"),
+             _row("epistemic, shifted (nats)", cols, lambda x: x["shifted"]["epistemic"], "{:.4f}"),
+             _row("accuracy, shifted", cols, lambda x: x["shifted"]["accuracy"], "{:.2%}")]
     s = t["shifted"]
     run_rows = [("training examples (N)", result.num_examples), ("Monte Carlo samples", f"T = {t['num_samples']}")]
+    if scaled:
+        run_rows.append(("validation examples (for T)", t["temperature_scaled"]["num_validation"]))
     if r.is_bayesian:
         run_rows += [("KL(q || p) total", f"{t['kl']:.1f}"), ("KL / N (per example)", f"{t['kl'] / result.num_examples:.4f}")]
     final = result.history[-1]["loss"] if result.history else float("nan")
@@ -380,15 +466,75 @@ def results_table(result):
         [
             run_rows,
             quality,
+            shift,
             [
-                ("uncertainty (mean, nats)", "clean", f"shifted (gamma={SHIFT_GAMMA:g})"),
+                (f"uncertainty of {cols[0][0]} (nats)", "clean", f"shifted (gamma={SHIFT_GAMMA:g})"),
                 ("predictive entropy (total)", f"{t['predictive_entropy']:.4f}", f"{s['predictive_entropy']:.4f}"),
                 ("expected entropy (aleatoric)", f"{t['aleatoric']:.4f}", f"{s['aleatoric']:.4f}"),
                 ("mutual information (epistemic)", f"{t['epistemic']:.4f}", f"{s['epistemic']:.4f}"),
-                ("accuracy", f"{t['accuracy']:.2%}", f"{s['accuracy']:.2%}"),
             ],
         ],
     )
+
+
+def _confidence_word(test):
+    gap = test["confidence"] - test["accuracy"]
+    return "under-confident" if gap < 0 else "over-confident"
+
+
+def interpretation(result):
+    """A paragraph reading the :func:`results_table` of a Bayesian run with its baseline:
+    the ``beta = 1`` trade-off, what tempering and temperature scaling change, and
+    what only the Bayesian model's epistemic uncertainty shows. Every number quoted
+    comes from ``result``; the words follow the numbers. ``""`` when there is no
+    deterministic baseline or the method is not Bayesian."""
+    import textwrap
+
+    r, base = result.recipe, result.baseline
+    if base is None or not r.is_bayesian:
+        return ""
+    runs = {r.beta: result.test}
+    if result.comparison is not None:
+        runs[result.comparison["beta"]] = result.comparison
+    name = {"bbb": "BbB", "ensemble": f"ensemble of {r.num_members} {r.member_method}"}.get(r.method, r.method)
+    text = [f"Reading the table (N = {result.num_examples} training examples):"]
+    for i, beta in enumerate(sorted(runs, reverse=True)):
+        x = runs[beta]
+        what = "the ELBO" if beta == 1 else f"a cold posterior, each example counted {1 / beta:.3g} times"
+        acc_gap = round(100 * (x["accuracy"] - base["accuracy"]), 1)
+        accurate = ("as accurate" if acc_gap == 0 else
+                    f"{abs(acc_gap):.1f} points {'more' if acc_gap > 0 else 'less'} accurate")
+        text.append(
+            f"at beta = {beta:g} ({what}) {'the ' + name + ' predictive' if i == 0 else 'it'} is "
+            f"{_confidence_word(x)} (mean confidence {x['confidence']:.1%} at accuracy {x['accuracy']:.1%}; "
+            f"ECE {x['ece']:.3f}, NLL {x['nll']:.3f} against the deterministic {base['ece']:.3f}, {base['nll']:.3f}) "
+            f"and {accurate}{';' if i + 1 < len(runs) else '.'}")
+    scaled = [(f"at beta = {beta:g}", x) for beta, x in sorted(runs.items(), reverse=True)]
+    scaled.append(("for the deterministic network", base))
+    parts = [f"temperature {x['temperature_scaled']['temperature']:.2f} {label}: ECE {x['ece']:.3f} -> "
+             f"{x['temperature_scaled']['clean']['ece']:.3f}, NLL {x['nll']:.3f} -> "
+             f"{x['temperature_scaled']['clean']['nll']:.3f}" for label, x in scaled if "temperature_scaled" in x]
+    if parts:
+        text.append("Temperature scaling fitted on the validation hold-out recalibrates without retraining ("
+                    + "; ".join(parts) + "; below 1 it sharpens, above 1 it softens) but leaves accuracy as it is.")
+    betas = sorted(runs, reverse=True)
+    detect = ", ".join(f"{runs[b]['shift_detection']['auroc_epistemic']:.3f} at beta = {b:g}" for b in betas)
+    eps = ", ".join(f"{runs[b]['epistemic']:.3f} -> {runs[b]['shifted']['epistemic']:.3f}" for b in betas)
+    text.append(
+        f"Only the Bayesian model knows what it has not seen: its epistemic uncertainty rises on shifted inputs "
+        f"({eps} nats) and separates them from clean ones with AUROC {detect}, where the deterministic network "
+        f"has none (AUROC {base['shift_detection']['auroc_epistemic']:.2f}) and must rely on its predictive entropy "
+        f"(AUROC {base['shift_detection']['auroc_entropy']:.3f}; {result.test['shift_detection']['auroc_entropy']:.3f} "
+        f"for {name} at beta = {r.beta:g}).")
+    if len(betas) > 1:
+        hi, lo = runs[betas[0]], runs[betas[-1]]
+        verdict = "improved" if lo["nll"] < hi["nll"] else "did not improve"
+        text.append(
+            f"The smaller beta {verdict} the predictive here (NLL {hi['nll']:.3f} -> {lo['nll']:.3f}, accuracy "
+            f"{hi['accuracy']:.1%} -> {lo['accuracy']:.1%}) and narrowed the posterior (epistemic uncertainty on "
+            f"clean inputs {hi['epistemic']:.3f} -> {lo['epistemic']:.3f} nats): beta is a hyper-parameter, to be "
+            "chosen on validation data, and below 1 the model is no longer the Bayes posterior of its prior.")
+    return textwrap.fill(" ".join(text), 100, break_on_hyphens=False)
 
 
 def _write_outputs(stage, result, history_obj):
@@ -404,7 +550,7 @@ def _write_outputs(stage, result, history_obj):
                os.path.join(stage, "learning_curves.png"))
     io.write_json(os.path.join(stage, "results.json"), {
         "recipe": r.name, "num_examples": result.num_examples, "train_seconds": result.train_seconds,
-        "test": result.test, "baseline": result.baseline,
+        "test": result.test, "baseline": result.baseline, "comparison": result.comparison,
     })
 
 
@@ -428,7 +574,7 @@ def _publish(stage, output_dir):
 
 
 def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, jit_compile="auto",
-        strategy=None, callbacks=()):
+        strategy=None, callbacks=(), compare_beta=None):
     """Fits, evaluates and records ``recipe``; returns a :class:`RunResult`.
 
     Args:
@@ -445,6 +591,9 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
         strategy: a ``tf.distribute.Strategy`` or None; the model is built and
             compiled in its scope.
         callbacks: extra Keras callbacks for the (main) fit.
+        compare_beta: float >= 0 or None; also train the same (Bayesian) recipe to
+            this final ``beta`` (e.g. 1, the ELBO, beside a tempered run) and report
+            its metrics beside (``RunResult.comparison``).
 
     Raises:
         ValueError: a bad recipe or argument (named).
@@ -452,12 +601,23 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
             not be written); nothing saved earlier was lost and no output was left.
 
     Example:
-        >>> result = tfbnn.training.run(tfbnn.training.get_recipe("digits-bbb-mlp").quick())
-        >>> result.test["accuracy"], result.files
+        >>> import os, tempfile, tfbnn
+        >>> recipe = tfbnn.training.get_recipe("digits-bbb-mlp").quick()     # a smoke run, offline
+        >>> result = tfbnn.training.run(recipe, output_dir=os.path.join(tempfile.mkdtemp(), "run"), verbose=0,
+        ...                             jit_compile=False)
+        digits-bbb-mlp: ...
+        >>> 0.0 <= result.test["accuracy"] <= 1.0, len(result.files)
+        (True, 6)
     """
     from tfbnn.training.recipes import resolve
 
     recipe = resolve(recipe)
+    comparison_recipe = None
+    if compare_beta is not None:
+        if not recipe.is_bayesian:
+            raise ValueError(f"`compare_beta` applies to a method with a KL term. Received: method={recipe.method!r}, "
+                             f"compare_beta={compare_beta!r}")
+        comparison_recipe = recipe.replace(beta=compare_beta)
     output_dir = output_dir or os.path.join(DEFAULT_ROOT, recipe.name)
     parent = os.path.dirname(os.path.abspath(output_dir))
     io.prepare_output_dir(parent, "output_dir")
@@ -481,6 +641,12 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
         keras.utils.set_random_seed(recipe.seed)
         model, history, seconds = _train(recipe, data, verbose, jit_compile, callbacks, strategy)
         test = _evaluate(model, recipe, data)
+        comparison = None
+        if comparison_recipe is not None:
+            keras.utils.set_random_seed(recipe.seed)
+            print(f"the same recipe at beta = {comparison_recipe.beta:g} ...", flush=True)
+            other, _, _ = _train(comparison_recipe, data, 0, jit_compile, (), strategy)
+            comparison = {"beta": comparison_recipe.beta, **_evaluate(other, comparison_recipe, data)}
         base = None
         if baseline and recipe.method != "deterministic":
             det = deterministic_version(recipe)
@@ -490,7 +656,7 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
             base = _evaluate(det_model, det, data)
         result = RunResult(recipe=recipe, model=model, test=test, history=_history_rows(history),
                            num_examples=data.num_examples, train_seconds=seconds, files=[],
-                           output_dir=output_dir, baseline=base)
+                           output_dir=output_dir, baseline=base, comparison=comparison)
         if _is_chief(strategy):  # under several workers only the chief writes
             _write_outputs(stage, result, history)
             # The model first (atomically): if it cannot be saved, nothing is published.
@@ -500,5 +666,8 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
         shutil.rmtree(stage, ignore_errors=True)
     print()
     print(results_table(result))
+    reading = interpretation(result)
+    if reading:
+        print("\n" + reading)
     print(f"\nWrote {len(result.files)} files to {output_dir}/", flush=True)
     return result

@@ -1,0 +1,73 @@
+"""The API reference (MkDocs + mkdocstrings, ``mkdocs.yml``) builds without a warning.
+
+``mkdocs build --strict`` fails on any warning: a docstring griffe cannot parse, an
+``Args`` entry naming a parameter the signature lacks, a broken cross-reference.
+Every public module gets a page (``docs/api_pages.py``), so new modules are checked
+as they come.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load_extension():
+    spec = importlib.util.spec_from_file_location("griffe_tfbnn", os.path.join(ROOT, "docs", "griffe_tfbnn.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _public_modules():
+    """Every module of tfbnn that is not private (``_x.py``, ``_x/``) or ``__main__``."""
+    found = []
+    for folder, dirs, files in os.walk(os.path.join(ROOT, "tfbnn")):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        for name in files:
+            if name.endswith(".py") and name != "__main__.py" and (name == "__init__.py" or not name.startswith("_")):
+                rel = os.path.relpath(os.path.join(folder, name), ROOT)[:-3]
+                found.append(rel.replace(os.sep, ".").removesuffix(".__init__"))
+    return found
+
+
+@pytest.mark.heavy
+def test_api_reference_builds_strict_without_warnings(tmp_path):
+    site = tmp_path / "site"
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-5000:]
+    assert "WARNING" not in log, log[-5000:]
+    missing = [m for m in _public_modules() if not (site / "api" / m / "index.html").is_file()]
+    assert missing == []
+    page = (site / "api" / "tfbnn.callbacks" / "index.html").read_text()
+    assert "KLAnnealing" in page and "num_examples" in page
+
+
+def test_docstring_conventions_become_google_style():
+    normalize = _load_extension().normalize
+    text = (
+        "Summary.\n\nArgs:\n    initial: float.\n    start, end: ints, where the ramp\n"
+        "        begins and ends.\n    final: float.\n\nExample:\n    >>> 1 + 1\n    2\n"
+    )
+    assert normalize(text) == (
+        "Summary.\n\nArgs:\n    initial: float.\n    start: ints, where the ramp\n"
+        "        begins and ends.\n    end: As ``start``.\n    final: float.\n\nExamples:\n    >>> 1 + 1\n    2\n"
+    )
+    # Outside an Args section a "a, b: c" line is prose and stays.
+    assert normalize("Returns:\n    mean, std: arrays.\n") == "Returns:\n    mean, std: arrays.\n"
+
+
+def test_restructuredtext_habits_become_markdown():
+    normalize = _load_extension().normalize
+    assert normalize("See :class:`tfbnn.KLAnnealing` and :func:`~tfbnn.predict`.") == (
+        "See ``tfbnn.KLAnnealing`` and ``tfbnn.predict``.")
+    assert normalize("The loss is::\n\n    a + b\n") == "The loss is:\n\n    a + b\n"
+    table = ("====  ===========\nname  what\n====  ===========\n``a``   first,\n      wrapped\n"
+             "``b``   second\n====  ===========\n")
+    assert normalize(table) == "| name | what |\n|---|---|\n| ``a`` | first, wrapped |\n| ``b`` | second |\n"
