@@ -61,7 +61,11 @@ def test_gaussian_conversion_of_a_cnn_keeps_predictions(method):
     conv = bnn.get_layer("conv")
     assert type(conv).__name__ == ("Conv2DReparameterization" if method == "reparameterization" else "Conv2DFlipout")
     if method == "graves":
-        assert conv.posterior_parameterization == "log_variance" and conv.kernel_prior == tfbnn.priors.Graves()
+        # Graves' layer with the fixed N(0, 1) prior by default; his adaptive prior on request.
+        assert conv.posterior_parameterization == "log_variance" and conv.kernel_prior == tfbnn.priors.Normal(0.0, 1.0)
+        assert bnn.get_layer("out").kernel_prior == tfbnn.priors.Normal(0.0, 1.0)
+        adaptive = convert.to_bayesian(det, method="graves", prior="adaptive", seed=1)
+        assert adaptive.get_layer("conv").kernel_prior == adaptive.get_layer("out").kernel_prior == tfbnn.priors.Graves()
     with tfbnn.posterior_mean(bnn):
         np.testing.assert_allclose(bnn(X_IMG).numpy(), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(bnn(X_IMG).numpy(), expected, atol=1e-4)

@@ -80,8 +80,8 @@ def test_graves_prior_is_the_closed_form_optimum():
     )
 
 
-def test_graves_dense_layer_kl_and_loss():
-    layer = tfbnn.layers.GravesDense(4, kl_weight=0.25, seed=1)
+def test_graves_dense_layer_kl_and_loss_with_the_adaptive_prior():
+    layer = tfbnn.layers.GravesDense(4, kernel_prior="graves", kl_weight=0.25, seed=1)
     layer.build((None, 3))
     layer.kernel_rho.assign(np.random.default_rng(1).uniform(-6, -1, size=(3, 4)).astype("float32"))
     mu, sigma = layer.kernel_loc.numpy().astype(np.float64), layer.kernel_scale().numpy().astype(np.float64)
@@ -103,3 +103,72 @@ def test_graves_prior_serializes_and_rejects_bad_values():
         priors.Graves().distribution()
     with pytest.raises(ValueError, match="posterior_parameterization='exp'"):
         tfbnn.DenseFlipout(3, posterior_parameterization="exp")
+
+
+# -- the default prior: fixed N(0, 1); the adaptive prior is an option ----------------------------
+
+
+def _tfd_kl(layer, scale):
+    mu, sigma = layer.kernel_loc.numpy().astype(np.float64), layer.kernel_scale().numpy().astype(np.float64)
+    return float(tf.reduce_sum(tfd.kl_divergence(tfd.Normal(mu, sigma), tfd.Normal(np.float64(0.0), scale))))
+
+
+def test_graves_dense_default_prior_is_a_fixed_standard_normal():
+    layer = tfbnn.layers.GravesDense(4, kl_weight=0.5, seed=3)
+    layer.build((None, 3))
+    layer.kernel_rho.assign(np.random.default_rng(3).uniform(-6, 1, size=(3, 4)).astype("float32"))
+    assert layer.kernel_prior == priors.Normal(0.0, 1.0) and layer.bias_prior is None
+    np.testing.assert_allclose(float(layer.kl_divergence()), _tfd_kl(layer, 1.0), rtol=1e-5)
+    layer(np.ones((2, 3), "float32"), training=True)
+    np.testing.assert_allclose(float(layer.losses[0]), 0.5 * _tfd_kl(layer, 1.0), rtol=1e-5)
+    # The scale is the user's choice (Graves: N(0, 2^2) for regression).
+    wide = tfbnn.layers.GravesDense(4, kernel_prior=priors.Normal(0.0, 2.0), seed=3)
+    wide.build((None, 3))
+    wide.kernel_loc.assign(layer.kernel_loc)
+    wide.kernel_rho.assign(layer.kernel_rho)
+    np.testing.assert_allclose(float(wide.kl_divergence()), _tfd_kl(layer, 2.0), rtol=1e-5)
+    # The adaptive (fitted) prior by name.
+    for name in ("graves", "adaptive"):
+        assert tfbnn.layers.GravesDense(4, kernel_prior=name).kernel_prior == priors.Graves()
+
+
+def test_graves_dense_configs_round_trip_old_and_new():
+    new = tfbnn.layers.GravesDense(3, seed=1, kernel_prior=priors.Normal(0.0, 2.0))
+    config = new.get_config()
+    assert config["kernel_prior"] == {"class_name": "Normal", "config": {"loc": 0.0, "scale": 2.0}}
+    assert tfbnn.layers.GravesDense.from_config(config).get_config() == config
+    # A config saved before the default changed names the adaptive prior explicitly: it stays adaptive.
+    old = {**config, "kernel_prior": {"class_name": "Graves", "config": {"loc": None, "scale": None}}}
+    restored = tfbnn.layers.GravesDense.from_config(old)
+    assert restored.kernel_prior == priors.Graves() and restored.kernel_prior.adaptive
+    assert restored.get_config() == old
+    # A config without the key gets today's default.
+    bare = {k: v for k, v in config.items() if k != "kernel_prior"}
+    assert tfbnn.layers.GravesDense.from_config(bare).kernel_prior == priors.Normal(0.0, 1.0)
+
+
+def _digits_accuracy(kernel_prior):
+    """Posterior-mean test accuracy of a 64-64-10 Graves MLP after 4 epochs on the 8x8 digits at beta = 1."""
+    import keras
+
+    from tfbnn.datasets.offline import load_digits
+
+    ds = load_digits(seed=0)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((64,)),
+        tfbnn.layers.GravesDense(64, activation="relu", kernel_prior=kernel_prior, seed=1),
+        tfbnn.layers.GravesDense(10, activation="softmax", kernel_prior=kernel_prior, seed=2),
+    ])
+    model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
+    model.fit(ds.x_train, ds.y_train, epochs=4, batch_size=64, verbose=0,
+              callbacks=[tfbnn.KLAnnealing(num_examples=len(ds.x_train), schedule="constant")])  # beta = 1 throughout
+    with tfbnn.posterior_mean(model):
+        return float(np.mean(model.predict(ds.x_test, verbose=0).argmax(-1) == ds.y_test))
+
+
+@pytest.mark.heavy
+def test_default_prior_learns_the_digits_at_beta_1_where_the_adaptive_prior_collapses():
+    assert _digits_accuracy("normal") > 0.85  # about 0.96
+    # The fitted prior pulls every weight to one value: a constant predictor (10 classes: ~10%).
+    assert _digits_accuracy("adaptive") < 0.2

@@ -222,6 +222,115 @@ def test_big_net_parameter_counts():
     assert original.count_params() == 62_378_344
 
 
+def test_vgg16_small_parameter_count_and_ibnn_noise_variables():
+    # VGG16-small (Trinh et al. 2022, official models/vgg.py): VGG-16's 13 convolutions, then
+    # dense 512 -> 512 -> 512 -> classes on the flattened 1x1x512 map of a 32x32 input.
+    channels = [3] + [f for block in zoo.vgg.BLOCKS for f in block]  # 3, 64, 64, 128, ..., 512
+    convs = sum(9 * c_in * c_out + c_out for c_in, c_out in zip(channels[:-1], channels[1:]))
+    dense = (512 * 512 + 512) * 2 + 512 * NUM_CLASSES + NUM_CLASSES
+    small = zoo.vgg16_small(num_classes=NUM_CLASSES)
+    assert small.count_params() == convs + dense == 15_245_130  # "VGG16-small: ~15M parameters"
+    assert convs == 14_714_688 and small.name == "vgg16_small_deterministic"
+    assert small.get_config()["layers"] == zoo.build("vgg16", variant="small").get_config()["layers"]
+    options = dict(num_components=4, prior_mean=1.0, prior_stddev=0.3, init_stddev=0.05, init_scale_mean=0.3,
+                   init_scale_stddev=0.02)
+    ibnn = zoo.build("vgg16_small", "ibnn", num_examples=N, **options)
+    nodes = [layer.num_nodes for layer in tfbnn.ibnn.node_layers(ibnn)]
+    # iBNN noise multiplies every layer's inputs: one variable per input channel of each convolution
+    # (3, then the outputs of the first 12: 3,715) and per input feature of each dense layer (the
+    # flattened 512-map into fc1, fc1's 512 into fc2, fc2's 512 into the head: 1,536).
+    assert nodes == channels[:-1] + [512, 512, 512]
+    assert sum(channels[:-1]) == 3_715 and sum(nodes) == 5_251  # the paper's count of noise variables
+    layer = ibnn.get_layer("fc1")
+    assert (layer.prior_mean, layer.prior_stddev, layer.init_stddev, layer.init_scale_mean) == (1.0, 0.3, 0.05, 0.3)
+
+
+# -- ConvNeXt -------------------------------------------------------------------------------------
+
+#: A two-stage ConvNeXt for 32x32x3 (patch 2: 16x16, then 8x8), stochastic depth on its second block.
+TINY_CONVNEXT = {"input_shape": (32, 32, 3), "depths": (1, 1), "dims": (8, 16), "patch_size": 2,
+                 "drop_path_rate": 0.2}
+CONVNEXT_METHODS = [("deterministic", {}), ("mc_dropout", {}), ("vd", {}), ("ibnn", {})] + [
+    ("bbb", {"estimator": e}) for e in zoo.ESTIMATORS]
+
+
+@pytest.mark.parametrize("method, options", CONVNEXT_METHODS,
+                         ids=[options.get("estimator", method) for method, options in CONVNEXT_METHODS])
+def test_convnext_every_method_builds_predicts_saves_and_trains(method, options, tmp_path, eager):
+    # Eager: tracing the graphs of a 2-stage net costs more than its arithmetic on 2 cores.
+    x, y = _data(TINY_CONVNEXT)
+    model = zoo.build("convnext", method, num_classes=NUM_CLASSES, num_examples=N, seed=7, **TINY_CONVNEXT,
+                      **{**METHOD_OPTIONS[method], **options})
+    assert tuple(model.output.shape) == (None, NUM_CLASSES) and model.name == f"convnext_{method}"
+    _check_structure(model, method)
+    weights = {l.name: type(l) for l in _sublayers(model) if isinstance(l, (BayesianLayer, *WEIGHT_LAYERS))}
+    pointwise = [n for n in weights if "pointwise" in n]
+    assert sorted(weights) == sorted(["stem_conv", "stage2_downsample_conv", "predictions", *pointwise])
+    assert len(pointwise) == 4  # two per block
+    # The 7x7 depthwise convolutions stay deterministic for every method (see tfbnn.models.convnext).
+    depthwise = [l for l in _sublayers(model) if isinstance(l, keras.layers.DepthwiseConv2D)]
+    assert [type(l) for l in depthwise] == [keras.layers.DepthwiseConv2D] * 2
+    drop = model.get_layer("stage2_block1_stochastic_depth")
+    assert drop.rate == pytest.approx(0.2) and "stage1_block1_stochastic_depth" not in weights  # rate 0: none
+    if method in ("bbb", "vd", "ibnn"):
+        expected = {"flipout": DenseFlipout, "reparameterization": DenseReparameterization,
+                    "local_reparameterization": DenseLocalReparameterization}.get(options.get("estimator"))
+        expected = expected or {"vd": DenseVariationalDropout, "ibnn": NodeDense}[method]
+        assert {weights[n] for n in pointwise} == {expected}
+    _check_predict(model, x)
+    _check_save_load(model, x, str(tmp_path / "model.keras"))
+    _check_train_step(model, x, y)
+
+
+def test_convnext_graves_by_conversion_keeps_predictions(tmp_path, eager):
+    x, _ = _data(TINY_CONVNEXT)
+    det = _build("convnext", "deterministic", TINY_CONVNEXT)
+    bnn = tfbnn.convert.to_bayesian(det, method="graves", init_scale=1e-7, num_examples=N, seed=1)
+    kinds = {l.name: type(l).__name__ for l in tfbnn.bayesian_layers(bnn)}
+    assert kinds["stem_conv"] == kinds["stage2_downsample_conv"] == "Conv2DFlipout"
+    assert [k for n, k in kinds.items() if "pointwise" in n or n == "predictions"] == ["GravesDense"] * 5
+    assert all(l.kernel_prior == tfbnn.priors.Normal(0.0, 1.0) for l in tfbnn.bayesian_layers(bnn))
+    with tfbnn.posterior_mean(bnn):
+        np.testing.assert_allclose(bnn(x), det(x), rtol=1e-4, atol=1e-5)
+    _check_save_load(bnn, x, str(tmp_path / "graves.keras"))
+
+
+def test_convnext_t_parameter_count():
+    # Liu et al. 2022, Table 11: ConvNeXt-T, 28M parameters at 224x224 (torchvision: 28,589,128).
+    depths, dims = zoo.CONVNEXT_CONFIGS["tiny"]["depths"], zoo.CONVNEXT_CONFIGS["tiny"]["dims"]
+    block = lambda d: 49 * d + d + 2 * d + (d * 4 * d + 4 * d) + (4 * d * d + d) + d  # dw, LN, pw1, pw2, scale
+    down = lambda d_in, d: 2 * d_in + 4 * d_in * d + d  # LN, 2x2 conv
+    count = (16 * 3 * dims[0] + dims[0] + 2 * dims[0]) + sum(n * block(d) for n, d in zip(depths, dims))
+    count += sum(down(a, b) for a, b in zip(dims[:-1], dims[1:])) + 2 * dims[-1] + dims[-1] * 1000 + 1000
+    model = zoo.build("convnext", num_classes=1000, input_shape=(224, 224, 3))
+    assert model.count_params() == count == 28_589_128
+    assert model.get_layer("stage4_block3_pointwise_conv_1").kernel.shape == (768, 3072)
+    keras.backend.clear_session()
+
+
+def test_convnext_layers_and_options():
+    scale = zoo.LayerScale(0.5, name="s")
+    assert keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(scale)).get_config() == \
+        scale.get_config()
+    np.testing.assert_allclose(scale(np.full((2, 3), 4.0, "float32")), 2.0)
+    drop = zoo.StochasticDepth(0.25, seed=3)
+    x = np.random.default_rng(0).random((400, 2, 2, 3)).astype("float32") + 1.0
+    np.testing.assert_array_equal(drop(x), x)  # inference: the identity
+    y = drop(x, training=True).numpy()
+    kept = np.all(y == np.float32(1 / 0.75) * x, axis=(1, 2, 3))
+    assert np.all(kept | np.all(y == 0, axis=(1, 2, 3)))  # per example: all kept (rescaled) or all dropped
+    assert 0.68 < kept.mean() < 0.82  # 1 - rate = 0.75
+    np.testing.assert_array_equal(y, zoo.StochasticDepth(0.25, seed=3)(x, training=True))  # seeded
+    # Stochastic-depth seeds follow the method's layers, so no two stochastic layers share one.
+    model = zoo.convnext("mc_dropout", seed=10, **{**TINY_CONVNEXT, "depths": (2, 1)})
+    seeds = [l.seed for l in _sublayers(model) if isinstance(l, (StochasticLayer, zoo.StochasticDepth))]
+    assert len(seeds) == len(set(seeds)) == 3 + 2  # 3 MC dropouts, 2 drop paths (the first block has rate 0)
+    rates = [l.rate for l in _sublayers(model) if isinstance(l, zoo.StochasticDepth)]
+    np.testing.assert_allclose(rates, [0.1, 0.2])  # linear in the block index: 0, 0.1, 0.2
+    plain = zoo.convnext(layer_scale_init=0, **{**TINY_CONVNEXT, "drop_path_rate": 0.0})
+    assert not [l for l in _sublayers(plain) if isinstance(l, (zoo.LayerScale, zoo.StochasticDepth))]
+
+
 # -- the method factory ----------------------------------------------------------------------
 
 
@@ -252,10 +361,15 @@ def test_vd_ibnn_and_mc_dropout_layers_and_options():
     vd_layers = tfbnn.bayesian_layers(vd)
     assert [type(l) for l in vd_layers] == [Conv2DVariationalDropout] * 2 + [DenseVariationalDropout] * 3
     assert all(l.parameterization == "multiplicative" for l in vd_layers)
-    ibnn = zoo.lenet5("ibnn", num_examples=N, num_components=3, prior_stddev=0.2)
+    options = dict(num_components=3, prior_mean=0.9, prior_stddev=0.2, init_mean=1.1, init_stddev=0.0,
+                   init_scale_mean=0.25, init_scale_stddev=0.0)
+    ibnn = zoo.lenet5("ibnn", num_examples=N, **options)
     ibnn_layers = tfbnn.bayesian_layers(ibnn)
     assert [type(l) for l in ibnn_layers] == [NodeConv2D] * 2 + [NodeDense] * 3
-    assert all(l.num_components == 3 and l.prior_stddev == 0.2 for l in ibnn_layers)
+    assert all({k: getattr(l, k) for k in options} == options for l in ibnn_layers)
+    head = ibnn.get_layer("predictions")  # the initial means and scales the options asked for
+    np.testing.assert_array_equal(head.node_loc.numpy(), np.float32(1.1))
+    np.testing.assert_allclose(head.node_scale().numpy(), 0.25, rtol=1e-6)
     mc = zoo.lenet5("mc_dropout", rate=0.3)
     kinds = [type(l) for l in tfbnn.stochastic_layers(mc)]
     assert kinds == [MCSpatialDropout2D] * 2 + [MCDropout] * 2
@@ -346,6 +460,7 @@ LAST = {
     "resnet50": ({"input_shape": (8, 8, 3), "stem": "cifar"}, 53),
     "vgg16": ({"input_shape": (32, 32, 3)}, 15),
     "wide_resnet28_10": ({"input_shape": (8, 8, 3)}, 28),
+    "convnext": ({"input_shape": (8, 8, 3), "depths": (1, 1), "dims": (4, 8), "patch_size": 1}, 6),
 }
 
 
@@ -416,6 +531,19 @@ def test_bad_bayesian_layers_are_rejected_clearly(name, value):
         (lambda: zoo.lenet5("bbb", num_examples=N, prior="xyz"), r"Received: prior='xyz'"),
         (lambda: zoo.lenet5("vd", num_examples=N, parameterization="xyz"), r"Received: parameterization='xyz'"),
         (lambda: zoo.lenet5("ibnn", num_examples=N, num_components=0), r"Received: num_components=0"),
+        (lambda: zoo.lenet5("ibnn", num_examples=N, prior_mean=float("nan")), r"Received: prior_mean=nan"),
+        (lambda: zoo.lenet5("ibnn", num_examples=N, prior_stddev=0), r"Received: prior_stddev=0"),
+        (lambda: zoo.lenet5("ibnn", num_examples=N, init_scale_mean=-0.1), r"Received: init_scale_mean=-0.1"),
+        (lambda: zoo.lenet5("ibnn", num_examples=N, init_scale_stddev="a"), r"Received: init_scale_stddev='a'"),
+        (lambda: zoo.vgg16(variant="tiny"), r"Expected `variant` in \['imagenet', 'small'\]. Received: variant='tiny'"),
+        (lambda: zoo.vgg16_small(variant="small"), r"vgg16_small fixes `variant`"),
+        (lambda: zoo.build("transformer"), r"needs `vocab_size`.*Received: vocab_size=None"),
+        (lambda: zoo.convnext(depths=(3, 0)), r"Received: depths=\(3, 0\)"),
+        (lambda: zoo.convnext(depths=(1, 1), dims=(8,)), r"one width per stage.*Received: dims=\(8,\)"),
+        (lambda: zoo.convnext(patch_size=0), r"Received: patch_size=0"),
+        (lambda: zoo.convnext(drop_path_rate=1.0), r"Received: drop_path_rate=1.0"),
+        (lambda: zoo.convnext(input_shape=(16, 16, 3)), r"convnext \(patch_size=4, 4 stages\) needs images of at least 32x32"),
+        (lambda: zoo.StochasticDepth(-0.1), r"Received: rate=-0.1"),
         (lambda: zoo.lenet5("mc_dropout", rate=1.0), r"Received: rate=1.0"),
         (lambda: zoo.lenet5(seed=-1), r"Received: seed=-1"),
         (lambda: zoo.lenet5(num_classes=1), r"Received: num_classes=1"),

@@ -130,8 +130,50 @@ def test_kl_is_the_closed_form_of_eqs_22_to_24(k):
     np.testing.assert_allclose(float(layer.losses[0]), 0.01 * expected, rtol=1e-5)  # kl_weight * KL
 
 
-def test_monte_carlo_kl_estimates_the_true_mixture_kl():
-    layer = NodeNoise(num_components=2, prior_stddev=0.5, kl_estimator="monte_carlo", num_kl_samples=4000, seed=1)
+def test_kl_with_a_non_default_prior_mean_is_that_of_the_normal_components():
+    layer = NodeDense(3, num_components=2, prior_mean=0.6, prior_stddev=0.25, init_stddev=0.4, seed=8, kl_weight=0.1)
+    layer(np.ones((2, 5), "float32"))
+    loc, scale = layer.node_loc.numpy().astype(np.float64), layer.node_scale().numpy().astype(np.float64)
+    # q_hat = N(mean_k mu_k, sum_k sigma_k^2 / K^2) per node, against p = N(0.6, 0.25^2).
+    q_hat = tfd.Normal(loc.mean(axis=0), np.sqrt(np.sum(scale**2, axis=0)) / 2)
+    expected = float(tf.reduce_sum(tfd.kl_divergence(q_hat, tfd.Normal(np.float64(0.6), np.float64(0.25)))))
+    np.testing.assert_allclose(float(layer.kl_divergence()), expected, rtol=1e-5)
+    # The prior mean matters: the same posterior against the default N(1, 0.25^2) differs.
+    default = float(tf.reduce_sum(tfd.kl_divergence(q_hat, tfd.Normal(np.float64(1.0), np.float64(0.25)))))
+    assert abs(default - expected) > 0.1
+
+
+def test_initial_means_and_scales_follow_the_arguments():
+    # The official CIFAR command: means N(1, 0.05^2), scales |N(0.3, 0.02^2)|.
+    layer = NodeDense(2, num_components=4, init_stddev=0.05, init_scale_mean=0.3, init_scale_stddev=0.02, seed=2)
+    layer.build((None, 5000))
+    loc, scale = layer.node_loc.numpy(), layer.node_scale().numpy()
+    assert abs(loc.mean() - 1.0) < 2e-3 and abs(loc.std() - 0.05) < 2e-3
+    assert abs(scale.mean() - 0.3) < 2e-3 and abs(scale.std() - 0.02) < 2e-3
+    exact = NodeNoise(num_components=3, init_mean=0.5, init_stddev=0.0, init_scale_mean=0.4, init_scale_stddev=0.0)
+    exact.build((None, 7))
+    np.testing.assert_array_equal(exact.node_loc.numpy(), 0.5)
+    np.testing.assert_allclose(exact.node_scale().numpy(), 0.4, rtol=1e-6)
+
+
+def test_prior_and_initialisation_arguments_round_trip():
+    kwargs = {"num_components": 2, "prior_mean": 0.8, "prior_stddev": 0.3, "init_mean": 0.9, "init_stddev": 0.05,
+              "init_scale_mean": 0.3, "init_scale_stddev": 0.01, "seed": 4}
+    layer = testing.run_layer_test(NodeDense, {"units": 3, **kwargs}, input_shape=(4, 5), expected_output_shape=(4, 3),
+                                   expected_num_trainable_weights=4, run_training=False)
+    config = layer.get_config()
+    assert {k: config[k] for k in kwargs} == kwargs
+    assert NodeDense.from_config(config).get_config() == config
+    # A config written before these arguments existed loads with the former constants (mean 1).
+    old = {k: v for k, v in config.items() if k not in ("prior_mean", "init_mean")}
+    restored = NodeDense.from_config(old)
+    assert restored.prior_mean == 1.0 and restored.init_mean == 1.0
+
+
+@pytest.mark.parametrize("prior_mean", [1.0, 0.6])
+def test_monte_carlo_kl_estimates_the_true_mixture_kl(prior_mean):
+    layer = NodeNoise(num_components=2, prior_mean=prior_mean, prior_stddev=0.5, kl_estimator="monte_carlo",
+                      num_kl_samples=4000, seed=1)
     layer.build((None, 3))
     layer.node_loc.assign([[0.5, 1.0, 1.5], [1.5, 1.2, 0.8]])
     layer.node_rho.assign(np.log(np.expm1(np.array([[0.2, 0.3, 0.1], [0.25, 0.1, 0.3]], "float32"))))
@@ -142,12 +184,12 @@ def test_monte_carlo_kl_estimates_the_true_mixture_kl():
         tfd.Independent(tfd.Normal(tf.constant(layer.node_loc.numpy(), tf.float64),
                                    tf.constant(layer.node_scale().numpy(), tf.float64)), 1),
     )
-    p = tfd.Independent(tfd.Normal(tf.ones(3, tf.float64), 0.5), 1)
+    p = tfd.Independent(tfd.Normal(tf.fill([3], tf.constant(prior_mean, tf.float64)), 0.5), 1)
     z = q.sample(200_000, seed=3)
     reference = float(tf.reduce_mean(q.log_prob(z) - p.log_prob(z)))
     assert abs(estimate - reference) < 0.05 * abs(reference) + 0.02
     # The mixture-mean approximation is a different number for separated components.
-    approx = NodeNoise(num_components=2, prior_stddev=0.5, seed=1)
+    approx = NodeNoise(num_components=2, prior_mean=prior_mean, prior_stddev=0.5, seed=1)
     approx.build((None, 3))
     approx.node_loc.assign(layer.node_loc)
     approx.node_rho.assign(layer.node_rho)
@@ -397,6 +439,9 @@ def test_predictive_nll_is_log_mean_exp_over_samples():
         ({"prior_stddev": -1.0}, "prior_stddev=-1.0"),
         ({"prior_stddev": float("nan")}, "prior_stddev=nan"),
         ({"init_stddev": -0.1}, "init_stddev=-0.1"),
+        ({"prior_mean": float("nan")}, "prior_mean=nan"),
+        ({"prior_mean": "1"}, "prior_mean='1'"),
+        ({"init_mean": float("inf")}, "init_mean=inf"),
         ({"init_scale_mean": 0.0}, "init_scale_mean=0.0"),
         ({"init_scale_stddev": -1}, "init_scale_stddev=-1"),
         ({"kl_estimator": "exact"}, "kl_estimator='exact'"),

@@ -28,10 +28,14 @@ BLUNDELL = dict(model="mlp", method="bbb", dataset="mnist", optimizer="sgd", mom
 MOLCHANOV = dict(model="lenet_300_100", dataset="mnist", optimizer="adam", learning_rate=1e-3, lr_schedule="linear",
                  lr_boundaries=(100.0, 200.0), lr_final=0.0, batch_size=100, epochs=200, kl_schedule="warmup",
                  warmup_epochs=5.0, kl_epochs=15, beta=1.0)
-# Trinh et al. 2022, official code README (StoVGG16): SGD Nesterov 0.9, lr 0.05, flat to 50% then
-# linear to 1% at 90%, weight decay 5e-4, variational lr 0.05 constant, batch 128, 300 epochs,
-# K = 4, KL weight min(1, epoch / 200), 4 training samples, 8 test samples per component.
-TRINH = dict(model="vgg16", method="ibnn", dataset="cifar10", optimizer="sgd", momentum=0.9, nesterov=True,
+# Trinh et al. 2022, official code README (StoVGG16, models/vgg.py: VGG16-small, classifier 512-512):
+# SGD Nesterov 0.9, lr 0.05, flat to 50% then linear to 1% at 90%, weight decay 5e-4, variational lr
+# 0.05 constant, batch 128, 300 epochs, K = 4, KL weight min(1, epoch / 200), 4 training samples,
+# 8 test samples per component; prior_mean=1.0 prior_std=0.30, posterior_mean_init=(1.0, 0.05),
+# posterior_std_init=(0.30, 0.02).
+TRINH_NODES = dict(num_components=4, prior_mean=1.0, prior_stddev=0.3, init_mean=1.0, init_stddev=0.05,
+                   init_scale_mean=0.3, init_scale_stddev=0.02)
+TRINH = dict(model="vgg16_small", method="ibnn", dataset="cifar10", optimizer="sgd", momentum=0.9, nesterov=True,
              learning_rate=0.05, lr_schedule="linear", lr_boundaries=(150.0, 270.0), lr_final=0.01,
              weight_decay=5e-4, variational_learning_rate=0.05, batch_size=128, epochs=300, kl_schedule="linear",
              kl_epochs=200, beta=1.0, train_samples=4, eval_samples=32)
@@ -67,6 +71,8 @@ def test_lenet300_100_recipes_follow_the_official_code(method, pretrained):
     recipe = training.get_recipe(name)
     _expect(recipe, {**MOLCHANOV, "method": method})
     assert (recipe.pretrain_epochs > 0) == pretrained
+    if method == "graves":  # Graves' own MNIST prior, fixed (his adaptive prior collapses at beta = 1)
+        assert tfbnn.priors.get(recipe.method_options["prior"]) == tfbnn.priors.Normal(0.0, 1.0)
     schedule = training.kl_schedule(recipe.kl_schedule, recipe.ramp_epochs, recipe.beta, recipe.warmup_epochs)
     # rw_linear: 0 for epochs 0-4, (epoch - 5) / 15 for 5-19, then 1.
     for epoch in (0, 4, 5, 12, 20, 50):
@@ -79,7 +85,7 @@ def test_lenet300_100_recipes_follow_the_official_code(method, pretrained):
 def test_ibnn_recipe_follows_the_official_code():
     recipe = training.get_recipe("ibnn-cifar10-vgg16")
     _expect(recipe, TRINH)
-    assert recipe.method_options["num_components"] == 4
+    assert recipe.method_options == TRINH_NODES
     lr = training.learning_rate(recipe, steps_per_epoch=2)
     for epoch, factor in ((0, 1.0), (150, 1.0), (210, 1 - 0.99 * 0.5), (270, 0.01), (299, 0.01)):
         assert float(lr(epoch * 2)) == pytest.approx(0.05 * factor, rel=1e-5)
@@ -162,7 +168,7 @@ def test_kl_schedules_end_at_beta():
 
 def _quick(name, **changes):
     recipe = training.get_recipe(name).quick(max_examples=48, max_test_examples=24, batch_size=16)
-    if recipe.dataset == "cifar10" and recipe.model != "vgg16":  # 8x8 digits: the same code path, far fewer FLOPs
+    if recipe.dataset == "cifar10" and not recipe.model.startswith("vgg16"):  # 8x8 digits: the same path, fewer FLOPs
         recipe = recipe.replace(dataset="digits")
     return recipe.replace(**changes)
 
@@ -235,6 +241,7 @@ def test_baseline_and_graves_conversion(tmp_path):
     result = training.run(_quick("graves-lenet300-100-pretrained", dataset="digits"), output_dir=str(tmp_path / "g"),
                           verbose=0, baseline=True)
     assert [type(layer).__name__ for layer in tfbnn.bayesian_layers(result.model)] == ["GravesDense"] * 3
+    assert {layer.kernel_prior for layer in tfbnn.bayesian_layers(result.model)} == {tfbnn.priors.Normal(0.0, 1.0)}
     assert set(result.baseline) >= {"accuracy", "nll", "ece", "brier"}
     np.testing.assert_allclose(result.baseline["predictive_entropy"],
                                result.baseline["aleatoric"], atol=1e-6)  # deterministic: no epistemic part

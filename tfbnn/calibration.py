@@ -174,6 +174,7 @@ def scale_prediction(prediction, temperature, method="pooled"):
         A :class:`tfbnn.ClassificationPrediction` (float32, as :func:`tfbnn.predict`).
 
     Example:
+        >>> import numpy as np, tfbnn
         >>> p = np.array([[[0.6, 0.4]], [[0.8, 0.2]]])                 # S=2 samples, N=1
         >>> cal = tfbnn.calibration.scale_prediction(p, 0.5)           # sharpen the predictive
         >>> cal.mean_probs.round(4)                                    # softmax(2 log [0.7, 0.3])

@@ -16,7 +16,7 @@ method                            Dense becomes                    Conv2D become
 ``"vd_multiplicative"``           DenseVariationalDropout          Conv2DVariationalDropout
 (``"kingma"``)                    (multiplicative, alpha <= 1)     (multiplicative)
 ``"graves"``                      GravesDense                      Conv2DFlipout, log-variance
-                                                                   posterior, Graves prior
+                                  (prior ``prior``)                posterior (prior ``prior``)
 ``"flipout"``,                    DenseFlipout,                    Conv2DFlipout,
 ``"reparameterization"``          DenseReparameterization          Conv2DReparameterization
                                   (prior ``prior``)                (prior ``prior``)
@@ -193,11 +193,11 @@ class _Converter:
                     f"channels_first. Use method='vd' or exclude it. Received: method={self.method!r}"
                 )
             if self.method == "graves":
-                return cls(**args, kernel_prior="graves", bias_prior=None, posterior_parameterization="log_variance",
+                return cls(**args, kernel_prior=self.prior, bias_prior=None, posterior_parameterization="log_variance",
                            **common)
             return cls(**args, kernel_prior=self.prior, bias_prior=None, **common)
         if self.method == "graves":
-            return layers_lib.GravesDense(layer.units, **common)
+            return layers_lib.GravesDense(layer.units, kernel_prior=self.prior, **common)
         cls = getattr(layers_lib, _BBB[self.method])
         return cls(layer.units, kernel_prior=self.prior, bias_prior=None, **common)
 
@@ -277,9 +277,12 @@ def to_bayesian(
             converted weight; or ``"moped"`` for ``sigma = moped_delta * |w|``.
             Default 1e-3.
         moped_delta: float > 0, MOPED's ``delta``. Default 0.1.
-        prior: the kernel prior of the Bayes-by-Backprop methods (name or
-            :class:`tfbnn.priors.Prior`); ignored by ``"vd*"`` (log-uniform) and
-            ``"graves"`` (fitted Gaussian). Biases stay point estimates.
+        prior: the kernel prior of the Bayes-by-Backprop methods and of ``"graves"``
+            (name or :class:`tfbnn.priors.Prior`). Default ``"normal"``, the fixed
+            ``N(0, 1)``; ``tfbnn.priors.Normal(0.0, 2.0)`` for a wider one; for
+            ``"graves"``, ``"graves"`` / ``"adaptive"`` is Graves' fitted prior, which can
+            collapse the network at ``beta = 1`` (:class:`tfbnn.priors.Graves`).
+            Ignored by ``"vd*"`` (log-uniform). Biases stay point estimates.
         layers: names of the Dense/Conv2D layers to convert, or None (all).
         exclude: names of Dense/Conv2D layers to keep deterministic.
         num_examples: int > 0 or None. Sets ``kl_weight = 1 / num_examples`` (the

@@ -362,6 +362,8 @@ def add_node_noise(
     freeze_weights=False,
     layer_types=None,
     seed=None,
+    prior_mean=1.0,
+    init_mean=1.0,
 ):
     """A copy of a trained model with iBNN node noise in front of every Dense / Conv2D.
 
@@ -376,11 +378,12 @@ def add_node_noise(
     Args:
         model: a built ``keras.Sequential`` or functional model (nested ones are
             handled recursively); subclassed models cannot be rebuilt.
-        num_components, prior_stddev, init_scale_mean, init_scale_stddev, kl_estimator: the
+        num_components, prior_mean, prior_stddev, init_scale_mean, init_scale_stddev, kl_estimator: the
             node layers' arguments (see :mod:`tfbnn.layers.node`).
         init_stddev: float >= 0, sigma0 of the initial component means. Default 0:
-            every ``mu_k`` starts at 1, so the copy starts as the trained network
-            plus small noise (``sigma ~ 0.05``), rather than a perturbed one.
+            every ``mu_k`` starts at ``init_mean`` (default 1), so the copy starts as the
+            trained network plus small noise (``sigma ~ 0.05``), rather than a perturbed one.
+        init_mean: float, the initial component means' centre. Default 1.
         freeze_weights: bool. True makes every copied layer non-trainable, leaving
             only the variational parameters to train (BatchNormalization then also
             stays in inference mode).
@@ -418,7 +421,9 @@ def add_node_noise(
         raise ValueError(f"Expected `layer_types` to be Keras layer classes. Received: layer_types={layer_types!r}")
     node_kwargs = dict(
         num_components=num_components,
+        prior_mean=prior_mean,
         prior_stddev=prior_stddev,
+        init_mean=init_mean,
         init_stddev=init_stddev,
         init_scale_mean=init_scale_mean,
         init_scale_stddev=init_scale_stddev,

@@ -397,6 +397,7 @@ def auroc(in_scores, out_scores):
         with labels 0 / 1 gives the same number).
 
     Example:
+        >>> import tfbnn
         >>> tfbnn.metrics.auroc([0.1, 0.2, 0.3], [0.25, 0.4])   # 5 of 6 pairs ordered
         0.8333333333333334
         >>> tfbnn.metrics.auroc([0.0, 0.0], [0.0])                # ties: chance

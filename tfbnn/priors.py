@@ -18,7 +18,10 @@ Three priors are provided:
   estimate ``log q(w) - log p(w)`` at the sampled weights (Blundell eq. 2).
 * :class:`Graves` -- Graves (2011): a Gaussian ``N(mu_p, sigma_p^2)`` whose
   parameters are, by default, set in closed form to the values that minimise
-  the KL given the posterior (per weight tensor), with the closed-form KL.
+  the KL given the posterior (per weight tensor), with the closed-form KL. This
+  adaptive (empirical-Bayes) prior is an option, not the default of
+  :class:`tfbnn.layers.GravesDense` (a fixed ``Normal``): at ``beta = 1`` it can
+  collapse the network to a constant predictor (see :class:`Graves`).
 
 Priors are chosen by name or by object, as Keras initializers are::
 
@@ -209,6 +212,17 @@ class Graves(Prior):
     ``KL = n log sigma_p - sum_i log sigma_i`` (the quadratic terms sum to n / 2).
     The optimum is recomputed at every step, so the prior is an empirical-Bayes
     prior; its gradient is the KL's partial gradient (envelope theorem).
+
+    Warning -- collapse at ``beta = 1``: the fitted KL ``n log sigma_p - sum_i log sigma_i``
+    no longer charges for the size of the weights, only for their spread, and it
+    is lowest when every ``mu_i`` equals ``mu_p`` and every ``sigma_i`` is equal. With the
+    full ELBO weight (``beta = 1``) on a modest data set this pull wins: all weights
+    of a tensor shrink to one value and the network predicts a constant (the
+    class base rate; 10% accuracy on the 8x8 digits, the majority class on breast
+    cancer). Graves (2011) himself, and :class:`tfbnn.layers.GravesDense` by default,
+    use a *fixed* prior the user picks (``Normal(0, 1)`` for MNIST, ``Normal(0, 2)``
+    for regression). Use the adaptive prior with a tempered ``beta < 1`` or check
+    the accuracy it reaches.
     Given numbers, ``loc`` and/or ``scale`` are held fixed (the other, if None,
     is still fitted) and the KL is
     ``sum_i log(sigma_p / sigma_i) + (sigma_i^2 + (mu_i - mu_p)^2) / (2 sigma_p^2) - 1/2``.
@@ -285,6 +299,7 @@ _ALIASES = {
     "scale_mixture": ScaleMixture,
     "blundell": ScaleMixture,
     "graves": Graves,
+    "adaptive": Graves,
 }
 
 
@@ -305,7 +320,7 @@ def get(identifier, name="prior"):
 
     Args:
         identifier: ``"normal"``, ``"scale_mixture"`` (alias ``"blundell"``),
-            ``"graves"`` (the fitted Gaussian of :class:`Graves`), a dict
+            ``"graves"`` (alias ``"adaptive"``: the fitted Gaussian of :class:`Graves`), a dict
             from :func:`serialize`, or a :class:`Prior` instance (returned as is).
         name: the argument errors name (``"kernel_prior"`` for a layer's). Default ``"prior"``.
 

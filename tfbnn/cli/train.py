@@ -96,10 +96,11 @@ def add_parser(subparsers):
     model = parser.add_argument_group("model and method")
     model.add_argument("--model", default="mlp", metavar="MODEL",
                        help="a tfbnn.models name or preset: mlp, lenet5, alexnet, resnet50, vgg16, "
-                       "wide_resnet28_10, transformer, lenet_300_100, mlp_blundell, ...")
+                       "vgg16_small, convnext, wide_resnet28_10, transformer, lenet_300_100, mlp_blundell, ...")
     model.add_argument("--method", choices=METHODS, default="bbb",
                        help="deterministic; mc_dropout (dropout kept on at inference); bbb (Bayes by Backprop); "
-                       "vd (sparse variational dropout); ibnn (node-based iBNN); graves (Graves 2011); ensemble "
+                       "vd (sparse variational dropout); ibnn (node-based iBNN); graves (Graves 2011, fixed N(0, 1) prior); "
+                       "ensemble "
                        "(a deep ensemble of --members networks of --member-method, Lakshminarayanan et al. 2017)")
     model.add_argument("--members", type=argtypes.positive_int, default=None, metavar="M",
                        help=f"ensemble only: the number of members, each trained from its own seed "

@@ -25,8 +25,9 @@ Data (:func:`tfbnn.datasets.load_pipeline`): ``cifar10`` / ``cifar100`` (tfds;
 standardized per channel, pad-crop-flip augmentation), ``mnist`` / ``fashion_mnist``
 (tfds), and ``digits``, the offline default (scikit-learn's 8x8 digits as 8x8x1
 images) on which every model but vgg16 runs here without a download. Small inputs
-adapt two models: LeNet-5 below 16x16 uses ``padding="same"``, ResNet-50 below 32x32
-the CIFAR stem; VGG-16 needs at least 32x32. MLPs see flattened images.
+adapt three models: LeNet-5 below 16x16 uses ``padding="same"``, ResNet-50 below 32x32
+the CIFAR stem, ConvNeXt below 32x32 a patch of side // 8; VGG-16 needs at least 32x32.
+MLPs see flattened images.
 
 Outputs, in ``--output-dir`` (default ``saved_models/experiments/cifar_comparison``):
 
@@ -78,9 +79,10 @@ DEFAULTS = {
 }
 
 DESCRIPTION = (
-    "Train a model of the tfbnn zoo (mlp, lenet5, alexnet, resnet50, vgg16, wide_resnet28_10) with\n"
-    "one method (deterministic, mc_dropout, bbb, vd, ibnn) and write its learning curves (loss,\n"
-    "accuracy and NLL per epoch, PNG + CSV/JSON), its test accuracy, NLL and ECE from T Monte Carlo\n"
+    "Train a model of the tfbnn zoo (mlp, lenet5, alexnet, resnet50, vgg16, vgg16_small, convnext,\n"
+    "wide_resnet28_10) with one method (deterministic, mc_dropout, bbb, vd, ibnn) and write its\n"
+    "learning curves (loss, accuracy and NLL per epoch, PNG + CSV/JSON), its test accuracy, NLL and\n"
+    "ECE from T Monte Carlo\n"
     "samples, the .keras model, and a comparison table of all runs in --output-dir. cifar10 /\n"
     "cifar100 / mnist / fashion_mnist come from tensorflow-datasets (download once); the default,\n"
     "digits, is offline."

@@ -8,8 +8,10 @@ The toy problem of Blundell et al. (2015, sec. 5.2) with 40 training points
 and a net with one hidden layer of 64 ReLU units (inputs standardized). As in the sparsity study, the
 deterministic net is trained first, then converted
 (:func:`tfbnn.convert.to_bayesian`) to sparse variational dropout (``vd``) and to
-Graves' layer (``graves``), which train on ``mean NLL + beta KL / N`` (N = 40, the
-Gaussian likelihood with the known noise scale) with beta warmed up and annealed to 1;
+Graves' layer (``graves``, with the fixed prior ``N(0, 2^2)`` that suits regression,
+``graves_prior_scale``; Graves' adaptive prior would collapse at beta = 1), which train on
+``mean NLL + beta KL / N`` (N = 40, the Gaussian likelihood with the known noise scale)
+with beta warmed up and annealed to 1;
 the deterministic baseline continues training for as many steps on the NLL alone.
 
 Outputs (``--output-dir``, default ``saved_models/experiments/vd_regression/``):
@@ -46,6 +48,7 @@ DEFAULTS = {
     "learning_rate": 1e-2,
     "init_scale": "moped",
     "moped_delta": 0.1,
+    "graves_prior_scale": 2.0,
     "num_samples": 200,
     "seed": 0,
 }
@@ -151,7 +154,7 @@ def _check_settings(s):
         v = s[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"Expected `{key}` to be a positive integer. Received: {key}={v!r}")
-    for key in ("noise_std", "learning_rate"):
+    for key in ("noise_std", "learning_rate", "graves_prior_scale"):
         v = s[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
             raise ValueError(f"Expected `{key}` to be a positive number. Received: {key}={v!r}")
@@ -201,7 +204,8 @@ def run_experiment(output_dir=None, verbose=True, **settings):
             _fit(model, ds, s["steps"], s["learning_rate"], s["noise_std"])
         else:
             model = convert.to_bayesian(det, method=method, init_scale=s["init_scale"], moped_delta=s["moped_delta"],
-                                        seed=s["seed"])
+                                        prior=tfbnn.priors.Normal(0.0, float(s["graves_prior_scale"])),
+                                        seed=s["seed"])  # the prior: graves only (vd's is log-uniform)
             epochs = max(1, s["steps"] // 100)
             schedule = tfbnn.schedules.WarmUp(warmup_epochs=s["warmup_fraction"] * epochs,
                                               epochs=max(s["anneal_fraction"] * epochs, 1e-3))
@@ -257,6 +261,8 @@ def add_arguments(parser):
     parser.add_argument("--init-scale", type=parse_init_scale, default=d["init_scale"],
                         help="initial posterior std after conversion: a number, or moped (delta * |w|)")
     parser.add_argument("--moped-delta", type=argtypes.positive_float, default=d["moped_delta"], help="MOPED delta")
+    parser.add_argument("--graves-prior-scale", type=argtypes.positive_float, default=d["graves_prior_scale"],
+                        metavar="S", help="std of the fixed N(0, S^2) prior of the Graves layer")
     parser.add_argument("--num-samples", type=argtypes.positive_int, default=d["num_samples"], metavar="T",
                         help="MC samples of the predictive")
     parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed of data and models")

@@ -505,7 +505,7 @@ def add_arguments(parser):
     parser.add_argument("--method", choices=METHODS, default=d["method"],
                         help="vd: sparse variational dropout (Molchanov, additive); vd_multiplicative: Kingma's "
                              "(alpha <= 1, does not sparsify); graves: GravesDense (log-variance posterior, "
-                             "fitted Gaussian prior)")
+                             "fixed N(0, 1) prior)")
     parser.add_argument("--dataset", choices=DATASETS, default=d["dataset"],
                         help="digits / moons are offline; mnist / fashion_mnist download via tensorflow-datasets")
     parser.add_argument("--max-examples", type=argtypes.positive_int, default=d["max_examples"], metavar="N",

@@ -154,7 +154,8 @@ class DenseBayesian(BayesianLayer):
         posterior_parameterization: ``"softplus"`` (default, Blundell et al. 2015:
             ``sigma = softplus(rho) + 1e-6``) or ``"log_variance"`` (Graves 2011:
             ``sigma^2 = exp(rho)``, ``rho`` clipped to ``[-80, 40]``). With
-            ``kernel_prior="graves"`` the latter is Graves' variational dense layer.
+            ``bias_prior=None`` the latter is Graves' variational dense layer
+            (:class:`tfbnn.layers.GravesDense`; ``kernel_prior="graves"`` for his adaptive prior).
         kl_weight, inference_mode, seed: see :class:`BayesianLayer`.
 
     Input shape: ``(batch, ..., input_dim)``, rank >= 2.

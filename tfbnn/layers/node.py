@@ -13,13 +13,13 @@ latent variables per layer instead of ``d_l x d_{l+1}``.
 Variational posterior (eq. 19), prior (eq. 21), per layer::
 
     q(z_l) = (1 / K) sum_k N(z_l | mu_k, diag sigma_k^2),   sigma_k = softplus(rho_k)
-    p(z_l) = N(z_l | 1, s^2 I)
+    p(z_l) = N(z_l | m_p, s^2 I)        m_p = prior_mean (default 1), s = prior_stddev
 
 KL (``kl_estimator="mixture_mean"``, the default; eqs. 22-24): the mixture is
 replaced by the Gaussian of the mean of K independent component draws,
 ``q_hat = N(m, v)``, ``m = (1/K) sum_k mu_k``, ``v = (1/K^2) sum_k sigma_k^2``::
 
-    KL(q || p) ~ KL(q_hat || p) = sum_j  log(s / sqrt(v_j)) + (v_j + (m_j - 1)^2) / (2 s^2) - 1/2
+    KL(q || p) ~ KL(q_hat || p) = sum_j  log(s / sqrt(v_j)) + (v_j + (m_j - m_p)^2) / (2 s^2) - 1/2
 
 Closed form and cheap, as in the authors' code. Note it pushes ``sum_k sigma_k^2``
 towards ``K^2 s^2`` (each ``sigma_k`` towards ``sqrt(K) s``) and does not see how far
@@ -28,9 +28,13 @@ the true KL of this layer's mixture, ``E_q[log q(z) - log p(z)]``, with
 ``num_kl_samples`` reparameterized draws from every component (stratified over
 the components; unbiased; costs ``num_kl_samples * K^2 * d`` log-densities).
 
-Initialisation (as the reference code): ``mu_k ~ N(1, sigma0^2)`` (``init_stddev``)
-and ``sigma_k ~ |N(0.05, 0.02^2)|`` (``init_scale_mean``, ``init_scale_stddev``),
-stored as ``rho = log(expm1(sigma))``, the inverse softplus.
+Initialisation (as the reference code, ``StoLayer.sto_init``): ``mu_k ~ N(init_mean,
+init_stddev^2)`` and ``sigma_k ~ |N(init_scale_mean, init_scale_stddev^2)|``, stored as
+``rho = log(expm1(sigma))``, the inverse softplus. The defaults are the reference code's
+layer defaults: prior ``N(1, 0.1^2)``, means ``N(1, 0.5^2)``, scales ``|N(0.05, 0.02^2)|``.
+Its CIFAR commands (README, VGG16 / ResNet18) use prior ``N(1, 0.3^2)`` / ``N(1, 0.4^2)``,
+means ``N(1, 0.05^2)`` and scales ``|N(0.3, 0.02^2)|`` / ``|N(0.4, 0.02^2)|``: the initial
+component scale equal to the prior's (the ``ibnn-cifar10-vgg16`` recipe).
 
 Which mixture component a row uses (the rows of one call, leading axis):
 
@@ -91,7 +95,6 @@ KL_ESTIMATORS = ("mixture_mean", "monte_carlo")
 #: Names of the variational weights of every node layer (``(K, d)`` each).
 VARIATIONAL_WEIGHT_NAMES = ("node_loc", "node_rho")
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-_PRIOR_MEAN = 1.0
 # The smallest initial sigma (|N(0.05, 0.02^2)| can come out at ~0; log(expm1(0)) = -inf).
 _MIN_INIT_SCALE = 1e-6
 
@@ -105,6 +108,10 @@ def _check_int(name, value, minimum):
 
 def _check_float(name, value, positive):
     return checks.number(name, value, low=0, low_open=positive)
+
+
+def _check_finite(name, value):
+    return checks.number(name, value)
 
 
 class _InverseSoftplusAbsNormal(keras.initializers.Initializer):
@@ -130,13 +137,18 @@ class NodeLayer(BayesianLayer):
 
     Args:
         num_components: int >= 1, ``K``, mixture components (eq. 19). Default 4.
-        prior_stddev: float > 0, ``s``, the prior ``N(1, s^2)`` (eq. 21). Default 0.1.
-        init_stddev: float >= 0, ``sigma0``: component means start at
-            ``N(1, sigma0^2)``. Default 0.5 (the authors' value; it makes the
-            components differ from the start). 0 starts every mean at 1.
-        init_scale_mean, init_scale_stddev: floats, ``> 0`` and ``>= 0``: component
-            scales start at ``|N(init_scale_mean, init_scale_stddev^2)|``. Default
-            0.05 and 0.02 (the reference code).
+        prior_mean: finite float, ``m_p``, the mean of the prior ``N(m_p, s^2)``
+            (eq. 21). Default 1 (the noise leaves the node as it is on average).
+        prior_stddev: float > 0, ``s``, the prior's standard deviation. Default 0.1.
+        init_mean: finite float: component means start around it. Default 1.
+        init_stddev: float >= 0, ``sigma0``, the spread of the initial component
+            means, ``mu_k ~ N(init_mean, sigma0^2)``. Default 0.5 (the reference
+            code's layer default; it makes the components differ from the start).
+            0 starts every mean at ``init_mean``.
+        init_scale_mean, init_scale_stddev: floats, ``> 0`` and ``>= 0``: the initial
+            component scales, ``sigma_k ~ |N(init_scale_mean, init_scale_stddev^2)|``.
+            Default 0.05 and 0.02 (the reference code's layer default); 0 for
+            ``init_scale_stddev`` starts every ``sigma_k`` at ``init_scale_mean``.
         kl_estimator: ``"mixture_mean"`` (default, eqs. 22-24, closed form) or
             ``"monte_carlo"`` (an unbiased estimate of this layer's mixture KL).
         num_kl_samples: int >= 1, draws per component of the Monte Carlo KL. Default 1.
@@ -156,11 +168,15 @@ class NodeLayer(BayesianLayer):
         kl_weight=None,
         inference_mode="sample",
         seed=None,
+        prior_mean=1.0,
+        init_mean=1.0,
         **kwargs,
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
         self.num_components = _check_int("num_components", num_components, 1)
+        self.prior_mean = _check_finite("prior_mean", prior_mean)
         self.prior_stddev = _check_float("prior_stddev", prior_stddev, positive=True)
+        self.init_mean = _check_finite("init_mean", init_mean)
         self.init_stddev = _check_float("init_stddev", init_stddev, positive=False)
         self.init_scale_mean = _check_float("init_scale_mean", init_scale_mean, positive=True)
         self.init_scale_stddev = _check_float("init_scale_stddev", init_scale_stddev, positive=False)
@@ -180,9 +196,9 @@ class NodeLayer(BayesianLayer):
         self.num_nodes = int(num_nodes)
         shape = (self.num_components, self.num_nodes)
         if self.init_stddev == 0:
-            loc_init = keras.initializers.Constant(_PRIOR_MEAN)
+            loc_init = keras.initializers.Constant(self.init_mean)
         else:
-            loc_init = keras.initializers.RandomNormal(_PRIOR_MEAN, self.init_stddev, seed=self._init_seed(0))
+            loc_init = keras.initializers.RandomNormal(self.init_mean, self.init_stddev, seed=self._init_seed(0))
         self.node_loc = self.add_weight(name="node_loc", shape=shape, initializer=loc_init)
         self.node_rho = self.add_weight(
             name="node_rho",
@@ -295,7 +311,8 @@ class NodeLayer(BayesianLayer):
         mean = self.node_mean()
         variance = tf.reduce_sum(tf.square(self.node_scale()), axis=0) / (k * k)
         return tf.reduce_sum(
-            math.log(s) - 0.5 * tf.math.log(variance) + (variance + tf.square(mean - _PRIOR_MEAN)) / (2 * s * s) - 0.5
+            math.log(s) - 0.5 * tf.math.log(variance) + (variance + tf.square(mean - self.prior_mean)) / (2 * s * s)
+            - 0.5
         )
 
     def _monte_carlo_kl(self):
@@ -308,7 +325,7 @@ class NodeLayer(BayesianLayer):
         log_components = tf.reduce_sum(-0.5 * tf.square(centred) - tf.math.log(scale)[None, None], axis=-1)
         log_q = tf.reduce_logsumexp(log_components, axis=-1) - math.log(k) - self.num_nodes * _HALF_LOG_2PI
         s = self.prior_stddev
-        log_p = tf.reduce_sum(-0.5 * tf.square((z - _PRIOR_MEAN) / s), axis=-1) - self.num_nodes * (
+        log_p = tf.reduce_sum(-0.5 * tf.square((z - self.prior_mean) / s), axis=-1) - self.num_nodes * (
             math.log(s) + _HALF_LOG_2PI
         )
         return tf.reduce_mean(log_q - log_p)
@@ -322,7 +339,9 @@ class NodeLayer(BayesianLayer):
         config.update(
             {
                 "num_components": self.num_components,
+                "prior_mean": self.prior_mean,
                 "prior_stddev": self.prior_stddev,
+                "init_mean": self.init_mean,
                 "init_stddev": self.init_stddev,
                 "init_scale_mean": self.init_scale_mean,
                 "init_scale_stddev": self.init_scale_stddev,
@@ -362,9 +381,10 @@ class NodeDense(NodeLayer):
         use_bias: bool. Default True.
         kernel_initializer, bias_initializer: Keras initializers of ``U`` and ``b``.
         **kwargs: the arguments of :class:`NodeLayer` (``num_components``,
-            ``prior_stddev``, ``init_stddev``, ``init_scale_mean``, ``init_scale_stddev``,
-            ``kl_estimator``, ``num_kl_samples``, ``kl_weight``, ``inference_mode``,
-            ``seed``; K = 4, s = 0.1, sigma0 = 0.5).
+            ``prior_mean``, ``prior_stddev``, ``init_mean``, ``init_stddev``,
+            ``init_scale_mean``, ``init_scale_stddev``, ``kl_estimator``, ``num_kl_samples``,
+            ``kl_weight``, ``inference_mode``, ``seed``; K = 4, prior N(1, 0.1^2), means
+            from N(1, 0.5^2), scales from |N(0.05, 0.02^2)|).
 
     Call arguments:
         inputs: tensor ``(batch, ..., d)``.

@@ -26,7 +26,11 @@ name                  builder                       deterministic parameters, 10
 ``alexnet``           :func:`alexnet`               37,323,146 (32x32x3)
 ``resnet50``          :func:`resnet50`              23,608,202 (= keras.applications)
 ``vgg16``             :func:`vgg16`                 33,638,218 (= keras.applications)
+``vgg16_small``       :func:`vgg16_small`           15,245,130 (VGG16-small, Trinh et al.
+                                                    2022; fc layers of 512)
 ``wide_resnet28_10``  :func:`wide_resnet28_10`      36,479,194 trainable
+``convnext``          :func:`convnext`              28,589,128 (ConvNeXt-T, 224x224x3,
+                                                    1000 classes; CIFAR: ``patch_size`` 1-2)
 ``transformer``       :func:`transformer`           654,562 (vocab 20,000, length 120,
                                                     2 classes)
 ====================  ============================  =====================================
@@ -38,8 +42,10 @@ Method options: ``mc_dropout``: ``rate`` (default 0.1); ``bbb``: ``estimator``
 (``"flipout"`` default, ``"reparameterization"``, ``"local_reparameterization"``) and
 ``prior`` (a name such as ``"normal"``, ``"scale_mixture"``, or a
 :class:`tfbnn.priors.Prior`); ``vd``: ``parameterization`` (``"additive"`` default,
-``"multiplicative"``); ``ibnn``: ``num_components`` (K, default 4), ``prior_stddev``,
-``init_stddev``.
+``"multiplicative"``); ``ibnn``: ``num_components`` (K, default 4), the prior
+``prior_mean`` / ``prior_stddev`` (``N(1, 0.1^2)``), the initial component means
+``init_mean`` / ``init_stddev`` (``N(1, 0.5^2)``) and scales ``init_scale_mean`` /
+``init_scale_stddev`` (``|N(0.05, 0.02^2)|``).
 
 Example:
     >>> import numpy as np, tfbnn
@@ -59,6 +65,8 @@ Example:
 """
 
 from tfbnn.models.alexnet import alexnet
+from tfbnn.models.convnext import CONFIGS as CONVNEXT_CONFIGS
+from tfbnn.models.convnext import LayerScale, StochasticDepth, convnext
 from tfbnn.models.lenet import lenet5
 from tfbnn.models.methods import (
     BAYESIAN_LAYERS,
@@ -73,7 +81,7 @@ from tfbnn.models.mlp import PRESETS as MLP_PRESETS
 from tfbnn.models.mlp import mlp
 from tfbnn.models.resnet import resnet50
 from tfbnn.models.transformer import TokenAndPositionEmbedding, transformer
-from tfbnn.models.vgg import vgg16
+from tfbnn.models.vgg import vgg16, vgg16_small
 from tfbnn.models.wide_resnet import wide_resnet, wide_resnet28_10
 
 __all__ = [
@@ -94,6 +102,11 @@ __all__ = [
     "alexnet",
     "resnet50",
     "vgg16",
+    "vgg16_small",
+    "convnext",
+    "CONVNEXT_CONFIGS",
+    "LayerScale",
+    "StochasticDepth",
     "wide_resnet",
     "wide_resnet28_10",
     "transformer",
@@ -107,6 +120,8 @@ MODELS = {
     "alexnet": alexnet,
     "resnet50": resnet50,
     "vgg16": vgg16,
+    "vgg16_small": vgg16_small,
+    "convnext": convnext,
     "wide_resnet28_10": wide_resnet28_10,
     "transformer": transformer,
 }
@@ -156,7 +171,8 @@ def build(name, method="deterministic", **kwargs):
         **kwargs: the builder's arguments (``num_classes``, ``input_shape``,
             ``num_examples``, ``seed``, ``bayesian_layers``, family options such as
             ``stem``) and the method's options (``rate``, ``estimator``, ``prior``,
-            ``parameterization``, ``num_components``, ``prior_stddev``, ``init_stddev``).
+            ``parameterization``, ``num_components``, ``prior_mean``, ``prior_stddev``,
+            ``init_mean``, ``init_stddev``, ``init_scale_mean``, ``init_scale_stddev``).
 
     Returns:
         An uncompiled functional ``keras.Model`` with softmax outputs.

@@ -25,9 +25,11 @@ those layers are:
   whose noise differs per example.
 * ``vd`` (option ``parameterization``, ``"additive"`` (Molchanov, default) or
   ``"multiplicative"`` (Kingma)): DenseVariationalDropout / Conv2DVariationalDropout.
-* ``ibnn`` (options ``num_components``, K, default 4, ``prior_stddev``, default 0.1,
-  and ``init_stddev``, sigma0, default 0.5; the defaults are NodeDense's): NodeDense /
-  NodeConv2D.
+* ``ibnn`` (options ``num_components``, K, default 4; the prior ``N(prior_mean,
+  prior_stddev^2)``, default ``N(1, 0.1^2)``; the initial component means
+  ``N(init_mean, init_stddev^2)``, default ``N(1, 0.5^2)``; the initial component scales
+  ``|N(init_scale_mean, init_scale_stddev^2)|``, default ``|N(0.05, 0.02^2)|``; the
+  defaults are NodeDense's, the reference code's layer defaults): NodeDense / NodeConv2D.
 
 So for ``bbb``, ``vd`` and ``ibnn`` *every* convolution and dense layer of a zoo model
 is Bayesian (the stem, the residual shortcuts and the softmax head included), and
@@ -68,10 +70,9 @@ Example:
     ('Dense', 'DenseVariationalDropout')
 """
 
-import math
-
 import keras
 
+from tfbnn import checks
 from tfbnn import layers as layers_lib
 from tfbnn import priors as priors_lib
 from tfbnn.layers.variational_dropout import resolve_parameterization
@@ -98,7 +99,8 @@ METHOD_OPTIONS = {
     "mc_dropout": {"rate": 0.1},
     "bbb": {"estimator": "flipout", "prior": "normal"},
     "vd": {"parameterization": "additive"},
-    "ibnn": {"num_components": 4, "prior_stddev": 0.1, "init_stddev": 0.5},
+    "ibnn": {"num_components": 4, "prior_mean": 1.0, "prior_stddev": 0.1, "init_mean": 1.0, "init_stddev": 0.5,
+             "init_scale_mean": 0.05, "init_scale_stddev": 0.02},
 }
 #: Values of ``bayesian_layers``: the whole network, or the classification head only.
 BAYESIAN_LAYERS = ("all", "last")
@@ -174,12 +176,13 @@ def _check_options(method, options):
         k = resolved["num_components"]
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"Expected `num_components` (K) to be an integer >= 1. Received: num_components={k!r}")
-        s = resolved["prior_stddev"]
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not (math.isfinite(s) and s > 0):
-            raise ValueError(f"Expected `prior_stddev` to be a positive float. Received: prior_stddev={s!r}")
-        s0 = resolved["init_stddev"]  # 0 is allowed: NodeDense then starts every component mean at 1
-        if isinstance(s0, bool) or not isinstance(s0, (int, float)) or not (math.isfinite(s0) and s0 >= 0):
-            raise ValueError(f"Expected `init_stddev` to be a non-negative float. Received: init_stddev={s0!r}")
+        # The node layers' own rules; spreads may be 0 (every mean at init_mean, every scale at init_scale_mean).
+        for key in ("prior_stddev", "init_scale_mean"):
+            resolved[key] = checks.number(key, resolved[key], low=0, low_open=True)
+        for key in ("init_stddev", "init_scale_stddev"):
+            resolved[key] = checks.number(key, resolved[key], low=0)
+        for key in ("prior_mean", "init_mean"):
+            resolved[key] = checks.number(key, resolved[key])
     return resolved
 
 
@@ -190,7 +193,8 @@ class LayerFactory:
         method: one of :data:`METHODS`.
         options: dict of the method's options (:data:`METHOD_OPTIONS`): ``rate``
             (mc_dropout), ``estimator`` and ``prior`` (bbb), ``parameterization`` (vd),
-            ``num_components``, ``prior_stddev`` and ``init_stddev`` (ibnn). Unknown keys are an error.
+            ``num_components``, ``prior_mean``, ``prior_stddev``, ``init_mean``, ``init_stddev``,
+            ``init_scale_mean`` and ``init_scale_stddev`` (ibnn). Unknown keys are an error.
         num_examples: int > 0, N; required for ``bbb``, ``vd`` and ``ibnn``
             (``kl_weight = 1 / N``), optional (unused) otherwise.
         seed: int >= 0 or None; the i-th stochastic layer gets ``seed + i + 1``.
@@ -220,23 +224,24 @@ class LayerFactory:
         return (f"LayerFactory(method={self.method!r}, {opts}{', ' if opts else ''}num_examples={self.num_examples}, "
                 f"bayesian_layers={self.bayesian_layers!r})")
 
-    def _next_seed(self):
+    def next_seed(self):
+        """The next derived seed (``seed + i + 1`` for the i-th call; None without a seed).
+
+        The factory's own stochastic layers take theirs from here; a builder's other
+        seeded layers (ConvNeXt's stochastic depth) do too, so no two share a seed.
+        """
         self._count += 1
         return None if self.seed is None else self.seed + self._count
 
     def _bayesian_kwargs(self):
-        kwargs = {"kl_weight": self.kl_weight, "seed": self._next_seed()}
+        kwargs = {"kl_weight": self.kl_weight, "seed": self.next_seed()}
         if self.method == "bbb":
             prior = self.options["prior"]
             kwargs.update(kernel_prior=prior, bias_prior=prior)
         elif self.method == "vd":
             kwargs["parameterization"] = self.options["parameterization"]
         elif self.method == "ibnn":
-            kwargs.update(
-                num_components=self.options["num_components"],
-                prior_stddev=self.options["prior_stddev"],
-                init_stddev=self.options["init_stddev"],
-            )
+            kwargs.update(self.options)
         return kwargs
 
     # -- weight layers -------------------------------------------------------------
@@ -293,7 +298,7 @@ class LayerFactory:
         return self._mc_dropout(layers_lib.MCDropout, x, name) if last_only else x
 
     def _mc_dropout(self, cls, x, name):
-        return cls(self.options["rate"], seed=self._next_seed(), name=name)(x)
+        return cls(self.options["rate"], seed=self.next_seed(), name=name)(x)
 
     # -- normalization -------------------------------------------------------------------
     def batch_norm(self, name=None, **kwargs):

@@ -87,7 +87,7 @@ def mlp(
             ``keras.layers.Normalization`` standardizes them first (deterministic).
         name: model name; default ``"mlp_<method>"``.
         **method_options: the method's options (``rate``; ``estimator``, ``prior``;
-            ``parameterization``; ``num_components``, ``prior_stddev``, ``init_stddev``).
+            ``parameterization``; ``num_components``, ``prior_mean``, ``prior_stddev``, ``init_*``).
 
     Returns:
         An uncompiled functional ``keras.Model`` (compile with

@@ -96,7 +96,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 def transformer(
     method="deterministic",
     *,
-    vocab_size,
+    vocab_size=None,
     max_length=120,
     embed_dim=32,
     num_heads=2,
@@ -128,7 +128,7 @@ def transformer(
             Bayesian head (:mod:`tfbnn.models.methods`).
         name: model name; default ``"transformer_<method>"``.
         **method_options: the method's options (``rate``; ``estimator``, ``prior``;
-            ``parameterization``; ``num_components``, ``prior_stddev``).
+            ``parameterization``; ``num_components``, ``prior_mean``, ``prior_stddev``, ``init_*``).
 
     Input shape: ``(batch, max_length)`` int token ids.
     Output shape: ``(batch, num_classes)`` class probabilities.
@@ -147,6 +147,12 @@ def transformer(
         >>> tfbnn.predict(model, token_ids[:5], num_samples=4).mean_probs.shape
         (5, 2)
     """
+    if vocab_size is None:
+        raise ValueError(
+            "The transformer reads int token ids and needs `vocab_size` (the number of token ids, e.g. "
+            "the size of the text vectorizer's vocabulary): build('transformer', vocab_size=20_000, ...). "
+            "Received: vocab_size=None"
+        )
     for arg, value in (("vocab_size", vocab_size), ("max_length", max_length), ("embed_dim", embed_dim),
                        ("num_heads", num_heads), ("ff_dim", ff_dim)):
         _check_positive_int(arg, value)

@@ -1,11 +1,24 @@
-"""VGG-16 (Simonyan and Zisserman 2015), configuration D, as ``keras.applications.VGG16``.
+"""VGG-16 (Simonyan and Zisserman 2015), configuration D, in two variants.
 
 Backbone: five blocks of 3x3 same-padded ReLU convolutions, (64, 64), (128, 128),
 (256, 256, 256), (512, 512, 512), (512, 512, 512), each followed by a 2x2 max pool;
-flatten, dense 4096 (``fc1``), dense 4096 (``fc2``), ReLU. Head: softmax dense
-(``predictions``). No batch norm and no dropout in the deterministic net, as
-keras.applications, whose layer names and parameter count it has: 33,638,218 at
-32x32x3 with 10 classes, 138,357,544 at 224x224x3 with 1000.
+flatten, then two ReLU dense layers (``fc1``, ``fc2``) and the softmax dense head
+(``predictions``). No batch norm and no dropout in the deterministic net. The
+variants differ in the width of ``fc1`` and ``fc2`` (:data:`VARIANTS`):
+
+* ``"imagenet"`` (default): 4096 units, as ``keras.applications.VGG16``, whose layer
+  names and parameter count it has: 33,638,218 at 32x32x3 with 10 classes,
+  138,357,544 at 224x224x3 with 1000.
+* ``"small"``: 512 units, "VGG16-small", the CIFAR network of the iBNN paper (Trinh et
+  al. 2022; official code ``models/vgg.py``, classifier 512-512-512-classes):
+  15,245,130 parameters at 32x32x3 with 10 classes (14,714,688 in the convolutions).
+  Also built by :func:`vgg16_small`.
+
+With ``method="ibnn"`` every layer multiplies its *inputs* by noise, one variable per
+input channel or feature: 3 + 64 + 64 + 128 + 128 + 256 * 3 + 512 * 5 = 3,715 for the
+13 convolutions and 512 * 3 = 1,536 for the three dense layers of VGG16-small at 32x32
+(the flattened 1x1x512 map feeds ``fc1``): 5,251 noise variables, the number the paper
+states.
 
 Bayesian layers per method: ``bbb`` / ``vd`` / ``ibnn``: all 13 convolutions and the
 three dense layers; ``mc_dropout``: :class:`tfbnn.layers.MCSpatialDropout2D` after each
@@ -17,10 +30,12 @@ import keras
 
 from tfbnn.models import _common
 
-__all__ = ["vgg16", "BLOCKS"]
+__all__ = ["vgg16", "vgg16_small", "BLOCKS", "VARIANTS"]
 
 #: Filters of the convolutions of each block (configuration D).
 BLOCKS = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512))
+#: ``variant`` -> units of ``fc1`` and ``fc2``.
+VARIANTS = {"imagenet": 4096, "small": 512}
 
 
 def vgg16(
@@ -30,6 +45,7 @@ def vgg16(
     input_shape=(32, 32, 3),
     num_examples=None,
     seed=None,
+    variant="imagenet",
     bayesian_layers="all",
     name=None,
     **method_options,
@@ -44,14 +60,25 @@ def vgg16(
             Default ``(32, 32, 3)``.
         num_examples: int, N (required for bbb, vd, ibnn).
         seed: int or None.
+        variant: ``"imagenet"`` (default; fc1 and fc2 of 4096 units, 33.6M parameters
+            at 32x32x10) or ``"small"`` (512 units, VGG16-small, 15.2M).
         bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
             Bayesian head (:mod:`tfbnn.models.methods`).
-        name: model name; default ``"vgg16_<method>"``.
+        name: model name; default ``"vgg16_<method>"`` (``"vgg16_small_<method>"``).
         **method_options: the method's options.
 
     Returns:
         An uncompiled functional ``keras.Model``.
+
+    Example:
+        >>> import tfbnn
+        >>> tfbnn.models.vgg16(variant="small").count_params()
+        15245130
     """
+    if not isinstance(variant, str) or variant not in VARIANTS:
+        raise ValueError(f"Expected `variant` in {list(VARIANTS)}. Received: variant={variant!r}")
+    units = VARIANTS[variant]
+    default_name = "vgg16" if variant == "imagenet" else f"vgg16_{variant}"
     factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
                                        input_shape, 3, 32, "vgg16", bayesian_layers=bayesian_layers)
     x = inputs
@@ -62,7 +89,21 @@ def vgg16(
         x = factory.spatial_dropout(x, name=f"block{b}_dropout")
     x = keras.layers.Flatten(name="flatten")(x)
     for i in (1, 2):
-        x = factory.dense(4096, activation="relu", name=f"fc{i}")(x)
+        x = factory.dense(units, activation="relu", name=f"fc{i}")(x)
         x = factory.dropout(x, name=f"fc{i}_dropout")
     outputs = _common.classifier_head(x, factory, num_classes)
-    return keras.Model(inputs, outputs, name=_common.model_name(name, "vgg16", factory))
+    return keras.Model(inputs, outputs, name=_common.model_name(name, default_name, factory))
+
+
+def vgg16_small(method="deterministic", **kwargs):
+    """VGG16-small (``vgg16(method, variant="small", ...)``), the iBNN paper's CIFAR network.
+
+    Example:
+        >>> import tfbnn
+        >>> model = tfbnn.models.vgg16_small("ibnn", num_examples=50_000)
+        >>> sum(layer.num_nodes for layer in tfbnn.ibnn.node_layers(model))  # noise variables
+        5251
+    """
+    if "variant" in kwargs:
+        raise ValueError(f"vgg16_small fixes `variant`; use vgg16(...). Received: variant={kwargs['variant']!r}")
+    return vgg16(method, variant="small", **kwargs)

@@ -22,7 +22,7 @@ Example:
     >>> sorted(os.path.basename(path) for path in result.files)
     ['history.csv', 'history.json', 'learning_curves.png', 'model.keras', 'recipe.json', 'results.json']
     >>> sorted(result.test)[:5]
-    ['accuracy', 'aleatoric', 'brier', 'ece', 'epistemic']
+    ['accuracy', 'aleatoric', 'brier', 'confidence', 'ece']
     >>> path = training.save_recipe(recipe.replace(epochs=50), os.path.join(out, "my_recipe.json"))
     >>> training.load_recipe(path).epochs                  # `tfbnn run my_recipe.json` runs it
     50

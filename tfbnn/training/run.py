@@ -118,13 +118,16 @@ def load_data(recipe):
 
 def _adapted_model_options(recipe, input_shape):
     """Builder options that fit a zoo model to small images (LeNet-5 'same' padding below
-    16x16, ResNet-50's CIFAR stem below 32x32), unless the recipe sets them."""
+    16x16, ResNet-50's CIFAR stem below 32x32, ConvNeXt's patch of side // 8 below 32x32),
+    unless the recipe sets them."""
     options = dict(recipe.model_options)
     side = min(input_shape[:2]) if len(input_shape) == 3 else None
     if side is not None and recipe.model == "lenet5" and side < 16:
         options.setdefault("padding", "same")
     if side is not None and recipe.model == "resnet50" and side < 32:
         options.setdefault("stem", "cifar")
+    if side is not None and recipe.model == "convnext" and side < 32:
+        options.setdefault("patch_size", max(1, side // 8))  # four stages: the map halves three times
     return options
 
 
