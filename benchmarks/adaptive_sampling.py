@@ -1,7 +1,7 @@
 """Adaptive Monte Carlo sampling (``num_samples="auto"``) against a fixed T at equal error.
 
 A Bayes-by-Backprop MLP is trained on the offline digits with the main job's recipe
-(``digits-bbb-mlp``; ``--epochs`` to shorten it). On its 360 test examples:
+(``digits-bbb-mlp``, whatever it holds at the time; ``--epochs`` to shorten it). On its 360 test examples:
 
 1. a reference predictive mean ``p_ref`` from ``--reference`` samples per example (its
    own Monte Carlo standard error is reported: it must be small next to the tolerances);
