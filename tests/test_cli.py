@@ -152,7 +152,8 @@ def test_parser_has_one_module_per_subcommand():
                                    evaluate.add_parser, export.add_parser, tune.add_parser]
     names = [add.__name__ for add in cli.SUBCOMMANDS[6:]]
     assert names == ["add_vd_sparsity_parser", "add_vd_regression_parser", "add_vd_transformer_parser",
-                     "add_ibnn_regression_parser", "add_ibnn_lenet_parser", "add_ibnn_shift_parser"]
+                     "add_ibnn_regression_parser", "add_ibnn_lenet_parser", "add_ibnn_shift_parser",
+                     "add_uncertainty_comparison_parser"]
     parser = cli.build_parser()
     args = parser.parse_args(["train"])
     assert args.func is train.run and args.dataset == "digits" and args.baseline
@@ -480,3 +481,55 @@ def test_tune_header_names_the_searched_model_and_space(tmp_path, capsys):
     assert "model:   iBNN MLP, 1 x 4 NodeDense units" in header and "BbB" not in header
     assert "space:   IBNNSpace over num_components, init_stddev, prior_stddev, variational_learning_rate" in header
     assert " object at 0x" not in header
+
+
+# -- deep ensembles and adaptive sampling from the command line ---------------------------------------------
+def test_train_ensemble_flags_describe_the_members(capsys, tmp_path, monkeypatch):
+    recipe = _recipe(["--method", "ensemble", "--members", "3", "--member-method", "bbb", "--layer", "flipout"])
+    assert recipe.method == "ensemble" and recipe.num_members == 3 and recipe.member_method == "bbb"
+    assert recipe.method_options["estimator"] == "flipout" and recipe.method_options["prior"] == "normal"
+    assert _recipe(["--method", "ensemble"]).method_options == {"members": 5, "member_method": "deterministic"}
+    assert _recipe(["--method", "ensemble", "--member-method", "mc_dropout", "--dropout-rate", "0.3"]
+                   ).method_options == {"members": 5, "member_method": "mc_dropout", "rate": 0.3}
+    monkeypatch.chdir(tmp_path)
+    for argv, named in [(["--members", "3"], "--members (ensemble only)"),
+                        (["--method", "ensemble", "--layer", "flipout"], "--layer (bbb only)"),
+                        (["--method", "ensemble", "--members", "0"], "--members")]:
+        assert cli.main(["train", *argv]) == 2
+        err = capsys.readouterr().err
+        _assert_one_error_line(err)
+        assert named in err
+
+
+@pytest.mark.heavy
+def test_train_and_evaluate_a_deep_ensemble(tmp_path, capsys):
+    import json
+
+    path = tmp_path / "ens.keras"
+    assert cli.main(["train", *TINY, "--method", "ensemble", "--members", "2", "--output", str(path)]) == 0
+    assert "ensemble of 2 deterministic" in capsys.readouterr().out
+    model = keras.saving.load_model(path)
+    assert isinstance(model, tfbnn.DeepEnsemble) and model.num_members == 2
+    out_dir = tmp_path / "eval"
+    assert cli.main(["evaluate", str(path), "--num-samples", "7", "--output-dir", str(out_dir)]) == 0
+    numbers = json.loads((out_dir / "metrics.json").read_text())
+    assert numbers["num_examples"] == 360 and numbers["clean"]["epistemic"] > 0  # the members disagree
+
+
+def test_evaluate_with_adaptive_sampling(trained, tmp_path, capsys):
+    import json
+
+    out_dir = tmp_path / "auto"
+    assert cli.main(["evaluate", str(trained), "--num-samples", "auto", "--tolerance", "0.02", "--max-samples", "64",
+                     "--output-dir", str(out_dir)]) == 0
+    assert "T = auto, tolerance 0.02" in capsys.readouterr().out
+    numbers = json.loads((out_dir / "metrics.json").read_text())
+    assert numbers["num_samples"] == "auto" and numbers["tolerance"] == 0.02
+    for part in (numbers["clean"], numbers["shifted"]):
+        assert 16 <= part["mean_samples_used"] <= 64
+    assert cli.main(["evaluate", str(trained), "--num-samples", "5", "--tolerance", "0.1"]) == 2
+    err = capsys.readouterr().err
+    _assert_one_error_line(err)
+    assert "--tolerance applies to --num-samples='auto'" in err
+    assert cli.main(["evaluate", str(trained), "--num-samples", "many"]) == 2
+    _assert_one_error_line(capsys.readouterr().err)

@@ -375,3 +375,141 @@ def test_bayesian_gaussian_head_has_both_uncertainties():
     assert np.all(res.aleatoric_std > 0) and np.all(res.epistemic_std > 0)
     np.testing.assert_allclose(res.total_std**2, res.epistemic_std**2 + res.aleatoric_std**2, rtol=1e-5)
     np.testing.assert_allclose(res.mean[:, 0], res.samples[:, :, 0].mean(0), rtol=1e-5, atol=1e-6)
+
+
+# -- adaptive sampling (num_samples="auto") ---------------------------------------------------------
+def _wide_posterior(seed=1, rho=1.0):
+    """One Flipout softmax layer with a deterministic bias: x = 0 has no epistemic variance, large x a lot."""
+    model = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(3, activation="softmax", bias_prior=None,
+                                                                    seed=seed)])
+    model.layers[0].kernel_rho.assign(np.full((5, 3), rho, "float32"))
+    return model
+
+
+def _easy_and_hard(n=6):
+    x = _x(2 * n)
+    x[:n] = 0.0
+    return x
+
+
+def _numpy_standard_error(samples, strata=1, floor=1.0):
+    """max_c sqrt((sum_m s_mc^2 / S + floor / n) / (S n)) from NaN-padded, member-major samples (S * T, B, C)."""
+    s = samples.astype(np.float64).reshape(strata, -1, *samples.shape[1:])
+    n = np.sum(~np.isnan(s[0, :, :, 0]), axis=0)
+    var = np.nanvar(s, axis=1, ddof=1)  # (S, B, C)
+    return np.sqrt(np.max((var.sum(axis=0) / strata + floor / n[:, None]) / (strata * n[:, None]), axis=-1)), n
+
+
+def test_adaptive_stopping_rule_holds_on_the_returned_samples():
+    x = _easy_and_hard()
+    model = _wide_posterior()
+    tol, chunk, low, high = 0.02, 8, 16, 400
+    res = tfbnn.predict(model, x, num_samples="auto", tolerance=tol, chunk_size=chunk, min_samples=low,
+                        max_samples=high, return_samples=True, batch_size=5)
+    assert res.samples.shape == (res.num_samples, 12, 3) and res.num_samples == res.samples_used.max()
+    se, n = _numpy_standard_error(res.samples)
+    np.testing.assert_array_equal(n, res.samples_used)
+    np.testing.assert_allclose(res.standard_error, se, rtol=1e-5, atol=1e-9)
+    assert np.all((n >= low) & (n <= high)) and np.all(n % chunk == 0)
+    stopped = n < high
+    assert np.all(se[stopped] <= tol) and stopped.sum() >= 6
+    # Identical samples (x = 0) stop once the Chow-Robbins term 1 / n^2 <= tol^2: n >= 1 / tol.
+    assert np.all(n[:6] >= 1 / tol) and np.all(n[:6] < 2 / tol + chunk)
+    # The summary is the ordinary summary of each example's own samples.
+    s = res.samples.astype(np.float64)
+    for b in range(12):
+        own = inference.summarize_classification(s[: n[b], b : b + 1])
+        np.testing.assert_allclose(res.mean_probs[b], own.mean_probs[0], atol=1e-6)
+        np.testing.assert_allclose(res.expected_entropy[b], own.expected_entropy[0], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(res.mutual_information[b], own.mutual_information[0], atol=1e-6)
+
+
+def test_adaptive_counts_differ_between_easy_and_hard_inputs_and_per_batch_shares_them():
+    x = _easy_and_hard()
+    model = _wide_posterior()
+    res = tfbnn.predict(model, x, num_samples="auto", tolerance=0.01, max_samples=4000)
+    assert np.all(res.samples_used[:6] <= 256)  # x = 0: no variance, 1 / tol samples and a chunk
+    assert np.all(res.samples_used[6:] >= 4 * res.samples_used[:6].max())
+    batch = tfbnn.predict(model, x, num_samples="auto", tolerance=0.01, max_samples=4000, per="batch", batch_size=4)
+    counts = batch.samples_used.reshape(3, 4)
+    assert np.all(counts == counts[:, :1]) and counts[0, 0] <= 256 and counts[2, 0] >= 4 * counts[0, 0]
+    assert np.all(batch.standard_error[batch.samples_used < 4000] <= 0.01)
+
+
+def test_adaptive_sampling_of_a_deterministic_model_stops_at_the_minimum():
+    det = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3, activation="softmax")])
+    res = tfbnn.predict(det, _x(), num_samples="auto", min_samples=5, chunk_size=2, return_samples=True)
+    np.testing.assert_array_equal(res.samples_used, np.full(10, 5))
+    np.testing.assert_array_equal(res.standard_error, np.zeros(10))  # no noise, no Monte Carlo error
+    np.testing.assert_array_equal(res.mutual_information, np.zeros(10))  # exactly, not round-off
+    np.testing.assert_array_equal(tfbnn.predict(det, _x(), num_samples=7).mutual_information, np.zeros(10))
+    np.testing.assert_allclose(res.mean_probs, det.predict(_x(), verbose=0), atol=1e-6)
+    reg = tfbnn.predict(keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)]), _x(), num_samples="auto")
+    np.testing.assert_array_equal(reg.samples_used, np.full(10, 16))  # the default minimum
+    # Bayesian layers in posterior-mean mode: identical samples, zero variance; regression has no floor.
+    linear = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(2, seed=1)])
+    with tfbnn.posterior_mean(linear):
+        same = tfbnn.predict(linear, _x(), num_samples="auto", min_samples=3, chunk_size=2)
+    np.testing.assert_array_equal(same.samples_used, np.full(10, 3))
+
+
+def test_adaptive_regression_and_ensembles_follow_the_numpy_computation():
+    x = _easy_and_hard(4)
+    linear = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(2, bias_prior=None, seed=3)])
+    linear.layers[0].kernel_rho.assign(np.full((5, 2), -1.0, "float32"))
+    res = tfbnn.predict(linear, x, num_samples="auto", tolerance=0.02, chunk_size=4, min_samples=4,
+                        max_samples=4000, return_samples=True)
+    se, n = _numpy_standard_error(res.samples, floor=0.0)  # regression: no variance floor
+    np.testing.assert_allclose(res.standard_error, se, rtol=1e-5, atol=1e-9)
+    assert np.all(se <= 0.02) and np.all(n[:4] == 4) and np.all(n[4:] > 4)
+    s = res.samples.astype(np.float64)
+    for b in range(8):
+        np.testing.assert_allclose(res.mean[b], s[: n[b], b].mean(0), atol=1e-5)
+        np.testing.assert_allclose(res.epistemic_std[b], s[: n[b], b].std(0), rtol=1e-4, atol=1e-6)
+    # An ensemble of Bayesian members: the members are strata, between-member spread is no Monte Carlo error.
+    ensemble = tfbnn.DeepEnsemble([_wide_posterior(seed=s, rho=-1.0) for s in (1, 1001, 2001)])
+    ens = tfbnn.predict(ensemble, x, num_samples="auto", tolerance=0.01, chunk_size=4, min_samples=4,
+                        return_samples=True)
+    se, n = _numpy_standard_error(ens.samples, strata=3)
+    np.testing.assert_array_equal(3 * n, ens.samples_used)
+    np.testing.assert_allclose(ens.standard_error, se, rtol=1e-5, atol=1e-9)
+    assert np.all(se <= 0.01) and np.all(n[4:] > n[:4].max())
+    s = ens.samples.astype(np.float64).reshape(3, -1, 8, 3)
+    np.testing.assert_allclose(ens.mean_probs, np.nanmean(s, axis=1).mean(axis=0), atol=1e-6)
+
+
+def test_adaptive_sampling_is_seeded():
+    x = _easy_and_hard()
+
+    def run(seed):
+        keras.utils.set_random_seed(0)  # the initial posterior means; the layer seed drives the noise
+        return tfbnn.predict(_wide_posterior(seed=seed), x, num_samples="auto", tolerance=0.02)
+
+    first, second, other = run(7), run(7), run(8)
+    np.testing.assert_array_equal(first.samples_used, second.samples_used)
+    np.testing.assert_array_equal(first.mean_probs, second.mean_probs)
+    assert np.abs(first.mean_probs - other.mean_probs).max() > 1e-4
+
+
+def test_adaptive_sampling_rejects_bad_settings_by_name():
+    model = _wide_posterior()
+    for kwargs, match in [
+        ({"tolerance": 0}, "tolerance=0"),
+        ({"tolerance": -0.1}, "tolerance=-0.1"),
+        ({"tolerance": float("nan")}, "tolerance=nan"),
+        ({"tolerance": "small"}, "tolerance='small'"),
+        ({"max_samples": 0}, "max_samples=0"),
+        ({"max_samples": 8, "min_samples": 16}, r"max_samples=8.*|min_samples=16"),
+        ({"max_samples": 2.5}, "max_samples=2.5"),
+        ({"min_samples": 1}, "min_samples=1"),
+        ({"chunk_size": 0}, "chunk_size=0"),
+        ({"per": "dataset"}, "per='dataset'"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            tfbnn.predict(model, _x(), num_samples="auto", **kwargs)
+    with pytest.raises(ValueError, match="num_samples='many'"):
+        tfbnn.predict(model, _x(), num_samples="many")
+    with pytest.raises(ValueError, match=r"`tolerance` applies to num_samples='auto'.*tolerance=0.1"):
+        tfbnn.predict(model, _x(), num_samples=10, tolerance=0.1)
+    with pytest.raises(ValueError, match="`max_samples` applies"):
+        tfbnn.predict(model, _x(), num_samples=10, max_samples=100)

@@ -264,3 +264,4 @@ def test_numpy_scalars_are_accepted_as_keras_accepts_them():
     assert calibration.logits_from_probs([[1.0, 0.0]], min_prob=np.float32(1e-3))[0, 1] == pytest.approx(np.log(1e-3))
     with pytest.raises(ValueError, match="temperature=True"):
         calibration.TemperatureScaling(True)
+

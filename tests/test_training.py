@@ -187,7 +187,8 @@ def test_every_recipe_runs_end_to_end_in_quick_mode_offline(name, tmp_path):
     assert sorted(os.listdir(tmp_path / "out")) == [
         "history.csv", "history.json", "learning_curves.png", "model.keras", "recipe.json", "results.json"]
     assert result.num_examples == 48 - int(48 * recipe.validation_fraction) or recipe.validation_fraction
-    assert len(result.history) == recipe.epochs and all(math.isfinite(r["loss"]) for r in result.history)
+    assert len(result.history) == recipe.epochs * recipe.num_members  # an ensemble: one row per member and epoch
+    assert all(math.isfinite(r["loss"]) for r in result.history)
     test = result.test
     assert test["predictive_entropy"] == pytest.approx(test["aleatoric"] + test["epistemic"], abs=1e-5)
     assert training.load_recipe(str(tmp_path / "out" / "recipe.json")) == recipe
@@ -286,6 +287,55 @@ def test_train_samples_wrap_every_stochastic_method(tmp_path):
     assert all(math.isfinite(r["loss"]) for r in result.history)
     assert isinstance(run_module._multi_sample_model(recipe, result.model), tfbnn.MultiSampleModel)
     assert recipe.replace(method="mc_dropout", method_options={}).train_samples == 3  # allowed
+
+
+# -- deep ensembles (Lakshminarayanan et al. 2017) as a recipe method ----------------------------------------
+def test_ensemble_recipes_validate_and_give_each_member_its_own_seed():
+    recipe = training.get_recipe("digits-ensemble-mlp")
+    # Lakshminarayanan et al. 2017 sec. 2.4 / 3: M = 5 members, uniformly mixed.
+    assert recipe.method == "ensemble" and recipe.num_members == 5 and recipe.member_method == "deterministic"
+    assert not recipe.is_bayesian
+    bayes = recipe.replace(method_options={"members": 3, "member_method": "bbb", "estimator": "flipout"})
+    assert bayes.is_bayesian and bayes.num_members == 3
+    members = [bayes.member_recipe(m) for m in range(3)]
+    assert [m.seed for m in members] == tfbnn.ensembles.member_seeds(bayes.seed, 3)
+    assert all(m.method == "bbb" and m.method_options == {"estimator": "flipout"} for m in members)
+    assert members[0].replace(name=bayes.name, method="ensemble", method_options=bayes.method_options,
+                              seed=bayes.seed) == bayes  # nothing else changes
+    for options, needle in [({"members": 0}, "members'\\]=0"), ({"members": 2.5}, "2.5"),
+                            ({"member_method": "ensemble"}, "member_method'\\]='ensemble'"),
+                            ({"member_method": "graves"}, "'graves'")]:
+        with pytest.raises(ValueError, match=needle):
+            recipe.replace(method_options=options)
+    with pytest.raises(ValueError, match="train_samples"):
+        recipe.replace(train_samples=2)  # deterministic members
+    assert recipe.replace(method_options={"member_method": "mc_dropout"}, train_samples=2).train_samples == 2
+    with pytest.raises(ValueError, match="index=3"):
+        bayes.member_recipe(3)
+    with pytest.raises(ValueError, match="method='bbb'"):
+        training.get_recipe("digits-bbb-mlp").member_recipe(0)
+
+
+@pytest.mark.heavy
+def test_an_ensemble_recipe_trains_distinct_members_and_reports_their_mixture(tmp_path):
+    recipe = _quick("digits-ensemble-mlp", method_options={"members": 2, "member_method": "bbb",
+                                                           "estimator": "local_reparameterization"})
+    result = training.run(recipe, output_dir=str(tmp_path / "e"), verbose=0)
+    model = result.model
+    assert isinstance(model, tfbnn.DeepEnsemble) and model.num_members == 2
+    assert [r["member"] for r in result.history] == [0, 1]
+    a, b = (m.trainable_variables[0].numpy() for m in model.members)
+    assert np.abs(a - b).max() > 1e-3  # different seeds: different members
+    assert result.test["num_samples"] == 2 * recipe.eval_samples
+    x, y = training.arrays(training.load_data(recipe).test)
+    loaded = keras.saving.load_model(tmp_path / "e" / "model.keras")
+    for original, member in zip(model.members, loaded.members):
+        for v, w in zip(original.weights, member.weights):
+            np.testing.assert_array_equal(v.numpy(), w.numpy())
+    with tfbnn.posterior_mean(loaded):  # the mean of the members' posterior-mean predictions
+        probs = loaded.predict(x, verbose=0)
+    assert tfbnn.metrics.accuracy(probs, y) == pytest.approx(result.test["posterior_mean_accuracy"])
+    assert result.test["kl"] == pytest.approx(float(tfbnn.kl_divergence(model)) / 2, rel=1e-5)  # members' mean
 
 
 def _numbers(accuracy, confidence, nll, ece, epistemic, auroc_epistemic):

@@ -21,7 +21,7 @@ from tfbnn import startup
 # the command line load on first use (``tfbnn.tuning``). The `tfbnn` command loads
 # nothing here, so that it parses its arguments before TensorFlow starts.
 _CORE = ("errors", "io", "checks", "priors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
-         "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample", "models", "datasets")
+         "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample", "ensembles", "models", "datasets")
 _LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
 _NAMES = {
     "callbacks": ("KLAnnealing", "SparsityMonitor"),
@@ -35,6 +35,7 @@ _NAMES = {
                "BayesianLayer", "DenseFlipout", "DenseLocalReparameterization", "DenseReparameterization",
                "MCDropout", "MCSpatialDropout2D", "StochasticLayer"),
     "multisample": ("MultiSampleModel",),
+    "ensembles": ("DeepEnsemble",),
     "utils": ("bayesian_layers", "kl_divergence", "posterior_mean", "set_inference_mode", "set_kl_weight",
               "stochastic_layers", "weight_samples"),
 }
@@ -109,6 +110,8 @@ __all__ = [
     "stochastic_layers",
     "weight_samples",
     "MultiSampleModel",
+    "ensembles",
+    "DeepEnsemble",
     "predict",
     "ClassificationPrediction",
     "RegressionPrediction",

@@ -97,6 +97,16 @@ def positive_int(text):
     return value
 
 
+def samples_or_auto(text):
+    """Monte Carlo samples: a positive integer, or ``auto`` (adaptive sampling, :func:`tfbnn.predict`)."""
+    if text == "auto":
+        return text
+    value = _number(text, "a positive integer or 'auto'", int)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}")
+    return value
+
+
 def non_negative_int(text):
     value = _number(text, "a non-negative integer", int)
     if value < 0:

@@ -44,7 +44,9 @@ class Evaluation:
 
 
 def _summary(res, labels, num_bins):
+    adaptive = {} if res.standard_error is None else {"mean_samples_used": float(np.mean(res.samples_used))}
     return {
+        **adaptive,
         "accuracy": metrics.accuracy(res.mean_probs, labels),
         "nll": metrics.negative_log_likelihood(res.mean_probs, labels),
         "brier": metrics.brier_score(res.mean_probs, labels),
@@ -79,14 +81,17 @@ def _numbers(clean, shifted, labels, num_bins):
 
 
 def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.5,
-                        sweep_levels=(0.0, 0.25, 0.5, 0.75, 1.0), seed=0, batch_size=256, temperature=None):
+                        sweep_levels=(0.0, 0.25, 0.5, 0.75, 1.0), seed=0, batch_size=256, temperature=None,
+                        tolerance=None, max_samples=None):
     """Monte Carlo evaluation of a classifier on clean and shifted inputs.
 
     Args:
         model: a Keras classifier with softmax outputs (tfbnn layers sample; a model
             with no Bayesian layer gives zero epistemic uncertainty).
         x: ``(N, ...)`` inputs; y: ``(N,)`` integer labels.
-        num_samples: int, T.
+        num_samples: int, T, or ``"auto"``: adaptive sampling to ``tolerance`` (at most
+            ``max_samples``), see :func:`tfbnn.inference.predict`; the summaries then
+            add ``mean_samples_used``.
         num_bins: int, ECE bins (default 15).
         shift_gamma: float in [0, 1], the shift of the clean-vs-shifted comparison.
         sweep_levels: Gaussian-shift intensities of the sweep (empty: no sweep).
@@ -111,12 +116,14 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
     levels = tuple(sorted({0.0, float(shift_gamma), *map(float, sweep_levels)}))
     rows, predictions = shift_sweep(model, x, labels, "gaussian", levels=levels, num_samples=num_samples,
                                     seed=seed, batch_size=batch_size, return_predictions=True,
-                                    return_samples=scaling is not None and scaling.method == "samples")
+                                    return_samples=scaling is not None and scaling.method == "samples",
+                                    tolerance=tolerance, max_samples=max_samples)
     clean, shifted = predictions[levels.index(0.0)], predictions[levels.index(float(shift_gamma))]
     sweep = [row for row in rows if row["level"] in set(map(float, sweep_levels))]
     numbers = {
         "num_examples": int(len(labels)),
-        "num_samples": int(num_samples),
+        "num_samples": num_samples if num_samples == "auto" else int(num_samples),
+        **({"tolerance": float(tolerance)} if tolerance is not None else {}),
         "num_bins": int(num_bins),
         "shift_gamma": float(shift_gamma),
         **_numbers(clean, shifted, labels, num_bins),
@@ -179,6 +186,8 @@ def shift_sweep(
     mc_dropout=False,
     return_predictions=False,
     return_samples=False,
+    tolerance=None,
+    max_samples=None,
 ):
     """Accuracy and uncertainty of a classifier under corruptions of growing intensity.
 
@@ -195,7 +204,8 @@ def shift_sweep(
             ``"salt_and_pepper"`` (:func:`salt_and_pepper`, level = p).
         levels: sequence of intensities in [0, 1]; default
             ``DEFAULT_LEVELS[corruption]``.
-        num_samples: int >= 1, T. Default 30.
+        num_samples: int >= 1, T, or ``"auto"`` (adaptive, to ``tolerance`` with at most
+            ``max_samples``; :func:`tfbnn.inference.predict`). Default 30.
         seed: int or None, seed of the corruption noise.
         batch_size, from_logits, mc_dropout: passed to :func:`tfbnn.inference.predict`.
         return_predictions: bool; also return each level's
@@ -239,6 +249,8 @@ def shift_sweep(
             from_logits=from_logits,
             mc_dropout=mc_dropout,
             return_samples=return_samples,
+            tolerance=tolerance,
+            max_samples=max_samples,
         )
         predictions.append(res)
         rows.append(
@@ -250,6 +262,7 @@ def shift_sweep(
                 "predictive_entropy": float(np.mean(res.predictive_entropy)),
                 "expected_entropy": float(np.mean(res.expected_entropy)),
                 "mutual_information": float(np.mean(res.mutual_information)),
+                **({} if res.standard_error is None else {"mean_samples_used": float(np.mean(res.samples_used))}),
             }
         )
     return (rows, predictions) if return_predictions else rows

@@ -43,11 +43,14 @@ import numpy as np
 import tensorflow as tf
 
 from tfbnn import checks
+from tfbnn.ensembles import DeepEnsemble
 from tfbnn.likelihoods import GaussianHead, gaussian_nll, split_gaussian
-from tfbnn.utils import bayesian_layers, weight_samples
+from tfbnn.utils import bayesian_layers, stochastic_layers, weight_samples
 
 __all__ = [
     "predict",
+    "AdaptiveSampling",
+    "SAMPLING_PER",
     "ClassificationPrediction",
     "RegressionPrediction",
     "summarize_classification",
@@ -88,19 +91,37 @@ def entropy(probs, axis=-1):
     return -np.sum(terms, axis=axis)
 
 
-def _concat(parts):
-    """Concatenates per-batch predictions (examples on axis 0, samples on axis 1)."""
+def _concat(parts, strata=1):
+    """Concatenates per-batch predictions (examples on axis 0, samples on axis 1).
+
+    Samples of different lengths (adaptive sampling) are NaN-padded per stratum
+    (ensemble member): the samples axis stays member-major.
+    """
     first = parts[0]
     values = {}
     for field in dataclasses.fields(first):
         items = [getattr(p, field.name) for p in parts]
         if field.name == "num_samples":
-            values[field.name] = items[0]
+            values[field.name] = max(items)
         elif items[0] is None:
             values[field.name] = None
+        elif field.name == "samples":
+            values[field.name] = np.concatenate(_pad_samples(items, strata), axis=1)
         else:
-            values[field.name] = np.concatenate(items, axis=1 if field.name == "samples" else 0)
+            values[field.name] = np.concatenate(items, axis=0)
     return type(first)(**values)
+
+
+def _pad_samples(items, strata):
+    """Per-batch ``(S * T_i, B_i, ...)`` samples NaN-padded to the longest ``T`` in each of ``S`` strata."""
+    longest = max(item.shape[0] for item in items) // strata
+
+    def pad(item):
+        per = item.reshape(strata, item.shape[0] // strata, *item.shape[1:])
+        filler = np.full((strata, longest - per.shape[1], *per.shape[2:]), np.nan, item.dtype)
+        return np.concatenate([per, filler], axis=1).reshape(strata * longest, *item.shape[1:])
+
+    return [item if item.shape[0] == longest * strata else pad(item) for item in items]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +137,15 @@ class ClassificationPrediction:
             eq. 26-27), >= 0: differences below ``1e-9`` nats are float round-off
             and set to 0, so identical samples (a deterministic model) give exactly 0.
         samples: ``(T, B, C)`` per-sample probabilities, or None when
-            ``return_samples=False``.
-        num_samples: T.
+            ``return_samples=False``. With adaptive sampling (``num_samples="auto"``)
+            ``T`` is the most samples any example got and example ``b``'s rows past its
+            ``samples_used[b]`` are NaN (see :func:`predict` for the order).
+        num_samples: T, the length of the samples axis.
+        samples_used: ``(B,)`` int, the samples averaged for each example (all ``T``
+            with a fixed ``num_samples``).
+        standard_error: ``(B,)``, with adaptive sampling: the Monte Carlo standard
+            error of ``mean_probs`` (its largest component) that the stopping rule
+            compared with ``tolerance``; None with a fixed ``num_samples``.
 
     Properties: ``predicted_class`` ``(B,)`` (argmax of ``mean_probs``),
     ``confidence`` ``(B,)`` (max of ``mean_probs``), and the aliases ``total``,
@@ -131,6 +159,8 @@ class ClassificationPrediction:
     mutual_information: np.ndarray
     samples: np.ndarray = None
     num_samples: int = 1
+    samples_used: np.ndarray = None
+    standard_error: np.ndarray = None
 
     @property
     def predicted_class(self):
@@ -163,8 +193,12 @@ class RegressionPrediction:
         aleatoric_std: ``(B, ..., d)``, ``sqrt(mean_t sigma_t^2)`` when the model
             ends in a :class:`GaussianHead`, else None.
         samples: ``(T, B, ...)`` the model's outputs per sample (for a Gaussian
-            head: means then scales on the last axis), or None.
-        num_samples: T.
+            head: means then scales on the last axis), or None. NaN-padded with
+            adaptive sampling, as for :class:`ClassificationPrediction`.
+        num_samples: T, the length of the samples axis.
+        samples_used: ``(B,)`` int, the samples averaged for each example.
+        standard_error: ``(B,)`` or None: with adaptive sampling, the Monte Carlo
+            standard error of ``mean`` (its largest component).
 
     Properties: ``total_std = sqrt(epistemic_std^2 + aleatoric_std^2)`` (the
     variance of the mixture of the T predictive distributions); ``variance``.
@@ -175,6 +209,8 @@ class RegressionPrediction:
     aleatoric_std: np.ndarray = None
     samples: np.ndarray = None
     num_samples: int = 1
+    samples_used: np.ndarray = None
+    standard_error: np.ndarray = None
 
     @property
     def total_std(self):
@@ -260,6 +296,7 @@ def summarize_classification(samples, from_logits=False, keep_samples=True):
         mutual_information=epistemic.astype(np.float32),
         samples=probs.astype(np.float32) if keep_samples else None,
         num_samples=probs.shape[0],
+        samples_used=np.full(probs.shape[1], probs.shape[0]),
     )
 
 
@@ -301,6 +338,7 @@ def summarize_regression(samples, gaussian_head=False, keep_samples=True):
         aleatoric_std=aleatoric,
         samples=raw.astype(np.float32) if keep_samples else None,
         num_samples=raw.shape[0],
+        samples_used=np.full(raw.shape[1], raw.shape[0]),
     )
 
 
@@ -392,7 +430,11 @@ def _compiled_sampler(model, num_samples, joint, mc_dropout, signature):
     @tf.function(input_signature=[signature])
     def sample(x):
         tiled = tf.nest.map_structure(lambda v: _tile(v, num_samples), x)
-        outputs = target()(tiled, training=False)
+        net = target()
+        if isinstance(net, DeepEnsemble):  # (M, T * B, ...) -> (M * T, B, ...), member-major
+            outputs = net.call_members(tiled, training=False)
+            return tf.reshape(outputs, tf.concat([[net.num_members * num_samples, -1], tf.shape(outputs)[2:]], 0))
+        outputs = net(tiled, training=False)
         if not isinstance(outputs, tf.Tensor):
             raise ValueError(
                 "`tfbnn.inference.predict` needs a model with one output tensor. "
@@ -423,7 +465,7 @@ def _check_input_shapes(model, batch):
     """``x`` against the model's declared inputs (Sequential / functional): a clear error
     here instead of one from inside the traced Monte Carlo function."""
     try:
-        inputs = model.inputs
+        inputs = _reference_model(model).inputs
     except (AttributeError, ValueError):  # a subclassed model declares none
         return
     leaves = tf.nest.flatten(batch)
@@ -465,7 +507,13 @@ def _batches(x, batch_size):
 
 
 # -- task resolution -------------------------------------------------------------------
+def _reference_model(model):
+    """The model whose inputs and output layer describe ``model`` (an ensemble's first member)."""
+    return model.members[0] if isinstance(model, DeepEnsemble) else model
+
+
 def _output_layer(model):
+    model = _reference_model(model)
     outputs = getattr(model, "outputs", None)
     if not outputs:
         return None
@@ -519,10 +567,9 @@ def _check_finite(batch, offset):
             )
 
 
-def _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head):
+def _check_args(model, batch_size, task, from_logits, gaussian_head):
     if not isinstance(model, keras.layers.Layer):
         raise ValueError(f"Expected a Keras model. Received: model={type(model).__name__}")
-    num_samples = checks.integer("num_samples", num_samples, 1)
     batch_size = checks.integer("batch_size", batch_size, 1, allow_none=True)
     if task not in TASKS:
         raise ValueError(f"Expected `task` in {TASKS}. Received: task={task!r}")
@@ -535,7 +582,7 @@ def _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head
         raise ValueError(
             "A Gaussian head is a regression likelihood. Received: task='classification', gaussian_head=True"
         )
-    return num_samples, batch_size
+    return batch_size
 
 
 def _check_dropout(model, mc_dropout):
@@ -554,6 +601,229 @@ def _check_dropout(model, mc_dropout):
         )
 
 
+# -- adaptive sampling ----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class AdaptiveSampling:
+    """The stopping rule of ``tfbnn.predict(..., num_samples="auto")`` (see :func:`predict`).
+
+    Attributes:
+        tolerance: float > 0, the largest Monte Carlo standard error allowed on any
+            component of the predictive mean (a probability for classification, an
+            output value for regression).
+        max_samples: int, the most samples per example (per member of an ensemble).
+        min_samples: int >= 2, the fewest (a sample variance needs two).
+        chunk_size: int >= 1, the smallest chunk of samples per vectorized call.
+        per: ``"example"`` (stop each example when it meets the rule) or ``"batch"``
+            (sample a batch until all its examples meet it).
+    """
+
+    tolerance: float = 1e-2
+    max_samples: int = 1000
+    min_samples: int = 16
+    chunk_size: int = 16
+    per: str = "example"
+
+
+SAMPLING_PER = ("example", "batch")
+
+
+def _check_sampling(num_samples, tolerance, max_samples, min_samples, chunk_size, per):
+    """``(T, None)`` for a fixed number of samples, ``(None, AdaptiveSampling)`` for ``"auto"``."""
+    if not (isinstance(num_samples, str) and num_samples == "auto"):
+        if isinstance(num_samples, str):
+            raise ValueError(f"Expected `num_samples` to be a positive integer or 'auto'. "
+                             f"Received: num_samples={num_samples!r}")
+        given = {k: v for k, v in (("tolerance", tolerance), ("max_samples", max_samples),
+                                   ("min_samples", min_samples), ("chunk_size", chunk_size), ("per", per))
+                 if v is not None}
+        if given:
+            name, value = next(iter(given.items()))
+            raise ValueError(f"`{name}` applies to num_samples='auto' (adaptive sampling). "
+                             f"Received: num_samples={num_samples!r}, {name}={value!r}")
+        return checks.integer("num_samples", num_samples, 1), None
+    default = AdaptiveSampling()
+    tolerance = checks.number("tolerance", default.tolerance if tolerance is None else tolerance, low=0,
+                              low_open=True)
+    chunk_size = checks.integer("chunk_size", default.chunk_size if chunk_size is None else chunk_size, 1)
+    if min_samples is None:
+        min_samples = max(chunk_size, 2)
+    min_samples = checks.integer("min_samples", min_samples, 2, what="an integer >= 2 (a variance needs two samples)")
+    if max_samples is None:
+        max_samples = max(default.max_samples, min_samples)
+    max_samples = checks.integer("max_samples", max_samples, min_samples,
+                                 what=f"an integer >= min_samples={min_samples}")
+    per = "example" if per is None else per
+    if per not in SAMPLING_PER:
+        raise ValueError(f"Expected `per` in {SAMPLING_PER}. Received: per={per!r}")
+    return None, AdaptiveSampling(tolerance, max_samples, min_samples, chunk_size, per)
+
+
+def _expand(values, ndim):
+    """``(B,)`` values broadcastable against ``(B, ...)`` arrays of ``ndim`` axes."""
+    return values.reshape(values.shape + (1,) * (ndim - 1))
+
+
+class _RunningMoments:
+    """Per-stratum running means and sums of squared deviations of ``(B, ...)`` samples, float64.
+
+    Chunks merge by the pairwise update of Chan, Golub and LeVeque (1979): with
+    ``delta = mean_b - mean_a`` and ``n = n_a + n_b``, ``mean = mean_a + delta n_b / n`` and
+    ``M2 = M2_a + M2_b + delta^2 n_a n_b / n`` (no cancellation, unlike sums of squares).
+    """
+
+    def __init__(self, strata, shape):
+        self.count = np.zeros(shape[0], np.int64)
+        self.mean = np.zeros((strata, *shape))
+        self.m2 = np.zeros((strata, *shape))
+
+    def add(self, rows, chunk):
+        """Adds ``chunk`` ``(S, k, b, ...)``, the samples of the examples ``rows`` ``(b,)``."""
+        k = chunk.shape[1]
+        n_a = self.count[rows].astype(np.float64)
+        n = n_a + k
+        mean_b = chunk.mean(axis=1)
+        m2_b = np.square(chunk - mean_b[:, None]).sum(axis=1)
+        delta = mean_b - self.mean[:, rows]
+        self.mean[:, rows] += delta * _expand(k / n, mean_b.ndim - 1)
+        self.m2[:, rows] += m2_b + np.square(delta) * _expand(n_a * k / n, mean_b.ndim - 1)
+        self.count[rows] += k
+
+    def standard_error(self, rows, floor=0.0):
+        """``(b,)``: the largest component of ``sqrt((sum_s var_s / S + floor / n) / (S n))``, the
+        standard error of the equally weighted mean of the S strata means, each sample variance
+        raised by ``floor / n`` (Chow and Robbins 1965; inf below 2 samples)."""
+        n = self.count[rows].astype(np.float64)
+        strata = self.mean.shape[0]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            variance = self.m2[:, rows] / _expand(n - 1, self.m2.ndim - 1)
+            se2 = (variance.sum(axis=0) / strata + _expand(floor / n, self.m2.ndim - 1)) / _expand(
+                strata * n, self.m2.ndim - 1)
+        se = np.sqrt(np.max(se2.reshape(len(rows), -1), axis=1))
+        return np.where(n >= 2, se, np.inf)
+
+    def pooled(self):
+        """The mean over all strata and the population variance of all ``S * n`` samples."""
+        grand = self.mean.mean(axis=0)
+        n = _expand(self.count.astype(np.float64), self.m2.ndim - 1)
+        within = (self.m2 / n).mean(axis=0)
+        between = np.square(self.mean - grand).mean(axis=0)
+        return grand, within + between
+
+
+def _split_strata(samples, strata):
+    return samples.reshape(strata, samples.shape[0] // strata, *samples.shape[1:])
+
+
+class _AdaptiveBatch:
+    """The running summary of one batch under adaptive sampling (classification or regression)."""
+
+    def __init__(self, task, strata, batch_size, from_logits, gaussian_head, keep_samples):
+        self.task, self.strata, self.size = task, strata, batch_size
+        self.from_logits, self.gaussian_head, self.keep = from_logits, gaussian_head, keep_samples
+        self.moments = None
+        self.extra = None  # classification: summed sample entropies; Gaussian head: summed variances
+        # Probabilities lie in [0, 1]: a variance floor 1 / n keeps a run of identical samples (a rare class
+        # not drawn yet) from stopping early. Regression outputs have no known range: no floor.
+        self.variance_floor = 1.0 if task == "classification" else 0.0
+        self.chunks = []
+
+    def add(self, rows, samples):
+        """``samples`` ``(S * k, b, ...)`` of the examples ``rows``."""
+        if self.task == "classification":
+            values = _as_probs(samples, self.from_logits)
+            extra = entropy(values)
+        else:
+            values = np.asarray(samples, dtype=np.float64)
+            extra = None
+            if self.gaussian_head:
+                means, scales = (np.asarray(v, dtype=np.float64) for v in split_gaussian(values))
+                values, extra = means, np.square(scales)
+        chunk = _split_strata(values, self.strata)
+        if self.moments is None:
+            self.moments = _RunningMoments(self.strata, (self.size, *chunk.shape[3:]))
+        if extra is not None:
+            total = _split_strata(extra, self.strata).sum(axis=(0, 1))
+            if self.extra is None:
+                self.extra = np.zeros((self.size, *total.shape[1:]))
+            self.extra[rows] += total
+        if self.keep:
+            kept = _split_strata(np.asarray(samples if self.task == "regression" else values), self.strata)
+            self.chunks.append((rows, self.moments.count[rows[0]], kept))
+        self.moments.add(rows, chunk)
+
+    def _samples(self):
+        """The kept samples, ``(S * T_max, B, ...)`` member-major, NaN where an example stopped."""
+        longest = int(self.moments.count.max())
+        trailing = self.chunks[0][2].shape[3:]
+        out = np.full((self.strata, longest, self.size, *trailing), np.nan, np.float32)
+        for rows, start, chunk in self.chunks:
+            out[:, start:start + chunk.shape[1], rows] = chunk
+        return out.reshape(self.strata * longest, self.size, *trailing)
+
+    def result(self):
+        m = self.moments
+        used = m.count * self.strata
+        common = {
+            "samples": self._samples() if self.keep else None,
+            "num_samples": int(used.max()),
+            "samples_used": used,
+            "standard_error": m.standard_error(np.arange(self.size), self.variance_floor).astype(np.float32),
+        }
+        if self.task == "classification":
+            mean_probs, _ = m.pooled()
+            total = entropy(mean_probs)
+            aleatoric = self.extra / _expand(used.astype(np.float64), self.extra.ndim)
+            gap = total - aleatoric
+            epistemic = np.where(gap > _ROUNDOFF_NATS, gap, 0.0)  # as summarize_classification
+            return ClassificationPrediction(
+                mean_probs=mean_probs.astype(np.float32), predictive_entropy=total.astype(np.float32),
+                expected_entropy=aleatoric.astype(np.float32), mutual_information=epistemic.astype(np.float32),
+                **common)
+        mean, variance = m.pooled()
+        aleatoric = None
+        if self.gaussian_head:
+            aleatoric = np.sqrt(self.extra / _expand(used.astype(np.float64), self.extra.ndim)).astype(np.float32)
+        return RegressionPrediction(mean=mean.astype(np.float32), epistemic_std=np.sqrt(variance).astype(np.float32),
+                                    aleatoric_std=aleatoric, **common)
+
+
+def _next_chunk(rule, done, errors):
+    """Samples per example of the next call: enough for the median active example to meet the
+    rule if its variance estimate holds (``se^2`` falls as ``1 / n``; Stein's two-stage idea,
+    iterated), at least ``chunk_size``, at most doubling ``n``, as ``chunk_size * 2^j`` (few traces)."""
+    if done == 0:
+        return min(max(rule.chunk_size, rule.min_samples), rule.max_samples)
+    needed = done * np.square(np.median(errors) / rule.tolerance) - done
+    wanted = int(np.clip(needed, rule.chunk_size, max(rule.chunk_size, done)))
+    k = rule.chunk_size * 2 ** int(np.ceil(np.log2(wanted / rule.chunk_size)))
+    return int(min(k, rule.max_samples - done))
+
+
+def _sample_adaptively(draw, batch, rule, resolve, make_batch):
+    """Draws chunks for the examples of ``batch`` that have not met ``rule``; returns the summary.
+
+    ``draw(sub_batch, k)`` returns ``(S * k, b, ...)`` samples; ``resolve(samples)`` the
+    task (called once); ``make_batch(task)`` an empty :class:`_AdaptiveBatch`.
+    """
+    size = int(tf.nest.flatten(batch)[0].shape[0])
+    active, errors, summary = np.arange(size), None, None
+    while active.size:
+        done = 0 if summary is None else int(summary.moments.count[active[0]])
+        sub = batch if active.size == size else tf.nest.map_structure(lambda v: tf.gather(v, active), batch)
+        samples = draw(sub, _next_chunk(rule, done, errors))
+        if summary is None:
+            summary = make_batch(resolve(samples))
+        summary.add(active, samples)
+        count = summary.moments.count[active]
+        errors = summary.moments.standard_error(active, summary.variance_floor)
+        converged = (count >= rule.min_samples) & (errors <= rule.tolerance)
+        if rule.per == "batch":
+            converged = np.full(active.shape, bool(converged.all()))
+        keep = ~converged & (count < rule.max_samples)
+        active, errors = active[keep], errors[keep]
+    return summary.result()
+
+
 def predict(
     model,
     x,
@@ -565,6 +835,11 @@ def predict(
     gaussian_head=None,
     mc_dropout=False,
     joint=False,
+    tolerance=None,
+    max_samples=None,
+    min_samples=None,
+    chunk_size=None,
+    per=None,
 ):
     """Monte Carlo prediction: T posterior predictive samples per example, summarised.
 
@@ -579,16 +854,62 @@ def predict(
     returns the mean, ``epistemic_std = std_t mu_t`` and, for a model ending in a
     :class:`GaussianHead`, ``aleatoric_std = sqrt(mean_t sigma_t^2)``.
 
+    **Deep ensembles.** For a :class:`tfbnn.DeepEnsemble` of M members the members
+    are posterior samples: every member is run with T samples in the same vectorized
+    call, ``M * T`` samples in all, member-major (``samples[m * T + t]``), each member
+    weighted ``1 / M``. ``num_samples`` (and ``chunk_size``, ``min_samples``,
+    ``max_samples``) count samples *per member*; the result's ``num_samples`` and
+    ``samples_used`` count all ``M * T``. An ensemble without stochastic layers (the
+    usual deep ensemble of deterministic networks) is run with ``T = 1``: its
+    predictive is exact with M samples, whatever ``num_samples`` says.
+
+    **Adaptive sampling** (``num_samples="auto"``). Samples are added in vectorized chunks
+    until the Monte Carlo standard error of the predictive mean is at most ``tolerance``.
+    With ``n`` samples per member, ``S`` members (1 for an ordinary model) and
+    ``s_{m,c}^2`` the sample variance (``n - 1`` in the denominator) of component ``c``
+    of member ``m``'s outputs (class probabilities, or regression means), the estimate
+    ``p_bar_c = (1/S) sum_m mean_t p_{m,t,c}`` has the standard error (stratified
+    sampling, members as strata)::
+
+        se_c = sqrt( (sum_m s_{m,c}^2 / S  +  f / n) / (S n) )
+
+    with ``f = 1`` for class probabilities and ``f = 0`` for regression. For ``S = 1``
+    and ``f = 0`` it is the usual ``s_c / sqrt(n)``. The ``f / n`` term is Chow and
+    Robbins' (1965) ``s_n^2 + 1/n`` in their fixed-width sequential rule: a probability
+    whose samples so far are all equal (a class that a few percent of the posterior
+    favours, not drawn yet) has ``s = 0``, and stopping then would miss it; the term
+    asks for at least ``1 / tolerance`` samples before such an example stops, so a class
+    with probability ``q`` is drawn with probability ``1 - exp(-q / tolerance)``. An
+    example stops at the end of the first chunk with ``n >= min_samples`` and ``max_c
+    se_c <= tolerance``, or at ``max_samples``; by the central limit theorem every
+    component of the returned predictive mean is then within ``1.96 * tolerance`` with
+    probability about 95% (asymptotically, as ``tolerance -> 0``). The variance between
+    members is not Monte Carlo error (the members are fixed) and does not count. Chunk
+    sizes follow Stein's two-stage idea, iterated: after each chunk the number of
+    samples the median unfinished example still needs, ``n (se / tolerance)^2 - n``, as
+    ``chunk_size * 2^j``, at least ``chunk_size`` and at most doubling ``n`` (few calls,
+    few traces). ``per="example"`` (default) stops sampling each example when it meets
+    the rule, so confident inputs use few samples and ambiguous ones many;
+    ``per="batch"`` samples a whole batch until all its examples meet it. The result's
+    ``samples_used`` ``(N,)`` and ``standard_error`` ``(N,)`` report each example's
+    count and final ``max_c se_c``; the summaries are computed from running moments (no
+    ``(T, N, C)`` array is kept unless ``return_samples``). A model without stochastic
+    layers has no Monte Carlo error: it is run once with ``min_samples`` (a deep
+    ensemble of such models with one sample per member) and reports
+    ``standard_error = 0``.
+
     Args:
-        model: a Keras model with one output.
+        model: a Keras model with one output, or a :class:`tfbnn.DeepEnsemble`.
         x: inputs: an array or tensor ``(N, ...)``, a list/dict of them (multi-input
             models), or a batched ``tf.data.Dataset`` yielding ``x`` or
             ``(x, y, ...)``. Floating-point inputs must be finite (NaN or
             infinite values raise a ValueError naming the rows).
-        num_samples: int >= 1, T. Default 100. Memory grows as ``T * batch_size``.
+        num_samples: int >= 1, T, or ``"auto"`` (adaptive, above). Default 100.
+            Memory grows as ``T * batch_size`` (``chunk_size * batch_size`` for "auto").
         batch_size: int or None, examples per vectorized call (default 32; must be
             None for a dataset).
-        return_samples: bool, keep the ``(T, N, ...)`` samples in the result.
+        return_samples: bool, keep the ``(T, N, ...)`` samples in the result (NaN-padded
+            past each example's ``samples_used`` with ``"auto"``).
         task: ``"auto"`` (default), ``"classification"`` or ``"regression"``.
             ``"auto"`` reads the model, not the data: classification when
             ``from_logits=True`` or when the output layer ends in a softmax
@@ -617,11 +938,17 @@ def predict(
             samples, so ``samples[t]`` is one function draw over the batch (see
             :func:`tfbnn.utils.weight_samples`). The summaries have the same
             distribution either way.
+        tolerance: float > 0, ``"auto"`` only: the target standard error. Default 0.01.
+        max_samples: int >= min_samples, ``"auto"`` only: the most samples. Default 1000.
+        min_samples: int >= 2, ``"auto"`` only: the fewest samples. Default ``chunk_size``.
+        chunk_size: int >= 1, ``"auto"`` only: the smallest chunk (samples per example and
+            vectorized call). Default 16.
+        per: ``"example"`` (default) or ``"batch"``, ``"auto"`` only: see above.
 
     Returns:
         A :class:`ClassificationPrediction` (``mean_probs (N, C)``, entropies
-        ``(N,)``, ``samples (T, N, C)``) or a :class:`RegressionPrediction`
-        (``mean (N, ...)``, stds, ``interval(level)``).
+        ``(N,)``, ``samples (T, N, C)``, ``samples_used (N,)``) or a
+        :class:`RegressionPrediction` (``mean (N, ...)``, stds, ``interval(level)``).
 
     Example:
         >>> import keras, numpy as np, tfbnn
@@ -630,11 +957,25 @@ def predict(
         ...     tfbnn.layers.DenseFlipout(16, activation="relu", seed=1),
         ...     tfbnn.layers.DenseFlipout(3, activation="softmax", seed=2),
         ... ])
-        >>> res = tfbnn.predict(model, np.random.rand(10, 4).astype("float32"), num_samples=50)
+        >>> x = np.random.default_rng(0).random((10, 4)).astype("float32")
+        >>> res = tfbnn.predict(model, x, num_samples=50)
         >>> res.mean_probs.shape, res.mutual_information.shape
         ((10, 3), (10,))
+        >>> auto = tfbnn.predict(model, x, num_samples="auto", tolerance=0.01, max_samples=400)
+        >>> bool(np.all((auto.standard_error <= 0.01) | (auto.samples_used == 400)))
+        True
+
+    References:
+        Chow, Robbins. On the Asymptotic Theory of Fixed-Width Sequential Confidence
+        Intervals for the Mean. Ann. Math. Statist. 36, 1965.
+        Stein. A Two-Sample Test for a Linear Hypothesis Whose Power is Independent
+        of the Variance. Ann. Math. Statist. 16, 1945.
+        Chan, Golub, LeVeque. Updating Formulae and a Pairwise Algorithm for
+        Computing Sample Variances. Stanford CS report STAN-CS-79-773, 1979.
     """
-    num_samples, batch_size = _check_args(model, num_samples, batch_size, task, from_logits, gaussian_head)
+    batch_size = _check_args(model, batch_size, task, from_logits, gaussian_head)
+    num_samples, rule = _check_sampling(num_samples, tolerance, max_samples, min_samples, chunk_size, per)
+    adaptive = rule is not None
     if gaussian_head is None:
         gaussian_head = isinstance(_output_layer(model), GaussianHead)
     _check_dropout(model, mc_dropout)
@@ -646,25 +987,53 @@ def predict(
     if not model.built:  # build outside the tf.function, with one sample per row
         _check_finite(first, 0)
         model(first, training=False)
-    sampler = _compiled_sampler(model, num_samples, joint, mc_dropout, _signature(first))
-    parts, resolved, seen = [], _task_from_model(task, model, from_logits, gaussian_head), 0
+    strata = model.num_members if isinstance(model, DeepEnsemble) else 1
+    exact = not stochastic_layers(model) and not mc_dropout
+    if exact and (strata > 1 or adaptive):  # no noise: one sample per member is the exact predictive
+        num_samples, rule = (1 if strata > 1 else rule.min_samples), None
+    signature = _signature(first)
+    resolved = _task_from_model(task, model, from_logits, gaussian_head)
+
+    def resolve(samples):
+        nonlocal resolved
+        if resolved is None:
+            resolved = _task_from_outputs(samples)
+        if gaussian_head and samples.shape[-1] % 2:
+            raise ValueError(
+                "Expected an even last output dimension (means, then scales) with `gaussian_head`. "
+                f"Received: gaussian_head={gaussian_head!r}, outputs of shape {samples.shape[1:]}"
+            )
+        return resolved
+
+    parts, seen = [], 0
+    if rule is not None:
+        def draw(batch, k):
+            with weight_samples(model, k, joint=joint):
+                return _compiled_sampler(model, k, joint, mc_dropout, signature)(batch).numpy()
+
+        def make_batch(size):
+            return lambda task_: _AdaptiveBatch(task_, strata, size, from_logits, gaussian_head, return_samples)
+
+        for batch in _chain(first, batches):
+            _check_finite(batch, seen)
+            size = int(tf.nest.flatten(batch)[0].shape[0])
+            seen += size
+            parts.append(_sample_adaptively(draw, batch, rule, resolve, make_batch(size)))
+        return _concat(parts, strata)
+    sampler = _compiled_sampler(model, num_samples, joint, mc_dropout, signature)
     with weight_samples(model, num_samples, joint=joint):
         for batch in _chain(first, batches):
             _check_finite(batch, seen)
             seen += int(tf.nest.flatten(batch)[0].shape[0])
             samples = sampler(batch).numpy()
-            if resolved is None:
-                resolved = _task_from_outputs(samples)
-            if gaussian_head and samples.shape[-1] % 2:
-                raise ValueError(
-                    "Expected an even last output dimension (means, then scales) with `gaussian_head`. "
-                    f"Received: gaussian_head={gaussian_head!r}, outputs of shape {samples.shape[1:]}"
-                )
-            if resolved == "classification":
+            if resolve(samples) == "classification":
                 parts.append(summarize_classification(samples, from_logits, keep_samples=return_samples))
             else:
                 parts.append(summarize_regression(samples, gaussian_head, keep_samples=return_samples))
-    return _concat(parts)
+    result = _concat(parts, strata)
+    if exact and adaptive:  # no Monte Carlo error to report
+        result = dataclasses.replace(result, standard_error=np.zeros(len(result.samples_used), np.float32))
+    return result
 
 
 def _chain(first, rest):

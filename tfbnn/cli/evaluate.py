@@ -44,8 +44,15 @@ def add_parser(subparsers):
                         help="dataset whose test split is evaluated")
     parser.add_argument("--seed", type=argtypes.non_negative_int, default=0,
                         help="seed of the data split and the shift noise")
-    parser.add_argument("--num-samples", type=argtypes.positive_int, default=50, metavar="T",
-                        help="Monte Carlo samples per example")
+    parser.add_argument("--num-samples", type=argtypes.samples_or_auto, default=50, metavar="T",
+                        help="Monte Carlo samples per example (per member of a deep ensemble), or 'auto': add "
+                        "samples in chunks until the Monte Carlo standard error of each example's predictive "
+                        "mean is below --tolerance")
+    parser.add_argument("--tolerance", type=argtypes.positive_float, default=None, metavar="SE",
+                        help="--num-samples auto: the target standard error of the predicted probabilities "
+                        "(default 0.01)")
+    parser.add_argument("--max-samples", type=argtypes.positive_int, default=None, metavar="T",
+                        help="--num-samples auto: the most samples per example (default 1000)")
     parser.add_argument("--num-bins", type=argtypes.positive_int, default=15, help="ECE bins")
     parser.add_argument("--max-examples", type=argtypes.positive_int, default=None,
                         help="cap on the test examples")
@@ -67,6 +74,7 @@ def load_model(path):
     """A saved ``.keras`` model (tfbnn's layers registered); a corrupt file is a :class:`RunError`."""
     import keras
 
+    import tfbnn.ensembles  # noqa: F401  (DeepEnsemble)
     import tfbnn.layers  # noqa: F401  (registers the tfbnn layers for deserialization)
     import tfbnn.models  # noqa: F401  (the zoo's own layers)
     import tfbnn.schedules  # noqa: F401  (the learning-rate schedule of compiled recipe models)
@@ -82,7 +90,9 @@ def _splits(args, model):
     ``(name, (x_test, y_test), (x_val, y_val) or None)``."""
     from tfbnn import datasets, training
 
-    shape = tuple(model.inputs[0].shape[1:])
+    from tfbnn.ensembles import DeepEnsemble
+
+    shape = tuple((model.members[0] if isinstance(model, DeepEnsemble) else model).inputs[0].shape[1:])
     fraction = args.validation_fraction if args.fit_temperature else 0.0
     if args.fit_temperature and not fraction:
         raise ValueError("--fit-temperature fits T on the validation hold-out. Received: --validation-fraction=0")
@@ -108,14 +118,16 @@ def _temperature(args, model, validation):
     if validation is None:
         return None
     x_val, y_val = validation
-    prediction = inference.predict(model, x_val, num_samples=args.num_samples, task="classification")
+    prediction = inference.predict(model, x_val, num_samples=args.num_samples, task="classification",
+                                   tolerance=args.tolerance, max_samples=args.max_samples)
     return calibration.TemperatureScaling().fit_prediction(prediction, y_val)
 
 
 def _metric_rows(title, part, keys, num_bins):
     """Rows ``(label, clean, shifted)`` of ``part`` (a dict with ``clean`` and ``shifted``)."""
     labels = {"accuracy": "accuracy", "nll": "NLL", "brier": "Brier score", "ece": f"ECE ({num_bins} bins)",
-              "predictive_entropy": "total uncertainty", "aleatoric": "aleatoric", "epistemic": "epistemic"}
+              "predictive_entropy": "total uncertainty", "aleatoric": "aleatoric", "epistemic": "epistemic",
+              "mean_samples_used": "samples per example (mean)"}
     rows = [(title, "clean", f"shifted (gamma={SHIFT_GAMMA:g})")]
     return rows + [(labels[k], f"{part['clean'][k]:.4f}", f"{part['shifted'][k]:.4f}") for k in keys]
 
@@ -131,6 +143,12 @@ def _detection_rows(numbers):
     return rows
 
 
+def _tolerance(args):
+    from tfbnn.inference import AdaptiveSampling
+
+    return args.tolerance if args.tolerance is not None else AdaptiveSampling().tolerance
+
+
 def run(args):
     """``tfbnn evaluate``: returns the exit status."""
     from tfbnn import io
@@ -141,10 +159,12 @@ def run(args):
     name, (x_test, y_test), validation = _splits(args, model)
     result = evaluate_classifier(model, x_test, y_test, num_samples=args.num_samples, num_bins=args.num_bins,
                                  shift_gamma=SHIFT_GAMMA, seed=args.seed,
-                                 temperature=_temperature(args, model, validation))
+                                 temperature=_temperature(args, model, validation), tolerance=args.tolerance,
+                                 max_samples=args.max_samples)
     paths = write_report(result, folder, name=os.path.basename(args.model))
+    adaptive = ("mean_samples_used",) if "mean_samples_used" in result.numbers["clean"] else ()
     blocks = [_metric_rows("metric", result.numbers, ("accuracy", "nll", "brier", "ece", "predictive_entropy",
-                                                      "aleatoric", "epistemic"), args.num_bins)]
+                                                      "aleatoric", "epistemic", *adaptive), args.num_bins)]
     scaled = result.numbers.get("temperature_scaled")
     if scaled:
         blocks.append(_metric_rows(f"temperature-scaled (temperature {scaled['temperature']:.4g})", scaled,
@@ -154,7 +174,8 @@ def run(args):
     sweep += [(f"{r['level']:g}", f"{r['accuracy']:.4f}", f"{r['predictive_entropy']:.4f}",
                f"{r['expected_entropy']:.4f}", f"{r['mutual_information']:.4f}") for r in result.sweep]
     print(io.format_table(f"Evaluation of {args.model} on {name} ({len(y_test)} test examples, "
-                          f"T = {args.num_samples})",
+                          f"T = {args.num_samples}"
+                          + (f", tolerance {_tolerance(args):g})" if args.num_samples == "auto" else ")"),
                           [*blocks, [("accuracy-coverage area", f"{result.numbers['selective_area']:.4f}")], sweep]))
     print(f"\nWrote {len(paths)} files to {folder}/: " + ", ".join(os.path.basename(p) for p in paths))
     return 0

@@ -12,7 +12,7 @@ import os
 
 from tfbnn import argtypes
 from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
-from tfbnn.training.recipe import KL_SCHEDULES, METHODS
+from tfbnn.training.recipe import DEFAULT_MEMBERS, KL_SCHEDULES, MEMBER_METHODS, METHODS
 
 __all__ = ["add_parser", "run", "recipe_from_args", "METHOD_FLAGS"]
 
@@ -29,6 +29,8 @@ METHOD_FLAGS = {
     "dropout_rate": ("mc_dropout",),
     "num_components": ("ibnn",),
     "parameterization": ("vd",),
+    "members": ("ensemble",),
+    "member_method": ("ensemble",),
 }
 #: Flags that apply to the MLP only.
 MLP_FLAGS = ("hidden_units", "depth")
@@ -75,6 +77,8 @@ def add_parser(subparsers):
             "  tfbnn train --beta 1 --no-temperature-scale          # the untempered ELBO, raw predictive\n"
             "  tfbnn train --layer flipout --prior scale_mixture --pi 0.25 --sigma1 1 --sigma2 0.000335\n"
             "  tfbnn train --method mc_dropout --dropout-rate 0.2\n"
+            "  tfbnn train --method ensemble --members 5 --baseline\n"
+            "  tfbnn train --method ensemble --members 3 --member-method bbb --layer flipout\n"
             "  tfbnn train --model lenet5 --method bbb --dataset cifar10 --epochs 100 --beta 0.1\n"
             "  tfbnn train --dataset mnist --hidden-units 400 --epochs 10 --schedule blundell"
         ),
@@ -95,7 +99,15 @@ def add_parser(subparsers):
                        "vgg16_small, convnext, wide_resnet28_10, transformer, lenet_300_100, mlp_blundell, ...")
     model.add_argument("--method", choices=METHODS, default="bbb",
                        help="deterministic; mc_dropout (dropout kept on at inference); bbb (Bayes by Backprop); "
-                       "vd (sparse variational dropout); ibnn (node-based iBNN); graves (Graves 2011, fixed N(0, 1) prior)")
+                       "vd (sparse variational dropout); ibnn (node-based iBNN); graves (Graves 2011, fixed N(0, 1) prior); "
+                       "ensemble "
+                       "(a deep ensemble of --members networks of --member-method, Lakshminarayanan et al. 2017)")
+    model.add_argument("--members", type=argtypes.positive_int, default=None, metavar="M",
+                       help=f"ensemble only: the number of members, each trained from its own seed "
+                       f"(seed + 1000 m) (default: {DEFAULT_MEMBERS})")
+    model.add_argument("--member-method", choices=MEMBER_METHODS, default=None,
+                       help="ensemble only: the members' method; the method flags (--layer, --dropout-rate, ...) "
+                       "then apply to the members (default: deterministic)")
     model.add_argument("--hidden-units", type=argtypes.positive_int, default=None, metavar="UNITS",
                        help=f"mlp only: units per hidden layer (default: {_MAIN_HIDDEN_UNITS})")
     model.add_argument("--depth", type=argtypes.positive_int, default=None,
@@ -182,7 +194,9 @@ def _not_applicable(args):
     from tfbnn import models
 
     given = [(dest, methods) for dest, methods in METHOD_FLAGS.items() if getattr(args, dest) is not None]
-    wrong = [f"--{d.replace('_', '-')} ({'/'.join(m)} only)" for d, m in given if args.method not in m]
+    member = _member_method(args)
+    wrong = [f"--{d.replace('_', '-')} ({'/'.join(m)} only)" for d, m in given
+             if args.method not in m and member not in m]
     is_mlp = args.model == "mlp"
     wrong += [f"--{d.replace('_', '-')} (mlp only)" for d in MLP_FLAGS if getattr(args, d) is not None and not is_mlp]
     if args.optimizer != "sgd" and (args.momentum or args.nesterov):
@@ -196,10 +210,24 @@ def _not_applicable(args):
         raise ValueError(f"unknown model{hint}; expected one of {names}. Received: --model={args.model}")
 
 
+def _member_method(args):
+    """The method of the trained networks: ``--method``, or ``--member-method`` of an ensemble."""
+    if args.method == "ensemble":
+        return args.member_method or "deterministic"
+    return args.method
+
+
 def _method_options(args):
+    if args.method == "ensemble":
+        return {"members": args.members or DEFAULT_MEMBERS, "member_method": _member_method(args),
+                **_network_options(args, _member_method(args))}
+    return _network_options(args, args.method)
+
+
+def _network_options(args, method):
     import math
 
-    if args.method == "bbb":
+    if method == "bbb":
         prior = args.prior or "normal"
         if prior == "scale_mixture":
             prior = {"class_name": "ScaleMixture", "config": {
@@ -209,11 +237,11 @@ def _method_options(args):
         elif any(getattr(args, k) is not None for k in ("pi", "sigma1", "sigma2")):
             raise ValueError("--pi, --sigma1 and --sigma2 apply to --prior scale_mixture. Received: --prior normal")
         return {"estimator": args.layer or "local_reparameterization", "prior": prior}
-    if args.method == "mc_dropout":
+    if method == "mc_dropout":
         return {"rate": args.dropout_rate if args.dropout_rate is not None else 0.1}
-    if args.method == "ibnn":
+    if method == "ibnn":
         return {"num_components": args.num_components or 4}
-    if args.method == "vd":
+    if method == "vd":
         return {"parameterization": args.parameterization or "additive"}
     return {}
 

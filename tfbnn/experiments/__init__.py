@@ -27,5 +27,9 @@ module                          experiment
                                 Fashion-MNIST (tfds) or the offline 8x8 digits
 ``ibnn_shift``                  accuracy and total / aleatoric / epistemic uncertainty
                                 under growing input corruption: iBNN vs MC dropout
+``uncertainty_comparison``      deterministic, MC dropout, BbB, iBNN and a deep
+                                ensemble on the same data: accuracy, NLL, ECE, Brier,
+                                epistemic clean vs shifted, AUROC of detecting the
+                                shift (one table)
 ==============================  ====================================================
 """

@@ -24,6 +24,8 @@ __all__ = [
     "LR_SCHEDULES",
     "KL_SCHEDULES",
     "METHODS",
+    "MEMBER_METHODS",
+    "DEFAULT_MEMBERS",
     "load_recipe",
     "save_recipe",
 ]
@@ -38,8 +40,13 @@ LR_SCHEDULES = ("constant", "step", "cosine", "linear")
 #: KL-weight schedules (:mod:`tfbnn.schedules`), all ending at ``beta``.
 KL_SCHEDULES = ("constant", "linear", "warmup", "cosine", "cyclic", "blundell")
 #: Methods: the zoo's (:data:`tfbnn.models.METHODS`) plus ``graves`` (a deterministic
-#: zoo model converted by :func:`tfbnn.convert.to_bayesian`, Graves 2011).
-METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves")
+#: zoo model converted by :func:`tfbnn.convert.to_bayesian`, Graves 2011) and ``ensemble``
+#: (a deep ensemble of ``members`` zoo models of ``member_method``, Lakshminarayanan et al. 2017).
+METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble")
+#: What the members of an ``ensemble`` recipe can be (the zoo's methods).
+MEMBER_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn")
+#: The members of an ``ensemble`` recipe without ``method_options["members"]`` (the paper's M).
+DEFAULT_MEMBERS = 5
 
 
 def _is_int(value):
@@ -77,7 +84,14 @@ class Recipe:
         method: one of :data:`METHODS`.
         method_options: dict of the method's options (``estimator``, ``prior`` (a name
             or a :func:`tfbnn.priors.serialize` dict), ``rate``, ``parameterization``,
-            ``num_components``, ``prior_stddev``; for ``graves``: ``init_scale``).
+            ``num_components``, ``prior_stddev``; for ``graves``: ``init_scale``; for
+            ``ensemble``: ``members`` (M, default 5), ``member_method`` (one of
+            :data:`MEMBER_METHODS`, default ``"deterministic"``) and that method's options).
+            An ``ensemble`` recipe trains M members, each as the recipe with
+            ``member_method`` (:meth:`member_recipe`; member ``m`` with the seed
+            ``seed + 1000 m``, its own initialization, data order and noise), and
+            evaluates their mixture (:class:`tfbnn.DeepEnsemble`); ``eval_samples`` is
+            then T per member.
         dataset: a :func:`tfbnn.datasets.load_pipeline` name (``"digits"`` is offline).
         max_examples, max_test_examples: int caps, or None (all).
         validation_fraction: float in [0, 1), the seeded hold-out of the training split.
@@ -228,12 +242,14 @@ class Recipe:
                 f"`lr_boundaries` apply to lr_schedule 'step' and 'linear'. Received: lr_schedule={self.lr_schedule!r}, "
                 f"lr_boundaries={self.lr_boundaries}"
             )
-        if self.variational_learning_rate is not None and self.method != "ibnn":
+        if self.method == "ensemble":
+            self._check_ensemble()
+        if self.variational_learning_rate is not None and self.member_method != "ibnn":
             raise ValueError(
                 "`variational_learning_rate` applies to method='ibnn' only. "
                 f"Received: method={self.method!r}, variational_learning_rate={self.variational_learning_rate}"
             )
-        if self.train_samples > 1 and self.method == "deterministic":
+        if self.train_samples > 1 and self.member_method == "deterministic":
             raise ValueError(
                 "`train_samples` > 1 (several weight or noise samples per step) needs a stochastic "
                 f"method, one of {[m for m in METHODS if m != 'deterministic']}. "
@@ -255,11 +271,42 @@ class Recipe:
                 f"use another schedule for beta != 1. Received: beta={self.beta}"
             )
 
+    def _check_ensemble(self):
+        options = self.method_options
+        members = options.get("members", DEFAULT_MEMBERS)
+        _check(_is_int(members) and members >= 1, "method_options['members']", members, "an integer >= 1")
+        member = options.get("member_method", "deterministic")
+        _check(member in MEMBER_METHODS, "method_options['member_method']", member,
+               f"one of {list(MEMBER_METHODS)}")
+
     # -- derived values ---------------------------------------------------------------
     @property
+    def member_method(self):
+        """The method of each trained network: ``method``, or an ensemble's ``member_method``."""
+        if self.method == "ensemble":
+            return self.method_options.get("member_method", "deterministic")
+        return self.method
+
+    @property
+    def num_members(self):
+        """M: an ensemble's ``members``, 1 for every other method."""
+        return self.method_options.get("members", DEFAULT_MEMBERS) if self.method == "ensemble" else 1
+
+    def member_recipe(self, index):
+        """The recipe of member ``index`` of an ensemble: ``member_method`` with the member's options and
+        the seed ``seed + 1000 * index`` (:func:`tfbnn.ensembles.member_seeds`)."""
+        if self.method != "ensemble":
+            raise ValueError(f"member_recipe applies to method='ensemble'. Received: method={self.method!r}")
+        _check(_is_int(index) and 0 <= index < self.num_members, "index", index,
+               f"an integer in [0, {self.num_members})")
+        options = {k: v for k, v in self.method_options.items() if k not in ("members", "member_method")}
+        return self.replace(name=f"{self.name}-member{index}", method=self.member_method, method_options=options,
+                            seed=self.seed + 1000 * index)
+
+    @property
     def is_bayesian(self):
-        """Whether the model has a KL term (the ELBO's ``beta`` and ``N`` apply)."""
-        return self.method in ("bbb", "vd", "ibnn", "graves")
+        """Whether the model (each member of an ensemble) has a KL term (the ELBO's ``beta`` and ``N`` apply)."""
+        return self.member_method in ("bbb", "vd", "ibnn", "graves")
 
     @property
     def ramp_epochs(self):

@@ -64,11 +64,13 @@ class RunResult:
             ``confidence``, ``predictive_entropy``, ``aleatoric``, ``epistemic``, and
             the same under ``shifted``; ``shift_detection``: AUROC of the predictive
             entropy and of the epistemic uncertainty, clean against shifted;
-            ``posterior_mean_accuracy`` for Bayesian models; ``kl``; with
+            ``posterior_mean_accuracy`` for Bayesian models; ``kl``, for an ensemble
+            the members' mean; ``num_samples``, for an ensemble all ``M * T``; with
             ``recipe.temperature_scaling``, ``temperature_scaled``: the fitted
             ``temperature``, ``num_validation`` and the tempered ``clean``,
             ``shifted`` and ``shift_detection``).
-        history: list of per-epoch dicts (loss, accuracy, nll, val_*, kl_beta, seconds).
+        history: list of per-epoch dicts (loss, accuracy, nll, val_*, kl_beta, seconds);
+            for an ensemble one per member and epoch (with ``member``).
         num_examples: N, the training examples used.
         train_seconds: float.
         files: list of the written paths.
@@ -177,7 +179,7 @@ def _jit(jit_compile, recipe):
     # XLA helps local reparameterization (no weight-sized draw) and slows weight-sized
     # normal draws on CPU (see the README's benchmarks).
     options = recipe.method_options
-    return (recipe.method == "bbb" and options.get("estimator") == "local_reparameterization"
+    return (recipe.member_method == "bbb" and options.get("estimator") == "local_reparameterization"
             and options.get("prior", "normal") == "normal" and _is_mlp(recipe))
 
 
@@ -227,7 +229,7 @@ def arrays(dataset):
 
 
 def _eval_samples(recipe, model):
-    if recipe.method != "ibnn":
+    if recipe.member_method != "ibnn":
         return recipe.eval_samples
     from tfbnn import ibnn
 
@@ -259,26 +261,72 @@ def _evaluate(model, recipe, data):
 
     x_test, y_test = arrays(data.test)
     t = _eval_samples(recipe, model)
+    # An ensemble runs M members with T samples each (T = 1 for deterministic members: exact).
+    total = recipe.num_members * (t if utils.stochastic_layers(model) or recipe.method != "ensemble" else 1)
     scaling = fit_temperature(model, recipe, data, t) if recipe.temperature_scaling else None
     result = evaluation.evaluate_classifier(model, x_test, y_test, num_samples=t, num_bins=recipe.ece_bins,
                                             shift_gamma=SHIFT_GAMMA, sweep_levels=(), seed=recipe.seed,
-                                            batch_size=max(1, 2048 // t), temperature=scaling)
+                                            batch_size=max(1, 2048 // total), temperature=scaling)
     numbers = result.numbers
     test = {**numbers["clean"], "shifted": numbers["shifted"], "shift_detection": numbers["shift_detection"],
-            "num_samples": t, "num_test": len(y_test)}
+            "num_samples": total, "num_test": len(y_test)}
     for key in ("posterior_mean_accuracy", "posterior_mean_ece"):
         if key in numbers:
             test[key] = numbers[key]
     if scaling is not None:
         test["temperature_scaled"] = {**numbers["temperature_scaled"], "num_validation": data.num_validation}
-    test["kl"] = float(utils.kl_divergence(model)) if utils.bayesian_layers(model) else 0.0
+    # An ensemble's KL is its members' mean: the KL term of each member's ELBO.
+    test["kl"] = float(utils.kl_divergence(model)) / recipe.num_members if utils.bayesian_layers(model) else 0.0
     return test
 
 
 def _history_rows(history):
+    if isinstance(history, _EnsembleHistory):  # one row per member and epoch
+        return [{"member": m, **row} for m, h in enumerate(history.members) for row in _history_rows(h)]
     logs = history.history
     epochs = len(logs.get("loss", []))
     return [{"epoch": i + 1, **{k: float(v[i]) for k, v in logs.items() if i < len(v)}} for i in range(epochs)]
+
+
+class _EnsembleHistory:
+    """The members' Keras histories; ``history`` holds the per-epoch mean over members (the curves)."""
+
+    def __init__(self, members):
+        self.members = members
+        keys = set.intersection(*(set(h.history) for h in members))
+        self.history = {k: [sum(vs) / len(vs) for vs in zip(*(h.history[k] for h in members))] for k in sorted(keys)}
+
+
+def _member_data(data, seed):
+    """``data`` with its training split reshuffled by ``seed``: every member sees its own data order
+    (Lakshminarayanan et al. 2017 train members on random orders), the same examples and hold-out."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    train = (data.train.unbatch().shuffle(max(1, data.num_examples), seed=seed, reshuffle_each_iteration=True)
+             .batch(data.batch_size).apply(tf.data.experimental.assert_cardinality(data.train.cardinality()))
+             .prefetch(tf.data.AUTOTUNE))
+    return dataclasses.replace(data, train=train)
+
+
+def _train_ensemble(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
+    """Trains the M members of an ``ensemble`` recipe one after the other; ``(DeepEnsemble, history, seconds)``."""
+    import keras
+
+    from tfbnn.ensembles import DeepEnsemble
+
+    members, histories, seconds = [], [], 0.0
+    for index in range(recipe.num_members):
+        member = recipe.member_recipe(index)
+        print(f"ensemble member {index + 1}/{recipe.num_members} (seed {member.seed})", flush=True)
+        keras.utils.set_random_seed(member.seed)
+        model, history, took = _train(member, _member_data(data, member.seed), verbose, jit_compile,
+                                      extra_callbacks, strategy)
+        members.append(model)
+        histories.append(history)
+        seconds += took
+    return DeepEnsemble(members, name=f"ensemble_{members[0].name}"), _EnsembleHistory(histories), seconds
 
 
 def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
@@ -286,6 +334,9 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
     import contextlib
 
     import keras
+
+    if recipe.method == "ensemble":
+        return _train_ensemble(recipe, data, verbose, jit_compile, extra_callbacks, strategy)
 
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
     jit = _jit(jit_compile, recipe)
@@ -354,7 +405,7 @@ def _describe(recipe, model, data, strategy=None):
 def _columns(result):
     """``[(label, test metrics, is_bayesian_model)]``: the run, its beta comparison, the baseline."""
     r = result.recipe
-    name = "BbB" if r.method == "bbb" else r.method
+    name = {"bbb": "BbB", "ensemble": f"ensemble of {r.num_members} {r.member_method}"}.get(r.method, r.method)
     columns = [(f"{name} beta={r.beta:g}" if r.is_bayesian else name, result.test, r.is_bayesian)]
     if result.comparison is not None:
         columns.append((f"{name} beta={result.comparison['beta']:g}", result.comparison, True))
@@ -448,7 +499,7 @@ def interpretation(result):
     runs = {r.beta: result.test}
     if result.comparison is not None:
         runs[result.comparison["beta"]] = result.comparison
-    name = "BbB" if r.method == "bbb" else r.method
+    name = {"bbb": "BbB", "ensemble": f"ensemble of {r.num_members} {r.member_method}"}.get(r.method, r.method)
     text = [f"Reading the table (N = {result.num_examples} training examples):"]
     for i, beta in enumerate(sorted(runs, reverse=True)):
         x = runs[beta]
