@@ -17,6 +17,7 @@ EXPERIMENTS = {
     "ibnn_regression": "iBNN vs BbB on y = x^3 (30 points), predictive bands by depth",
     "ibnn_lenet": "iBNN vs BbB LeNet width sweep (Fashion-MNIST or offline digits)",
     "ibnn_shift": "iBNN vs MC dropout under Gaussian / salt-and-pepper shift",
+    "vcl_split_digits": "split digits, continual learning: VCL (posterior as next prior) vs fine-tuning",
 }
 
 

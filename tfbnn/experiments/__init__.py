@@ -27,5 +27,8 @@ module                          experiment
                                 Fashion-MNIST (tfds) or the offline 8x8 digits
 ``ibnn_shift``                  accuracy and total / aleatoric / epistemic uncertainty
                                 under growing input corruption: iBNN vs MC dropout
+``vcl_split_digits``            continual learning on split digits (5 class-pair tasks):
+                                variational continual learning (posterior as the next
+                                prior) vs fine-tuning; accuracy matrices, forgetting
 ==============================  ====================================================
 """
