@@ -284,13 +284,13 @@ def test_split_digits_quick_run_reports_forgetting_consistent_with_its_matrices(
 
     from tfbnn.experiments import vcl_split_digits
 
-    status = vcl_split_digits.main(["--quick", "--methods", "finetune", "vcl", "--coreset-sizes", "5",
+    status = vcl_split_digits.main(["--quick", "--methods", "vcl", "--coreset-sizes", "5",
                                     "--threshold", "0.4", "--seeds", "3", "4", "--output-dir", str(tmp_path)])
     assert status == 0 and "Wrote" in capsys.readouterr().out
     with open(tmp_path / "results.json") as f:
         result = json.load(f)
     assert result["settings"]["seeds"] == [3] and result["settings"]["hidden_units"] == [32, 32]  # --quick
-    assert [(r["method"], r["coreset_per_task"]) for r in result["runs"]] == [("finetune", 5), ("vcl", 5)]
+    assert [(r["method"], r["coreset_per_task"]) for r in result["runs"]] == [("vcl", 5)]
     for run in result["runs"]:
         _check_run_against_its_matrices(run, 0.4)
     with open(tmp_path / "results.csv") as f:
@@ -300,7 +300,7 @@ def test_split_digits_quick_run_reports_forgetting_consistent_with_its_matrices(
         assert float(row["forgotten_classes"]) == run["classes"]["num_forgotten"]
         assert float(row["average_accuracy"]) == pytest.approx(run["tasks"]["average_accuracy"])
     markdown = (tmp_path / "results.md").read_text()
-    assert "| VCL | 5 |" in markdown and "| fine-tuning | 5 |" in markdown
+    assert "| VCL | 5 |" in markdown and "Accuracy matrix, VCL, coreset 5" in markdown
     for name in ("accuracy_matrices.png", "accuracy_curves.png"):
         assert (tmp_path / name).stat().st_size > 10_000
 
@@ -310,10 +310,11 @@ def test_split_digits_multi_head_trains_one_head_per_task(tmp_path):
     from tfbnn.experiments import vcl_split_digits
 
     result = vcl_split_digits.run_experiment(
-        output_dir=str(tmp_path), head="multi", methods=("vcl",), coreset_sizes=(0,), steps=5, hidden_units=(8,),
-        seeds=(0,), num_samples=2, threshold=0.5, verbose=False)
-    (run,) = result["runs"]
-    _check_run_against_its_matrices(tfbnn.io.plain(run), 0.5)
+        output_dir=str(tmp_path), head="multi", methods=("finetune", "vcl"), coreset_sizes=(0,), steps=5,
+        hidden_units=(8,), seeds=(0,), num_samples=2, threshold=0.5, verbose=False)
+    assert [r["method"] for r in result["rows"]] == ["fine-tuning", "VCL"]
+    for run in result["runs"]:
+        _check_run_against_its_matrices(tfbnn.io.plain(run), 0.5)
 
 
 @pytest.mark.parametrize("argv, match", [

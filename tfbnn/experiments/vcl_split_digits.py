@@ -323,40 +323,48 @@ def _markdown(rows, runs, s):
     return "\n".join(lines) + "\n"
 
 
-def _plot(runs, s, folder):
+def _grid(runs, s, height):
+    """A figure with one panel per (coreset size: row, method: column) and the mean matrix of each."""
     import numpy as np
     from matplotlib.figure import Figure
 
+    rows, cols = list(dict.fromkeys(k for _, k in runs)), list(dict.fromkeys(m for m, _ in runs))
+    fig = Figure(figsize=(3.4 * len(cols), height * len(rows) + 0.6), layout="constrained")
+    axes = np.array(fig.subplots(len(rows), len(cols), squeeze=False))
+    panels = [(axes[rows.index(k), cols.index(m)], (m, k), np.mean([g["accuracy"] for g in group], axis=0))
+              for (m, k), group in runs.items()]  # the mean is NaN above the diagonal
+    return fig, axes, panels
+
+
+def _plot(runs, s, folder):
+    import numpy as np
+
     from tfbnn import plots
 
-    keys = list(runs)
-    labels = [f"{''.join(map(str, c))}" for c in TASKS]
-    fig = Figure(figsize=(3.3 * len(keys), 3.4), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(keys)))
-    for ax, key in zip(axes, keys):
-        mean = np.mean([g["accuracy"] for g in runs[key]], axis=0)  # NaN above the diagonal
+    labels = ["".join(map(str, c)) for c in TASKS]
+    seeds = f"mean over {len(s['seeds'])} seed{'s' if len(s['seeds']) > 1 else ''}"
+    fig, axes, panels = _grid(runs, s, 3.3)
+    for ax, (method, k), mean in panels:
         image = ax.imshow(np.ma.masked_invalid(mean), vmin=0, vmax=1, cmap="viridis")
         for (i, j), v in np.ndenumerate(mean):
             if not np.isnan(v):
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black")
         ax.set(xticks=range(len(TASKS)), yticks=range(len(TASKS)), xticklabels=labels, yticklabels=labels,
-               xlabel="tested on task", ylabel="after training task",
-               title=f"{METHOD_LABELS[key[0]]}\ncoreset {key[1]} / task")
-    fig.colorbar(image, ax=list(axes), shrink=0.8, label="accuracy")
-    fig.suptitle(f"Split digits, {s['head']}-head: accuracy matrix (mean over {len(s['seeds'])} seed(s))")
+               xlabel="tested on task", ylabel="after task", title=f"{METHOD_LABELS[method]}, coreset {k} / task")
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="accuracy")
+    fig.suptitle(f"Split digits, {s['head']}-head: accuracy matrix ({seeds})")
     matrices = plots.save(fig, os.path.join(folder, "accuracy_matrices.png"))
 
-    fig = Figure(figsize=(3.3 * len(keys), 3.0), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(keys), sharey=True))
-    for ax, key in zip(axes, keys):
-        mean = np.mean([g["accuracy"] for g in runs[key]], axis=0)  # NaN above the diagonal
+    fig, axes, panels = _grid(runs, s, 2.8)
+    for ax, (method, k), mean in panels:
         for j in range(len(TASKS)):
             ax.plot(range(j + 1, len(TASKS) + 1), mean[j:, j], marker="o", label=f"task {labels[j]}")
         ax.axhline(s["threshold"], color="0.5", linestyle="--", linewidth=1)
-        ax.set(xlabel="tasks trained", xticks=range(1, len(TASKS) + 1), ylim=(-0.02, 1.02),
-               title=f"{METHOD_LABELS[key[0]]}, coreset {key[1]}")
-    axes[0].set_ylabel("accuracy")
-    axes[-1].legend(fontsize=7, loc="lower left")
+        ax.set(xlabel="tasks trained", ylabel="accuracy", xticks=range(1, len(TASKS) + 1), ylim=(-0.02, 1.02),
+               title=f"{METHOD_LABELS[method]}, coreset {k} / task")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside right center", fontsize=8)
+    fig.suptitle(f"Split digits, {s['head']}-head: accuracy on each task as tasks are added ({seeds}; "
+                 f"dashed: the {s['threshold']:.0%} threshold)")
     curves = plots.save(fig, os.path.join(folder, "accuracy_curves.png"))
     return [matrices, curves]
 
