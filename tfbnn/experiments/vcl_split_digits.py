@@ -25,9 +25,10 @@ Methods (``methods``):
   (:func:`tfbnn.continual.posterior_as_prior`; Nguyen et al. 2018, eq. 4).
 
 The Bayesian methods minimise ``mean NLL + beta KL(q || prior) / N_t`` (``N_t`` the task's
-training examples). ``beta = 0.1`` by default: with about 290 examples per task and 17k
-weights, the true ELBO (``beta = 1``) leaves a posterior so broad that VCL keeps nothing
-(measured: see the notes). Coreset (``coreset_sizes``, K per task; VCL's Algorithm 1 with
+training examples). ``beta = 0.1`` by default (a tempered posterior, the likelihood counted
+ten times): with about 290 examples per task and 17.6k weights, the true ELBO (``beta = 1``)
+leaves posteriors so broad that VCL with a 20-image coreset averaged 0.31 accuracy after
+the five tasks, against 0.82 with ``beta = 0.1`` (3 seeds, single head). Coreset (``coreset_sizes``, K per task; VCL's Algorithm 1 with
 a random coreset): K random training images of each task go to a coreset ``C`` instead of
 the task's training set; the model carried to the next task never sees them, and the model
 tested after task ``t`` is a copy of it trained further on all of ``C`` (for VCL with the
