@@ -45,7 +45,8 @@ Outputs (``--output-dir``, default ``saved_models/experiments/vcl_split_digits/`
 task's accuracy as tasks are added), ``results.csv`` / ``results.md`` (the table),
 ``results.json`` (settings, every run's matrices and numbers).
 
-Run: ``tfbnn vcl-split-digits`` (3 seeds, about 15-25 minutes on 2 busy CPU cores) or
+Run: ``tfbnn vcl-split-digits`` (18 runs: 3 methods x 2 coreset sizes x 3 seeds, about 11 minutes on 2
+busy CPU cores) or
 ``tfbnn vcl-split-digits --quick`` (a smoke run: one seed, 40 steps per task, a few minutes).
 
 References:
