@@ -153,7 +153,7 @@ def test_parser_has_one_module_per_subcommand():
     names = [add.__name__ for add in cli.SUBCOMMANDS[6:]]
     assert names == ["add_vd_sparsity_parser", "add_vd_regression_parser", "add_vd_transformer_parser",
                      "add_ibnn_regression_parser", "add_ibnn_lenet_parser", "add_ibnn_shift_parser",
-                     "add_uncertainty_comparison_parser"]
+                     "add_uncertainty_comparison_parser", "add_vcl_split_digits_parser"]
     parser = cli.build_parser()
     args = parser.parse_args(["train"])
     assert args.func is train.run and args.dataset == "digits" and args.baseline

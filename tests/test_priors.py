@@ -17,10 +17,37 @@ def test_get_by_name_and_object():
     assert priors.get(p) is p
 
 
-@pytest.mark.parametrize("prior", [priors.Normal(0.5, 0.2), priors.ScaleMixture(0.3, 2.0, 0.01)])
+_RNG = np.random.default_rng(0)
+_POSTERIOR = priors.Posterior(_RNG.normal(size=(3, 4)), _RNG.uniform(1e-3, 2.0, size=(3, 4)))
+
+
+@pytest.mark.parametrize("prior", [priors.Normal(0.5, 0.2), priors.ScaleMixture(0.3, 2.0, 0.01), _POSTERIOR])
 def test_serialize_round_trip(prior):
     restored = priors.deserialize(priors.serialize(prior))
     assert restored == prior and type(restored) is type(prior)
+
+
+def test_posterior_prior_round_trips_its_arrays_bit_for_bit_through_json():
+    import json
+
+    loc = np.array([[1e-30, -3.4e38], [0.1, np.float32(1) / 3]], "float32")
+    scale = np.array([[1.18e-38, 4e18], [0.2, 1e-7]], "float32")
+    config = json.loads(json.dumps(priors.serialize(priors.Posterior(loc, scale))))
+    restored = priors.get(config)
+    assert restored.loc.tobytes() == loc.tobytes() and restored.scale.tobytes() == scale.tobytes()
+    assert restored.shape == (2, 2) and hash(restored) == hash(priors.Posterior(loc, scale))
+    # A hand-written config may hold nested lists instead of base64.
+    listed = priors.Posterior.from_config({"shape": [2, 2], "loc": loc.tolist(), "scale": scale.tolist()})
+    assert listed == restored
+
+
+def test_posterior_prior_density_is_the_per_weight_normal():
+    x = _RNG.normal(size=(3, 4)).astype("float32")
+    m, s = _POSTERIOR.loc.astype(float), _POSTERIOR.scale.astype(float)
+    expected = -0.5 * ((x - m) / s) ** 2 - np.log(s) - 0.5 * np.log(2 * np.pi)
+    np.testing.assert_allclose(_POSTERIOR.log_prob(tf.constant(x)).numpy(), expected, rtol=1e-5, atol=1e-5)
+    assert _POSTERIOR.distribution().batch_shape == (3, 4)
+    assert "shape=(3, 4)" in repr(_POSTERIOR)
 
 
 def test_scale_mixture_is_eq7_mixture():
@@ -52,6 +79,20 @@ def test_normal_prior_distribution():
         (lambda: priors.ScaleMixture(0.5, 1.0, -0.1), "sigma2=-0.1"),
         (lambda: priors.get("laplace"), "prior='laplace'"),
         (lambda: priors.get(3), "prior=3"),
+        (lambda: priors.Posterior(np.zeros((2, 3)), np.ones((3, 2))), r"`scale` to have the shape of `loc`, \(2, 3\)"),
+        (lambda: priors.Posterior(np.zeros(3), [1.0, 0.0, 1.0]), r"Expected `scale`.*1 of 3 entries.*scale\[1\]=0.0"),
+        (lambda: priors.Posterior(np.zeros(2), [1.0, -0.5]), r"scale\[1\]=-0.5"),
+        (lambda: priors.Posterior(np.zeros(2), [np.nan, 1.0]), "Expected `scale`.*NaN or infinite"),
+        (lambda: priors.Posterior(np.zeros(2), [1e-46, 1.0]), r"scale\[0\]=0.0"),  # 0 in float32
+        (lambda: priors.Posterior([0.0, np.inf], np.ones(2)), "Expected `loc`.*NaN or infinite"),
+        (lambda: priors.Posterior([0.0, 1e39], np.ones(2)), "Expected `loc`.*float32"),
+        (lambda: priors.Posterior("abc", 1.0), "Expected `loc`.*numbers"),
+        (lambda: priors.Posterior(np.zeros(2), [True, True]), "Expected `scale`.*not booleans"),
+        (lambda: priors.Posterior.from_config({"shape": [2], "loc": "AAAA", "scale": "AAAA"}),
+         "Expected `loc` to hold 2 float32 values"),
+        (lambda: priors.Posterior.from_config({"shape": [1], "loc": "not base64!", "scale": "AAAA"}),
+         "Expected `loc` to be base64"),
+        (lambda: priors.get({"class_name": "Posterior", "config": {"loc": [1.0]}}), "Expected `config`.*shape"),
     ],
 )
 def test_bad_arguments(factory, match):

@@ -21,7 +21,7 @@ from tfbnn import startup
 # the command line load on first use (``tfbnn.tuning``). The `tfbnn` command loads
 # nothing here, so that it parses its arguments before TensorFlow starts.
 _CORE = ("errors", "io", "checks", "priors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
-         "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample", "ensembles", "models", "datasets")
+         "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample", "ensembles", "continual", "models", "datasets")
 _LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
 _NAMES = {
     "callbacks": ("KLAnnealing", "SparsityMonitor"),
@@ -79,6 +79,7 @@ __all__ = [
     "ibnn",
     "convert",
     "pruning",
+    "continual",
     "SparsityMonitor",
     "tuning",
     "inference",

@@ -4,7 +4,7 @@ A prior is a small configuration object (not a closure) that produces a scalar
 ``tfp.distributions.Distribution``; layers broadcast it over every weight, so the
 prior over a kernel is the product of independent scalar priors.
 
-Three priors are provided:
+The priors provided:
 
 * :class:`Normal` -- ``p(w) = N(w; loc, scale^2)``. Its KL against the Gaussian
   mean-field posterior has a closed form (Blundell et al. 2015, and Graves 2011
@@ -22,6 +22,9 @@ Three priors are provided:
   adaptive (empirical-Bayes) prior is an option, not the default of
   :class:`tfbnn.layers.GravesDense` (a fixed ``Normal``): at ``beta = 1`` it can
   collapse the network to a constant predictor (see :class:`Graves`).
+* :class:`Posterior` -- a per-weight Gaussian ``N(w_i; m_i, s_i^2)`` holding a
+  trained layer's posterior as constants: the prior of variational continual
+  learning (Nguyen et al. 2018, eq. 4; :mod:`tfbnn.continual`), closed-form KL.
 
 Priors are chosen by name or by object, as Keras initializers are::
 
@@ -29,6 +32,7 @@ Priors are chosen by name or by object, as Keras initializers are::
     tfbnn.priors.get(tfbnn.priors.ScaleMixture(0.25, 1.0, 3.35e-4))
 """
 
+import base64
 import math
 
 import keras
@@ -40,7 +44,7 @@ from tfbnn import checks
 
 tfd = tfp.distributions
 
-__all__ = ["Prior", "Normal", "ScaleMixture", "Graves", "get", "serialize", "deserialize"]
+__all__ = ["Prior", "Normal", "ScaleMixture", "Graves", "Posterior", "get", "serialize", "deserialize"]
 
 
 # Layers compute in float32. A scale that float32 rounds to 0 (1e-46) makes the KL
@@ -85,6 +89,12 @@ class Prior:
 
     def get_config(self):
         raise NotImplementedError
+
+    def check_shape(self, shape, name="prior"):
+        """Raises a ValueError naming ``name`` if the prior cannot cover weights of ``shape``.
+
+        Scalar priors broadcast over any weight tensor; :class:`Posterior` has one shape.
+        """
 
     @classmethod
     def from_config(cls, config):
@@ -293,6 +303,163 @@ class Graves(Prior):
         return {"loc": self.loc, "scale": self.scale}
 
 
+def _weights_array(name, value):
+    """``value`` as a read-only float32 array of finite numbers; a ValueError naming ``name`` otherwise."""
+    if isinstance(value, (tf.Tensor, tf.Variable, keras.Variable)):
+        value = keras.ops.convert_to_numpy(value)
+    a = checks.array(name, value)
+    if a.dtype.kind == "b":
+        raise ValueError(f"Expected `{name}` to hold numbers, not booleans. Received: {name} of dtype {a.dtype}")
+    with np.errstate(over="ignore"):
+        a = np.array(a, dtype=np.float32)  # a copy: the prior never aliases the caller's array
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"Expected `{name}` to hold finite numbers that float32 represents. "
+                         f"Received: {checks.value_range(name, value)}")
+    a.setflags(write=False)
+    return a
+
+
+def _encode(a):
+    """The bytes of ``a`` as little-endian float32 in C order, base64 (exact, ~5.3 characters per value)."""
+    return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode("ascii")
+
+
+def _decode(name, value, shape):
+    """Inverse of :func:`_encode` for ``shape``; a nested list of numbers is accepted too."""
+    if not isinstance(value, str):
+        return value
+    try:
+        raw = base64.b64decode(value.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError) as e:
+        raise ValueError(f"Expected `{name}` to be base64 text of float32 values ({e}). "
+                         f"Received: {name}={value[:40]!r}...") from None
+    size = math.prod(shape)
+    if len(raw) != 4 * size:
+        raise ValueError(f"Expected `{name}` to hold {size} float32 values ({4 * size} bytes) for shape "
+                         f"{tuple(shape)}. Received: {name} with {len(raw)} bytes")
+    return np.frombuffer(raw, dtype="<f4").reshape(shape)
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class Posterior(Prior):
+    """A trained posterior, frozen, as the prior of the next task: ``N(w_i; m_i, s_i^2)`` per weight.
+
+    Variational continual learning (Nguyen, Li, Bui, Turner 2018, eq. 4) updates the
+    approximate posterior after each task ``t`` with data ``D_t`` by
+
+        q_t(theta) = argmin_q KL(q(theta) || (1 / Z_t) q_{t-1}(theta) p(D_t | theta)),
+
+    which, up to the constant ``log Z_t``, is the negative ELBO of task ``t`` with the
+    previous posterior ``q_{t-1}`` as its prior::
+
+        -E_q[log p(D_t | theta)] + KL(q || q_{t-1}).
+
+    This prior holds the per-weight means ``m`` and standard deviations ``s`` of a
+    trained mean-field Gaussian posterior as constants (they receive no gradient).
+    Against the layer's posterior ``N(mu_i, sigma_i^2)`` the KL has the closed form,
+    summed over the weights::
+
+        KL = sum_i log(s_i / sigma_i) + (sigma_i^2 + (mu_i - m_i)^2) / (2 s_i^2) - 1/2
+           = sum_i 0.5 (r_i^2 + z_i^2 - 1) - log r_i,   r_i = sigma_i / s_i,  z_i = (mu_i - m_i) / s_i
+
+    (the second form is exactly 0 where the posterior equals the prior). It is the
+    same value as ``tfd.kl_divergence(tfd.Normal(mu, sigma), tfd.Normal(m, s))``, summed.
+    Build one from a layer with :func:`tfbnn.continual.posterior_as_prior`, or
+    pass ``kernel_prior=Posterior(loc, scale)`` to a Bayes-by-Backprop dense or
+    convolutional layer, whose kernel (or bias) must then have exactly ``loc``'s shape.
+
+    Serialization: the config holds ``shape`` and ``loc`` / ``scale`` as base64 text of
+    their little-endian float32 bytes (exact, about 5.3 characters per value), so the
+    arrays travel with a layer's config through ``.keras`` files and ``get_config``.
+    A million weights add about 11 MB to ``config.json``; the arrays also become
+    constants of the traced train step.
+
+    Args:
+        loc: array-like of the prior means ``m`` (any shape; stored as float32), finite.
+        scale: array-like of the prior standard deviations ``s``, the shape of
+            ``loc``, every entry in ``[1.18e-38, 2^62]`` (see :class:`Normal`).
+
+    Example:
+        >>> p = Posterior(loc=[[0.5, -1.0]], scale=[[0.1, 0.2]])
+        >>> p.shape
+        (1, 2)
+        >>> float(p.kl_divergence(tf.constant([[0.5, -1.0]]), tf.constant([[0.1, 0.2]])))
+        0.0
+        >>> Posterior.from_config(p.get_config()) == p
+        True
+
+    Reference:
+        Nguyen, Li, Bui, Turner. Variational Continual Learning. ICLR 2018, eq. 4.
+    """
+
+    has_closed_form_kl = True
+
+    def __init__(self, loc, scale):
+        self.loc = _weights_array("loc", loc)
+        self.scale = _weights_array("scale", scale)
+        if self.scale.shape != self.loc.shape:
+            raise ValueError(f"Expected `scale` to have the shape of `loc`, {self.loc.shape}. "
+                             f"Received: scale of shape {self.scale.shape}")
+        bad = ~((self.scale >= _MIN_SCALE) & (self.scale <= _MAX_SCALE))
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(
+                f"Expected `scale` to hold positive numbers in [{_MIN_SCALE:.3g}, {_MAX_SCALE:.3g}] (float32 "
+                f"holds them and 1 / scale^2). Received: scale with {int(bad.sum())} of {bad.size} entries "
+                f"outside, e.g. scale[{', '.join(map(str, where))}]={float(self.scale[where])!r}"
+            )
+
+    @property
+    def shape(self):
+        """The shape of the weight tensor this prior covers."""
+        return self.loc.shape
+
+    def check_shape(self, shape, name="prior"):
+        shape = tuple(shape)
+        if shape != self.shape:
+            raise ValueError(f"Expected `{name}` to be a Posterior prior of the weights' shape {shape}. "
+                             f"Received: {name}={self!r}")
+
+    def distribution(self, dtype="float32"):
+        """``tfd.Normal(m, s)`` with batch shape :attr:`shape`."""
+        return tfd.Normal(tf.constant(self.loc, dtype), tf.constant(self.scale, dtype))
+
+    def kl_divergence(self, loc, scale):
+        """``sum_i KL(N(loc_i, scale_i^2) || N(m_i, s_i^2))`` (scalar); ``loc`` must have :attr:`shape`."""
+        loc = tf.convert_to_tensor(loc)
+        scale = tf.convert_to_tensor(scale, loc.dtype)
+        self.check_shape(loc.shape, "prior")
+        ratio = scale / tf.constant(self.scale, loc.dtype)
+        z = (loc - tf.constant(self.loc, loc.dtype)) / tf.constant(self.scale, loc.dtype)
+        return tf.reduce_sum(0.5 * (tf.square(ratio) + tf.square(z) - 1.0) - tf.math.log(ratio))
+
+    def get_config(self):
+        return {"shape": list(self.shape), "loc": _encode(self.loc), "scale": _encode(self.scale)}
+
+    @classmethod
+    def from_config(cls, config):
+        shape = config.get("shape") if isinstance(config, dict) else None
+        if (not isinstance(shape, (list, tuple)) or not all(checks.is_integer(d) and d >= 0 for d in shape)
+                or not {"loc", "scale"} <= set(config)):
+            raise ValueError("Expected `config` to be a dict with `shape` (a list of non-negative integers), "
+                             f"`loc` and `scale`. Received: config={config!r:.200}")
+        shape = tuple(int(d) for d in shape)
+        return cls(_decode("loc", config["loc"], shape), _decode("scale", config["scale"], shape))
+
+    def __eq__(self, other):
+        return (type(self) is type(other) and self.shape == other.shape
+                and np.array_equal(self.loc, other.loc) and np.array_equal(self.scale, other.scale))
+
+    def __hash__(self):
+        return hash((type(self).__name__, self.shape, self.loc.tobytes(), self.scale.tobytes()))
+
+    def __repr__(self):
+        if self.loc.size == 0:
+            return f"Posterior(shape={self.shape})"
+        return (f"Posterior(shape={self.shape}, loc in [{self.loc.min():.4g}, {self.loc.max():.4g}], "
+                f"scale in [{self.scale.min():.4g}, {self.scale.max():.4g}])")
+
+
 _ALIASES = {
     "normal": Normal,
     "gaussian": Normal,
@@ -321,7 +488,8 @@ def get(identifier, name="prior"):
     Args:
         identifier: ``"normal"``, ``"scale_mixture"`` (alias ``"blundell"``),
             ``"graves"`` (alias ``"adaptive"``: the fitted Gaussian of :class:`Graves`), a dict
-            from :func:`serialize`, or a :class:`Prior` instance (returned as is).
+            from :func:`serialize` (of any of these or of :class:`Posterior`, which
+            has no name: it needs its arrays), or a :class:`Prior` instance (returned as is).
         name: the argument errors name (``"kernel_prior"`` for a layer's). Default ``"prior"``.
 
     Returns:
@@ -341,7 +509,7 @@ def get(identifier, name="prior"):
         return cls()
     if isinstance(identifier, dict) and "class_name" in identifier:
         class_name = identifier["class_name"]
-        classes = {c.__name__: c for c in _ALIASES.values()}
+        classes = {c.__name__: c for c in (*_ALIASES.values(), Posterior)}
         config = identifier.get("config", {})
         if not isinstance(class_name, str) or class_name not in classes or not isinstance(config, dict):
             raise ValueError(

@@ -18,6 +18,7 @@ __all__ = [
     "kl_divergence",
     "tile_rows",
     "NetworkWrapper",
+    "reset_compiled_functions",
 ]
 
 
@@ -69,6 +70,17 @@ def _reset_compiled_functions(model):
         if fn is not None:
             setattr(model, attr, None)
     return saved
+
+
+def reset_compiled_functions(model):
+    """Drops ``model``'s cached Keras step functions, so that the next ``predict``,
+    ``evaluate`` or ``fit`` traces them again.
+
+    A traced step has baked in what it read from the layers' Python attributes: the
+    sampling mode, the priors (:func:`tfbnn.continual.posterior_as_prior` changes
+    them). ``compile`` drops them too.
+    """
+    _reset_compiled_functions(model)
 
 
 def _restore_compiled_functions(model, saved):

@@ -18,6 +18,7 @@ EXPERIMENTS = {
     "ibnn_lenet": "iBNN vs BbB LeNet width sweep (Fashion-MNIST or offline digits)",
     "ibnn_shift": "iBNN vs MC dropout under Gaussian / salt-and-pepper shift",
     "uncertainty_comparison": "deterministic, MC dropout, BbB, iBNN and a deep ensemble on the same data: one table",
+    "vcl_split_digits": "split digits, continual learning: VCL (posterior as next prior) vs fine-tuning",
 }
 
 

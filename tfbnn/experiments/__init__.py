@@ -31,5 +31,8 @@ module                          experiment
                                 ensemble on the same data: accuracy, NLL, ECE, Brier,
                                 epistemic clean vs shifted, AUROC of detecting the
                                 shift (one table)
+``vcl_split_digits``            continual learning on split digits (5 class-pair tasks):
+                                variational continual learning (posterior as the next
+                                prior) vs fine-tuning; accuracy matrices, forgetting
 ==============================  ====================================================
 """

@@ -143,7 +143,8 @@ class DenseBayesian(BayesianLayer):
         activation: activation name or callable, as in ``keras.layers.Dense``.
         use_bias: bool. Whether the layer has a bias.
         kernel_prior: prior name, dict or :class:`tfbnn.priors.Prior` for the
-            kernel. Default ``"normal"`` (N(0, 1)).
+            kernel. Default ``"normal"`` (N(0, 1)). A :class:`tfbnn.priors.Posterior`
+            (per weight) must have the kernel's shape (checked in ``build``).
         bias_prior: the same for the bias; ``None`` makes the bias a point
             estimate (no posterior, no KL), as TFP's layers do by default.
         kernel_loc_initializer, kernel_rho_initializer, bias_loc_initializer, bias_rho_initializer:
@@ -235,6 +236,9 @@ class DenseBayesian(BayesianLayer):
                 self.bias_rho = self.add_weight(
                     name="bias_rho", shape=(self.units,), initializer=self.bias_rho_initializer
                 )
+        self.kernel_prior.check_shape(self.kernel_loc.shape, "kernel_prior")
+        if self.bayesian_bias:
+            self.bias_prior.check_shape(self.bias_loc.shape, "bias_prior")
         self._build_kl_weight()
         self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
 
@@ -263,6 +267,30 @@ class DenseBayesian(BayesianLayer):
             return _softplus_scale_and_normal_kl(loc, rho, prior)
         scale = self._scale(rho)
         return scale, (kl_lib.closed_form_kl(loc, scale, prior) if prior.has_closed_form_kl else None)
+
+    def posterior_as_prior(self):
+        """Freezes the current posterior as the prior: variational continual learning.
+
+        Sets ``kernel_prior`` (and ``bias_prior`` for a Bayesian bias) to a
+        :class:`tfbnn.priors.Posterior` holding the current ``N(mu, sigma^2)`` of every
+        weight as constants, so that further training minimises
+        ``-E_q[log p(D | w)] + KL(q || q_old)`` (Nguyen et al. 2018, eq. 4). The
+        posterior itself is not touched: training continues from it, and right after
+        this call the KL is 0. A point-estimate bias (``bias_prior=None``) stays one.
+        Models whose step functions were already traced must retrace (see
+        :func:`tfbnn.continual.posterior_as_prior`, which does that for a model).
+
+        Returns:
+            ``(kernel_prior, bias_prior)``, the new priors (``bias_prior`` None
+            without a Bayesian bias).
+        """
+        if not self.built:
+            raise ValueError(f"Layer '{self.name}' has no posterior yet: build it (call it on data) first. "
+                             f"Received: a layer with built={self.built}")
+        self.kernel_prior = priors_lib.Posterior(self.kernel_loc, self.kernel_scale())
+        if self.bayesian_bias:
+            self.bias_prior = priors_lib.Posterior(self.bias_loc, self.bias_scale())
+        return self.kernel_prior, (self.bias_prior if self.bayesian_bias else None)
 
     def _kernel_scale_and_kl(self):
         return self._scale_and_kl(self.kernel_loc, self.kernel_rho, self.kernel_prior)
