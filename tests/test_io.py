@@ -82,3 +82,14 @@ def test_records_and_tables(tmp_path):
     assert table == ["T", "-", "a     1", "bbb  22", "", "c    x  yy"]
     with pytest.raises(ValueError, match="Received: --out="):
         io.prepare_output_dir(str(tmp_path / "t.json" / "sub"), "--out")
+
+
+def test_markdown_table_rows_escaping_and_errors():
+    text = io.markdown_table(["a", "b"], [[1, "x|y"], [2.5, None]])
+    assert text.splitlines() == ["| a | b |", "|---|---|", "| 1 | x\\|y |", "| 2.5 | None |"]
+    assert text.endswith("\n")
+    assert io.markdown_table(["only"], []) == "| only |\n|---|\n"
+    with pytest.raises(ValueError, match=r"Expected rows of 2 cells .*rows\[1\]=\[3\]"):
+        io.markdown_table(["a", "b"], [[1, 2], [3]])
+    with pytest.raises(ValueError, match="header=\\[\\]"):
+        io.markdown_table([], [])

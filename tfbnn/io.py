@@ -31,6 +31,7 @@ __all__ = [
     "save_model",
     "prepare_output_dir",
     "format_table",
+    "markdown_table",
     "plain",
     "TMP_MARKER",
 ]
@@ -204,3 +205,41 @@ def format_table(title, sections):
             cells = [row[0].ljust(label_width)] + [c.rjust(widths[i]) for i, c in enumerate(row[1:], 1)]
             lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def markdown_table(header, rows):
+    """A GitHub-flavoured Markdown table: a header row, a separator, one line per row.
+
+    Cells are written with ``str`` (format numbers before); a ``|`` inside a cell is
+    escaped (``\\|``) so that it stays in its cell.
+
+    Args:
+        header: sequence of column names.
+        rows: sequence of rows, each a sequence of ``len(header)`` cells.
+
+    Returns:
+        The table as a string ending in a newline.
+
+    Raises:
+        ValueError: an empty header, or a row whose length differs from the header's.
+
+    Example:
+        >>> print(markdown_table(["width", "test error"], [[400, "1.36%"], [1200, "1.32%"]]))
+        | width | test error |
+        |---|---|
+        | 400 | 1.36% |
+        | 1200 | 1.32% |
+        <BLANKLINE>
+    """
+    header = [str(h) for h in header]
+    if not header:
+        raise ValueError("Expected at least one column. Received: header=[]")
+    rows = [list(row) for row in rows]
+    for i, row in enumerate(rows):
+        if len(row) != len(header):
+            raise ValueError(f"Expected rows of {len(header)} cells (the header's). Received: rows[{i}]={row!r}")
+
+    def line(cells):
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(header), "|" + "---|" * len(header), *map(line, rows)]) + "\n"

@@ -153,12 +153,9 @@ def _read_comparison(path):
 
 def _markdown(rows):
     header = ["model", "method", "options", "dataset", "N", "epochs", "accuracy", "NLL", "ECE"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        cells = [r["model"], r["method"], r["options"], r["dataset"], r["num_examples"], r["epochs"],
-                 f"{float(r['accuracy']):.4f}", f"{float(r['nll']):.4f}", f"{float(r['ece']):.4f}"]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return io.markdown_table(header, [
+        [r["model"], r["method"], r["options"], r["dataset"], r["num_examples"], r["epochs"],
+         f"{float(r['accuracy']):.4f}", f"{float(r['nll']):.4f}", f"{float(r['ece']):.4f}"] for r in rows])
 
 
 def _update_comparison(root, row):
