@@ -93,6 +93,7 @@ __all__ = [
     "sparsity_report",
     "require_prunable_layers",
     "check_threshold",
+    "uncompiled_copy",
     "export_sparse",
     "load_sparse",
     "restore_sparse",
@@ -596,7 +597,7 @@ def _clone(model):
     return clone
 
 
-def _uncompiled_copy(model):
+def uncompiled_copy(model):
     """The model rebuilt from its config with its weights, without compile state (no optimizer).
 
     ``keras.models.clone_model`` compiles the clone like the original, so saving it
@@ -932,7 +933,7 @@ def save_compressed(model, path):
     if not path.endswith(".keras"):
         raise ValueError(f"Expected a file name ending in '.keras'. Received: path={path!r}")
     folder = os.path.dirname(os.path.abspath(path))
-    model = _uncompiled_copy(model)
+    model = uncompiled_copy(model)
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         plain = os.path.join(tmp, "plain.keras")
         model.save(plain)

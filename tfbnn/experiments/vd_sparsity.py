@@ -277,7 +277,7 @@ def _storage(s, model, masks, output_dir):
     sparsity = pruning.sparsity(masks)
     rows = []
     plain = os.path.join(output_dir, ".dense.keras")
-    pruning._uncompiled_copy(model).save(plain)  # no optimizer state
+    pruning.uncompiled_copy(model).save(plain)  # no optimizer state
     rows.append({"format": ".keras (Keras, uncompressed)", "pruned": False, "sparsity": 0.0,
                  "bytes": os.path.getsize(plain)})
     os.remove(plain)
