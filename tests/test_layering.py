@@ -168,3 +168,53 @@ def test_one_list_of_dataset_names():
     pattern = re.compile(r"\(\s*\"digits\",\s*\"(moons|mnist|fashion_mnist)\"")
     offenders = [m for m, path in _modules() if m != "tfbnn.datasets.catalog" and pattern.search(open(path).read())]
     assert offenders == []
+
+
+def _is_module(name):
+    base = os.path.join(os.path.dirname(ROOT), *name.split("."))
+    return os.path.exists(base + ".py") or os.path.exists(os.path.join(base, "__init__.py"))
+
+
+def _module_names(tree, module, path):
+    """Names a file binds to tfbnn modules: ``import tfbnn.x as y``, ``from tfbnn.x import y`` (a module)."""
+    package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("tfbnn"):
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else "tfbnn"
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                if base.startswith("tfbnn") and _is_module(f"{base}.{alias.name}"):
+                    bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+    return bound
+
+
+def test_no_module_reads_another_modules_private_name_as_an_attribute():
+    """``from tfbnn import pruning; pruning._helper(...)`` is the same breach as importing ``_helper``."""
+    private = []
+    for module, path in _modules():
+        tree = ast.parse(open(path).read())
+        bound = _module_names(tree, module, path)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            chain, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                chain.insert(0, value.attr)
+                value = value.value
+            if not isinstance(value, ast.Name) or value.id not in bound:
+                continue
+            target = bound[value.id]
+            for part in chain:  # tfbnn.inference.x: follow the submodules
+                if not _is_module(f"{target}.{part}"):
+                    target = None
+                    break
+                target = f"{target}.{part}"
+            if target is not None and target != module:
+                private.append(f"{module}:{node.lineno}: {target}.{node.attr}")
+    assert not private, "\n".join(sorted(private))

@@ -82,7 +82,7 @@ def test_blundell_space_is_the_papers_grid():
     assert space.size == 27
     grid = space.grid()
     assert len(grid) == 27 and {_combo(v) for v in grid} == GRID
-    best = space.prior({"pi": 0.25, "neg_log_sigma1": 0.0, "neg_log_sigma2": 8.0})  # Blundell's best point
+    best = space.prior({"pi": 0.25, "neg_log_sigma1": 0.0, "neg_log_sigma2": 8.0})  # the default prior (the seed study's best point)
     assert isinstance(best, tfbnn.priors.ScaleMixture)
     assert best.pi == 0.25 and best.sigma1 == 1.0 and abs(best.sigma2 - 3.35e-4) < 1e-6
     hp = keras_tuner.HyperParameters()
