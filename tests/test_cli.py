@@ -514,6 +514,17 @@ def test_train_and_evaluate_a_deep_ensemble(tmp_path, capsys):
     assert cli.main(["evaluate", str(path), "--num-samples", "7", "--output-dir", str(out_dir)]) == 0
     numbers = json.loads((out_dir / "metrics.json").read_text())
     assert numbers["num_examples"] == 360 and numbers["clean"]["epistemic"] > 0  # the members disagree
+    # Exported, it is still a classifier whose summary has the members' disagreement.
+    import tensorflow as tf
+
+    served_dir = tmp_path / "served"
+    assert cli.main(["export", str(path), "--output", str(served_dir)]) == 0
+    assert "(classification)" in capsys.readouterr().out
+    x = np.random.default_rng(0).uniform(size=(3, 64)).astype("float32")
+    served = tf.saved_model.load(str(served_dir))  # kept: its functions need its variables alive
+    summary = served.summary(x)
+    np.testing.assert_allclose(summary["epistemic"], tfbnn.predict(model, x, num_samples=1).mutual_information,
+                               atol=1e-5)
 
 
 def test_evaluate_with_adaptive_sampling(trained, tmp_path, capsys):

@@ -175,3 +175,62 @@ def test_serving_default_is_the_monte_carlo_summary(exported):
     assert set(default.structured_outputs) == {"mean_probs", "predictive_entropy", "aleatoric", "epistemic"}
     out = default(x=tf.constant(x))
     np.testing.assert_allclose(out["mean_probs"].numpy().sum(-1), 1.0, rtol=1e-5)
+
+
+def _member(seed, stochastic):
+    keras.utils.set_random_seed(seed)
+    hidden = (tfbnn.DenseFlipout(8, activation="relu", kl_weight=1e-3, seed=seed) if stochastic
+              else keras.layers.Dense(8, activation="relu"))
+    model = keras.Sequential([keras.Input((4,)), hidden, keras.layers.Dense(3, activation="softmax")])
+    if stochastic:
+        hidden.kernel_rho.assign(np.full(hidden.kernel_rho.shape, -1.0, "float32"))
+    return model
+
+
+def test_a_deterministic_ensemble_exports_its_members_as_the_samples(tmp_path):
+    """Exported, an ensemble's summary is tfbnn.predict's (members as samples): the epistemic
+    term is the members' disagreement, not the zero of its averaged output taken T times."""
+    import tensorflow as tf
+
+    ensemble = tfbnn.DeepEnsemble([_member(s, stochastic=False) for s in (0, 1, 2)])
+    x = np.random.default_rng(0).normal(size=(6, 4)).astype("float32")
+    path = export.export_saved_model(ensemble, str(tmp_path / "ens"), num_samples=50)  # T = 1 per member
+    served = tf.saved_model.load(path)
+    summary = served.summary_seeded(x, tf.constant(0, tf.int64))
+    expected = tfbnn.predict(ensemble, x, num_samples=1)
+    np.testing.assert_allclose(summary["mean_probs"], expected.mean_probs, atol=1e-6)
+    np.testing.assert_allclose(summary["epistemic"], expected.mutual_information, atol=1e-6)
+    members = ensemble.call_members(x).numpy()
+    probs = members.mean(axis=0)
+    total = -(probs * np.log(probs)).sum(-1)
+    aleatoric = -(members * np.log(members)).sum(-1).mean(0)
+    np.testing.assert_allclose(summary["epistemic"], total - aleatoric, atol=1e-5)
+    assert np.all(summary["epistemic"].numpy() > 1e-4)
+    np.testing.assert_allclose(served.mean(x), probs, atol=1e-6)  # the mixture of the members
+    draws = {}
+    for seed in range(40):  # one member's output per draw, chosen from the seed
+        out = served.sample_seeded(x, tf.constant(seed, tf.int64)).numpy()
+        matched = [m for m in range(3) if np.allclose(out, members[m], atol=1e-6)]
+        assert len(matched) == 1
+        draws[seed] = matched[0]
+        np.testing.assert_array_equal(out, served.sample_seeded(x, tf.constant(seed, tf.int64)))
+    assert set(draws.values()) == {0, 1, 2}
+
+
+def test_an_ensemble_of_bayesian_members_exports_m_times_t_samples(tmp_path):
+    import tensorflow as tf
+
+    ensemble = tfbnn.DeepEnsemble([_member(s, stochastic=True) for s in (0, 1)])
+    x = np.random.default_rng(1).normal(size=(5, 4)).astype("float32")
+    path = export.export_saved_model(ensemble, str(tmp_path / "ens"), num_samples=2000)
+    served = tf.saved_model.load(path)
+    seed = tf.constant(3, tf.int64)
+    summary = served.summary_seeded(x, seed)
+    np.testing.assert_array_equal(summary["mean_probs"], served.summary_seeded(x, seed)["mean_probs"])
+    # Against an independent 2 x 4000-sample estimate: Monte Carlo error only.
+    reference = tfbnn.predict(ensemble, x, num_samples=4000)
+    np.testing.assert_allclose(summary["mean_probs"], reference.mean_probs, atol=0.02)
+    np.testing.assert_allclose(summary["epistemic"], reference.mutual_information, atol=0.02)
+    # One member alone would miss the members' disagreement: the ensemble's epistemic term is larger.
+    alone = tfbnn.predict(ensemble.members[0], x, num_samples=4000)
+    assert float(np.mean(summary["epistemic"])) > float(np.mean(alone.mutual_information))

@@ -19,6 +19,13 @@ seed)``                any process
 seed)``
 =====================  =========================================================
 
+A :class:`tfbnn.DeepEnsemble` exports with its members as posterior samples, as
+:func:`tfbnn.predict` treats them: ``summary`` runs every member with ``T`` samples
+(``T = 1`` when no member is stochastic), ``M * T`` samples in all, each member
+weighted ``1 / M``, so ``epistemic`` includes the members' disagreement; ``sample``
+draws one member uniformly (from the seed) and returns its draw; ``mean`` averages
+the members' posterior-mean predictions.
+
 ``serving_default`` (the signature TF Serving and ``saved_model_cli`` use when none
 is named) is ``summary``: a client asking for "the prediction" gets the Monte Carlo
 predictive with its uncertainty, as :func:`tfbnn.predict` returns it, not one noisy
@@ -40,7 +47,8 @@ import keras
 import tensorflow as tf
 
 from tfbnn import checks
-from tfbnn.utils import posterior_mean, weight_samples
+from tfbnn.ensembles import DeepEnsemble
+from tfbnn.utils import posterior_mean, stochastic_layers, weight_samples
 
 __all__ = ["export_saved_model", "seed_generators"]
 
@@ -93,6 +101,14 @@ def _classification_summary(samples, from_logits):
     }
 
 
+def _member_draw(model, x, seed):
+    """One draw from an ensemble's predictive: a member chosen uniformly from ``seed``, its output."""
+    pair = tf.stack([tf.cast(seed, tf.int64), tf.constant(-1, tf.int64)])  # not a layer generator's state
+    member = tf.random.stateless_uniform([], pair, minval=0, maxval=model.num_members, dtype=tf.int32)
+    # Only the chosen member runs.
+    return tf.switch_case(member, [lambda m=m: m(x, training=False) for m in model.members])
+
+
 def _regression_summary(samples):
     return {"mean": tf.reduce_mean(samples, axis=0), "epistemic_std": tf.math.reduce_std(samples, axis=0)}
 
@@ -102,9 +118,13 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
     """Exports ``model`` as a SavedModel with uncertainty endpoints.
 
     Args:
-        model: a built Keras model with tfbnn layers (or MC dropout).
+        model: a built Keras model with tfbnn layers (or MC dropout), or a
+            :class:`tfbnn.DeepEnsemble` (its members are the samples; see the module
+            docstring).
         filepath: output folder.
-        num_samples: int >= 1, T for the ``summary`` endpoints.
+        num_samples: int >= 1, T for the ``summary`` endpoints (per member for an
+            ensemble of stochastic members; an ensemble of deterministic members
+            uses its M members as the samples).
         task: ``"classification"`` (outputs are probabilities, or logits with
             ``from_logits=True``) or ``"regression"``.
         from_logits: bool, whether classification outputs are logits.
@@ -136,11 +156,18 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
     if os.path.exists(filepath) and not overwrite:
         raise ValueError(f"The export folder exists; pass overwrite=True to replace it. Received: filepath={filepath!r}")
     if input_signature is None:
-        if not getattr(model, "inputs", None):
+        if isinstance(model, DeepEnsemble) and not getattr(model, "inputs", None):
+            model_inputs = getattr(model.members[0], "inputs", None)  # every member takes the same input
+        else:
+            model_inputs = getattr(model, "inputs", None)
+        if not model_inputs:
             raise ValueError("The model has no defined inputs; pass `input_signature`. Received: input_signature=None")
-        inp = model.inputs[0]
+        inp = model_inputs[0]
         input_signature = tf.TensorSpec(inp.shape, inp.dtype)
     generators = seed_generators(model)
+    ensemble = isinstance(model, DeepEnsemble)
+    if ensemble and not stochastic_layers(model):
+        num_samples = 1  # the M members are the samples; more draws would repeat them
 
     # The sampling mode is set inside each traced body (Python runs at trace time),
     # so the endpoint is right however often saving retraces it.
@@ -151,21 +178,28 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
     def _summarize(x):
         batch = tf.shape(x)[0]
         tiled = tf.tile(x, tf.concat([[num_samples], tf.ones([tf.rank(x) - 1], tf.int32)], axis=0))
-        outputs = model(tiled, training=False)
-        samples = tf.reshape(outputs, tf.concat([[num_samples, batch], tf.shape(outputs)[1:]], axis=0))
+        if ensemble:  # (M, T * B, ...) -> (M * T, B, ...), member-major as tfbnn.predict
+            outputs = model.call_members(tiled, training=False)
+            samples = tf.reshape(outputs, tf.concat([[model.num_members * num_samples, batch],
+                                                     tf.shape(outputs)[2:]], axis=0))
+        else:
+            outputs = model(tiled, training=False)
+            samples = tf.reshape(outputs, tf.concat([[num_samples, batch], tf.shape(outputs)[1:]], axis=0))
         if task == "classification":
             return _classification_summary(samples, from_logits)
         return _regression_summary(samples)
 
+    def draw(x, seed):
+        _reseed(generators, seed)
+        return _member_draw(model, x, seed) if ensemble else model(x, training=False)
+
     @tf.function(input_signature=[input_signature])
     def sample(x):
-        _reseed(generators, _fresh_seed())
-        return model(x, training=False)
+        return draw(x, _fresh_seed())
 
     @tf.function
     def sample_seeded(x, seed):
-        _reseed(generators, seed)
-        return model(x, training=False)
+        return draw(x, seed)
 
     @tf.function(input_signature=[input_signature])
     def mean(x):

@@ -39,9 +39,14 @@ def add_parser(subparsers):
 
 
 def model_task(model):
-    """``"classification"`` when the model's output layer is a softmax, ``"regression"`` otherwise."""
+    """``"classification"`` when the model's output layer is a softmax, ``"regression"`` otherwise
+    (for a :class:`tfbnn.DeepEnsemble`, its first member's output layer)."""
     import keras
 
+    from tfbnn.ensembles import DeepEnsemble
+
+    if isinstance(model, DeepEnsemble):
+        model = model.members[0]
     last = model.layers[-1]
     activation = getattr(last, "activation", None)
     return "classification" if activation is keras.activations.softmax else "regression"
@@ -55,13 +60,20 @@ def run(args):
     model = load_model(args.model)
     task = model_task(model)
     if args.task != "auto" and args.task != task:
+        last = (model.members[0] if hasattr(model, "num_members") else model).layers[-1]
         raise ValueError(f"the model's output layer makes it a {task} model (its activation is "
-                         f"{getattr(model.layers[-1], 'activation', None).__name__}). Received: --task={args.task}")
+                         f"{getattr(last, 'activation', None).__name__}). Received: --task={args.task}")
     if os.path.exists(output) and not args.overwrite:
         raise ValueError(f"the export folder {output!r} exists; pass --overwrite to replace it. Received: "
                          f"--output={output}")
     export_saved_model(model, output, num_samples=args.num_samples, task=task, overwrite=args.overwrite)
+    samples = f"T = {args.num_samples}"
+    if hasattr(model, "num_members"):  # a DeepEnsemble: its members are the samples
+        from tfbnn.utils import stochastic_layers
+
+        samples = (f"{model.num_members} members x T = {args.num_samples}" if stochastic_layers(model)
+                   else f"its {model.num_members} members as the samples")
     print(f"Exported {args.model} ({task}) to {output}/ with endpoints sample, sample_seeded, mean, summary, "
-          f"summary_seeded (T = {args.num_samples}).\nServe it with: served = "
+          f"summary_seeded ({samples}).\nServe it with: served = "
           f"tf.saved_model.load({output!r}); served.summary(x)")
     return 0
