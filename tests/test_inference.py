@@ -2,6 +2,8 @@ import os
 import statistics
 import tempfile
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -189,6 +191,31 @@ def test_mean_mode_gives_zero_mutual_information_and_the_cache_follows_the_mode(
     np.testing.assert_allclose(res.mean_probs, model.predict(x, verbose=0), atol=1e-6)
     tfbnn.set_inference_mode(model, "sample")
     assert np.all(tfbnn.predict(model, x, num_samples=5).mutual_information > 0)
+
+
+def test_the_cache_follows_the_mode_of_mc_dropout_layers_too():
+    """posterior_mean switches MC dropout off: predict must not reuse the sampling trace."""
+    x = _x()
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8), tfbnn.MCDropout(0.5, seed=1),
+                              keras.layers.Dense(3, activation="softmax")])
+    assert np.all(tfbnn.predict(model, x, num_samples=8).mutual_information > 0)
+    with tfbnn.posterior_mean(model):
+        off = tfbnn.predict(model, x, num_samples=8, return_samples=True)
+        np.testing.assert_allclose(off.mean_probs, model.predict(x, verbose=0), atol=1e-6)  # dropout off
+    np.testing.assert_allclose(off.mutual_information, 0.0, atol=1e-6)
+    assert np.all(tfbnn.predict(model, x, num_samples=8).mutual_information > 0)
+
+
+def test_a_dropout_warning_only_when_no_stochastic_layer_samples():
+    x = _x()
+    plain = keras.layers.Dropout(0.5)
+    mixed = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8), plain, tfbnn.MCDropout(0.5, seed=1),
+                              keras.layers.Dense(3, activation="softmax")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the MC dropout layer samples: no "identical samples" warning
+        assert np.all(tfbnn.predict(mixed, x, num_samples=4).mutual_information > 0)
+    with tfbnn.posterior_mean(mixed), pytest.warns(UserWarning, match="all Monte Carlo samples will be identical"):
+        tfbnn.predict(mixed, x, num_samples=4)
 
 
 def test_one_trace_serves_all_batch_sizes():

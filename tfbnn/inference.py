@@ -45,7 +45,7 @@ import tensorflow as tf
 from tfbnn import checks
 from tfbnn.ensembles import DeepEnsemble
 from tfbnn.likelihoods import GaussianHead, gaussian_nll, split_gaussian
-from tfbnn.utils import bayesian_layers, stochastic_layers, weight_samples
+from tfbnn.utils import stochastic_layers, weight_samples
 
 __all__ = [
     "predict",
@@ -415,7 +415,7 @@ def _compiled_sampler(model, num_samples, joint, mc_dropout, signature):
     modes and the input specs. It is only ever called inside that context.
     """
     entry = _COMPILED.setdefault(model, {})
-    modes = tuple(layer.inference_mode for layer in bayesian_layers(model))
+    modes = tuple(layer.inference_mode for layer in stochastic_layers(model))  # MC dropout's too
     specs = tuple((tuple(s.shape.as_list()), s.dtype.name) for s in tf.nest.flatten(signature))
     key = (num_samples, bool(joint), bool(mc_dropout), modes, repr(tf.nest.map_structure(lambda _: None, signature)), specs)
     if key in entry:
@@ -592,11 +592,12 @@ def _check_dropout(model, mc_dropout):
             "`mc_dropout=True` but the model has no Keras dropout layer "
             f"({', '.join(t.__name__ for t in _DROPOUT_TYPES)}). Received: model={model.name!r}"
         )
-    sampling = any(layer.inference_mode == "sample" for layer in bayesian_layers(model))
+    # Any stochastic layer that samples (Bayesian, MC dropout, iBNN node noise) makes the samples differ.
+    sampling = any(layer.inference_mode == "sample" for layer in stochastic_layers(model))
     if dropouts and not mc_dropout and not sampling:
         warnings.warn(
             f"Model {model.name!r} has dropout layers, which Keras turns off at inference, and no "
-            "Bayesian layer that samples: all Monte Carlo samples will be identical. Pass "
+            "stochastic layer that samples: all Monte Carlo samples will be identical. Pass "
             "`mc_dropout=True` for MC dropout."
         )
 
