@@ -155,17 +155,15 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
         raise ValueError(f"Expected `task` in {_TASKS}. Received: task={task!r}")
     if os.path.exists(filepath) and not overwrite:
         raise ValueError(f"The export folder exists; pass overwrite=True to replace it. Received: filepath={filepath!r}")
+    ensemble = isinstance(model, DeepEnsemble)
     if input_signature is None:
-        if isinstance(model, DeepEnsemble) and not getattr(model, "inputs", None):
-            model_inputs = getattr(model.members[0], "inputs", None)  # every member takes the same input
-        else:
-            model_inputs = getattr(model, "inputs", None)
+        # An ensemble (a subclassed model) has no inputs of its own; every member takes the same input.
+        model_inputs = getattr(model.members[0] if ensemble else model, "inputs", None)
         if not model_inputs:
             raise ValueError("The model has no defined inputs; pass `input_signature`. Received: input_signature=None")
         inp = model_inputs[0]
         input_signature = tf.TensorSpec(inp.shape, inp.dtype)
     generators = seed_generators(model)
-    ensemble = isinstance(model, DeepEnsemble)
     if ensemble and not stochastic_layers(model):
         num_samples = 1  # the M members are the samples; more draws would repeat them
 

@@ -38,39 +38,40 @@ def add_parser(subparsers):
     return parser
 
 
+def _output_layer(model):
+    """The model's last layer; for a :class:`tfbnn.DeepEnsemble`, its first member's."""
+    from tfbnn.ensembles import DeepEnsemble
+
+    return (model.members[0] if isinstance(model, DeepEnsemble) else model).layers[-1]
+
+
 def model_task(model):
     """``"classification"`` when the model's output layer is a softmax, ``"regression"`` otherwise
     (for a :class:`tfbnn.DeepEnsemble`, its first member's output layer)."""
     import keras
 
-    from tfbnn.ensembles import DeepEnsemble
-
-    if isinstance(model, DeepEnsemble):
-        model = model.members[0]
-    last = model.layers[-1]
-    activation = getattr(last, "activation", None)
+    activation = getattr(_output_layer(model), "activation", None)
     return "classification" if activation is keras.activations.softmax else "regression"
 
 
 def run(args):
     """``tfbnn export``: returns the exit status."""
+    from tfbnn.ensembles import DeepEnsemble
     from tfbnn.export import export_saved_model
+    from tfbnn.utils import stochastic_layers
 
     output = args.output or args.model[: -len(".keras")] + "_savedmodel"
     model = load_model(args.model)
     task = model_task(model)
     if args.task != "auto" and args.task != task:
-        last = (model.members[0] if hasattr(model, "num_members") else model).layers[-1]
         raise ValueError(f"the model's output layer makes it a {task} model (its activation is "
-                         f"{getattr(last, 'activation', None).__name__}). Received: --task={args.task}")
+                         f"{getattr(_output_layer(model), 'activation', None).__name__}). Received: --task={args.task}")
     if os.path.exists(output) and not args.overwrite:
         raise ValueError(f"the export folder {output!r} exists; pass --overwrite to replace it. Received: "
                          f"--output={output}")
     export_saved_model(model, output, num_samples=args.num_samples, task=task, overwrite=args.overwrite)
     samples = f"T = {args.num_samples}"
-    if hasattr(model, "num_members"):  # a DeepEnsemble: its members are the samples
-        from tfbnn.utils import stochastic_layers
-
+    if isinstance(model, DeepEnsemble):  # its members are the samples
         samples = (f"{model.num_members} members x T = {args.num_samples}" if stochastic_layers(model)
                    else f"its {model.num_members} members as the samples")
     print(f"Exported {args.model} ({task}) to {output}/ with endpoints sample, sample_seeded, mean, summary, "
