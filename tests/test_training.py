@@ -211,6 +211,23 @@ def test_run_writes_a_model_whose_posterior_mean_matches_the_reported_numbers(tm
     assert result.num_examples == 48 - round(48 * result.recipe.validation_fraction)
 
 
+def test_the_train_step_is_traced_once(tmp_path, monkeypatch):
+    """The optimizer and metrics are built before fit: Keras would otherwise create their
+    variables inside the first trace and trace the step twice."""
+    traces = []
+    step = keras.Model.train_step
+
+    def counting(self, data):
+        traces.append(self.name)  # Python runs once per trace
+        return step(self, data)
+
+    monkeypatch.setattr(keras.Model, "train_step", counting)
+    result = training.run(_quick("digits-bbb-mlp", epochs=2), output_dir=str(tmp_path / "r"), verbose=0,
+                          jit_compile=False)
+    assert traces == [result.model.name]
+    assert result.model.optimizer.iterations.numpy() == 2 * 3  # 41 examples in batches of 16, two epochs
+
+
 def test_run_is_seeded(tmp_path):
     recipe = _quick("digits-bbb-mlp", epochs=2)
     a = training.run(recipe, output_dir=str(tmp_path / "a"), verbose=0)
