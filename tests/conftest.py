@@ -14,3 +14,18 @@ def _seeded(request):
     # than most tests take: half the suite's time when it ran after every test. It runs
     # after the heavy tests only, which hold the big models (their memory peaks 2 GB lower).
     keras.backend.clear_session(free_memory=request.node.get_closest_marker("heavy") is not None)
+
+
+@pytest.fixture
+def train_step_traces(monkeypatch):
+    """The names of the models whose ``train_step`` was traced, one entry per trace
+    (Python runs the step's body once per trace)."""
+    traces = []
+    step = keras.Model.train_step
+
+    def counting(self, data):
+        traces.append(self.name)
+        return step(self, data)
+
+    monkeypatch.setattr(keras.Model, "train_step", counting)
+    return traces

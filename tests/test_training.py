@@ -211,21 +211,30 @@ def test_run_writes_a_model_whose_posterior_mean_matches_the_reported_numbers(tm
     assert result.num_examples == 48 - round(48 * result.recipe.validation_fraction)
 
 
-def test_the_train_step_is_traced_once(tmp_path, monkeypatch):
+def test_the_train_step_is_traced_once(tmp_path, train_step_traces):
     """The optimizer and metrics are built before fit: Keras would otherwise create their
     variables inside the first trace and trace the step twice."""
-    traces = []
-    step = keras.Model.train_step
-
-    def counting(self, data):
-        traces.append(self.name)  # Python runs once per trace
-        return step(self, data)
-
-    monkeypatch.setattr(keras.Model, "train_step", counting)
     result = training.run(_quick("digits-bbb-mlp", epochs=2), output_dir=str(tmp_path / "r"), verbose=0,
                           jit_compile=False)
-    assert traces == [result.model.name]
+    assert train_step_traces == [result.model.name]
     assert result.model.optimizer.iterations.numpy() == 2 * 3  # 41 examples in batches of 16, two epochs
+
+
+def test_build_for_fit_leaves_a_strategy_model_to_keras_outside_its_scope():
+    import tensorflow as tf
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), tfbnn.DenseFlipout(3, activation="softmax", kl_weight=0.5,
+                                                                        seed=0)])
+        model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    batch = (np.zeros((2, 4), "float32"), np.zeros((2,), "int32"))
+    assert not tfbnn.utils.build_for_fit(model, batch).optimizer.built  # its variables belong in the scope
+    with strategy.scope():
+        tfbnn.utils.build_for_fit(model, batch)
+    assert model.optimizer.built
+    history = model.fit(*batch, epochs=1, verbose=0)  # Keras finds its state built in the scope
+    assert len(history.history["loss"]) == 1
 
 
 def test_run_is_seeded(tmp_path):

@@ -205,6 +205,17 @@ def test_kl_scale_follows_the_training_split(tmp_path):
     assert prior == tfbnn.priors.ScaleMixture(0.25, 1.0, math.exp(-6.0))
 
 
+@pytest.mark.parametrize("hypermodel_class", ["BayesianMLPHyperModel", "IBNNHyperModel"])
+def test_a_trial_traces_its_train_step_once(hypermodel_class, train_step_traces):
+    x = np.random.default_rng(0).normal(size=(40, 2)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    hypermodel = getattr(tuning, hypermodel_class)((2,), 2, hidden_units=4, depth=1, batch_size=10)
+    hp = keras_tuner.HyperParameters()
+    model = hypermodel.build(hp)
+    history = hypermodel.fit(hp, model, x, y, epochs=2)
+    assert len(train_step_traces) == 1 and len(history.history["loss"]) == 2
+
+
 def _weights_and_kl(model):
     return [type(layer) for layer in model.layers], [w.numpy() for w in model.weights], tfbnn.kl_divergence(model)
 

@@ -183,35 +183,18 @@ def _jit(jit_compile, recipe):
             and options.get("prior", "normal") == "normal" and _is_mlp(recipe))
 
 
-def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec=None):
-    """Compiles ``model`` for ``recipe``; with ``batch_spec`` (the training batches' element spec)
-    also creates the optimizer's, loss's and metrics' variables now (:func:`_build_for_fit`)."""
+def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec):
+    """Compiles ``model`` for ``recipe`` and builds its training state from ``batch_spec`` (the
+    training batches' element spec), so that ``fit`` traces the step once (:func:`tfbnn.utils.build_for_fit`)."""
     import keras
 
     from tfbnn.training.optim import make_optimizer
+    from tfbnn.utils import build_for_fit
 
     model.compile(optimizer=make_optimizer(recipe, steps_per_epoch, model), loss="sparse_categorical_crossentropy",
                   metrics=["accuracy", keras.metrics.SparseCategoricalCrossentropy(name="nll")],
                   jit_compile=jit_compile)
-    if batch_spec is not None:
-        _build_for_fit(model, batch_spec)
-
-
-def _build_for_fit(model, batch_spec):
-    """Creates a compiled model's training variables before ``fit`` traces its train step.
-
-    Without a distribution strategy Keras 3 creates the optimizer's slots and the compiled
-    metrics' states inside the first traced step, and ``tf.function`` then traces the step a
-    second time. Building them first from the batch spec (Keras' own symbolic build, which
-    it runs itself under a strategy) traces once: the first epoch of a ResNet-50 BbB on
-    CPU took 23 s instead of 37 s. Where that build is missing (another Keras), the
-    optimizer is built through its public API.
-    """
-    build = getattr(model, "_symbolic_build", None)
-    if callable(build):
-        build(data_batch=batch_spec)
-    elif model.optimizer is not None and not model.optimizer.built:
-        model.optimizer.build(model.trainable_variables)
+    build_for_fit(model, batch_spec)
 
 
 def _fit(model, recipe, data, epochs, verbose, extra_callbacks):
@@ -366,8 +349,7 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
 
         jit = distribute.jit_compile_for(strategy, jit, warn=jit_compile is True)
     start = time.perf_counter()
-    # Under a strategy Keras builds the training variables itself before tracing.
-    batch_spec = data.train.element_spec if strategy is None else None
+    batch_spec = data.train.element_spec
     with scope:
         model = build_model(recipe, data)
         if recipe.method == "graves" or recipe.pretrain_epochs:

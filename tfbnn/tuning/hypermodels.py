@@ -28,6 +28,7 @@ from tfbnn.tuning.spaces import (
     make_schedule,
     split_validation,
 )
+from tfbnn.utils import build_for_fit
 
 __all__ = ["BayesianMLPHyperModel", "IBNNHyperModel", "LAYER_NAMES"]
 
@@ -208,6 +209,7 @@ class BayesianMLPHyperModel(keras_tuner.HyperModel):
         schedule = make_schedule(hp.values.get("schedule", self.schedule), epochs)
         callbacks = list(callbacks or []) + [KLAnnealing(num_examples=num_examples, schedule=schedule)]
         self._log("begin", hp, num_examples=num_examples, epochs=epochs)
+        build_for_fit(model, (x[:1], y[:1]))  # the train step is traced once, not twice
         history = model.fit(x, y, validation_data=validation_data, epochs=epochs, callbacks=callbacks, **kwargs)
         final = {k: float(v[-1]) for k, v in history.history.items() if v}
         self._log("end", hp, num_examples=num_examples, epochs=epochs, metrics=final)
