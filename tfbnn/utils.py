@@ -94,8 +94,9 @@ def build_for_fit(model, data_batch):
     Backprop at 32x32: a one-batch first ``fit`` took 23 s after this call, 37 s
     without). This runs Keras' own symbolic build, which Keras itself runs first under a
     strategy; where that build is missing (another Keras) it builds the optimizer
-    through its public API. A model that belongs to a strategy whose scope is not
-    entered is left to Keras, and a built model is left as it is.
+    through its public API. A model compiled with ``run_eagerly=True`` (nothing is
+    traced), a model that belongs to a strategy whose scope is not entered (Keras
+    builds it there) and a built model are left as they are.
 
     Args:
         model: a compiled ``keras.Model``.
@@ -114,8 +115,8 @@ def build_for_fit(model, data_batch):
         >>> tfbnn.utils.build_for_fit(model, (x, y)).optimizer.built
         True
     """
-    if model.distribute_strategy is not tf.distribute.get_strategy():
-        return model  # a strategy's model outside its scope: Keras builds it in the scope
+    if model.run_eagerly or model.distribute_strategy is not tf.distribute.get_strategy():
+        return model  # nothing is traced; or a strategy's model outside its scope (Keras builds it there)
     build = getattr(model, "_symbolic_build", None)
     if callable(build):
         build(data_batch=tuple(data_batch))
