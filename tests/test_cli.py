@@ -297,8 +297,8 @@ def test_run_command_exit_statuses_and_interrupts(capsys):
     for a ValueError, the RunError's own status, 130 and the given line for Ctrl-C (re-raised without one)."""
     import argparse
 
-    from tfbnn.argtypes import run_parsed as run_command
-    from tfbnn.errors import RunError as CommandError
+    from tfbnn._internal.argtypes import run_parsed as run_command
+    from tfbnn._internal.errors import RunError as CommandError
 
     def parser_raising(error):
         parser = argparse.ArgumentParser(prog="tfbnn")
@@ -465,7 +465,7 @@ def test_library_errors_speak_of_flags_not_python_arguments(tmp_path, capsys):
     err = capsys.readouterr().err
     _assert_one_error_line(err)
     assert "--pi" in err and "`pi`" not in err and " pi=" not in err
-    from tfbnn import argtypes
+    from tfbnn._internal import argtypes
 
     parser = cli.build_parser()
     assert argtypes.in_flags("Expected `num_samples` > 0. Received: num_samples=0, max_num_samples=3", parser) == \

@@ -1,5 +1,6 @@
 """Variational continual learning: the Posterior prior, posterior_as_prior, forgetting numbers."""
 
+import json
 import os
 
 import keras
@@ -314,7 +315,7 @@ def test_split_digits_multi_head_trains_one_head_per_task(tmp_path):
         hidden_units=(8,), seeds=(0,), num_samples=2, threshold=0.5, verbose=False)
     assert [r["method"] for r in result["rows"]] == ["fine-tuning", "VCL"]
     for run in result["runs"]:
-        _check_run_against_its_matrices(tfbnn.io.plain(run), 0.5)
+        _check_run_against_its_matrices(json.loads(json.dumps(run, default=lambda v: v.tolist())), 0.5)
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -15,7 +15,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 # Layer of each module or package (a module not listed belongs to its package's layer).
 LAYERS = {
-    "tfbnn.errors": 0, "tfbnn.io": 0, "tfbnn.argtypes": 0, "tfbnn.startup": 0, "tfbnn.checks": 0,
+    "tfbnn._internal": 0,
     "tfbnn.priors": 1, "tfbnn.kl": 1, "tfbnn.layers": 1, "tfbnn.schedules": 1, "tfbnn.callbacks": 1,
     "tfbnn.inference": 1, "tfbnn.metrics": 1, "tfbnn.calibration": 1, "tfbnn.utils": 1, "tfbnn.likelihoods": 1,
     "tfbnn.pruning": 1, "tfbnn.convert": 1, "tfbnn.export": 1, "tfbnn.distribute": 1, "tfbnn.ibnn": 1, "tfbnn.ensembles": 1, "tfbnn.continual": 1,
@@ -103,6 +103,8 @@ def test_no_module_imports_another_modules_private_name():
             hidden = [n for n in names if n.startswith("_") and n != "__version__"
                       and not (n in submodules and target == package)]
             parts = [p for p in target.split(".") if p.startswith("_")]
+            if target == "tfbnn._internal" or target.startswith("tfbnn._internal."):
+                parts = []  # the package-wide plumbing: any tfbnn module may use it
             if hidden or (parts and target.rsplit(".", 1)[0] != package):
                 private.append(f"{module}: from {target} import {', '.join(names)}")
     assert not private, "\n".join(sorted(private))

@@ -14,7 +14,7 @@ import tensorflow_datasets as tfds
 
 import tfbnn
 from tfbnn import training
-from tfbnn.errors import RunError
+from tfbnn._internal.errors import RunError
 
 # -- the published protocols, written out independently of tfbnn/training/recipes.py ----------
 # Blundell et al. 2015 sec. 5.1: 2 hidden ReLU layers of 400/800/1200, SGD (eq. 5-6, no momentum)

@@ -13,17 +13,18 @@ Flat public API::
 
 import importlib
 
-from tfbnn import startup
+from tfbnn._internal import startup
 
 # Submodules and the names re-exported from them. `import tfbnn` loads the core
 # (TensorFlow, Keras, the layers, so that saved models deserialize) but never
 # KerasTuner or matplotlib: tuning, plots, evaluation, training, experiments and
 # the command line load on first use (``tfbnn.tuning``). The `tfbnn` command loads
 # nothing here, so that it parses its arguments before TensorFlow starts.
-_CORE = ("errors", "io", "checks", "priors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
+_CORE = ("priors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
          "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample", "ensembles", "continual", "models", "datasets")
 _LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
 _NAMES = {
+    "_internal.errors": ("RunError",),
     "callbacks": ("KLAnnealing", "SparsityMonitor"),
     "calibration": ("TemperatureScaling",),
     "inference": ("ClassificationPrediction", "RegressionPrediction", "predict"),
@@ -54,14 +55,13 @@ if not startup.running_the_command():
     for _module in _CORE:
         globals()[_module] = importlib.import_module(f"tfbnn.{_module}")
     for _name, _module in _HOME.items():
-        globals()[_name] = getattr(globals()[_module], _name)
+        globals()[_name] = getattr(importlib.import_module(f"tfbnn.{_module}"), _name)
     del _name, _module
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "errors",
-    "io",
+    "RunError",
     "training",
     "callbacks",
     "datasets",

@@ -62,7 +62,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn.inference import ClassificationPrediction, entropy, summarize_classification
 from tfbnn.metrics import check_labels
 

@@ -61,7 +61,8 @@ import warnings
 
 import keras
 
-from tfbnn import checks, pruning
+from tfbnn import pruning
+from tfbnn._internal import checks
 from tfbnn import schedules as schedules_lib
 from tfbnn.utils import bayesian_layers, set_kl_weight
 

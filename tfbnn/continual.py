@@ -54,7 +54,8 @@ Reference:
 import keras
 import numpy as np
 
-from tfbnn import checks, utils
+from tfbnn import utils
+from tfbnn._internal import checks
 from tfbnn.layers.dense import DenseBayesian
 
 __all__ = ["posterior_as_prior", "supports_posterior_prior", "forgetting_summary"]

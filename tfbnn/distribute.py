@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 #: Names accepted by :func:`get_strategy`.
-from tfbnn.argtypes import STRATEGIES, add_strategy_argument  # noqa: E402  (TF-free, for the command line)
+from tfbnn._internal.argtypes import STRATEGIES, add_strategy_argument  # noqa: E402  (TF-free, for the command line)
 
 
 def _tf_config(tf_config=None):

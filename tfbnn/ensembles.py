@@ -34,7 +34,7 @@ Reference:
 import keras
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn.utils import stochastic_layers
 
 __all__ = ["DeepEnsemble", "train_ensemble", "member_seeds", "VECTORIZE", "SEED_STRIDE"]

@@ -25,7 +25,8 @@ import os
 
 import numpy as np
 
-from tfbnn import calibration, inference, io, metrics, plots
+from tfbnn import calibration, inference, metrics, plots
+from tfbnn._internal import files
 from tfbnn.datasets import corruptions
 from tfbnn.utils import bayesian_layers, posterior_mean
 
@@ -169,7 +170,7 @@ def write_report(evaluation, folder, name="model"):
     if e.sweep:
         figures["shift.png"] = plots.uncertainty_vs_shift({name: e.sweep}, xlabel="Gaussian shift gamma")
     paths = [plots.save(fig, os.path.join(folder, fname)) for fname, fig in figures.items()]
-    json_path = io.write_json(os.path.join(folder, "metrics.json"), e.numbers, indent=2)
+    json_path = files.write_json(os.path.join(folder, "metrics.json"), e.numbers, indent=2)
     return [json_path] + paths
 
 

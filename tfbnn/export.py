@@ -46,7 +46,7 @@ import shutil
 import keras
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn.ensembles import DeepEnsemble
 from tfbnn.utils import posterior_mean, stochastic_layers, weight_samples
 

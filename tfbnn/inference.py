@@ -42,7 +42,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn.ensembles import DeepEnsemble
 from tfbnn.likelihoods import GaussianHead, gaussian_nll, split_gaussian
 from tfbnn.utils import stochastic_layers, weight_samples

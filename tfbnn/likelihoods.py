@@ -17,7 +17,7 @@ import math
 import keras
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 
 __all__ = ["GaussianHead", "gaussian_nll", "split_gaussian"]
 

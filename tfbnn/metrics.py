@@ -51,7 +51,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 
 __all__ = [
     "expected_calibration_error",

@@ -3,7 +3,7 @@
 import keras
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn.layers.node import NodeLayer
 from tfbnn.utils import NetworkWrapper, stochastic_layers, tile_rows, weight_samples
 

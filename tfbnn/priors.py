@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from tfbnn import checks
+from tfbnn._internal import checks
 
 tfd = tfp.distributions
 

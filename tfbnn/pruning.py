@@ -65,7 +65,7 @@ import zipfile
 import keras
 import numpy as np
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn.layers.variational_dropout import VariationalDropoutLayer
 from tfbnn.utils import bayesian_layers
 
@@ -493,33 +493,34 @@ def pruning_curve(model, x, y, fractions=BLUNDELL_FRACTIONS, num_samples=10, sco
 
 def format_pruning_curve(rows, title="Accuracy against the fraction of weights pruned"):
     """:func:`pruning_curve`'s rows as a plain text table (Blundell et al. 2015, Table 2 style)."""
-    from tfbnn import io
+    from tfbnn._internal import files
 
     table = [("pruned", "weights", "accuracy", "random")]
     for r in rows:
         random = "-" if r["random_accuracy"] is None else f"{100 * r['random_accuracy']:.2f}%"
         table.append((f"{100 * r['fraction']:g}%", str(r["num_pruned"]), f"{100 * r['accuracy']:.2f}%", random))
-    return io.format_table(title, [table])
+    return files.format_table(title, [table])
 
 
 def write_pruning_curve(rows, output_dir, name="pruning_curve", title=None):
     """Writes :func:`pruning_curve`'s rows as ``<name>.csv``, ``<name>.json`` and ``<name>.png``.
 
     The files go next to each other in ``output_dir`` (created if needed); each is
-    written atomically (:mod:`tfbnn.io`); the PNG is :func:`tfbnn.plots.pruning_curve`.
+    written atomically (:mod:`tfbnn._internal.files`); the PNG is :func:`tfbnn.plots.pruning_curve`.
 
     Returns:
         The three paths, CSV, JSON, PNG.
     """
-    from tfbnn import io, plots
+    from tfbnn import plots
+    from tfbnn._internal import files
 
-    io.prepare_output_dir(output_dir)
+    files.prepare_output_dir(output_dir)
     base = os.path.join(output_dir, name)
-    csv_path = io.write_csv(base + ".csv", rows, columns=["fraction", "num_pruned", "sparsity", "accuracy",
+    csv_path = files.write_csv(base + ".csv", rows, columns=["fraction", "num_pruned", "sparsity", "accuracy",
                                                           "random_accuracy"])
-    json_path = io.write_json(base + ".json", {"rows": rows})
+    json_path = files.write_json(base + ".json", {"rows": rows})
     fig = plots.pruning_curve(rows, **({} if title is None else {"title": title}))
-    with io.atomic_write(base + ".png") as tmp:
+    with files.atomic_write(base + ".png") as tmp:
         plots.save(fig, tmp)
     return [csv_path, json_path, base + ".png"]
 

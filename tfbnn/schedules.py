@@ -28,7 +28,7 @@ import math
 
 import keras
 
-from tfbnn import checks
+from tfbnn._internal import checks
 
 __all__ = ["Schedule", "Constant", "Linear", "WarmUp", "Cosine", "Cyclic", "Blundell", "get", "LinearRamp"]
 

@@ -5,7 +5,7 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn.layers.base import INFERENCE_MODES, BayesianLayer, StochasticLayer, validate_kl_weight
 
 __all__ = [

@@ -22,7 +22,7 @@ Nothing in tfbnn imports this package.
 
 import sys
 
-from tfbnn import argtypes
+from tfbnn._internal import argtypes
 from tfbnn.cli import evaluate, experiments, export, recipes, train, tune
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "PROG"]

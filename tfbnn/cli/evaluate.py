@@ -2,9 +2,9 @@
 
 import os
 
-from tfbnn import argtypes
+from tfbnn._internal import argtypes
 from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
-from tfbnn.errors import RunError
+from tfbnn._internal.errors import RunError
 
 __all__ = ["add_parser", "run", "load_model", "SHIFT_GAMMA"]
 
@@ -151,7 +151,7 @@ def _tolerance(args):
 
 def run(args):
     """``tfbnn evaluate``: returns the exit status."""
-    from tfbnn import io
+    from tfbnn._internal import files
     from tfbnn.evaluation import evaluate_classifier, write_report
 
     folder = args.output_dir or args.model[: -len(".keras")] + "_evaluation"
@@ -173,7 +173,7 @@ def run(args):
     sweep = [("Gaussian shift gamma", "accuracy", "total", "aleatoric", "epistemic")]
     sweep += [(f"{r['level']:g}", f"{r['accuracy']:.4f}", f"{r['predictive_entropy']:.4f}",
                f"{r['expected_entropy']:.4f}", f"{r['mutual_information']:.4f}") for r in result.sweep]
-    print(io.format_table(f"Evaluation of {args.model} on {name} ({len(y_test)} test examples, "
+    print(files.format_table(f"Evaluation of {args.model} on {name} ({len(y_test)} test examples, "
                           f"T = {args.num_samples}"
                           + (f", tolerance {_tolerance(args):g})" if args.num_samples == "auto" else ")"),
                           [*blocks, [("accuracy-coverage area", f"{result.numbers['selective_area']:.4f}")], sweep]))

@@ -2,7 +2,7 @@
 
 import os
 
-from tfbnn import argtypes
+from tfbnn._internal import argtypes
 from tfbnn.cli.evaluate import load_model
 
 __all__ = ["add_parser", "run", "model_task"]

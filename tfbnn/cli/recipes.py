@@ -2,7 +2,7 @@
 
 import textwrap
 
-from tfbnn import argtypes
+from tfbnn._internal import argtypes
 
 __all__ = ["add_run_parser", "add_recipes_parser", "run", "list_recipes"]
 

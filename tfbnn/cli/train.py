@@ -10,7 +10,7 @@ flag that does not apply to the chosen model or method is an error, never droppe
 import argparse
 import os
 
-from tfbnn import argtypes
+from tfbnn._internal import argtypes
 from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
 from tfbnn.training.recipe import DEFAULT_MEMBERS, KL_SCHEDULES, MEMBER_METHODS, METHODS
 

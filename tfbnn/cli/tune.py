@@ -23,11 +23,11 @@ import os
 import re
 import sys
 
-from tfbnn import argtypes
+from tfbnn._internal import argtypes
 from tfbnn.datasets.catalog import ARRAY_DATASETS
-from tfbnn.errors import RunError as CommandError
+from tfbnn._internal.errors import RunError as CommandError
 from tfbnn.training.recipe import KL_SCHEDULES as SCHEDULE_NAMES
-from tfbnn.io import format_table
+from tfbnn._internal.files import format_table
 
 PROG = "tfbnn"
 
@@ -256,13 +256,13 @@ def _check_settings(folder, settings, overwrite):
 
 
 def _write_settings(folder, settings):
-    from tfbnn.io import write_json
+    from tfbnn._internal.files import write_json
 
     write_json(os.path.join(folder, "settings.json"), settings)
 
 
 def _prepare_folder(folder):
-    from tfbnn.io import prepare_output_dir
+    from tfbnn._internal.files import prepare_output_dir
 
     prepare_output_dir(folder, "--output")
 

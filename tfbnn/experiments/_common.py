@@ -7,8 +7,8 @@ experiments' parsers in the ``tfbnn`` command stays fast.
 import math
 import os
 
-from tfbnn import argtypes, io
-from tfbnn.errors import RunError
+from tfbnn._internal import argtypes, files
+from tfbnn._internal.errors import RunError
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -36,11 +36,11 @@ def quiet_tensorflow():
 
 def prepare_output_dir(path):
     """Creates ``path`` (and parents); fails early and clearly when it cannot be written."""
-    return io.prepare_output_dir(path, "--output-dir")
+    return files.prepare_output_dir(path, "--output-dir")
 
 
-write_csv = io.write_csv
-write_json = io.write_json
+write_csv = files.write_csv
+write_json = files.write_json
 
 
 def check_finite_history(history, what):

@@ -43,7 +43,7 @@ once integrated, ``tfbnn train --model lenet5 --method bbb --dataset cifar10``.
 
 import os
 
-from tfbnn import argtypes, io
+from tfbnn._internal import argtypes, files
 from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
 from tfbnn.experiments import _common
 
@@ -153,7 +153,7 @@ def _read_comparison(path):
 
 def _markdown(rows):
     header = ["model", "method", "options", "dataset", "N", "epochs", "accuracy", "NLL", "ECE"]
-    return io.markdown_table(header, [
+    return files.markdown_table(header, [
         [r["model"], r["method"], r["options"], r["dataset"], r["num_examples"], r["epochs"],
          f"{float(r['accuracy']):.4f}", f"{float(r['nll']):.4f}", f"{float(r['ece']):.4f}"] for r in rows])
 
@@ -165,7 +165,7 @@ def _update_comparison(root, row):
     rows.append({k: row[k] for k in _COMPARISON_COLUMNS})
     rows.sort(key=lambda r: (r["dataset"], r["model"], r["method"], r["run"]))
     _common.write_csv(path, rows)
-    io.write_text(os.path.join(root, "comparison.md"), _markdown(rows))
+    files.write_text(os.path.join(root, "comparison.md"), _markdown(rows))
     return rows, [path, os.path.join(root, "comparison.md")]
 
 

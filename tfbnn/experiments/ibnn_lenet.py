@@ -230,7 +230,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn import argtypes
+    from tfbnn._internal import argtypes
 
     d = DEFAULTS
     parser.add_argument("--dataset", choices=GRAYSCALE_DATASETS, default=d["dataset"],

@@ -44,7 +44,7 @@ References:
 
 import os
 
-from tfbnn import io
+from tfbnn._internal import files
 from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
 from tfbnn.experiments import _common
 
@@ -190,14 +190,14 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         rows.append(_row(label, result, recipe))
         keras.backend.clear_session()
     markdown = _markdown(rows, s["dataset"])
-    files = [
+    written = [
         _common.write_csv(os.path.join(output_dir, "comparison.csv"), [{k: r[k] for k in _COLUMNS} for r in rows]),
         _common.write_json(os.path.join(output_dir, "comparison.json"), {"settings": s, "rows": rows}),
-        io.write_text(os.path.join(output_dir, "comparison.md"), markdown),
+        files.write_text(os.path.join(output_dir, "comparison.md"), markdown),
         plots.save(_figure(rows, s["dataset"]), os.path.join(output_dir, "comparison.png")),
     ]
     print("\n" + markdown, flush=True)
-    return {"rows": rows, "markdown": markdown, "files": files}
+    return {"rows": rows, "markdown": markdown, "files": written}
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -205,7 +205,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn import argtypes
+    from tfbnn._internal import argtypes
 
     d = DEFAULTS
     parser.add_argument("--dataset", choices=GRAYSCALE_DATASETS, default=d["dataset"],

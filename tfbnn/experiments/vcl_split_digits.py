@@ -447,17 +447,17 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                           f"forgotten tasks {task_summary['forgotten']} classes {class_summary['forgotten']}  "
                           f"({run_record['seconds']:.0f} s)", flush=True)
     rows = [_table_row(method, k, group) for (method, k), group in grouped.items()]
-    files = _plot(grouped, s, output_dir)
-    files += [
+    written = _plot(grouped, s, output_dir)
+    written += [
         _common.write_csv(os.path.join(output_dir, "results.csv"), rows),
         _common.write_json(os.path.join(output_dir, "results.json"),
                            {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
                             "tasks": [list(c) for c in TASKS], "rows": rows, "runs": flat}),
     ]
-    from tfbnn import io
+    from tfbnn._internal import files
 
-    files.append(io.write_text(os.path.join(output_dir, "results.md"), _markdown(rows, grouped, s)))
-    return {"rows": rows, "runs": flat, "files": files}
+    written.append(files.write_text(os.path.join(output_dir, "results.md"), _markdown(rows, grouped, s)))
+    return {"rows": rows, "runs": flat, "files": written}
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -465,7 +465,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn import argtypes
+    from tfbnn._internal import argtypes
 
     d = DEFAULTS
     parser.add_argument("--head", choices=HEADS, default=d["head"],

@@ -244,7 +244,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn import argtypes
+    from tfbnn._internal import argtypes
     from tfbnn.experiments.vd_sparsity import parse_init_scale
 
     d = DEFAULTS

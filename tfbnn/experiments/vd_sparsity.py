@@ -137,7 +137,7 @@ def _criterion(method):
 
 def _load(s):
     from tfbnn import datasets
-    from tfbnn.errors import RunError
+    from tfbnn._internal.errors import RunError
 
     kwargs = {}
     if s["dataset"] in datasets.OFFLINE_DATASETS:
@@ -157,7 +157,7 @@ def _load(s):
 
 
 def _check_settings(s):
-    from tfbnn import checks
+    from tfbnn._internal import checks
 
     if s["model"] not in MODELS:
         raise ValueError(f"Expected `model` in {list(MODELS)}. Received: model={s['model']!r}")
@@ -479,14 +479,14 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def parse_threshold(text):
     """``--threshold``: a finite number."""
-    from tfbnn import argtypes
+    from tfbnn._internal import argtypes
 
     return argtypes.finite_float(text)
 
 
 def parse_init_scale(text):
     """``--init-scale``: a positive number or ``moped``."""
-    from tfbnn import argtypes
+    from tfbnn._internal import argtypes
 
     if text == "moped":
         return text
@@ -495,7 +495,7 @@ def parse_init_scale(text):
 
 def add_arguments(parser):
     """The options of the study (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn import argtypes
+    from tfbnn._internal import argtypes
 
     d = DEFAULTS
     parser.add_argument("--model", choices=list(MODELS), default=d["model"],

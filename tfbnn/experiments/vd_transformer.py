@@ -85,7 +85,7 @@ DESCRIPTION = (
 # -- the experiment -------------------------------------------------------------------------------
 def _load(s):
     from tfbnn.datasets import text
-    from tfbnn.errors import RunError
+    from tfbnn._internal.errors import RunError
 
     if s["dataset"] == "synthetic_reviews":
         return text.make_synthetic_reviews(num_examples=s["max_examples"] or 4000, seed=s["seed"])
@@ -274,7 +274,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn import argtypes
+    from tfbnn._internal import argtypes
     from tfbnn.experiments.vd_sparsity import parse_init_scale, parse_threshold
 
     d = DEFAULTS

@@ -1,6 +1,6 @@
 """Shape arithmetic shared by the convolutional layer families."""
 
-from tfbnn import checks
+from tfbnn._internal import checks
 
 __all__ = ["conv_output_length", "conv_output_shape", "positive_ints", "pair"]
 

@@ -3,7 +3,7 @@
 import keras
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 
 __all__ = ["StochasticLayer", "BayesianLayer", "INFERENCE_MODES", "validate_kl_weight"]
 

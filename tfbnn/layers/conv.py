@@ -23,7 +23,7 @@ Channels-last inputs: ``(batch, length, channels)`` or ``(batch, height, width, 
 import keras
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn import kl as kl_lib
 from tfbnn.layers._conv_utils import conv_output_shape, positive_ints
 from tfbnn.layers.dense import DenseBayesian

@@ -41,7 +41,7 @@ import math
 import keras
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn import kl as kl_lib
 from tfbnn import priors as priors_lib
 from tfbnn.layers.base import BayesianLayer

@@ -21,7 +21,7 @@ optimizer or a kernel regularizer).
 import keras
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn.layers.base import StochasticLayer
 
 __all__ = ["MCDropout", "MCSpatialDropout2D"]

@@ -77,7 +77,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn.layers._conv_utils import conv_output_shape
 from tfbnn.layers._conv_utils import pair as _pair
 from tfbnn.layers.base import BayesianLayer

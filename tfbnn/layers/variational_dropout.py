@@ -56,7 +56,7 @@ no correlation across positions).
 import keras
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn import kl as kl_lib
 from tfbnn.layers.base import BayesianLayer
 from tfbnn.layers._conv_utils import conv_output_shape

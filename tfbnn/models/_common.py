@@ -2,7 +2,7 @@
 
 import keras
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn.models.methods import get_factory
 
 __all__ = ["check_num_classes", "check_input_shape", "classifier_head", "prologue"]

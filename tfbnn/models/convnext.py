@@ -52,7 +52,7 @@ Reference:
 import keras
 import tensorflow as tf
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn.models import _common
 
 __all__ = ["convnext", "CONFIGS", "LayerScale", "StochasticDepth"]

@@ -72,7 +72,7 @@ Example:
 
 import keras
 
-from tfbnn import checks
+from tfbnn._internal import checks
 from tfbnn import layers as layers_lib
 from tfbnn import priors as priors_lib
 from tfbnn.layers.variational_dropout import resolve_parameterization

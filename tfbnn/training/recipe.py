@@ -367,9 +367,9 @@ class Recipe:
 
 def save_recipe(recipe, path):
     """Writes ``recipe`` as JSON to ``path`` (atomically); returns ``path``."""
-    from tfbnn import io
+    from tfbnn._internal import files
 
-    return io.write_json(path, recipe.to_dict())
+    return files.write_json(path, recipe.to_dict())
 
 
 def load_recipe(path):

@@ -37,8 +37,8 @@ import os
 import shutil
 import time
 
-from tfbnn import io
-from tfbnn.errors import RunError
+from tfbnn._internal import files
+from tfbnn._internal.errors import RunError
 from tfbnn.training.recipe import Recipe
 
 __all__ = ["run", "RunResult", "build_model", "convert_model", "deterministic_version", "load_data", "arrays",
@@ -469,7 +469,7 @@ def results_table(result):
         run_rows += [("KL(q || p) total", f"{t['kl']:.1f}"), ("KL / N (per example)", f"{t['kl'] / result.num_examples:.4f}")]
     final = result.history[-1]["loss"] if result.history else float("nan")
     run_rows += [("final training loss", f"{final:.4f}"), ("training time", f"{result.train_seconds:.1f} s")]
-    return io.format_table(
+    return files.format_table(
         f"Results: {r.name} ({r.model}, {r.method}) on {r.dataset}",
         [
             run_rows,
@@ -549,14 +549,14 @@ def _write_outputs(stage, result, history_obj):
     from tfbnn import plots
 
     r = result.recipe
-    io.write_json(os.path.join(stage, "recipe.json"), r.to_dict())
-    io.write_csv(os.path.join(stage, "history.csv"), result.history, columns=["epoch"])
-    io.write_json(os.path.join(stage, "history.json"), result.history)
+    files.write_json(os.path.join(stage, "recipe.json"), r.to_dict())
+    files.write_csv(os.path.join(stage, "history.csv"), result.history, columns=["epoch"])
+    files.write_json(os.path.join(stage, "history.json"), result.history)
     logs = {k: v for k, v in history_obj.history.items()
             if k.removeprefix("val_") in ("loss", "accuracy", "nll")}
     plots.save(plots.learning_curves(logs, title=f"{r.name}: {result.model.name} on {r.dataset}"),
                os.path.join(stage, "learning_curves.png"))
-    io.write_json(os.path.join(stage, "results.json"), {
+    files.write_json(os.path.join(stage, "results.json"), {
         "recipe": r.name, "num_examples": result.num_examples, "train_seconds": result.train_seconds,
         "test": result.test, "baseline": result.baseline, "comparison": result.comparison,
     })
@@ -628,11 +628,11 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
         comparison_recipe = recipe.replace(beta=compare_beta)
     output_dir = output_dir or os.path.join(DEFAULT_ROOT, recipe.name)
     parent = os.path.dirname(os.path.abspath(output_dir))
-    io.prepare_output_dir(parent, "output_dir")
+    files.prepare_output_dir(parent, "output_dir")
     if model_path is not None:
         if not str(model_path).endswith(".keras"):
             raise ValueError(f"Expected a model path ending in '.keras'. Received: model_path={model_path!r}")
-        io.prepare_output_dir(os.path.dirname(os.path.abspath(model_path)), "model_path")
+        files.prepare_output_dir(os.path.dirname(os.path.abspath(model_path)), "model_path")
     if verbose is None:
         import sys
 
@@ -642,7 +642,7 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
 
     keras.utils.set_random_seed(recipe.seed)
     data = load_data(recipe)
-    stage = os.path.join(parent, f".{os.path.basename(os.path.abspath(output_dir))}{io.TMP_MARKER}.{os.getpid()}")
+    stage = os.path.join(parent, f".{os.path.basename(os.path.abspath(output_dir))}{files.TMP_MARKER}.{os.getpid()}")
     shutil.rmtree(stage, ignore_errors=True)
     os.makedirs(stage)
     try:
@@ -668,7 +668,7 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
         if _is_chief(strategy):  # under several workers only the chief writes
             _write_outputs(stage, result, history)
             # The model first (atomically): if it cannot be saved, nothing is published.
-            saved = io.save_model(model, model_path or os.path.join(stage, "model.keras"))
+            saved = files.save_model(model, model_path or os.path.join(stage, "model.keras"))
             result.files = _publish(stage, output_dir) + ([saved] if model_path else [])
     finally:
         shutil.rmtree(stage, ignore_errors=True)

@@ -1,7 +1,7 @@
 """What a search leaves behind: KerasTuner's JSON records, the trial table, the CSV, the heat map.
 
 :func:`write_record` writes KerasTuner's oracle, trial and tuner records whole or
-not at all (:func:`tfbnn.io.write_text`), so a search killed at any moment can be
+not at all (:func:`tfbnn._internal.files.write_text`), so a search killed at any moment can be
 resumed. :func:`trial_records` reads the trials of a tuner (best first),
 :func:`write_csv` and :func:`plot_prior_grid` turn them into a table and a figure.
 """
@@ -12,8 +12,8 @@ import os
 
 import numpy as np
 
-from tfbnn.io import write_csv as io_write_csv
-from tfbnn.io import write_text
+from tfbnn._internal.files import write_csv as files_write_csv
+from tfbnn._internal.files import write_text
 from tfbnn.tuning.spaces import OBJECTIVES
 
 __all__ = ["write_record", "trial_records", "write_csv", "plot_prior_grid"]
@@ -22,7 +22,7 @@ __all__ = ["write_record", "trial_records", "write_csv", "plot_prior_grid"]
 def write_record(path, obj):
     """Writes one of KerasTuner's JSON records (oracle, trial, tuner state) to ``path``.
 
-    Whole or not at all (:func:`tfbnn.io.write_text`: a temporary file, then a
+    Whole or not at all (:func:`tfbnn._internal.files.write_text`: a temporary file, then a
     rename), so that a kill never leaves half a record for a resumed search to choke
     on. The text is ``json.dumps(obj)`` exactly as KerasTuner writes it (a diverged
     trial's ``NaN`` score stays a number when read back). On a remote file system
@@ -100,14 +100,14 @@ def trial_records(tuner_or_oracle):
 def write_csv(records, path):
     """Writes :func:`trial_records` to ``path`` (atomically); returns the column names.
 
-    Floats keep every digit: :func:`tfbnn.io.write_csv` rounds them to 6 decimals, which
+    Floats keep every digit: :func:`tfbnn._internal.files.write_csv` rounds them to 6 decimals, which
     would cut ``sigma2 = e^-8 = 0.000335...`` to three significant digits.
     """
     columns = ["rank", "trial_id", "status", "score", "best_epoch"]
     for record in records:
         columns += [k for k in record if k not in columns]
     rows = [{k: str(v) if isinstance(v, float) else v for k, v in record.items()} for record in records]
-    io_write_csv(path, rows, columns)
+    files_write_csv(path, rows, columns)
     return columns
 
 

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 
-from tfbnn.errors import RunError
+from tfbnn._internal.errors import RunError
 
 __all__ = [
     "ArgumentParser",
@@ -237,7 +237,7 @@ def run_parsed(parser, argv, interrupted=None):
 
     ``--help``: 0; a bad option (argparse, or a ``ValueError`` / ``TypeError`` of the
     library, its argument names written as flags: :func:`in_flags`): one
-    ``<prog>: error: ...`` line and 2; a :class:`tfbnn.errors.RunError`:
+    ``<prog>: error: ...`` line and 2; a :class:`tfbnn.RunError`:
     its line and 1; with ``interrupted``, Ctrl-C prints ``<prog>: <interrupted>`` and
     gives 130. TensorFlow is imported (quietly) only after the arguments parsed.
     """
@@ -246,7 +246,7 @@ def run_parsed(parser, argv, interrupted=None):
         args = parser.parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    from tfbnn import startup
+    from tfbnn._internal import startup
 
     startup.import_tensorflow_quietly()
     try:

@@ -20,7 +20,7 @@ import math
 import os
 import uuid
 
-from tfbnn.errors import RunError
+from tfbnn._internal.errors import RunError
 
 __all__ = [
     "atomic_write",
@@ -72,7 +72,7 @@ def atomic_write(path):
 
     Example:
         >>> import os, tempfile, keras
-        >>> from tfbnn.io import atomic_write
+        >>> from tfbnn._internal.files import atomic_write
         >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
         >>> path = os.path.join(tempfile.mkdtemp(), "model.keras")   # the folder must exist
         >>> with atomic_write(path) as tmp:

@@ -1,4 +1,4 @@
-"""tfbnn.io: atomic writes, and the temporary files a killed run leaves behind."""
+"""tfbnn._internal.files (the package's own plumbing): atomic writes, and the temporary files a killed run leaves behind."""
 
 import json
 import os
@@ -9,8 +9,8 @@ import keras
 import numpy as np
 import pytest
 
-from tfbnn import io
-from tfbnn.errors import RunError
+from tfbnn._internal import files
+from tfbnn._internal.errors import RunError
 
 
 def _dead_pid():
@@ -22,36 +22,36 @@ def _dead_pid():
 def test_a_temporary_file_of_a_killed_save_is_removed_by_the_next_save(tmp_path):
     """Issue 12 item 8: a run killed while saving left `.model.keras.<...>` beside the target for good."""
     target = tmp_path / "model.keras"
-    stale = tmp_path / f".model.keras{io.TMP_MARKER}.{_dead_pid()}.deadbeef.keras"
+    stale = tmp_path / f".model.keras{files.TMP_MARKER}.{_dead_pid()}.deadbeef.keras"
     stale.write_bytes(b"half a zip")
-    alive = tmp_path / f".model.keras{io.TMP_MARKER}.1.cafebabe.keras"  # pid 1 runs: another save in progress
+    alive = tmp_path / f".model.keras{files.TMP_MARKER}.1.cafebabe.keras"  # pid 1 runs: another save in progress
     alive.write_bytes(b"someone else's save")
-    other = tmp_path / f".other.keras{io.TMP_MARKER}.{_dead_pid()}.0.keras"  # another target: not ours to clean
+    other = tmp_path / f".other.keras{files.TMP_MARKER}.{_dead_pid()}.0.keras"  # another target: not ours to clean
     other.write_bytes(b"x")
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    io.save_model(model, str(target))
+    files.save_model(model, str(target))
     assert sorted(os.listdir(tmp_path)) == sorted([alive.name, other.name, "model.keras"])
     assert keras.saving.load_model(target).count_params() == 3
 
 
 def test_a_killed_save_in_a_real_process_is_cleaned_up(tmp_path):
     target = tmp_path / "m.json"
-    code = (f"import os, tfbnn.io as io\n"
-            f"with io.atomic_write({str(target)!r}) as tmp:\n"
+    code = (f"import os; from tfbnn._internal import files\n"
+            f"with files.atomic_write({str(target)!r}) as tmp:\n"
             f"    open(tmp, 'w').write('partial')\n"
             f"    os._exit(9)\n")  # killed mid-write: the temporary stays, the target never appears
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 9
-    leftovers = [n for n in os.listdir(tmp_path) if io.TMP_MARKER in n]
+    leftovers = [n for n in os.listdir(tmp_path) if files.TMP_MARKER in n]
     assert len(leftovers) == 1 and not target.exists()
-    io.write_json(str(target), {"a": 1})
+    files.write_json(str(target), {"a": 1})
     assert os.listdir(tmp_path) == ["m.json"] and json.loads(target.read_text()) == {"a": 1}
 
 
 def test_a_failing_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     target = tmp_path / "r.json"
-    io.write_json(str(target), {"old": True})
+    files.write_json(str(target), {"old": True})
     with pytest.raises(ZeroDivisionError):
-        with io.atomic_write(str(target)) as tmp:
+        with files.atomic_write(str(target)) as tmp:
             open(tmp, "w").write("new")
             1 / 0
     assert json.loads(target.read_text()) == {"old": True} and os.listdir(tmp_path) == ["r.json"]
@@ -68,28 +68,28 @@ def test_save_model_failure_is_a_run_error_naming_the_kept_file(tmp_path, monkey
 
     monkeypatch.setattr(keras.Model, "save", failing)
     with pytest.raises(RunError, match="disk full; .*m.keras was left untouched"):
-        io.save_model(model, str(target))
+        files.save_model(model, str(target))
     assert target.read_bytes() == b"previous" and os.listdir(tmp_path) == ["m.keras"]
 
 
 def test_records_and_tables(tmp_path):
-    path = io.write_csv(str(tmp_path / "t.csv"), [{"a": np.float32(0.5), "b": None}, {"c": np.int64(3)}],
+    path = files.write_csv(str(tmp_path / "t.csv"), [{"a": np.float32(0.5), "b": None}, {"c": np.int64(3)}],
                         columns=["c"])
     assert open(path).read().splitlines() == ["c,a,b", ",0.5,", "3,,"]
-    io.write_json(str(tmp_path / "t.json"), {"x": np.float64(float("nan")), "y": np.arange(2)})
+    files.write_json(str(tmp_path / "t.json"), {"x": np.float64(float("nan")), "y": np.arange(2)})
     assert json.loads((tmp_path / "t.json").read_text()) == {"x": "nan", "y": [0, 1]}
-    table = io.format_table("T", [[("a", 1), ("bbb", 22)], [("c", "x", "yy")]]).splitlines()
+    table = files.format_table("T", [[("a", 1), ("bbb", 22)], [("c", "x", "yy")]]).splitlines()
     assert table == ["T", "-", "a     1", "bbb  22", "", "c    x  yy"]
     with pytest.raises(ValueError, match="Received: --out="):
-        io.prepare_output_dir(str(tmp_path / "t.json" / "sub"), "--out")
+        files.prepare_output_dir(str(tmp_path / "t.json" / "sub"), "--out")
 
 
 def test_markdown_table_rows_escaping_and_errors():
-    text = io.markdown_table(["a", "b"], [[1, "x|y"], [2.5, None]])
+    text = files.markdown_table(["a", "b"], [[1, "x|y"], [2.5, None]])
     assert text.splitlines() == ["| a | b |", "|---|---|", "| 1 | x\\|y |", "| 2.5 | None |"]
     assert text.endswith("\n")
-    assert io.markdown_table(["only"], []) == "| only |\n|---|\n"
+    assert files.markdown_table(["only"], []) == "| only |\n|---|\n"
     with pytest.raises(ValueError, match=r"Expected rows of 2 cells .*rows\[1\]=\[3\]"):
-        io.markdown_table(["a", "b"], [[1, 2], [3]])
+        files.markdown_table(["a", "b"], [[1, 2], [3]])
     with pytest.raises(ValueError, match="header=\\[\\]"):
-        io.markdown_table([], [])
+        files.markdown_table([], [])
