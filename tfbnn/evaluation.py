@@ -27,10 +27,11 @@ import numpy as np
 
 from tfbnn import calibration, inference, metrics, plots
 from tfbnn._internal import files
+from tfbnn._internal.files import markdown_table  # public here: results tables for reports and notebooks
 from tfbnn.datasets import corruptions
 from tfbnn.utils import bayesian_layers, posterior_mean
 
-__all__ = ["Evaluation", "evaluate_classifier", "shift_detection", "shift_sweep", "write_report"]
+__all__ = ["Evaluation", "evaluate_classifier", "shift_detection", "shift_sweep", "write_report", "markdown_table"]
 
 
 @dataclasses.dataclass
