@@ -146,14 +146,17 @@ def test_failed_save_keeps_the_old_model(tmp_path, capsys, monkeypatch):
 
 
 def test_parser_has_one_module_per_subcommand():
-    from tfbnn.cli import evaluate, export, recipes, train, tune
+    import importlib
+    import inspect
 
-    assert cli.SUBCOMMANDS[:6] == [train.add_parser, recipes.add_run_parser, recipes.add_recipes_parser,
-                                   evaluate.add_parser, export.add_parser, tune.add_parser]
-    names = [add.__name__ for add in cli.SUBCOMMANDS[6:]]
-    assert names == ["add_vd_sparsity_parser", "add_vd_regression_parser", "add_vd_transformer_parser",
-                     "add_ibnn_regression_parser", "add_ibnn_lenet_parser", "add_ibnn_shift_parser",
-                     "add_uncertainty_comparison_parser", "add_vcl_split_digits_parser"]
+    from tfbnn.cli import train
+
+    assert list(cli.COMMANDS)[:6] == ["train", "run", "recipes", "evaluate", "export", "tune"]
+    for name, (module_name, summary) in cli.COMMANDS.items():
+        module = importlib.import_module(module_name)
+        assert callable(module.add_arguments) and callable(module.run), name
+        assert module.DESCRIPTION.strip() and summary.strip() and "\n" not in summary, name
+        assert inspect.signature(module.run).parameters.keys() == {"args"}, name
     parser = cli.build_parser()
     args = parser.parse_args(["train"])
     assert args.func is train.run and args.dataset == "digits" and args.baseline
@@ -379,11 +382,11 @@ def test_help_and_option_errors_do_not_import_tensorflow():
     import subprocess
     import sys
 
-    code = ("import sys; sys.argv[0] = 'tfbnn'; from tfbnn.cli import main; "
-            "codes = [main(['--help']), main(['train', '--help']), main(['train', '--epochs', '0'])]; "
-            "print(codes, 'tensorflow' in sys.modules)")
+    code = ("import sys, _tfbnn_command; from tfbnn.cli import main; "
+            "codes = [main(['--help']), main(['train', '--help']), main(['train', '--epochs', '0']), "
+            "main(['no-such-command'])]; print(codes, 'tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip().splitlines()[-1] == "[0, 0, 2] False", out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[0, 0, 2, 2] False", out.stderr[-2000:]
 
 
 def test_failed_run_leaves_no_output_folder(tmp_path, capsys):
@@ -544,3 +547,26 @@ def test_evaluate_with_adaptive_sampling(trained, tmp_path, capsys):
     assert "--tolerance applies to --num-samples='auto'" in err
     assert cli.main(["evaluate", str(trained), "--num-samples", "many"]) == 2
     _assert_one_error_line(capsys.readouterr().err)
+
+
+def test_the_console_script_is_the_entry_module_and_parses_before_tensorflow():
+    """`tfbnn` runs `_tfbnn_command:main` (pyproject.toml), which defers the core: `--help` loads no TensorFlow,
+    while a plain `import tfbnn` loads it (saved models deserialize)."""
+    import subprocess
+    import sys
+    import tomllib
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        assert tomllib.load(f)["project"]["scripts"] == {"tfbnn": "_tfbnn_command:main"}
+    code = ("import sys, _tfbnn_command; sys.argv = ['tfbnn', 'vd-sparsity', '--help']; status = _tfbnn_command.main(); "
+            "print(status, 'tensorflow' in sys.modules, sorted(m for m in sys.modules if m.startswith('tfbnn.experiments.') and '._' not in m))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "sparsity" in out.stdout
+    *_, last = out.stdout.strip().splitlines()
+    status, tf_loaded, studies = last.split(" ", 2)
+    assert status == "0" and tf_loaded == "False" and studies == "['tfbnn.experiments.vd_sparsity']", last  # only the chosen study
+    out = subprocess.run([sys.executable, "-c", "import sys, tfbnn; print('tensorflow' in sys.modules)"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "True", out.stderr[-2000:]

@@ -158,7 +158,7 @@ def test_import_tfbnn_layers_loads_no_tuner_and_no_cli():
 
 
 def test_the_command_parses_without_tensorflow_and_lists_recipes_lazily():
-    code = ("import sys; sys.argv[0] = 'tfbnn'; import tfbnn.cli, tfbnn.training.recipes, tfbnn.datasets.catalog; "
+    code = ("import sys, _tfbnn_command; import tfbnn.cli, tfbnn.training.recipes, tfbnn.datasets.catalog; "
             "print('tensorflow' in sys.modules, 'keras' in sys.modules)")
     assert _fresh(code) == "False False"
 

@@ -12,14 +12,14 @@ Flat public API::
 """
 
 import importlib
-
-from tfbnn._internal import startup
+import sys
 
 # Submodules and the names re-exported from them. `import tfbnn` loads the core
 # (TensorFlow, Keras, the layers, so that saved models deserialize) but never
 # KerasTuner or matplotlib: tuning, plots, evaluation, training, experiments and
-# the command line load on first use (``tfbnn.tuning``). The `tfbnn` command loads
-# nothing here, so that it parses its arguments before TensorFlow starts.
+# the command line load on first use (``tfbnn.tuning``). The `tfbnn` command's entry
+# point (_tfbnn_command.py, outside the package) asks for nothing to load here, so that
+# it parses its arguments before TensorFlow starts.
 _CORE = ("priors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
          "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample", "ensembles", "continual", "models", "datasets")
 _LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
@@ -51,7 +51,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'tfbnn' has no attribute {name!r}")
 
 
-if not startup.running_the_command():
+if not getattr(sys.modules.get("_tfbnn_command"), "DEFER_CORE", False):
     for _module in _CORE:
         globals()[_module] = importlib.import_module(f"tfbnn.{_module}")
     for _name, _module in _HOME.items():

@@ -1,9 +1,8 @@
 """Start-up of the `tfbnn` command (no TensorFlow import here).
 
-``tfbnn/__init__.py`` asks :func:`running_the_command` whether to load the core
-eagerly (a library user) or leave it to the command, which parses its arguments
-first and then calls :func:`import_tensorflow_quietly`: library users keep their
-own logging untouched.
+The command's entry point (``_tfbnn_command.py``) keeps ``tfbnn/__init__.py`` from
+loading the core; the command parses its arguments first and then calls
+:func:`import_tensorflow_quietly`. Library users keep their own logging untouched.
 """
 
 import os
@@ -55,7 +54,3 @@ def import_tensorflow_quietly():
         if kept:
             sys.stderr.write("\n".join(kept) + "\n")
 
-
-def running_the_command():
-    """Whether the running program is the `tfbnn` console script."""
-    return os.path.basename(sys.argv[0] if sys.argv else "") == "tfbnn"

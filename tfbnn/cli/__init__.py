@@ -1,71 +1,110 @@
-"""The ``tfbnn`` command: one module per subcommand, on top of everything else.
+"""The ``tfbnn`` command: one table of subcommands, each a module with ``add_arguments`` and ``run``.
 
-=========================  ==========================================================
-subcommand                 module
-=========================  ==========================================================
-``tfbnn train``            :mod:`tfbnn.cli.train` (a recipe from flags; the main job)
-``tfbnn run RECIPE``       :mod:`tfbnn.cli.recipes` (a built-in name or a .json file)
-``tfbnn recipes``          :mod:`tfbnn.cli.recipes` (list, or ``--show NAME``)
-``tfbnn evaluate``         :mod:`tfbnn.cli.evaluate`
-``tfbnn export``           :mod:`tfbnn.cli.export`
-``tfbnn tune``             :mod:`tfbnn.cli.tune`
-``tfbnn vd-sparsity`` ...  :mod:`tfbnn.cli.experiments` (the studies of tfbnn.experiments)
-=========================  ==========================================================
+:data:`COMMANDS` maps each subcommand to the module that implements it and the line
+``tfbnn --help`` shows. ``tfbnn --help`` reads the table alone; only the chosen
+command's module is imported, and it adds its options (``add_arguments(parser)``,
+with its ``DESCRIPTION`` and optional ``EPILOG``) and runs (``run(args)``, or the
+``func`` its options set). So a study module may import TensorFlow at its top: that
+costs start-up time only when that study is asked for.
+
+Start-up: the console script's entry point is ``_tfbnn_command:main``, a module
+outside this package, which tells ``tfbnn/__init__.py`` to leave the library's core
+unloaded. The command parses its arguments first and loads TensorFlow (quietly)
+only to run, so ``--help`` and option errors answer at once.
 
 Exit status: 0 on success, 2 on a bad option (one ``tfbnn: error: ...`` line on
 stderr, no traceback), 1 when the run itself fails (the loss became NaN, a dataset
-could not be loaded); a failed run never replaces a saved file. Arguments are parsed
-before TensorFlow is imported, so ``--help`` and option errors answer at once.
+could not be loaded); a failed run never replaces a saved file.
 
 Nothing in tfbnn imports this package.
 """
 
+import importlib
 import sys
 
 from tfbnn._internal import argtypes
-from tfbnn.cli import evaluate, experiments, export, recipes, train, tune
 
-__all__ = ["main", "build_parser", "SUBCOMMANDS", "PROG"]
+__all__ = ["main", "build_parser", "COMMANDS", "PROG"]
 
 PROG = "tfbnn"
 
-#: The subcommands, in the order ``tfbnn --help`` lists them. Each adds its parser
-#: to the subparsers action and sets ``func``.
-SUBCOMMANDS = [
-    train.add_parser,
-    recipes.add_run_parser,
-    recipes.add_recipes_parser,
-    evaluate.add_parser,
-    export.add_parser,
-    tune.add_parser,
-    *experiments.PARSERS,
-]
+#: Subcommand -> (module, one-line summary), in the order ``tfbnn --help`` lists them.
+COMMANDS = {
+    "train": ("tfbnn.cli.train",
+              "train a model of the zoo with one Bayesian method, evaluate it and save it (.keras)"),
+    "run": ("tfbnn.cli.run", "run a recipe: a built-in study protocol by name (see `tfbnn recipes`) or a .json file"),
+    "recipes": ("tfbnn.cli.recipes", "list the built-in recipes (the seed studies' protocols), or show one"),
+    "evaluate": ("tfbnn.cli.evaluate",
+                 "Monte Carlo metrics, calibration and shift curves of a saved model, as PNGs + JSON"),
+    "export": ("tfbnn.cli.export", "export a saved model as a SavedModel with sample / mean / uncertainty endpoints"),
+    "tune": ("tfbnn.cli.tune",
+             "KerasTuner search: the Blundell scale-mixture prior grid (27 trials), resumable, distributable"),
+    "vd-sparsity": ("tfbnn.experiments.vd_sparsity",
+                    "sparsity study: pre-train, convert (vd | graves), anneal, prune vs random"),
+    "vd-regression": ("tfbnn.experiments.vd_regression",
+                      "1-D regression bands: variational dropout vs Graves vs deterministic"),
+    "vd-transformer": ("tfbnn.experiments.vd_transformer",
+                       "Transformer text classifier with a VD / BbB feed-forward block (IMDB)"),
+    "ibnn-regression": ("tfbnn.experiments.ibnn_regression",
+                        "iBNN vs Bayes-by-Backprop on y = x^3 with 1-5 hidden layers (bands + CSV)"),
+    "ibnn-lenet": ("tfbnn.experiments.ibnn_lenet",
+                   "LeNet width sweep (1x-64x) of iBNN vs Bayes-by-Backprop (plot + CSV)"),
+    "ibnn-shift": ("tfbnn.experiments.ibnn_shift",
+                   "uncertainty under input corruption: iBNN vs MC dropout (plots + CSV)"),
+    "uncertainty-comparison": ("tfbnn.experiments.uncertainty_comparison",
+                               "one table: deterministic, MC dropout, BbB, iBNN, deep ensemble (CSV/MD + PNG)"),
+    "vcl-split-digits": ("tfbnn.experiments.vcl_split_digits",
+                         "split digits: VCL (posterior as prior) vs fine-tuning; forgetting table + plots"),
+}
+
+_DESCRIPTION = (
+    "tfbnn: Bayesian deep learning as Keras 3 layers on TensorFlow Probability.\n"
+    "\n"
+    "Run `tfbnn <command> --help` for a command's options. `tfbnn train` with no\n"
+    "options trains a Bayes-by-Backprop MLP on the offline digits dataset, prints its\n"
+    "accuracy, NLL, ECE and uncertainty beside a deterministic baseline, and saves it\n"
+    "under saved_models/. `tfbnn recipes` lists the studies' protocols; `tfbnn run NAME`\n"
+    "runs one."
+)
 
 
-def build_parser():
-    """The ``tfbnn`` argument parser with every subcommand of :data:`SUBCOMMANDS`."""
-    parser = argtypes.ArgumentParser(
-        prog=PROG,
-        formatter_class=argtypes.HelpFormatter,
-        description=(
-            "tfbnn: Bayesian deep learning as Keras 3 layers on TensorFlow Probability.\n"
-            "\n"
-            "Run `tfbnn <command> --help` for a command's options. `tfbnn train` with no\n"
-            "options trains a Bayes-by-Backprop MLP on the offline digits dataset, prints its\n"
-            "accuracy, NLL, ECE and uncertainty beside a deterministic baseline, and saves it\n"
-            "under saved_models/. `tfbnn recipes` lists the studies' protocols; `tfbnn run NAME`\n"
-            "runs one."
-        ),
-        epilog="exit status: 0 success, 1 the run failed (nothing was overwritten), 2 bad options",
-    )
+def add_command(subparsers, name):
+    """Adds subcommand ``name`` of :data:`COMMANDS` to ``subparsers``, importing its module."""
+    module_name, summary = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = subparsers.add_parser(name, help=summary, description=module.DESCRIPTION,
+                                   epilog=getattr(module, "EPILOG", None), formatter_class=argtypes.HelpFormatter)
+    parser.set_defaults(func=module.run)
+    module.add_arguments(parser)
+    return parser
+
+
+def build_parser(command=None):
+    """The ``tfbnn`` parser: every command listed, ``command``'s options added (None: all of them).
+
+    ``tfbnn --help`` needs none of the modules; :func:`main` passes the command named in
+    ``argv`` so that only its module is imported.
+    """
     from tfbnn import __version__
 
+    parser = argtypes.ArgumentParser(prog=PROG, formatter_class=argtypes.HelpFormatter, description=_DESCRIPTION,
+                                     epilog="exit status: 0 success, 1 the run failed (nothing was overwritten), "
+                                            "2 bad options")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
     subparsers.required = True
-    for add_parser in SUBCOMMANDS:
-        add_parser(subparsers)
+    for name, (_, summary) in COMMANDS.items():
+        if command is None or name == command:
+            add_command(subparsers, name)
+        else:
+            subparsers.add_parser(name, help=summary)
     return parser
+
+
+def _named_command(argv):
+    """The subcommand ``argv`` names: its first word that is not an option (None if none is in the table)."""
+    first = next((word for word in argv if not word.startswith("-")), None)
+    return first if first in COMMANDS else None
 
 
 def main(argv=None):
@@ -73,7 +112,9 @@ def main(argv=None):
 
     Never raises ``SystemExit`` itself (the console script wraps it in ``sys.exit``).
     """
-    return argtypes.run_parsed(build_parser(), argv, interrupted="interrupted; nothing was overwritten")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return argtypes.run_parsed(build_parser(_named_command(argv)), argv,
+                               interrupted="interrupted; nothing was overwritten")
 
 
 if __name__ == "__main__":

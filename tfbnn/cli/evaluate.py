@@ -6,39 +6,36 @@ from tfbnn._internal import argtypes
 from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
 from tfbnn._internal.errors import RunError
 
-__all__ = ["add_parser", "run", "load_model", "SHIFT_GAMMA"]
+__all__ = ["DESCRIPTION", "add_arguments", "run", "load_model", "SHIFT_GAMMA"]
 
 SHIFT_GAMMA = 0.5  # x' = (1 - gamma) x + gamma * eps, eps ~ N(0, 1)
 
 
-def add_parser(subparsers):
-    """Registers ``tfbnn evaluate``."""
-    parser = subparsers.add_parser(
-        "evaluate",
-        help="Monte Carlo metrics, calibration and shift curves of a saved model, as PNGs + JSON",
-        formatter_class=argtypes.HelpFormatter,
-        description=(
-            "Load a saved .keras classifier, run Monte Carlo prediction on a dataset's test split and\n"
-            "write metrics.json (accuracy, NLL, Brier, ECE, accuracy-coverage area, total /\n"
-            "aleatoric / epistemic uncertainty on clean and Gaussian-shifted inputs, a shift sweep)\n"
-            "next to PNG figures: reliability diagram, entropy histograms, accuracy-coverage and\n"
-            "uncertainty-versus-shift curves. The clean and shifted numbers are rows of the sweep\n"
-            "(the same noise draws). Use the dataset and --seed the model was trained with, so the\n"
-            "test split is the held-out one. Dense and convolutional models both work: the images\n"
-            "are given in the shape the model expects.\n"
-            "\n"
-            "Temperature scaling of the Monte Carlo predictive, softmax(log p_bar / T) (Guo et al. 2017):\n"
-            "--temperature T applies a known T (e.g. the one `tfbnn train` fitted, in its results.json);\n"
-            "--fit-temperature fits T on the validation hold-out of the training split (--validation-fraction\n"
-            "and --seed as in training, so that the model never saw those examples). The tempered numbers\n"
-            "are printed beside the raw ones and stored under temperature_scaled in metrics.json."
-        ),
-        epilog=(
-            "examples:\n"
-            "  tfbnn evaluate saved_models/bbb_mlp_digits.keras --fit-temperature\n"
-            "  tfbnn evaluate saved_models/bbb_mlp_digits.keras --temperature 0.9"
-        ),
-    )
+DESCRIPTION = (
+    "Load a saved .keras classifier, run Monte Carlo prediction on a dataset's test split and\n"
+    "write metrics.json (accuracy, NLL, Brier, ECE, accuracy-coverage area, total /\n"
+    "aleatoric / epistemic uncertainty on clean and Gaussian-shifted inputs, a shift sweep)\n"
+    "next to PNG figures: reliability diagram, entropy histograms, accuracy-coverage and\n"
+    "uncertainty-versus-shift curves. The clean and shifted numbers are rows of the sweep\n"
+    "(the same noise draws). Use the dataset and --seed the model was trained with, so the\n"
+    "test split is the held-out one. Dense and convolutional models both work: the images\n"
+    "are given in the shape the model expects.\n"
+    "\n"
+    "Temperature scaling of the Monte Carlo predictive, softmax(log p_bar / T) (Guo et al. 2017):\n"
+    "--temperature T applies a known T (e.g. the one `tfbnn train` fitted, in its results.json);\n"
+    "--fit-temperature fits T on the validation hold-out of the training split (--validation-fraction\n"
+    "and --seed as in training, so that the model never saw those examples). The tempered numbers\n"
+    "are printed beside the raw ones and stored under temperature_scaled in metrics.json."
+)
+EPILOG = (
+    "examples:\n"
+    "  tfbnn evaluate saved_models/bbb_mlp_digits.keras --fit-temperature\n"
+    "  tfbnn evaluate saved_models/bbb_mlp_digits.keras --temperature 0.9"
+)
+
+
+def add_arguments(parser):
+    """The options of ``tfbnn evaluate``."""
     parser.add_argument("model", type=argtypes.existing_model, help="a .keras file (e.g. from tfbnn train)")
     parser.add_argument("--dataset", choices=CLASSIFICATION_DATASETS, default="digits",
                         help="dataset whose test split is evaluated")
@@ -66,8 +63,6 @@ def add_parser(subparsers):
                         "(tfbnn train's default)")
     parser.add_argument("--output-dir", default=None, metavar="DIR",
                         help="where the JSON and PNGs go; default: MODEL without .keras + '_evaluation/'")
-    parser.set_defaults(func=run)
-    return parser
 
 
 def load_model(path):

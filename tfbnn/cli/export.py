@@ -5,25 +5,22 @@ import os
 from tfbnn._internal import argtypes
 from tfbnn.cli.evaluate import load_model
 
-__all__ = ["add_parser", "run", "model_task"]
+__all__ = ["DESCRIPTION", "add_arguments", "run", "model_task"]
 
 
-def add_parser(subparsers):
-    """Registers ``tfbnn export``."""
-    parser = subparsers.add_parser(
-        "export",
-        help="export a saved model as a SavedModel with sample / mean / uncertainty endpoints",
-        formatter_class=argtypes.HelpFormatter,
-        description=(
-            "Export a .keras model as a TensorFlow SavedModel that serves without tfbnn\n"
-            "(tf.saved_model.load). Endpoints: sample(x), sample_seeded(x, seed), mean(x),\n"
-            "summary(x) and summary_seeded(x, seed) (a T-sample summary: mean_probs,\n"
-            "predictive_entropy, aleatoric, epistemic for classifiers; mean and standard deviations\n"
-            "for regression). serving_default is the summary (what a serving client wants: the\n"
-            "prediction with its uncertainty). Unseeded endpoints draw fresh samples in every process;\n"
-            "seeded ones (int32 or int64 seeds) reproduce."
-        ),
-    )
+DESCRIPTION = (
+    "Export a .keras model as a TensorFlow SavedModel that serves without tfbnn\n"
+    "(tf.saved_model.load). Endpoints: sample(x), sample_seeded(x, seed), mean(x),\n"
+    "summary(x) and summary_seeded(x, seed) (a T-sample summary: mean_probs,\n"
+    "predictive_entropy, aleatoric, epistemic for classifiers; mean and standard deviations\n"
+    "for regression). serving_default is the summary (what a serving client wants: the\n"
+    "prediction with its uncertainty). Unseeded endpoints draw fresh samples in every process;\n"
+    "seeded ones (int32 or int64 seeds) reproduce."
+)
+
+
+def add_arguments(parser):
+    """The options of ``tfbnn export``."""
     parser.add_argument("model", type=argtypes.existing_model, help="a .keras file")
     parser.add_argument("--output", default=None, metavar="DIR",
                         help="SavedModel folder; default: MODEL without .keras + '_savedmodel'")
@@ -34,8 +31,6 @@ def add_parser(subparsers):
                         "probabilities: a softmax head), regression (a tfbnn.GaussianHead or a point "
                         "output); auto decides from the model's output layer")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing export folder")
-    parser.set_defaults(func=run)
-    return parser
 
 
 def _output_layer(model):

@@ -14,7 +14,7 @@ from tfbnn._internal import argtypes
 from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
 from tfbnn.training.recipe import DEFAULT_MEMBERS, KL_SCHEDULES, MEMBER_METHODS, METHODS
 
-__all__ = ["add_parser", "run", "recipe_from_args", "METHOD_FLAGS"]
+__all__ = ["DESCRIPTION", "add_arguments", "run", "recipe_from_args", "METHOD_FLAGS"]
 
 ESTIMATORS = ("reparameterization", "flipout", "local_reparameterization")
 PRIORS = ("normal", "scale_mixture")
@@ -41,48 +41,45 @@ _MAIN_HIDDEN_UNITS, _MAIN_DEPTH = 64, 2
 _MAIN_VALIDATION_FRACTION, _MAIN_BETA = 0.15, 0.1
 
 
-def add_parser(subparsers):
-    """Registers ``tfbnn train``."""
-    parser = subparsers.add_parser(
-        "train",
-        help="train a model of the zoo with one Bayesian method, evaluate it and save it (.keras)",
-        formatter_class=argtypes.HelpFormatter,
-        description=(
-            "Train a model of the tfbnn zoo with one method, evaluate its Monte Carlo predictive and\n"
-            "save it as a .keras file, through tfbnn.training.run (the recipe is written next to the\n"
-            "results as recipe.json; `tfbnn run recipe.json` runs it again).\n"
-            "\n"
-            "The loss is the per-example negative ELBO  mean NLL + beta * KL(q || p) / N  (N = the\n"
-            "training examples actually loaded), with beta moved by tfbnn.KLAnnealing following\n"
-            "--schedule up to --beta.\n"
-            "\n"
-            "With no options this is the main job: a Bayes-by-Backprop MLP (2 x 64 units, local\n"
-            "reparameterization, N(0, 1) prior) on the offline 'digits' dataset (scikit-learn's 8x8\n"
-            "digits, 1437 train / 360 test, no download), about a minute on 2 CPU cores, beside the\n"
-            "same MLP with deterministic layers. It trains a tempered posterior, beta = 0.1 (the data\n"
-            "counted ten times against the prior), and the same model at beta = 1 (the ELBO) beside it.\n"
-            "The results table shows test accuracy, NLL, ECE (raw and after temperature scaling fitted\n"
-            "on a 15% validation hold-out), Brier score and mean confidence of the Monte Carlo\n"
-            "predictive (--num-samples samples), the KL, and shift detection: how well the predictive\n"
-            "entropy and the epistemic uncertainty (mutual information) tell noise-shifted inputs\n"
-            "x' = (1 - g) x + g * eps, eps ~ N(0, 1), g = 0.5 from clean ones (AUROC, 0.5 = chance),\n"
-            "followed by a paragraph reading the trade-off.\n"
-            "\n"
-            "Files are written only after a successful run: a failed run (e.g. the loss became NaN)\n"
-            "exits with status 1 and leaves no output and any existing file untouched."
-        ),
-        epilog=(
-            "examples:\n"
-            "  tfbnn train\n"
-            "  tfbnn train --beta 1 --no-temperature-scale          # the untempered ELBO, raw predictive\n"
-            "  tfbnn train --layer flipout --prior scale_mixture --pi 0.25 --sigma1 1 --sigma2 0.000335\n"
-            "  tfbnn train --method mc_dropout --dropout-rate 0.2\n"
-            "  tfbnn train --method ensemble --members 5 --baseline\n"
-            "  tfbnn train --method ensemble --members 3 --member-method bbb --layer flipout\n"
-            "  tfbnn train --model lenet5 --method bbb --dataset cifar10 --epochs 100 --beta 0.1\n"
-            "  tfbnn train --dataset mnist --hidden-units 400 --epochs 10 --schedule blundell"
-        ),
-    )
+DESCRIPTION = (
+    "Train a model of the tfbnn zoo with one method, evaluate its Monte Carlo predictive and\n"
+    "save it as a .keras file, through tfbnn.training.run (the recipe is written next to the\n"
+    "results as recipe.json; `tfbnn run recipe.json` runs it again).\n"
+    "\n"
+    "The loss is the per-example negative ELBO  mean NLL + beta * KL(q || p) / N  (N = the\n"
+    "training examples actually loaded), with beta moved by tfbnn.KLAnnealing following\n"
+    "--schedule up to --beta.\n"
+    "\n"
+    "With no options this is the main job: a Bayes-by-Backprop MLP (2 x 64 units, local\n"
+    "reparameterization, N(0, 1) prior) on the offline 'digits' dataset (scikit-learn's 8x8\n"
+    "digits, 1437 train / 360 test, no download), about a minute on 2 CPU cores, beside the\n"
+    "same MLP with deterministic layers. It trains a tempered posterior, beta = 0.1 (the data\n"
+    "counted ten times against the prior), and the same model at beta = 1 (the ELBO) beside it.\n"
+    "The results table shows test accuracy, NLL, ECE (raw and after temperature scaling fitted\n"
+    "on a 15% validation hold-out), Brier score and mean confidence of the Monte Carlo\n"
+    "predictive (--num-samples samples), the KL, and shift detection: how well the predictive\n"
+    "entropy and the epistemic uncertainty (mutual information) tell noise-shifted inputs\n"
+    "x' = (1 - g) x + g * eps, eps ~ N(0, 1), g = 0.5 from clean ones (AUROC, 0.5 = chance),\n"
+    "followed by a paragraph reading the trade-off.\n"
+    "\n"
+    "Files are written only after a successful run: a failed run (e.g. the loss became NaN)\n"
+    "exits with status 1 and leaves no output and any existing file untouched."
+)
+EPILOG = (
+    "examples:\n"
+    "  tfbnn train\n"
+    "  tfbnn train --beta 1 --no-temperature-scale          # the untempered ELBO, raw predictive\n"
+    "  tfbnn train --layer flipout --prior scale_mixture --pi 0.25 --sigma1 1 --sigma2 0.000335\n"
+    "  tfbnn train --method mc_dropout --dropout-rate 0.2\n"
+    "  tfbnn train --method ensemble --members 5 --baseline\n"
+    "  tfbnn train --method ensemble --members 3 --member-method bbb --layer flipout\n"
+    "  tfbnn train --model lenet5 --method bbb --dataset cifar10 --epochs 100 --beta 0.1\n"
+    "  tfbnn train --dataset mnist --hidden-units 400 --epochs 10 --schedule blundell"
+)
+
+
+def add_arguments(parser):
+    """The options of ``tfbnn train``."""
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", choices=CLASSIFICATION_DATASETS, default="digits",
                       help="digits and moons are offline; the others come from tensorflow-datasets and "
@@ -185,8 +182,6 @@ def add_parser(subparsers):
                             help="the .keras model (default: saved_models/<method>_<model>_<dataset>.keras)")
     evaluation.add_argument("--output-dir", default=None, metavar="DIR",
                             help="history, curves, results and recipe (default: PATH without .keras + '_run')")
-    parser.set_defaults(func=run)
-    return parser
 
 
 def _not_applicable(args):

@@ -1,8 +1,7 @@
 """``tfbnn tune``: KerasTuner searches from the command line (see :mod:`tfbnn.tuning`).
 
-Written as a ``tfbnn`` subcommand (``add_tune_parser`` / ``run_tune``, the
-pattern of :mod:`tfbnn.cli`); until it is listed in ``tfbnn.cli.SUBCOMMANDS`` it
-also runs on its own::
+Written as a ``tfbnn`` subcommand (``add_arguments`` / ``run``, the
+pattern of :mod:`tfbnn.cli`); it also runs on its own::
 
     python -m tfbnn.cli.tune tune --search blundell-prior-grid --dataset digits --epochs 5
 
@@ -31,7 +30,7 @@ from tfbnn._internal.files import format_table
 
 PROG = "tfbnn"
 
-__all__ = ["add_parser", "add_tune_parser", "run_tune", "main", "TUNE_DEFAULTS"]
+__all__ = ["DESCRIPTION", "EPILOG", "add_arguments", "run", "main", "TUNE_DEFAULTS"]
 
 SEARCH_NAMES = ("blundell-prior-grid", "ibnn-random")  # = tfbnn.tuning.SEARCHES (kept light: no TF import)
 OBJECTIVE_NAMES = ("val_accuracy", "val_nll", "val_loss")
@@ -60,10 +59,10 @@ TUNE_DEFAULTS = {
     "verbose": 0,
 }
 
-# The chief's and workers' program: `python -m tfbnn.cli.tune` with TensorFlow's start-up
-# log filtered as for the `tfbnn` command (tfbnn/startup.py keys on the program name).
+# The chief's and workers' program: `python -m tfbnn.cli.tune` started as the `tfbnn` command
+# is (through its entry module), so TensorFlow loads after parsing with its start-up log filtered.
 _CHILD_MAIN = (
-    "import sys; sys.argv[0] = 'tfbnn'; import tfbnn; from tfbnn.cli.tune import main; "
+    "import sys, _tfbnn_command; from tfbnn.cli.tune import main; "
     "sys.exit(main(sys.argv[1:]))"
 )
 
@@ -78,47 +77,44 @@ def _join(values):
     return ",".join(repr(v) if isinstance(v, float) else str(v) for v in values)
 
 
-def add_parser(subparsers):
-    """Registers ``tfbnn tune``."""
+DESCRIPTION = (
+    "Run a KerasTuner search over a tfbnn model and report the best trials.\n"
+    "\n"
+    "blundell-prior-grid is the prior search of Blundell et al. (2015, sec. 5.1): a BbB MLP\n"
+    "under the scale-mixture prior  pi N(0, sigma1^2) + (1 - pi) N(0, sigma2^2)  for every\n"
+    "pi in {1/4, 1/2, 3/4}, -log sigma1 in {0, 1, 2}, -log sigma2 in {6, 7, 8}: a GridSearch\n"
+    "that runs each of the 27 combinations exactly once. Each trial trains for --epochs on\n"
+    "the training split minus the last --validation-split of it, with tfbnn.KLAnnealing\n"
+    "and N = the examples it actually trains on, and is scored on that held-out part\n"
+    "(the test split is not used). --pi / --neg-log-sigma1 / --neg-log-sigma2 change the\n"
+    "grid; --tune-learning-rate / --tune-hidden-units / --tune-schedule add dimensions.\n"
+    "\n"
+    "KerasTuner prints each trial as it runs. At the end: a table of the top trials (pi,\n"
+    "sigma1, sigma2, validation accuracy and NLL at the trial's best epoch), and in --output\n"
+    "results.csv (every trial), heatmap.png (best value per prior, a panel per pi),\n"
+    "fits.jsonl (which process trained what) and the KerasTuner project search/.\n"
+    "\n"
+    "Resume: run the same command again. Completed trials are kept and not re-run; a trial\n"
+    "cut off mid-way runs again. --overwrite starts over (the settings must match to resume).\n"
+    "\n"
+    "Distributed: --workers W starts KerasTuner's chief (the oracle, over gRPC on\n"
+    "127.0.0.1) and W worker processes on this machine; only the chief may overwrite.\n"
+    "On several machines run this same command on each with KERASTUNER_TUNER_ID=chief\n"
+    "(one machine) or tuner0, tuner1, ... and KERASTUNER_ORACLE_IP / KERASTUNER_ORACLE_PORT\n"
+    "set to the chief's address (see tuners/README.md)."
+)
+EPILOG = (
+    "examples:\n"
+    "  tfbnn tune\n"
+    "  tfbnn tune --search blundell-prior-grid --dataset digits --epochs 10 --objective val_nll\n"
+    "  tfbnn tune --pi 0.25,0.5 --neg-log-sigma2 6,7,8,9 --tune-learning-rate 1e-3,3e-3\n"
+    "  tfbnn tune --dataset moons --max-examples 400 --epochs 3 --workers 2"
+)
+
+
+def add_arguments(parser):
+    """The options of ``tfbnn tune``."""
     d = TUNE_DEFAULTS
-    parser = subparsers.add_parser(
-        "tune",
-        help="KerasTuner search: the Blundell scale-mixture prior grid (27 trials), resumable, distributable",
-        formatter_class=argtypes.HelpFormatter,
-        description=(
-            "Run a KerasTuner search over a tfbnn model and report the best trials.\n"
-            "\n"
-            "blundell-prior-grid is the prior search of Blundell et al. (2015, sec. 5.1): a BbB MLP\n"
-            "under the scale-mixture prior  pi N(0, sigma1^2) + (1 - pi) N(0, sigma2^2)  for every\n"
-            "pi in {1/4, 1/2, 3/4}, -log sigma1 in {0, 1, 2}, -log sigma2 in {6, 7, 8}: a GridSearch\n"
-            "that runs each of the 27 combinations exactly once. Each trial trains for --epochs on\n"
-            "the training split minus the last --validation-split of it, with tfbnn.KLAnnealing\n"
-            "and N = the examples it actually trains on, and is scored on that held-out part\n"
-            "(the test split is not used). --pi / --neg-log-sigma1 / --neg-log-sigma2 change the\n"
-            "grid; --tune-learning-rate / --tune-hidden-units / --tune-schedule add dimensions.\n"
-            "\n"
-            "KerasTuner prints each trial as it runs. At the end: a table of the top trials (pi,\n"
-            "sigma1, sigma2, validation accuracy and NLL at the trial's best epoch), and in --output\n"
-            "results.csv (every trial), heatmap.png (best value per prior, a panel per pi),\n"
-            "fits.jsonl (which process trained what) and the KerasTuner project search/.\n"
-            "\n"
-            "Resume: run the same command again. Completed trials are kept and not re-run; a trial\n"
-            "cut off mid-way runs again. --overwrite starts over (the settings must match to resume).\n"
-            "\n"
-            "Distributed: --workers W starts KerasTuner's chief (the oracle, over gRPC on\n"
-            "127.0.0.1) and W worker processes on this machine; only the chief may overwrite.\n"
-            "On several machines run this same command on each with KERASTUNER_TUNER_ID=chief\n"
-            "(one machine) or tuner0, tuner1, ... and KERASTUNER_ORACLE_IP / KERASTUNER_ORACLE_PORT\n"
-            "set to the chief's address (see tuners/README.md)."
-        ),
-        epilog=(
-            "examples:\n"
-            "  tfbnn tune\n"
-            "  tfbnn tune --search blundell-prior-grid --dataset digits --epochs 10 --objective val_nll\n"
-            "  tfbnn tune --pi 0.25,0.5 --neg-log-sigma2 6,7,8,9 --tune-learning-rate 1e-3,3e-3\n"
-            "  tfbnn tune --dataset moons --max-examples 400 --epochs 3 --workers 2"
-        ),
-    )
     search = parser.add_argument_group("search")
     search.add_argument("--search", choices=SEARCH_NAMES, default=d["search"],
                         help="blundell-prior-grid: the 27-point scale-mixture prior grid (GridSearch); "
@@ -190,8 +186,7 @@ def add_parser(subparsers):
                      "this machine (gRPC on 127.0.0.1)")
     run.add_argument("--port", type=argtypes.port, default=d["port"],
                      help="the chief's gRPC port with --workers (default: a free one)")
-    parser.set_defaults(func=run_tune, tune_parser=parser)
-    return parser
+    parser.set_defaults(tune_parser=parser)
 
 
 # -- helpers --------------------------------------------------------------------------
@@ -346,7 +341,7 @@ def _report(tuner, space, args, folder, n_train):
 # -- tune --------------------------------------------------------------------------------
 
 
-def run_tune(args):
+def run(args):
     """``tfbnn tune``: returns the exit status."""
     from tfbnn import tuning
 
@@ -505,21 +500,15 @@ def _run_search(args, search, space, folder, role, settings):
 
 
 def build_parser():
-    """A ``tfbnn``-style parser with only the ``tune`` subcommand."""
-    parser = argtypes.ArgumentParser(prog=PROG, formatter_class=argtypes.HelpFormatter,
-                                     description="tfbnn tune: KerasTuner searches over tfbnn models.")
-    subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
-    subparsers.required = True
-    add_parser(subparsers)
-    return parser
+    """The ``tfbnn`` parser with the ``tune`` subcommand's options."""
+    from tfbnn.cli import build_parser as command_parser
+
+    return command_parser("tune")
 
 
 def main(argv=None):
     """``python -m tfbnn.cli.tune tune ...``: the exit status, as :func:`tfbnn.cli.main` returns it."""
     return argtypes.run_parsed(build_parser(), argv)
-
-
-add_tune_parser = add_parser  # its name before the cli package
 
 if __name__ == "__main__":
     sys.exit(main())
