@@ -48,6 +48,7 @@ def test_api_reference_builds_strict_without_warnings(tmp_path):
     assert missing == []
     page = (site / "api" / "tfbnn.callbacks" / "index.html").read_text()
     assert "KLAnnealing" in page and "num_examples" in page
+    assert 'User guide: <a href="../../guides/elbo/">The ELBO convention</a>' in page
     # The user guides are built next to the reference, and the benchmarks page is
     # benchmarks/README.md, the tables its scripts write.
     guides = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "docs", "guides")) if f.endswith(".md"))
