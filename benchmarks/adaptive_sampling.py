@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 import tfbnn  # noqa: E402
 from tfbnn import training  # noqa: E402
 
+import _readme  # noqa: E402
 from _results import default_path, write_json  # noqa: E402
 
 SUMMARIES = {"max": np.max, "p99": lambda e: np.percentile(e, 99), "mean": np.mean}
@@ -75,6 +76,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=360)
     parser.add_argument("--chunk-size", type=int, default=16)
     parser.add_argument("--output", default=default_path("adaptive_sampling.json"))
+    _readme.add_flag(parser)
     args = parser.parse_args()
 
     recipe = training.get_recipe("digits-bbb-mlp").replace(epochs=args.epochs)
@@ -122,12 +124,15 @@ def main():
     for k, v in table.items():
         print(f"| {k} | {v['seconds']:.3f} | {v['error_max']:.4f} | {v['error_p99']:.4f} | {v['error_mean']:.5f} | "
               f"{v['mean_samples']:.1f} / {v['max_samples']} |")
-    print("\n| tolerance | adaptive s | samples (mean / max) | fixed T at equal worst error | speed-up | "
-          "fixed T at equal p99 | speed-up | fixed T at equal mean error | speed-up |\n|" + "---|" * 9)
+    lines = ["| tolerance | adaptive s | samples (mean / max) | fixed T at equal worst error | speed-up | "
+             "fixed T at equal p99 | speed-up | fixed T at equal mean error | speed-up |", "|" + "---|" * 9]
     for c in comparisons:
-        print(f"| {c['tolerance']:g} | {c['seconds']:.3f} | {c['mean_samples']:.1f} / {c['max_samples']} | "
-              f"{c['fixed_T_max']:.0f} | {c['speedup_max']:.2f}x | {c['fixed_T_p99']:.0f} | {c['speedup_p99']:.2f}x | "
-              f"{c['fixed_T_mean']:.0f} | {c['speedup_mean']:.2f}x |")
+        lines.append(f"| {c['tolerance']:g} | {c['seconds']:.3f} | {c['mean_samples']:.1f} / {c['max_samples']} | "
+                     f"{c['fixed_T_max']:.0f} | {c['speedup_max']:.2f}x | {c['fixed_T_p99']:.0f} | {c['speedup_p99']:.2f}x | "
+                     f"{c['fixed_T_mean']:.0f} | {c['speedup_mean']:.2f}x |")
+    print("\n" + "\n".join(lines))
+    if args.write_readme:
+        _readme.write_table("adaptive_sampling", "\n".join(lines))
     write_json(args.output, {"settings": vars(args), "test_accuracy": result.test["accuracy"],
                              "reference_standard_error": ref_se, "table": table, "comparisons": comparisons,
                              "samples_used": {k: np.asarray(used[k][0]).tolist() for k in calls if k.startswith("auto")}})

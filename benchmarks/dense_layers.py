@@ -43,6 +43,7 @@ import subprocess
 import sys
 import time
 
+import _readme
 from _results import default_path, write_json
 
 IMPLEMENTATIONS = [
@@ -230,6 +231,7 @@ def main():
     parser.add_argument("--out", default=default_path("dense_layers.json"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--xla-worker", action="store_true", help=argparse.SUPPRESS)
+    _readme.add_flag(parser)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.xla_worker, args.steps, args.epochs)))
@@ -238,6 +240,8 @@ def main():
     table = report(rows)
     print(table)
     write_json(args.out, {"rows": rows, "table": table, "steps": args.steps, "epochs": args.epochs})
+    if args.write_readme:
+        _readme.write_table("dense_layers", table)
 
 
 if __name__ == "__main__":

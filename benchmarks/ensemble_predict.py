@@ -35,6 +35,7 @@ import tensorflow as tf  # noqa: E402
 
 import tfbnn  # noqa: E402
 
+import _readme  # noqa: E402
 from _results import default_path, write_json  # noqa: E402
 
 # (name, input dim, hidden units, batch sizes)
@@ -127,15 +128,19 @@ def main():
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--samples", type=int, default=10, help="T per member for the Bayesian rows")
     parser.add_argument("--output", default=default_path("ensemble_predict.json"))
+    _readme.add_flag(parser)
     args = parser.parse_args()
     rows = _deterministic_rows(args.members, args.rounds) + _bayesian_rows(args.members, args.rounds, args.samples)
     header = "| members | architecture | batch | loop (ms) | parallel (ms) | stacked (ms) | x parallel | x stacked |"
-    print("\n" + header + "\n|" + "---|" * 8)
+    lines = [header, "|" + "---|" * 8]
     for r in rows:
         stacked = f"{r['stacked_ms']:.2f}" if "stacked_ms" in r else "-"
         xs = f"{r['speedup_stacked']:.2f}" if "speedup_stacked" in r else "-"
-        print(f"| {r['members']} | {r['architecture']} | {r['batch']} | {r['loop_ms']:.2f} | {r['parallel_ms']:.2f} | "
-              f"{stacked} | {r['speedup_parallel']:.2f} | {xs} |")
+        lines.append(f"| {r['members']} | {r['architecture']} | {r['batch']} | {r['loop_ms']:.2f} | "
+                     f"{r['parallel_ms']:.2f} | {stacked} | {r['speedup_parallel']:.2f} | {xs} |")
+    print("\n" + "\n".join(lines))
+    if args.write_readme:
+        _readme.write_table("ensemble_predict", "\n".join(lines))
     write_json(args.output, {"members": args.members, "rounds": args.rounds, "rows": rows})
     _figure(rows, args.output[: -len(".json")] + ".png")
 

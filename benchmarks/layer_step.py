@@ -32,6 +32,7 @@ import tensorflow_probability as tfp  # noqa: E402
 
 import tfbnn  # noqa: E402
 
+import _readme  # noqa: E402
 from _results import default_path, write_json  # noqa: E402
 
 BATCH, UNITS = 128, 1200
@@ -108,11 +109,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--out", default=default_path("layer_step.json"))
+    _readme.add_flag(parser)
     args = parser.parse_args()
     rows = run(args.rounds, args.calls)
     table = report(rows)
     print(table)
     write_json(args.out, {"rows": rows, "table": table, "rounds": args.rounds, "calls": args.calls})
+    if args.write_readme:
+        _readme.write_table("layer_step", table)
 
 
 if __name__ == "__main__":

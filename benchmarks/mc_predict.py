@@ -29,6 +29,8 @@ import tensorflow as tf  # noqa: E402
 
 import tfbnn  # noqa: E402
 
+import _readme  # noqa: E402
+
 LAYERS = {
     "reparameterization": tfbnn.DenseReparameterization,
     "flipout": tfbnn.DenseFlipout,
@@ -58,11 +60,12 @@ def main():
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
+    _readme.add_flag(parser)
     args = parser.parse_args()
     x = np.random.default_rng(0).uniform(size=(args.batch, 784)).astype("float32")
     print(f"T = {args.samples}, batch {args.batch}, MLP 784-400-400-10, median of {args.repeats}")
-    print("| layer | vectorized (ms) | 100 calls (ms) | speed-up |")
-    print("|---|---|---|---|")
+    lines = ["| layer | vectorized (ms) | 100 calls (ms) | speed-up |", "|---|---|---|---|"]
+    print("\n".join(lines))
     for name, cls in LAYERS.items():
         model = _model(cls)
         call = tf.function(lambda inputs, m=model: m(inputs, training=False))
@@ -75,7 +78,10 @@ def main():
             return tfbnn.inference.summarize_classification(samples)
 
         vec, looped = _timed(vectorized, args.repeats), _timed(loop, args.repeats)
-        print(f"| {name} | {1000 * vec:.1f} | {1000 * looped:.1f} | {looped / vec:.2f}x |", flush=True)
+        lines.append(f"| {name} | {1000 * vec:.1f} | {1000 * looped:.1f} | {looped / vec:.2f}x |")
+        print(lines[-1], flush=True)
+    if args.write_readme:
+        _readme.write_table("mc_predict", "\n".join(lines))
 
 
 if __name__ == "__main__":

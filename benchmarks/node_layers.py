@@ -41,6 +41,7 @@ import os
 import statistics
 import time
 
+import _readme
 from _results import default_path, write_json
 
 SIZES = (784, 1200, 1200, 10)
@@ -199,6 +200,7 @@ def main():
                         help="prediction batch sizes (default 32, the tfbnn.predict default, and 256)")
     parser.add_argument("--samples-per-component", type=int, default=5, help="n (default 5: T = 20)")
     parser.add_argument("--out", default=default_path("node_layers.json"))
+    _readme.add_flag(parser)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     train_rows, node_model, x = [], None, None
@@ -217,6 +219,8 @@ def main():
     print(table)
     write_json(args.out, {"train": train_rows, "predict": predict_rows, "table": table, "steps": args.steps,
                           "rounds": args.rounds})
+    if args.write_readme:
+        _readme.write_table("node_layers", table)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import numpy as np
 
 from tfbnn import convert, pruning
 
+import _readme
 from _results import default_path, write_json
 
 SPARSITIES = (0.0, 0.5, 0.9, 0.95, 0.98, 0.99)
@@ -56,7 +57,7 @@ def measure(method, sparsity, folder):
     masks = magnitude_masks(model, sparsity)
     pruning.apply_masks(model, masks)
     plain = os.path.join(folder, "plain.keras")
-    pruning._uncompiled_copy(model).save(plain)
+    pruning.uncompiled_copy(model).save(plain)
     return {
         "method": method,
         "sparsity": pruning.sparsity(masks),
@@ -73,6 +74,7 @@ def main(argv=None):
     parser.add_argument("--methods", nargs="+", default=["vd", "graves"], choices=["vd", "vd_multiplicative", "graves"])
     parser.add_argument("--sparsities", nargs="+", type=float, default=list(SPARSITIES))
     parser.add_argument("--output", default=default_path("pruned_size.json"))
+    _readme.add_flag(parser)
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -80,13 +82,16 @@ def main(argv=None):
             for sparsity in args.sparsities:
                 rows.append(measure(method, sparsity, folder))
     base = {m: next(r["keras_bytes"] for r in rows if r["method"] == m) for m in args.methods}
-    header = (f"{'method':8s} {'sparsity':>8s} {'.keras':>10s} {'deflated':>10s} {'sparse':>10s} {'+scales':>10s}"
-              "  sparse/.keras")
-    print(header)
+    lines = ["| method | sparsity | .keras (bytes) | deflated .keras | sparse .npz | sparse .npz + scales | "
+             "sparse / .keras |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        print(f"{r['method']:8s} {100 * r['sparsity']:7.1f}% {r['keras_bytes']:10d} {r['keras_deflated_bytes']:10d} "
-              f"{r['sparse_npz_bytes']:10d} {r['sparse_npz_with_scales_bytes']:10d}  "
-              f"{r['sparse_npz_bytes'] / base[r['method']]:.3f}")
+        lines.append(f"| {r['method']} | {100 * r['sparsity']:.1f}% | {r['keras_bytes']:,} | "
+                     f"{r['keras_deflated_bytes']:,} | {r['sparse_npz_bytes']:,} | "
+                     f"{r['sparse_npz_with_scales_bytes']:,} | {r['sparse_npz_bytes'] / base[r['method']]:.3f} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.write_readme:
+        _readme.write_table("pruned_size", table)
     write_json(args.output, {"model": "LeNet-300-100 (784-300-100-10)", "rows": rows})
     return 0
 

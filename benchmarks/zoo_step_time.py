@@ -28,6 +28,7 @@ import platform
 import statistics
 import time
 
+import _readme
 from _results import default_path, write_json
 
 METHODS = {
@@ -118,6 +119,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds; medians are reported (default 3)")
     parser.add_argument("--resnet-stem", choices=("imagenet", "cifar"), default="imagenet")
     parser.add_argument("--out", default=default_path("zoo_step_time.json"))
+    _readme.add_flag(parser)
     args = parser.parse_args()
     methods = ["deterministic"] + [m for m in args.methods if m != "deterministic"]
 
@@ -138,6 +140,8 @@ def main():
     write_json(args.out, {"rows": rows, "steps": args.steps or STEPS, "rounds": args.rounds, "resnet_stem": args.resnet_stem,
                           "tensorflow": tf.__version__, "cpu_count": os.cpu_count(), "machine": platform.machine(),
                           "load_average": os.getloadavg()})
+    if args.write_readme:
+        _readme.write_table("zoo_step_time", table)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""The API reference (MkDocs + mkdocstrings, ``mkdocs.yml``) builds without a warning.
+"""The site (user guides + API reference; MkDocs + mkdocstrings, ``mkdocs.yml``) builds without a warning.
 
 ``mkdocs build --strict`` fails on any warning: a docstring griffe cannot parse, an
-``Args`` entry naming a parameter the signature lacks, a broken cross-reference.
+``Args`` entry naming a parameter the signature lacks, a broken cross-reference, a
+link to a page or heading that is not there.
 Every public module gets a page (``docs/api_pages.py``), so new modules are checked
 as they come.
 """
@@ -47,6 +48,14 @@ def test_api_reference_builds_strict_without_warnings(tmp_path):
     assert missing == []
     page = (site / "api" / "tfbnn.callbacks" / "index.html").read_text()
     assert "KLAnnealing" in page and "num_examples" in page
+    assert 'User guide: <a href="../../guides/elbo/">The ELBO convention</a>' in page
+    # The user guides are built next to the reference, and the benchmarks page is
+    # benchmarks/README.md, the tables its scripts write.
+    guides = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "docs", "guides")) if f.endswith(".md"))
+    assert len(guides) >= 10 and all((site / "guides" / g / "index.html").is_file() for g in guides), guides
+    benchmarks = (site / "guides" / "benchmarks" / "index.html").read_text()
+    assert "tfbnn_local" in benchmarks and "Deep ensembles: all members in one call" in benchmarks
+    assert 'href="../../api/tfbnn.inference/' in (site / "guides" / "uncertainty" / "index.html").read_text()
 
 
 def test_docstring_conventions_become_google_style():

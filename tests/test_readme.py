@@ -1,11 +1,12 @@
-"""The README's examples work as written.
+"""The examples of the README and of the user guides work as written.
 
-Convention (stated in the README's "Documentation" section): every ```python block
-of README.md is self-contained. Each runs here on its own, in a fresh namespace and
-a fresh temporary working directory (files it writes land there), so a reader can
-paste any one block into a new Python session. ```bash blocks and indented command
-blocks are not run; every ``tfbnn ...`` command shown in them or inline must parse
-with the real ``tfbnn`` argument parser.
+Convention (stated in the README's quick start and in the getting-started guide): every
+```python block of README.md, of docs/guides/*.md and of benchmarks/README.md (published
+as the Benchmarks guide) is self-contained. Each runs here on its own, in a fresh
+namespace and a fresh temporary working directory (files it writes land there), so a
+reader can paste any one block into a new Python session. ```bash blocks and indented
+command blocks are not run; every ``tfbnn ...`` command shown in them or inline must
+parse with the real ``tfbnn`` argument parser.
 """
 
 import os
@@ -16,9 +17,15 @@ import pytest
 
 import tfbnn  # noqa: F401  (the checkout's package, imported before the blocks change directory)
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+GUIDES = os.path.join(ROOT, "docs", "guides")
+# The guides the site's nav lists (mkdocs.yml), and the benchmarks page it publishes.
+GUIDE_PAGES = ("getting-started", "elbo", "uncertainty", "ensembles", "continual", "variational-dropout", "ibnn",
+               "zoo-and-recipes", "tuning", "deployment")
+DOCUMENTS = (["README.md"] + [f"docs/guides/{page}.md" for page in GUIDE_PAGES] + ["benchmarks/README.md"])
 
-# Blocks that cannot run here, by the heading of their section, with the reason.
+# Blocks that cannot run here, by their id (see ``python_blocks``), with the reason.
 # Empty on purpose: a block that needs a download or hours of training is rewritten
 # to an offline, quick equivalent instead. A reason given here shows in the skip.
 SKIPPED = {}
@@ -27,9 +34,13 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"`(tfbnn [^`]*)`")
 
 
-def _readme():
-    with open(README, encoding="utf-8") as f:
+def _read(document):
+    with open(os.path.join(ROOT, document), encoding="utf-8") as f:
         return f.read()
+
+
+def _readme():
+    return _read("README.md")
 
 
 def _sections(text):
@@ -84,13 +95,49 @@ def tfbnn_commands(text):
     return commands
 
 
-BLOCKS = python_blocks(_readme())
+def _document_blocks():
+    """[(id, code)] of every document, the id ``<document>: <section heading> #<n>``."""
+    return [(f"{document}: {block_id}", code) for document in DOCUMENTS
+            for block_id, code in python_blocks(_read(document))]
 
 
-def test_the_readme_has_its_examples():
+BLOCKS = _document_blocks()
+QUICK_STARTS = ("README.md: Quick start #1", "docs/guides/getting-started.md: Quick start #1")
+
+
+def test_the_readme_and_the_guides_have_their_examples():
     ids = [block_id for block_id, _ in BLOCKS]
-    assert "Quick start #1" in ids and len(ids) >= 6, ids
+    assert set(QUICK_STARTS) <= set(ids), ids
+    assert [i for i in ids if i.startswith("README.md")] == ["README.md: Quick start #1"], ids
+    assert len(ids) >= 12, ids
     assert set(SKIPPED) <= set(ids), f"SKIPPED names a block that is gone: {set(SKIPPED) - set(ids)}"
+    # Every guide the site lists exists here, and every page of docs/guides/ is listed.
+    assert sorted(f[:-3] for f in os.listdir(GUIDES) if f.endswith(".md")) == sorted(GUIDE_PAGES)
+
+
+def _heading_slugs(text):
+    """The anchors MkDocs (and GitHub) give the Markdown headings of ``text``."""
+    headings = re.findall(r"^#+ (.*)$", FENCE.sub("", text), flags=re.MULTILINE)
+    return {re.sub(r"\s+", "-", re.sub(r"[^\w\s-]", "", h.lower()).strip()) for h in headings}
+
+
+def test_the_readme_is_a_front_page():
+    text = _readme()
+    assert len(text.splitlines()) < 250
+    # Exactly two set-up commands, the second the one CI runs.
+    setup = _sections(text)[1]
+    assert setup[0] == "Set up", setup[0]
+    commands = [m.group(2).strip() for m in FENCE.finditer(setup[1])]
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = f.read().strip().splitlines()[-1]
+    assert len(commands) == 2 and commands[1] == ci, (commands, ci)
+    # Every guide is linked from the README, and every relative link resolves.
+    for page in GUIDE_PAGES:
+        assert f"(docs/guides/{page}.md" in text, page
+    for target, anchor in re.findall(r"\]\(([^)#:]+)(?:#([^)]*))?\)", text):
+        assert os.path.isfile(os.path.join(ROOT, target)), target
+        if anchor:
+            assert anchor in _heading_slugs(_read(target)), (target, anchor)
 
 
 @pytest.mark.heavy
@@ -100,8 +147,8 @@ def test_python_block_runs_as_written(block_id, code, tmp_path, monkeypatch):
         pytest.skip(SKIPPED[block_id])
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__readme__"}
-    exec(compile(code, f"README.md: {block_id}", "exec"), namespace)
-    if block_id == "Quick start #1":
+    exec(compile(code, block_id, "exec"), namespace)
+    if block_id in QUICK_STARTS:
         # What the quick start says: while KLAnnealing ramps beta up (10 epochs), the
         # loss rises although the data term falls; the KL term is loss - nll.
         h = namespace["history"].history
@@ -112,12 +159,14 @@ def test_python_block_runs_as_written(block_id, code, tmp_path, monkeypatch):
         assert h["loss"][19] < h["loss"][10]
 
 
-def test_every_tfbnn_command_shown_parses(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_every_tfbnn_command_shown_parses(document, tmp_path, monkeypatch, capsys):
     from tfbnn.cli import build_parser
 
     monkeypatch.chdir(tmp_path)
-    commands = tfbnn_commands(_readme())
-    assert ["tfbnn", "train"] in commands and len(commands) >= 10, commands
+    commands = tfbnn_commands(_read(document))
+    if document == "README.md":
+        assert ["tfbnn", "train"] in commands and len(commands) >= 10, commands
     parser = build_parser()
     for words in commands:
         for word in words:  # the .keras files a command reads must exist to parse
