@@ -58,7 +58,7 @@ class MultiSampleModel(NetworkWrapper):
     Carlo KL (scale-mixture prior) is the mean of the ``S`` one-sample estimates
     ``log q(w_s) - log p(w_s)`` at the forward pass' draws (local
     reparameterization draws ``S`` weight samples for it). With ``kl_weight = beta
-    / N`` this is the per-example negative ELBO of the README's convention; the
+    / N`` this is the per-example negative ELBO of the ELBO convention (docs/guides/elbo.md); the
     KL is not multiplied by ``S``. Metrics see ``y_hat``. ``predict`` and
     ``call`` run the wrapped model unchanged (use :func:`tfbnn.predict` for Monte
     Carlo prediction). With ``S = 1`` it is the wrapped model. The cost of a step
