@@ -66,6 +66,8 @@ import keras
 import numpy as np
 
 from tfbnn._internal import checks
+from tfbnn._internal import files
+from tfbnn.inference import predict
 from tfbnn.layers.variational_dropout import VariationalDropoutLayer
 from tfbnn.utils import bayesian_layers
 
@@ -404,8 +406,6 @@ def fraction_masks(model, fraction, criterion="auto", scope="global"):
 
 
 def _mc_accuracy(model, x, labels, num_samples, batch_size, masks):
-    from tfbnn.inference import predict
-
     with pruned(model, masks):
         res = predict(model, x, num_samples=num_samples, batch_size=batch_size, task="classification")
     return float(np.mean(res.predicted_class == labels))
@@ -493,8 +493,6 @@ def pruning_curve(model, x, y, fractions=BLUNDELL_FRACTIONS, num_samples=10, sco
 
 def format_pruning_curve(rows, title="Accuracy against the fraction of weights pruned"):
     """:func:`pruning_curve`'s rows as a plain text table (Blundell et al. 2015, Table 2 style)."""
-    from tfbnn._internal import files
-
     table = [("pruned", "weights", "accuracy", "random")]
     for r in rows:
         random = "-" if r["random_accuracy"] is None else f"{100 * r['random_accuracy']:.2f}%"
@@ -511,8 +509,7 @@ def write_pruning_curve(rows, output_dir, name="pruning_curve", title=None):
     Returns:
         The three paths, CSV, JSON, PNG.
     """
-    from tfbnn import plots
-    from tfbnn._internal import files
+    from tfbnn import plots  # matplotlib: loaded only when a figure is written
 
     files.prepare_output_dir(output_dir)
     base = os.path.join(output_dir, name)

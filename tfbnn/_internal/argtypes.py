@@ -12,6 +12,7 @@ import os
 import re
 import sys
 
+from tfbnn._internal import startup
 from tfbnn._internal.errors import RunError
 
 __all__ = [
@@ -246,8 +247,6 @@ def run_parsed(parser, argv, interrupted=None):
         args = parser.parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    from tfbnn._internal import startup
-
     startup.import_tensorflow_quietly()
     try:
         return args.func(args)

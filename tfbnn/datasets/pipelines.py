@@ -69,6 +69,8 @@ __all__ = [
 ]
 
 from tfbnn.datasets.catalog import CIFAR_DATASETS, PIPELINE_DATASETS, TFDS_PIPELINE_DATASETS  # noqa: E402
+from tfbnn.datasets.offline import load_digits, make_moons  # noqa: E402
+from tfbnn.datasets.regression import make_cubic, make_toy_regression  # noqa: E402
 
 #: Per-channel (mean, std) of the training images, in [0, 1] units.
 CIFAR_MEAN_STD = {
@@ -309,23 +311,15 @@ def _load_tfds(name, data_dir, download, max_examples, max_test_examples):
 def _offline_arrays(name, seed):
     """``(x_train, y_train, x_test, y_test, num_classes)`` of an offline dataset."""
     if name == "digits":
-        from tfbnn.datasets.offline import load_digits
-
         ds = load_digits(seed=seed)
         return ds.x_train, ds.y_train, ds.x_test, ds.y_test, ds.num_classes
     if name == "moons":
-        from tfbnn.datasets.offline import make_moons
-
         ds = make_moons(seed=seed)
         return ds.x_train, ds.y_train, ds.x_test, ds.y_test, ds.num_classes
     if name == "toy_regression":
-        from tfbnn.datasets.regression import make_toy_regression
-
         ds = make_toy_regression(seed=seed)
         return ds.x_train, ds.y_train, ds.x_grid, ds.y_grid, None
     # The y = x^3 + N(0, 3^2) problem with 30 points (Hernandez-Lobato and Adams 2015).
-    from tfbnn.datasets.regression import make_cubic
-
     x, y, x_test, y_test = make_cubic(seed=seed)
     return x[:, None], y[:, None], x_test[:, None], y_test[:, None], None
 

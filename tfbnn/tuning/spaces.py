@@ -19,6 +19,7 @@ import numpy as np
 
 from tfbnn import priors as priors_lib
 from tfbnn.training.recipe import KL_SCHEDULES
+from tfbnn.training import kl_schedule
 
 __all__ = [
     "BLUNDELL_PI",
@@ -130,8 +131,6 @@ def make_schedule(name, epochs):
     """
     if name not in SCHEDULE_NAMES:
         raise ValueError(f"Unknown KL schedule. Expected one of {list(SCHEDULE_NAMES)}. Received: schedule={name!r}")
-    from tfbnn.training import kl_schedule
-
     return kl_schedule(name, max(epochs / 2.0, 1e-3))
 
 
