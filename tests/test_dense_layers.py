@@ -201,7 +201,7 @@ def test_weight_samples_protocol_gives_distinct_samples(cls, joint):
     with tfbnn.utils.weight_samples(model, t, joint=joint):
         y = model(tiled).numpy().reshape(t, b, 2)
     np.testing.assert_allclose(y, np.broadcast_to(mean, y.shape), atol=1e-4)
-    assert all(layer._weight_samples == 1 for layer in model.layers)
+    assert all(layer.weight_samples[0] == 1 for layer in model.layers)
     with pytest.raises(ValueError, match="num_samples=0"):
         with tfbnn.utils.weight_samples(model, 0):
             pass

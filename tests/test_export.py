@@ -102,7 +102,7 @@ def test_export_in_process_summary_matches_samples(exported):
     assert not np.allclose(one, served.sample_seeded(x, tf.constant(8, tf.int64)).numpy())
     # Exporting left the live model's seed state and modes untouched.
     assert all(layer.inference_mode == "sample" for layer in tfbnn.bayesian_layers(model))
-    assert all(layer._weight_samples == 1 for layer in tfbnn.bayesian_layers(model))
+    assert all(layer.weight_samples[0] == 1 for layer in tfbnn.bayesian_layers(model))
 
 
 def test_export_refuses_to_overwrite_and_validates(exported, tmp_path):

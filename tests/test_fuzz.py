@@ -180,7 +180,7 @@ def test_functions(case, scalar, array):
         _check(lambda: fn(**kwargs), arg, message_names.get(arg))
     finally:
         for layer in tfbnn.stochastic_layers(_model()):  # weight_samples left open above
-            layer._weight_samples, layer._joint_samples = 1, True
+            layer.set_weight_samples(1, joint=True)
             layer.inference_mode = "sample"
 
 

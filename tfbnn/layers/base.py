@@ -75,6 +75,47 @@ class StochasticLayer(keras.layers.Layer):
         # tfbnn.MultiSampleModel): the KL is then added, averaged over the T samples.
         self._samples_add_kl = False
 
+    def set_weight_samples(self, num_samples=1, joint=True, with_kl=False):
+        """Sets this layer's Monte Carlo protocol; returns the previous setting.
+
+        With ``num_samples = T > 1`` the leading axis of the layer's inputs is
+        ``T * B``, sample-major (rows ``t * B .. t * B + B - 1`` belong to sample
+        ``t``). ``joint=True``: each block of B rows shares one weight sample;
+        ``joint=False``: every row gets its own. ``with_kl``: the layer adds its KL
+        loss (averaged over the T samples) in a call with ``T > 1``; otherwise it adds
+        none there. ``num_samples=1`` (the default) is an ordinary call. Use
+        :func:`tfbnn.utils.weight_samples`, which sets every layer of a model and
+        restores them, rather than calling this directly.
+
+        Args:
+            num_samples: int >= 1, T.
+            joint: bool.
+            with_kl: bool.
+
+        Returns:
+            The previous ``(num_samples, joint, with_kl)``, to pass back as
+            ``layer.set_weight_samples(*previous)``.
+
+        Example:
+
+        >>> import tfbnn
+        >>> layer = tfbnn.layers.DenseFlipout(2)
+        >>> previous = layer.set_weight_samples(8, joint=False)
+        >>> previous, layer.weight_samples
+        ((1, True, False), (8, False, False))
+        >>> _ = layer.set_weight_samples(*previous)
+        """
+        num_samples = checks.integer("num_samples", num_samples, 1)
+        previous = self.weight_samples
+        self._weight_samples, self._joint_samples = num_samples, bool(joint)
+        self._samples_add_kl = bool(with_kl)
+        return previous
+
+    @property
+    def weight_samples(self):
+        """The Monte Carlo protocol ``(num_samples, joint, with_kl)``, see :meth:`set_weight_samples`."""
+        return self._weight_samples, self._joint_samples, self._samples_add_kl
+
     @property
     def inference_mode(self):
         return self._inference_mode
