@@ -89,8 +89,6 @@ def test_monte_carlo_kl_from_noise_matches_log_prob_difference():
 def test_fused_softplus_scale_and_kl_matches_tfd_values_and_autodiff_gradients(jit_compile):
     """The hand-written gradient of the fused sigma/KL op equals autodiff through tfd.kl_divergence,
     in eager mode and in the one-reduction form the op takes inside an XLA-compiled function."""
-    from tfbnn.layers.dense import _in_xla_context, _softplus_scale_and_normal_kl
-
     rng = np.random.default_rng(3)
     loc = tf.constant(rng.normal(0.2, 0.5, (7, 5)), tf.float32)
     # rho from -30 (sigma at the 1e-6 floor) to 30 (softplus ~ identity).
@@ -103,8 +101,8 @@ def test_fused_softplus_scale_and_kl_matches_tfd_values_and_autodiff_gradients(j
         with tf.GradientTape() as tape:
             tape.watch([loc, rho])
             if fused:
-                contexts.append(_in_xla_context())
-                scale, kl = _softplus_scale_and_normal_kl(loc, rho, prior)
+                contexts.append(kl_lib.in_xla_context())
+                scale, kl = kl_lib.softplus_scale_and_normal_kl(loc, rho, prior)
             else:
                 scale = tf.nn.softplus(rho) + 1e-6
                 kl = tf.reduce_sum(tfd.kl_divergence(tfd.Normal(loc, scale), tfd.Normal(0.3, 1.7)))
@@ -121,5 +119,5 @@ def test_fused_softplus_scale_and_kl_matches_tfd_values_and_autodiff_gradients(j
     # sigma unused downstream (the KL alone): the gradient still flows.
     with tf.GradientTape() as tape:
         tape.watch(rho)
-        kl_only = _softplus_scale_and_normal_kl(loc, rho, prior)[1]
+        kl_only = kl_lib.softplus_scale_and_normal_kl(loc, rho, prior)[1]
     assert np.all(np.isfinite(tape.gradient(kl_only, rho)))

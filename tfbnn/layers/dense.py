@@ -36,7 +36,6 @@ The KL (closed form for a Normal prior, Monte Carlo for the scale mixture) is
 added to ``layer.losses`` as ``kl_weight * KL``; see :class:`BayesianLayer`.
 """
 
-import math
 
 import keras
 import tensorflow as tf
@@ -48,7 +47,7 @@ from tfbnn.layers.base import BayesianLayer
 
 __all__ = ["DenseReparameterization", "DenseFlipout", "DenseLocalReparameterization"]
 
-_MIN_SCALE = 1e-6
+_MIN_SCALE = kl_lib.SOFTPLUS_MIN_SCALE
 POSTERIOR_PARAMETERIZATIONS = ("softplus", "log_variance")
 # exp(-80) ~ 1.8e-35 is still a normal float32; exp(40) keeps x^2 sigma^2 sums finite.
 _LOG_VARIANCE_RANGE = (-80.0, 40.0)
@@ -66,68 +65,6 @@ def _softplus_scale(rho):
 
 def _log_variance_scale(rho):
     return tf.exp(0.5 * tf.clip_by_value(rho, *_LOG_VARIANCE_RANGE))
-
-
-def _in_xla_context():
-    """True while tracing a function that XLA compiles (``jit_compile=True``, TPU).
-
-    TensorFlow enters an XLA control-flow context for such functions; the check
-    is TensorFlow's own (``control_flow_util``, internal). False if it is missing.
-    """
-    try:
-        from tensorflow.python.framework import ops
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # pragma: no cover - a TensorFlow without the internal module
-        return False
-    return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
-
-
-def _softplus_scale_and_normal_kl(loc, rho, prior):
-    """``sigma = softplus(rho) + 1e-6`` and ``sum KL(N(loc, sigma^2) || N(m, s^2))``, one hand-written gradient.
-
-    The values are those of :func:`_softplus_scale` and :func:`tfbnn.kl.closed_form_kl`::
-
-        KL = (||sigma||^2 + ||loc - m||^2) / (2 s^2) - sum log sigma + n (log s - 1/2)
-
-    and the gradient is written out, with ``d sigma / d rho = sigmoid(rho)``::
-
-        dL/d loc = g_kl (loc - m) / s^2
-        dL/d rho = sigmoid(rho) (g_sigma + g_kl (sigma / s^2 - 1 / sigma))
-
-    Without XLA every op is one pass over a weight-sized tensor, and these are
-    about half the passes autodiff makes of the same expressions (the
-    forward and backward weight-wise work of a Bayes-by-Backprop train step; see
-    ``benchmarks/dense_layers.py``). Under XLA the KL is written as one sum of
-    one elementwise expression instead, which XLA compiles to a single loop: its
-    CPU backend turns each of three separate large sums into a tree of
-    reduce-window passes. In an interleaved comparison of whole XLA train steps of
-    the 784-1200-1200-10 local-reparameterization MLP (batch 128) one sum took 103
-    ms of CPU time per step against 112 ms for three (wall 62 against 67 ms).
-    """
-    inv_var = 1.0 / prior.scale**2
-    constant = math.log(prior.scale) - 0.5
-
-    @tf.custom_gradient
-    def fused(loc, rho):
-        scale = tf.nn.softplus(rho) + _MIN_SCALE
-        centred = loc if prior.loc == 0.0 else loc - prior.loc
-        n = tf.cast(tf.size(loc), loc.dtype)
-        if _in_xla_context():
-            # One reduction of one elementwise expression: XLA makes it a single loop.
-            kl = tf.reduce_sum((0.5 * inv_var) * (tf.square(scale) + tf.square(centred)) - tf.math.log(scale))
-        else:
-            # The fewest separate passes: squares and sums are fused in L2Loss.
-            kl = (tf.nn.l2_loss(scale) + tf.nn.l2_loss(centred)) * inv_var - tf.reduce_sum(tf.math.log(scale))
-        kl = kl + n * constant
-
-        def grad(g_scale, g_kl):
-            kl_part = g_kl * (inv_var * scale - tf.math.reciprocal(scale))
-            g_rho = tf.math.sigmoid(rho) * (kl_part if g_scale is None else g_scale + kl_part)
-            return g_kl * inv_var * centred, g_rho
-
-        return (scale, kl), grad
-
-    return fused(tf.convert_to_tensor(loc), tf.convert_to_tensor(rho))
 
 
 def _default_log_variance_initializer():
@@ -261,10 +198,10 @@ class DenseBayesian(BayesianLayer):
         """``(sigma, KL)``: the KL in closed form where the prior has one, else None.
 
         Softplus sigma with a Normal prior goes through one fused op with a
-        hand-written gradient (:func:`_softplus_scale_and_normal_kl`).
+        hand-written gradient (:func:`tfbnn.kl.softplus_scale_and_normal_kl`).
         """
         if self.posterior_parameterization == "softplus" and type(prior) is priors_lib.Normal:
-            return _softplus_scale_and_normal_kl(loc, rho, prior)
+            return kl_lib.softplus_scale_and_normal_kl(loc, rho, prior)
         scale = self._scale(rho)
         return scale, (kl_lib.closed_form_kl(loc, scale, prior) if prior.has_closed_form_kl else None)
 
