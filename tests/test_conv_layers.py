@@ -30,7 +30,7 @@ def test_conv1d_basics(cls):
 def test_posterior_mean_is_the_keras_convolution_and_kl_is_closed_form(cls):
     x = np.random.default_rng(0).normal(size=(3, 7, 7, 2)).astype("float32")
     layer = cls(4, (3, 2), strides=(2, 1), padding="valid", kernel_prior=tfbnn.priors.Normal(0, 0.5), seed=1,
-                kernel_rho_initializer=keras.initializers.Constant(-1.0))
+                kernel_scale_initializer=keras.initializers.Constant(-1.0))
     layer.set_kl_weight(1.0)
     layer.build(x.shape)
     ref = keras.layers.Conv2D(4, (3, 2), strides=(2, 1), padding="valid")
@@ -50,7 +50,7 @@ def test_posterior_mean_is_the_keras_convolution_and_kl_is_closed_form(cls):
 def test_mc_protocol_draws_one_independent_kernel_per_block(cls):
     t, b = 3, 2
     x = np.random.default_rng(0).normal(size=(b, 5, 5, 2)).astype("float32")
-    model = keras.Sequential([keras.Input((5, 5, 2)), cls(3, 3, seed=1, kernel_rho_initializer=keras.initializers.Constant(-1.0))])
+    model = keras.Sequential([keras.Input((5, 5, 2)), cls(3, 3, seed=1, kernel_scale_initializer=keras.initializers.Constant(-1.0))])
     with tfbnn.weight_samples(model, t):
         y = model(np.tile(x, (t, 1, 1, 1))).numpy().reshape(t, b, 3, 3, 3)
     assert all(not np.allclose(y[i], y[j]) for i in range(t) for j in range(i + 1, t))
@@ -69,9 +69,9 @@ def test_mc_protocol_draws_one_independent_kernel_per_block(cls):
 
 def test_flipout_decorrelates_identical_examples():
     x = np.ones((16, 4, 4, 2), "float32")
-    y = Conv2DFlipout(2, 3, seed=1, kernel_rho_initializer=keras.initializers.Constant(0.0))(x).numpy()
+    y = Conv2DFlipout(2, 3, seed=1, kernel_scale_initializer=keras.initializers.Constant(0.0))(x).numpy()
     assert np.std(y[:, 0, 0, 0]) > 0.1
-    y = Conv2DReparameterization(2, 3, seed=1, kernel_rho_initializer=keras.initializers.Constant(0.0))(x).numpy()
+    y = Conv2DReparameterization(2, 3, seed=1, kernel_scale_initializer=keras.initializers.Constant(0.0))(x).numpy()
     np.testing.assert_allclose(y, np.broadcast_to(y[:1], y.shape), rtol=1e-5)
 
 

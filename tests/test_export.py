@@ -119,7 +119,7 @@ def _two_branch_model():
     """Two DenseReparameterization layers side by side, posterior N(0, 1) for every weight:
     for x = 0 a layer outputs its bias noise, for x = 1 kernel noise + bias noise."""
     inputs = keras.Input((1,))
-    branches = [tfbnn.DenseReparameterization(8, kl_weight=1e-3, seed=i, kernel_loc_initializer="zeros")
+    branches = [tfbnn.DenseReparameterization(8, kl_weight=1e-3, seed=i, kernel_initializer="zeros")
                 for i in range(2)]
     model = keras.Model(inputs, keras.layers.Concatenate()([layer(inputs) for layer in branches]))
     for layer in branches:

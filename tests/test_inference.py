@@ -262,7 +262,7 @@ def test_auto_task_comes_from_the_model_not_the_data():
     assert isinstance(tfbnn.predict(nested, x, num_samples=2), tfbnn.ClassificationPrediction)
     # ... and a regression head stays regression even where its outputs look like probabilities.
     regression = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(
-        2, kernel_loc_initializer="zeros", bias_loc_initializer=keras.initializers.Constant([0.25, 0.75]), seed=1)])
+        2, kernel_initializer="zeros", bias_initializer=keras.initializers.Constant([0.25, 0.75]), seed=1)])
     with tfbnn.posterior_mean(regression):
         res = tfbnn.predict(regression, x, num_samples=2)
     assert isinstance(res, tfbnn.RegressionPrediction)

@@ -143,11 +143,11 @@ def test_local_reparameterization_moments_and_mean_mode():
     theta = rng.normal(size=(4, 3)).astype("float32")
     layer.kernel_loc.assign(theta)
     layer.kernel_log_sigma2.assign(np.full((4, 3), -1.0, "float32"))
-    layer.bias.assign(np.array([0.5, -1.0, 2.0], "float32"))
+    layer.bias_loc.assign(np.array([0.5, -1.0, 2.0], "float32"))
     x = rng.normal(size=(1, 4)).astype("float32")
     t = 20000
     samples = layer(np.tile(x, (t, 1))).numpy()
-    mean = x @ theta + layer.bias.numpy()
+    mean = x @ theta + layer.bias_loc.numpy()
     std = np.sqrt((x**2) @ np.full((4, 3), np.exp(-1.0)))
     np.testing.assert_allclose(samples.mean(0), mean[0], atol=4 * std.max() / math.sqrt(t))
     np.testing.assert_allclose(samples.std(0), std[0], rtol=0.03)
@@ -165,9 +165,9 @@ def test_conv_mean_mode_is_the_keras_convolution():
         layer = CONV(4, 3, strides=strides, padding=padding, dilation_rate=dilation, inference_mode="mean")
         layer.build(x.shape)
         layer.kernel_loc.assign(ref.kernel.numpy())
-        layer.bias.assign(rng.normal(size=(4,)).astype("float32"))
+        layer.bias_loc.assign(rng.normal(size=(4,)).astype("float32"))
         y = layer(x).numpy()
-        np.testing.assert_allclose(y, y_ref + layer.bias.numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(y, y_ref + layer.bias_loc.numpy(), rtol=1e-4, atol=1e-5)
         assert tuple(layer.compute_output_shape(x.shape)) == y.shape
 
 
@@ -176,7 +176,7 @@ def test_seeded_layers_reproduce_and_samples_vary():
     outs = []
     for _ in range(2):
         layer = VD(3, seed=11, kernel_initializer=keras.initializers.GlorotUniform(seed=5),
-                   log_sigma2_initializer=keras.initializers.Constant(-2.0))
+                   kernel_scale_initializer=keras.initializers.Constant(-2.0))
         outs.append(np.stack([layer(x).numpy() for _ in range(3)]))
     np.testing.assert_array_equal(outs[0], outs[1])
     assert not np.allclose(outs[0][0], outs[0][1])
@@ -187,7 +187,7 @@ def test_weight_samples_protocol(joint):
     t, b = 4, 3
     x = np.ones((b, 5), "float32")  # identical rows
     noisy = keras.initializers.Constant(0.0)
-    model = keras.Sequential([keras.Input((5,)), VD(2, seed=1, log_sigma2_initializer=noisy)])
+    model = keras.Sequential([keras.Input((5,)), VD(2, seed=1, kernel_scale_initializer=noisy)])
     with tfbnn.weight_samples(model, t, joint=joint):
         y = model(np.tile(x, (t, 1))).numpy().reshape(t, b, 2)
         assert all(float(loss) == 0.0 for loss in model.losses) or not model.losses
@@ -202,7 +202,7 @@ def test_weight_samples_protocol(joint):
 
 def test_weight_samples_protocol_with_conv_is_per_element():
     noisy = keras.initializers.Constant(0.0)
-    model = keras.Sequential([keras.Input((5, 5, 1)), CONV(2, 3, seed=1, log_sigma2_initializer=noisy)])
+    model = keras.Sequential([keras.Input((5, 5, 1)), CONV(2, 3, seed=1, kernel_scale_initializer=noisy)])
     x = np.ones((2, 5, 5, 1), "float32")
     with tfbnn.weight_samples(model, 3, joint=True):
         y = model(np.tile(x, (3, 1, 1, 1))).numpy()
@@ -214,7 +214,7 @@ def test_weight_samples_protocol_with_conv_is_per_element():
 def test_extreme_log_alpha_stays_finite(parameterization):
     x = np.random.default_rng(0).normal(size=(16, 5)).astype("float32") * 100
     y = np.random.default_rng(1).normal(size=(16, 2)).astype("float32")
-    key = "log_sigma2_initializer" if parameterization == "additive" else "log_alpha_initializer"
+    key = "kernel_scale_initializer"
     model = keras.Sequential([  # log alpha far below and far above the clip, and theta = 0
         keras.Input((5,)),
         VD(8, activation="relu", kl_weight=1e-3, seed=1, parameterization=parameterization,
@@ -233,7 +233,7 @@ def test_extreme_log_alpha_stays_finite(parameterization):
 
 
 def test_zero_theta_contributes_nothing():
-    layer = VD(3, seed=1, log_sigma2_initializer=keras.initializers.Constant(5.0))
+    layer = VD(3, seed=1, kernel_scale_initializer=keras.initializers.Constant(5.0))
     layer.build((None, 4))
     layer.kernel_loc.assign(np.zeros((4, 3), "float32"))
     out = layer(np.random.default_rng(0).normal(size=(5, 4)).astype("float32")).numpy()

@@ -1,5 +1,9 @@
 """What every tfbnn Bayesian layer shares: the KL weight, the sampling switch, seeds."""
 
+import functools
+import inspect
+import warnings
+
 import keras
 import tensorflow as tf
 
@@ -59,6 +63,72 @@ class StochasticLayer(keras.layers.Layer):
         inference_mode: ``"sample"`` or ``"mean"``.
         seed: int or None, seed of the layer's ``keras.random.SeedGenerator``.
     """
+
+    #: Constructor arguments renamed since tfbnn 0.1, ``{old name: new name}``
+    #: (merged along the class hierarchy). The constructor accepts an old name
+    #: with a ``DeprecationWarning`` naming the new one; ``from_config`` accepts it
+    #: silently, so ``.keras`` files saved by tfbnn 0.1 load.
+    renamed_arguments = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            init = cls.__init__
+
+            @functools.wraps(init)
+            def __init__(self, *args, **arguments):
+                return init(self, *args, **type(self).rename_arguments(arguments, warn=True))
+
+            # The real signature for help() and for Keras' __new__, which reads it both
+            # through inspect.signature and inspect.getfullargspec.
+            __init__.__signature__ = inspect.signature(init)
+            cls.__init__ = __init__
+
+    @classmethod
+    def renamed_argument_names(cls, arguments):
+        """``{old name: new name}`` for a call with ``arguments``: :attr:`renamed_arguments`
+        merged along the class hierarchy. A new name None drops an old argument
+        that had no effect."""
+        renames = {}
+        for klass in reversed(cls.__mro__):
+            renames.update(klass.__dict__.get("renamed_arguments", {}))
+        return renames
+
+    @classmethod
+    def rename_arguments(cls, arguments, warn=False):
+        """``arguments`` (a dict of constructor arguments) with old names replaced by new ones.
+
+        Args:
+            arguments: dict, constructor arguments or a config.
+            warn: bool, emit a ``DeprecationWarning`` per old name.
+
+        Returns:
+            A new dict. Raises ``ValueError`` if an old name and its new name are both given.
+        """
+        arguments = dict(arguments)
+        for old, new in cls.renamed_argument_names(arguments).items():
+            if old not in arguments:
+                continue
+            value = arguments.pop(old)
+            if new is None:
+                continue
+            if new in arguments:
+                raise ValueError(
+                    f"Expected `{new}` or its old name `{old}`, not both. "
+                    f"Received: {old}={value!r}, {new}={arguments[new]!r}"
+                )
+            if warn:
+                warnings.warn(
+                    f"{cls.__name__}: the argument `{old}` is renamed `{new}`; the old name will be removed.",
+                    DeprecationWarning,
+                    stacklevel=4,
+                )
+            arguments[new] = value
+        return arguments
+
+    @classmethod
+    def from_config(cls, config):
+        return super().from_config(cls.rename_arguments(config))
 
     def __init__(self, inference_mode="sample", seed=None, **kwargs):
         super().__init__(**kwargs)

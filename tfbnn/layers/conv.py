@@ -43,7 +43,7 @@ class _ConvBayesian(DenseBayesian):
         padding: ``"valid"`` (default) or ``"same"``.
         dilation_rate: int or tuple. Default 1.
         activation, use_bias, kernel_prior, bias_prior, initializers, kl_weight,
-        inference_mode, seed, posterior_parameterization: as the dense layers.
+        inference_mode, seed, parameterization: as the dense layers.
     """
 
     rank = 2
@@ -150,7 +150,7 @@ _DOC = """Bayes-by-Backprop {rank}-D convolution, {estimator} estimator.
 
     Args: ``filters``, ``kernel_size``, ``strides``, ``padding``, ``dilation_rate`` as
     ``keras.layers.Conv{rank}D``; priors, initializers, ``kl_weight``, ``inference_mode``,
-    ``seed``, ``posterior_parameterization`` as :class:`tfbnn.layers.DenseReparameterization`.
+    ``seed``, ``parameterization`` as :class:`tfbnn.layers.DenseReparameterization`.
 
     Input shape: ``(batch, {spatial}channels)``; output ``(batch, {spatial}filters)``.
 

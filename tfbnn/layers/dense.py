@@ -5,7 +5,7 @@ All three share one model. Each weight has an independent Gaussian posterior
     q(w_ij) = N(mu_ij, sigma_ij^2),   sigma_ij = softplus(rho_ij) + 1e-6,
 
 (Blundell et al. 2015, sec. 3.2) -- or, with
-``posterior_parameterization="log_variance"``, ``sigma_ij^2 = exp(rho_ij)``
+``parameterization="log_variance"``, ``sigma_ij^2 = exp(rho_ij)``
 (Graves 2011; ``rho`` clipped to ``[-80, 40]`` so that ``sigma`` and ``log sigma``
 stay finite in float32) -- and a prior chosen by name or object
 (:mod:`tfbnn.priors`). They differ only in how a forward pass samples:
@@ -48,7 +48,7 @@ from tfbnn.layers.base import BayesianLayer
 __all__ = ["DenseReparameterization", "DenseFlipout", "DenseLocalReparameterization"]
 
 _MIN_SCALE = kl_lib.SOFTPLUS_MIN_SCALE
-POSTERIOR_PARAMETERIZATIONS = ("softplus", "log_variance")
+PARAMETERIZATIONS = ("softplus", "log_variance")
 # exp(-80) ~ 1.8e-35 is still a normal float32; exp(40) keeps x^2 sigma^2 sums finite.
 _LOG_VARIANCE_RANGE = (-80.0, 40.0)
 
@@ -84,21 +84,36 @@ class DenseBayesian(BayesianLayer):
             (per weight) must have the kernel's shape (checked in ``build``).
         bias_prior: the same for the bias; ``None`` makes the bias a point
             estimate (no posterior, no KL), as TFP's layers do by default.
-        kernel_loc_initializer, kernel_rho_initializer, bias_loc_initializer, bias_rho_initializer:
+        kernel_initializer, kernel_scale_initializer, bias_initializer, bias_scale_initializer:
             Keras initializers for the posterior mean and the untransformed scale
             ``rho`` (``sigma = softplus(rho)``, or
             ``sigma^2 = exp(rho)`` with the log-variance parameterization).
             Default ``rho = -5`` (softplus) / ``rho = -10`` (log variance): sigma ~ 0.0067.
-        posterior_parameterization: ``"softplus"`` (default, Blundell et al. 2015:
+        parameterization: ``"softplus"`` (default, Blundell et al. 2015:
             ``sigma = softplus(rho) + 1e-6``) or ``"log_variance"`` (Graves 2011:
             ``sigma^2 = exp(rho)``, ``rho`` clipped to ``[-80, 40]``). With
             ``bias_prior=None`` the latter is Graves' variational dense layer
             (:class:`tfbnn.layers.GravesDense`; ``kernel_prior="graves"`` for his adaptive prior).
         kl_weight, inference_mode, seed: see :class:`BayesianLayer`.
 
+    Renamed in tfbnn 0.2 (the old names still load and, with a
+    ``DeprecationWarning``, construct): ``kernel_loc_initializer`` ->
+    ``kernel_initializer``, ``bias_loc_initializer`` -> ``bias_initializer``,
+    ``kernel_rho_initializer`` -> ``kernel_scale_initializer``,
+    ``bias_rho_initializer`` -> ``bias_scale_initializer``,
+    ``posterior_parameterization`` -> ``parameterization``.
+
     Input shape: ``(batch, ..., input_dim)``, rank >= 2.
     Output shape: ``(batch, ..., units)``.
     """
+
+    renamed_arguments = {
+        "kernel_loc_initializer": "kernel_initializer",
+        "bias_loc_initializer": "bias_initializer",
+        "kernel_rho_initializer": "kernel_scale_initializer",
+        "bias_rho_initializer": "bias_scale_initializer",
+        "posterior_parameterization": "parameterization",
+    }
 
     def __init__(
         self,
@@ -107,39 +122,39 @@ class DenseBayesian(BayesianLayer):
         use_bias=True,
         kernel_prior="normal",
         bias_prior="normal",
-        kernel_loc_initializer="glorot_uniform",
-        kernel_rho_initializer=None,
-        bias_loc_initializer="zeros",
-        bias_rho_initializer=None,
+        kernel_initializer="glorot_uniform",
+        kernel_scale_initializer=None,
+        bias_initializer="zeros",
+        bias_scale_initializer=None,
         kl_weight=None,
         inference_mode="sample",
         seed=None,
-        posterior_parameterization="softplus",
+        parameterization="softplus",
         **kwargs,
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
         units = checks.integer("units", units, 1)
-        if posterior_parameterization not in POSTERIOR_PARAMETERIZATIONS:
+        if parameterization not in PARAMETERIZATIONS:
             raise ValueError(
-                f"Expected `posterior_parameterization` in {POSTERIOR_PARAMETERIZATIONS}. "
-                f"Received: posterior_parameterization={posterior_parameterization!r}"
+                f"Expected `parameterization` in {PARAMETERIZATIONS}. "
+                f"Received: parameterization={parameterization!r}"
             )
-        self.posterior_parameterization = posterior_parameterization
+        self.parameterization = parameterization
         default_rho = (
-            _default_rho_initializer if posterior_parameterization == "softplus" else _default_log_variance_initializer
+            _default_rho_initializer if parameterization == "softplus" else _default_log_variance_initializer
         )
         self.units = units
         self.activation = checks.activation(activation)
         self.use_bias = bool(use_bias)
         self.kernel_prior = priors_lib.get(kernel_prior, name="kernel_prior")
         self.bias_prior = None if bias_prior is None else priors_lib.get(bias_prior, name="bias_prior")
-        self.kernel_loc_initializer = checks.initializer("kernel_loc_initializer", kernel_loc_initializer)
-        self.kernel_rho_initializer = checks.initializer(
-            "kernel_rho_initializer", default_rho() if kernel_rho_initializer is None else kernel_rho_initializer
+        self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
+        self.kernel_scale_initializer = checks.initializer(
+            "kernel_scale_initializer", default_rho() if kernel_scale_initializer is None else kernel_scale_initializer
         )
-        self.bias_loc_initializer = checks.initializer("bias_loc_initializer", bias_loc_initializer)
-        self.bias_rho_initializer = checks.initializer(
-            "bias_rho_initializer", default_rho() if bias_rho_initializer is None else bias_rho_initializer
+        self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
+        self.bias_scale_initializer = checks.initializer(
+            "bias_scale_initializer", default_rho() if bias_scale_initializer is None else bias_scale_initializer
         )
 
     @property
@@ -159,19 +174,19 @@ class DenseBayesian(BayesianLayer):
                 f"Received: input_shape={tuple(input_shape)}"
             )
         self.kernel_loc = self.add_weight(
-            name="kernel_loc", shape=self._kernel_shape(input_dim), initializer=self.kernel_loc_initializer
+            name="kernel_loc", shape=self._kernel_shape(input_dim), initializer=self.kernel_initializer
         )
         self.kernel_rho = self.add_weight(
-            name="kernel_rho", shape=self._kernel_shape(input_dim), initializer=self.kernel_rho_initializer
+            name="kernel_rho", shape=self._kernel_shape(input_dim), initializer=self.kernel_scale_initializer
         )
         self.bias_loc = self.bias_rho = None
         if self.use_bias:
             self.bias_loc = self.add_weight(
-                name="bias_loc", shape=(self.units,), initializer=self.bias_loc_initializer
+                name="bias_loc", shape=(self.units,), initializer=self.bias_initializer
             )
             if self.bayesian_bias:
                 self.bias_rho = self.add_weight(
-                    name="bias_rho", shape=(self.units,), initializer=self.bias_rho_initializer
+                    name="bias_rho", shape=(self.units,), initializer=self.bias_scale_initializer
                 )
         self.kernel_prior.check_shape(self.kernel_loc.shape, "kernel_prior")
         if self.bayesian_bias:
@@ -184,7 +199,7 @@ class DenseBayesian(BayesianLayer):
 
     # -- posterior pieces ------------------------------------------------------
     def _scale(self, rho):
-        if self.posterior_parameterization == "log_variance":
+        if self.parameterization == "log_variance":
             return _log_variance_scale(rho)
         return _softplus_scale(rho)
 
@@ -200,7 +215,7 @@ class DenseBayesian(BayesianLayer):
         Softplus sigma with a Normal prior goes through one fused op with a
         hand-written gradient (:func:`tfbnn.kl.softplus_scale_and_normal_kl`).
         """
-        if self.posterior_parameterization == "softplus" and type(prior) is priors_lib.Normal:
+        if self.parameterization == "softplus" and type(prior) is priors_lib.Normal:
             return kl_lib.softplus_scale_and_normal_kl(loc, rho, prior)
         scale = self._scale(rho)
         return scale, (kl_lib.closed_form_kl(loc, scale, prior) if prior.has_closed_form_kl else None)
@@ -380,11 +395,11 @@ class DenseBayesian(BayesianLayer):
                 "use_bias": self.use_bias,
                 "kernel_prior": priors_lib.serialize(self.kernel_prior),
                 "bias_prior": None if self.bias_prior is None else priors_lib.serialize(self.bias_prior),
-                "kernel_loc_initializer": keras.initializers.serialize(self.kernel_loc_initializer),
-                "kernel_rho_initializer": keras.initializers.serialize(self.kernel_rho_initializer),
-                "bias_loc_initializer": keras.initializers.serialize(self.bias_loc_initializer),
-                "bias_rho_initializer": keras.initializers.serialize(self.bias_rho_initializer),
-                "posterior_parameterization": self.posterior_parameterization,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "kernel_scale_initializer": keras.initializers.serialize(self.kernel_scale_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "bias_scale_initializer": keras.initializers.serialize(self.bias_scale_initializer),
+                "parameterization": self.parameterization,
             }
         )
         return config

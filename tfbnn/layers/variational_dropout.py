@@ -103,15 +103,22 @@ class VariationalDropoutLayer(BayesianLayer):
         activation: activation name or callable.
         use_bias: bool. The bias is a point estimate (no noise, no KL).
         kernel_initializer: initializer of ``theta`` (``kernel_loc``).
-        bias_initializer: initializer of the bias.
-        log_sigma2_initializer: additive form: initializer of ``log sigma^2``.
-            Default ``Constant(-10)`` (Molchanov et al.).
-        log_alpha_initializer: multiplicative form: initializer of ``log alpha``.
-            Default ``Constant(-8)`` (alpha ~ 3e-4, nearly deterministic).
+        bias_initializer: initializer of the bias (``bias_loc``).
+        kernel_scale_initializer: initializer of the kernel's untransformed
+            scale, whose meaning follows ``parameterization``: ``log sigma^2``
+            (``kernel_log_sigma2``) in the additive form, default ``Constant(-10)``
+            (Molchanov et al.); ``log alpha`` (``kernel_log_alpha``) in the
+            multiplicative form, default ``Constant(-8)`` (alpha ~ 3e-4, nearly
+            deterministic).
         min_log_alpha: float, lower clip of ``log alpha``. Default -8.
         max_log_alpha: float or None, upper clip; None gives 8 (additive) or 0
             (multiplicative, ``alpha <= 1``; larger values are rejected there).
         kl_weight, inference_mode, seed: see :class:`BayesianLayer`.
+
+    Renamed in tfbnn 0.2 (the old names still load and, with a
+    ``DeprecationWarning``, construct): ``log_sigma2_initializer`` (additive) and
+    ``log_alpha_initializer`` (multiplicative) -> ``kernel_scale_initializer``;
+    the point-estimate bias weight ``bias`` -> ``bias_loc``.
     """
 
     _rank = None  # spatial rank: 0 for dense, 2 for Conv2D
@@ -123,8 +130,7 @@ class VariationalDropoutLayer(BayesianLayer):
         use_bias=True,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
-        log_sigma2_initializer=None,
-        log_alpha_initializer=None,
+        kernel_scale_initializer=None,
         min_log_alpha=-8.0,
         max_log_alpha=None,
         kl_weight=None,
@@ -138,13 +144,10 @@ class VariationalDropoutLayer(BayesianLayer):
         self.use_bias = bool(use_bias)
         self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
         self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
-        self.log_sigma2_initializer = checks.initializer(
-            "log_sigma2_initializer",
-            keras.initializers.Constant(-10.0) if log_sigma2_initializer is None else log_sigma2_initializer,
-        )
-        self.log_alpha_initializer = checks.initializer(
-            "log_alpha_initializer",
-            keras.initializers.Constant(-8.0) if log_alpha_initializer is None else log_alpha_initializer,
+        default_scale = -10.0 if self.parameterization == "additive" else -8.0
+        self.kernel_scale_initializer = checks.initializer(
+            "kernel_scale_initializer",
+            keras.initializers.Constant(default_scale) if kernel_scale_initializer is None else kernel_scale_initializer,
         )
         default_low, default_high = DEFAULT_LOG_ALPHA_BOUNDS[self.parameterization]
         self.min_log_alpha = checks.number("min_log_alpha", min_log_alpha)
@@ -162,6 +165,15 @@ class VariationalDropoutLayer(BayesianLayer):
                 f"for larger alpha). Received: max_log_alpha={max_log_alpha}"
             )
 
+    @classmethod
+    def renamed_argument_names(cls, arguments):
+        """As :meth:`StochasticLayer.renamed_argument_names`; of the two 0.1 scale
+        initializers the one the ``parameterization`` used becomes
+        ``kernel_scale_initializer``, the other (it had no effect) is dropped."""
+        additive = resolve_parameterization(arguments.get("parameterization", "additive")) == "additive"
+        used, unused = ("log_sigma2_initializer", "log_alpha_initializer")[:: 1 if additive else -1]
+        return {**super().renamed_argument_names(arguments), used: "kernel_scale_initializer", unused: None}
+
     # -- weights ---------------------------------------------------------------
     def _kernel_shape(self, input_shape):
         raise NotImplementedError
@@ -170,17 +182,17 @@ class VariationalDropoutLayer(BayesianLayer):
         self.kernel_loc = self.add_weight(name="kernel_loc", shape=kernel_shape, initializer=self.kernel_initializer)
         if self.parameterization == "additive":
             self.kernel_log_sigma2 = self.add_weight(
-                name="kernel_log_sigma2", shape=kernel_shape, initializer=self.log_sigma2_initializer
+                name="kernel_log_sigma2", shape=kernel_shape, initializer=self.kernel_scale_initializer
             )
             self.kernel_log_alpha = None
         else:
             self.kernel_log_alpha = self.add_weight(
-                name="kernel_log_alpha", shape=kernel_shape, initializer=self.log_alpha_initializer
+                name="kernel_log_alpha", shape=kernel_shape, initializer=self.kernel_scale_initializer
             )
             self.kernel_log_sigma2 = None
-        self.bias = None
+        self.bias_loc = None
         if self.use_bias:
-            self.bias = self.add_weight(name="bias", shape=bias_shape, initializer=self.bias_initializer)
+            self.bias_loc = self.add_weight(name="bias_loc", shape=bias_shape, initializer=self.bias_initializer)
         self._build_kl_weight()
 
     # -- posterior ---------------------------------------------------------------
@@ -248,8 +260,7 @@ class VariationalDropoutLayer(BayesianLayer):
                 "use_bias": self.use_bias,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-                "log_sigma2_initializer": keras.initializers.serialize(self.log_sigma2_initializer),
-                "log_alpha_initializer": keras.initializers.serialize(self.log_alpha_initializer),
+                "kernel_scale_initializer": keras.initializers.serialize(self.kernel_scale_initializer),
                 "min_log_alpha": self.min_log_alpha,
                 "max_log_alpha": self._max_log_alpha_arg,
             }
@@ -327,7 +338,7 @@ class DenseVariationalDropout(VariationalDropoutLayer):
         return keras.ops.matmul(inputs, kernel)
 
     def _add_bias(self, outputs):
-        return outputs + self.bias
+        return outputs + self.bias_loc
 
     def _joint_sample_outputs(self, inputs):
         """One weight sample per block of rows, T in all: ``W_t = theta + sqrt(alpha theta^2) eps_t``."""
@@ -440,8 +451,8 @@ class Conv2DVariationalDropout(VariationalDropoutLayer):
 
     def _add_bias(self, outputs):
         if self.data_format == "channels_last":
-            return outputs + self.bias
-        return outputs + tf.reshape(self.bias, (1, self.filters, 1, 1))
+            return outputs + self.bias_loc
+        return outputs + tf.reshape(self.bias_loc, (1, self.filters, 1, 1))
 
     def compute_output_shape(self, input_shape):
         return conv_output_shape(input_shape, self.filters, self.kernel_size, self.strides, self.padding,
