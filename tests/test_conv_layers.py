@@ -133,3 +133,48 @@ def test_inputs_smaller_than_the_kernel_are_rejected_as_keras_does(cls):
 def test_wrong_input_rank():
     with pytest.raises(ValueError, match=r"rank 4 .*input_shape=\(2, 5, 3\)"):
         Conv2DReparameterization(2, 3, kl_weight=0.1)(np.ones((2, 5, 3), "float32"))
+
+
+ALL_CONV = [Conv1DReparameterization, Conv1DFlipout, Conv2DReparameterization, Conv2DFlipout]
+
+
+@pytest.mark.parametrize("cls", ALL_CONV)
+def test_channels_first_basics(cls):
+    rank = 1 if cls.__name__.startswith("Conv1D") else 2
+    testing.run_layer_test(cls, {"filters": 3, "kernel_size": 3, "padding": "same", "seed": 2,
+                                 "data_format": "channels_first"},
+                           input_shape=(2, 2) + (6,) * rank, expected_output_shape=(2, 3) + (6,) * rank,
+                           expected_num_trainable_weights=4)
+
+
+@pytest.mark.parametrize("cls", ALL_CONV)
+@pytest.mark.parametrize("num_samples", [1, 3])
+def test_channels_first_equals_channels_last_on_transposed_inputs(cls, num_samples):
+    """Same seed, same weights: the same samples (in sampling mode, and in the T-sample protocol)."""
+    rank = 1 if cls.__name__.startswith("Conv1D") else 2
+    x = np.random.default_rng(0).normal(size=(2 * num_samples,) + (7,) * rank + (2,)).astype("float32")
+    to_first = (0, rank + 1) + tuple(range(1, rank + 1))
+    outputs = {}
+    for data_format, inputs in [("channels_last", x), ("channels_first", np.transpose(x, to_first))]:
+        layer = cls(3, 3, strides=2, data_format=data_format, seed=4, kl_weight=1.0,
+                    kernel_initializer=keras.initializers.GlorotUniform(seed=3),
+                    kernel_scale_initializer=keras.initializers.Constant(-1.0),
+                    bias_scale_initializer=keras.initializers.Constant(-1.0))
+        model = keras.Sequential([keras.Input(inputs.shape[1:]), layer])
+        with tfbnn.weight_samples(model, num_samples, joint=True, with_kl=True):
+            y = model(inputs).numpy()
+        outputs[data_format] = (y, float(layer.kl_divergence()), [w.numpy() for w in layer.trainable_weights])
+    (y_last, kl_last, w_last), (y_first, kl_first, w_first) = outputs["channels_last"], outputs["channels_first"]
+    for a, b in zip(w_last, w_first):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(np.transpose(y_first, (0,) + tuple(range(2, rank + 2)) + (1,)), y_last,
+                               rtol=1e-5, atol=1e-5)
+    assert kl_first == kl_last
+
+
+def test_conv_arguments_are_validated():
+    with pytest.raises(ValueError, match="Expected `data_format` in \\('channels_last', 'channels_first'\\). "
+                                         "Received: data_format='NCHW'"):
+        Conv2DFlipout(3, 3, data_format="NCHW")
+    with pytest.raises(ValueError, match="expects inputs of rank 4 \\(batch, channels, spatial, spatial\\)"):
+        Conv2DFlipout(3, 3, data_format="channels_first").build((2, 3, 6))

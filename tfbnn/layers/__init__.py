@@ -12,7 +12,11 @@ from tfbnn.layers.conv import (
 from tfbnn.layers.dense import DenseFlipout, DenseLocalReparameterization, DenseReparameterization
 from tfbnn.layers.graves import GravesDense
 from tfbnn.layers.node import NodeConv2D, NodeDense, NodeNoise
-from tfbnn.layers.variational_dropout import Conv2DVariationalDropout, DenseVariationalDropout
+from tfbnn.layers.variational_dropout import (
+    Conv1DVariationalDropout,
+    Conv2DVariationalDropout,
+    DenseVariationalDropout,
+)
 
 __all__ = [
     "StochasticLayer",
@@ -32,5 +36,6 @@ __all__ = [
     "NodeConv2D",
     "NodeNoise",
     "DenseVariationalDropout",
+    "Conv1DVariationalDropout",
     "Conv2DVariationalDropout",
 ]

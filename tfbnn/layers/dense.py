@@ -173,6 +173,11 @@ class DenseBayesian(BayesianLayer):
                 f"The last dimension of the inputs of '{self.name}' must be known. "
                 f"Received: input_shape={tuple(input_shape)}"
             )
+        self._build_posterior(input_dim)
+        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
+
+    def _build_posterior(self, input_dim):
+        """The posterior weights (kernel ``_kernel_shape(input_dim)``, bias ``(units,)``) and the KL weight."""
         self.kernel_loc = self.add_weight(
             name="kernel_loc", shape=self._kernel_shape(input_dim), initializer=self.kernel_initializer
         )
@@ -192,7 +197,6 @@ class DenseBayesian(BayesianLayer):
         if self.bayesian_bias:
             self.bias_prior.check_shape(self.bias_loc.shape, "bias_prior")
         self._build_kl_weight()
-        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
 
     def _kernel_shape(self, input_dim):
         return (input_dim, self.units)

@@ -59,11 +59,11 @@ import tensorflow as tf
 from tfbnn._internal import checks
 from tfbnn import kl as kl_lib
 from tfbnn.layers.base import BayesianLayer
-from tfbnn.layers._conv_utils import conv_output_shape
-from tfbnn.layers._conv_utils import pair as _pair
+from tfbnn.layers._conv_utils import ConvArguments
 
 __all__ = [
     "DenseVariationalDropout",
+    "Conv1DVariationalDropout",
     "Conv2DVariationalDropout",
     "PARAMETERIZATIONS",
     "DEFAULT_LOG_ALPHA_BOUNDS",
@@ -121,7 +121,6 @@ class VariationalDropoutLayer(BayesianLayer):
     the point-estimate bias weight ``bias`` -> ``bias_loc``.
     """
 
-    _rank = None  # spatial rank: 0 for dense, 2 for Conv2D
 
     def __init__(
         self,
@@ -359,9 +358,39 @@ class DenseVariationalDropout(VariationalDropoutLayer):
         return config
 
 
-@keras.saving.register_keras_serializable(package="tfbnn")
-class Conv2DVariationalDropout(VariationalDropoutLayer):
-    """2-D convolution with variational dropout (Molchanov 2017 sparse VD, or Kingma 2015).
+class _ConvVariationalDropout(ConvArguments, VariationalDropoutLayer):
+    """The variational-dropout convolutions: :class:`ConvArguments` plus the posterior.
+
+    Args:
+        filters, kernel_size, strides, padding, data_format, dilation_rate: as
+            ``keras.layers.Conv{rank}D``.
+        **kwargs: ``parameterization`` and the other arguments of
+            :class:`VariationalDropoutLayer`.
+    """
+
+    def __init__(self, filters, kernel_size, strides=1, padding="valid", data_format="channels_last",
+                 dilation_rate=1, **kwargs):
+        super().__init__(**kwargs)
+        self.init_conv_arguments(filters, kernel_size, strides, padding, data_format, dilation_rate)
+
+    def build(self, input_shape):
+        channels = self.input_channels(input_shape)
+        self._build_weights(self.kernel_size + (channels, self.filters), (self.filters,))
+        self.input_spec = self.conv_input_spec(channels)
+
+    def _op(self, inputs, kernel):
+        return self.convolution(inputs, kernel)
+
+    def _add_bias(self, outputs):
+        return self.add_channel_bias(outputs, self.bias_loc)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(self.conv_config())
+        return config
+
+
+_CONV_DOC = """{rank}-D convolution with variational dropout (Molchanov 2017 sparse VD, or Kingma 2015).
 
     Posterior ``q(w) = N(theta, alpha theta^2)`` per kernel weight, log-uniform
     prior, approximate KL as :class:`DenseVariationalDropout`. Pre-activations are
@@ -372,102 +401,37 @@ class Conv2DVariationalDropout(VariationalDropoutLayer):
 
     Args:
         filters: int > 0, output channels.
-        kernel_size: int or pair of ints.
-        strides: int or pair. Default 1.
+        kernel_size: int or tuple of {rank} ints.
+        strides: int or tuple. Default 1.
         padding: ``"valid"`` (default) or ``"same"``.
         data_format: ``"channels_last"`` (default) or ``"channels_first"``.
-        dilation_rate: int or pair. Default 1.
-        **kwargs: ``parameterization`` and the other arguments of
-            :class:`VariationalDropoutLayer`.
+        dilation_rate: int or tuple. Default 1.
+        **kwargs: ``parameterization``, ``kernel_initializer``,
+            ``kernel_scale_initializer``, ``bias_initializer`` and the other
+            arguments of :class:`VariationalDropoutLayer`.
 
-    Input shape: ``(batch, rows, cols, channels)`` (channels_last).
-    Output shape: ``(batch, new_rows, new_cols, filters)``.
+    Input shape: ``(batch, {spatial}, channels)`` (channels_first: ``(batch, channels, {spatial})``).
+    Output shape: ``(batch, {spatial}, filters)`` (channels_first: ``(batch, filters, {spatial})``).
 
     Example:
         >>> import numpy as np, tfbnn
-        >>> layer = tfbnn.layers.Conv2DVariationalDropout(4, 3, padding="same", seed=1, kl_weight=1e-3)
-        >>> layer(np.zeros((2, 8, 8, 1), "float32")).shape
-        TensorShape([2, 8, 8, 4])
+        >>> layer = tfbnn.layers.Conv{rank}DVariationalDropout(4, 3, padding="same", seed=1, kl_weight=1e-3)
+        >>> layer(np.zeros((2, {example}1), "float32")).shape
+        TensorShape([2, {example}4])
 
     Reference:
         Molchanov, Ashukha, Vetrov. Variational Dropout Sparsifies Deep Neural
         Networks. ICML 2017.
     """
 
-    def __init__(
-        self,
-        filters,
-        kernel_size,
-        strides=1,
-        padding="valid",
-        data_format="channels_last",
-        dilation_rate=1,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.filters = checks.integer("filters", filters, 1)
-        self.kernel_size = _pair("kernel_size", kernel_size)
-        self.strides = _pair("strides", strides)
-        self.dilation_rate = _pair("dilation_rate", dilation_rate)
-        if padding not in ("valid", "same"):
-            raise ValueError(f"Expected `padding` in ('valid', 'same'). Received: padding={padding!r}")
-        if data_format not in ("channels_last", "channels_first"):
-            raise ValueError(
-                "Expected `data_format` in ('channels_last', 'channels_first'). "
-                f"Received: data_format={data_format!r}"
-            )
-        self.padding = padding
-        self.data_format = data_format
 
-    @property
-    def _channel_axis(self):
-        return -1 if self.data_format == "channels_last" else 1
+@keras.saving.register_keras_serializable(package="tfbnn")
+class Conv1DVariationalDropout(_ConvVariationalDropout):
+    __doc__ = _CONV_DOC.format(rank=1, spatial="length", example="8, ")
+    rank = 1
 
-    def build(self, input_shape):
-        if len(input_shape) != 4:
-            raise ValueError(
-                f"Layer '{self.name}' expects inputs of rank 4 (batch, rows, cols, channels). "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        channels = input_shape[self._channel_axis]
-        if channels is None:
-            raise ValueError(
-                f"The channel dimension of the inputs of '{self.name}' must be known. "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        self._build_weights(self.kernel_size + (channels, self.filters), (self.filters,))
-        self.input_spec = keras.layers.InputSpec(ndim=4, axes={self._channel_axis: channels})
 
-    def _op(self, inputs, kernel):
-        self.compute_output_shape(inputs.shape)  # rejects inputs smaller than the kernel
-        return keras.ops.conv(
-            inputs,
-            kernel,
-            strides=self.strides,
-            padding=self.padding,
-            data_format=self.data_format,
-            dilation_rate=self.dilation_rate,
-        )
-
-    def _add_bias(self, outputs):
-        if self.data_format == "channels_last":
-            return outputs + self.bias_loc
-        return outputs + tf.reshape(self.bias_loc, (1, self.filters, 1, 1))
-
-    def compute_output_shape(self, input_shape):
-        return conv_output_shape(input_shape, self.filters, self.kernel_size, self.strides, self.padding,
-                                 self.dilation_rate, self.data_format)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "filters": self.filters,
-                "kernel_size": self.kernel_size,
-                "strides": self.strides,
-                "padding": self.padding,
-                "data_format": self.data_format,
-                "dilation_rate": self.dilation_rate,
-            }
-        )
-        return config
+@keras.saving.register_keras_serializable(package="tfbnn")
+class Conv2DVariationalDropout(_ConvVariationalDropout):
+    __doc__ = _CONV_DOC.format(rank=2, spatial="rows, cols", example="8, 8, ")
+    rank = 2
