@@ -11,7 +11,7 @@ from tfbnn.layers.conv import (
 )
 from tfbnn.layers.dense import DenseFlipout, DenseLocalReparameterization, DenseReparameterization
 from tfbnn.layers.graves import GravesDense
-from tfbnn.layers.node import NodeConv2D, NodeDense, NodeNoise
+from tfbnn.layers.node import NodeConv1D, NodeConv2D, NodeDense, NodeNoise
 from tfbnn.layers.variational_dropout import (
     Conv1DVariationalDropout,
     Conv2DVariationalDropout,
@@ -33,6 +33,7 @@ __all__ = [
     "Conv2DFlipout",
     "GravesDense",
     "NodeDense",
+    "NodeConv1D",
     "NodeConv2D",
     "NodeNoise",
     "DenseVariationalDropout",
