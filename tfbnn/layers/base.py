@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tfbnn._internal import checks
 
-__all__ = ["StochasticLayer", "BayesianLayer", "INFERENCE_MODES", "validate_kl_weight"]
+__all__ = ["StochasticLayer", "BayesianLayer", "INFERENCE_MODES", "validate_kl_weight", "input_features"]
 
 INFERENCE_MODES = ("sample", "mean")
 _SEED_KEY = "seed_state"
@@ -44,6 +44,22 @@ def validate_kl_weight(value, name="kl_weight", allow_none=True):
         except (TypeError, ValueError):
             pass
     return checks.number(name, value, low=0, what="a non-negative finite float (beta / N)")
+
+
+def input_features(layer, input_shape):
+    """The (known) last dimension of a dense layer's ``input_shape``, of rank >= 2; a ValueError otherwise."""
+    if len(input_shape) < 2:
+        raise ValueError(
+            f"Layer '{layer.name}' expects inputs of rank >= 2 (batch, ..., features). "
+            f"Received: input_shape={tuple(input_shape)}"
+        )
+    input_dim = input_shape[-1]
+    if input_dim is None:
+        raise ValueError(
+            f"The last dimension of the inputs of '{layer.name}' must be known. "
+            f"Received: input_shape={tuple(input_shape)}"
+        )
+    return input_dim
 
 
 class StochasticLayer(keras.layers.Layer):

@@ -26,15 +26,14 @@ those of every tfbnn convolution (:class:`tfbnn.layers._conv_utils.ConvArguments
 import keras
 import tensorflow as tf
 
-from tfbnn._internal import checks
 from tfbnn import kl as kl_lib
 from tfbnn.layers._conv_utils import ConvArguments
-from tfbnn.layers.dense import DenseBayesian
+from tfbnn.layers.dense import MeanFieldGaussian
 
 __all__ = ["Conv1DReparameterization", "Conv1DFlipout", "Conv2DReparameterization", "Conv2DFlipout"]
 
 
-class _ConvBayesian(ConvArguments, DenseBayesian):
+class _ConvBayesian(ConvArguments, MeanFieldGaussian):
     """Shared by the Bayesian convolutions: shapes, the convolution, config.
 
     Args:
@@ -50,13 +49,12 @@ class _ConvBayesian(ConvArguments, DenseBayesian):
 
     def __init__(self, filters, kernel_size, strides=1, padding="valid", data_format="channels_last",
                  dilation_rate=1, **kwargs):
-        filters = checks.integer("filters", filters, 1)
-        super().__init__(units=filters, **kwargs)
+        super().__init__(**kwargs)
         self.init_conv_arguments(filters, kernel_size, strides, padding, data_format, dilation_rate)
 
     def build(self, input_shape):
         channels = self.input_channels(input_shape)
-        self._build_posterior(channels)
+        self._build_posterior(self._kernel_shape(channels), (self.filters,))
         self.input_spec = self.conv_input_spec(channels)
 
     def _kernel_shape(self, input_dim):
@@ -86,7 +84,6 @@ class _ConvBayesian(ConvArguments, DenseBayesian):
 
     def get_config(self):
         config = super().get_config()
-        config.pop("units")
         config.update(self.conv_config())
         return config
 

@@ -43,9 +43,9 @@ import tensorflow as tf
 from tfbnn._internal import checks
 from tfbnn import kl as kl_lib
 from tfbnn import priors as priors_lib
-from tfbnn.layers.base import BayesianLayer
+from tfbnn.layers.base import BayesianLayer, input_features
 
-__all__ = ["DenseReparameterization", "DenseFlipout", "DenseLocalReparameterization"]
+__all__ = ["MeanFieldGaussian", "DenseReparameterization", "DenseFlipout", "DenseLocalReparameterization"]
 
 _MIN_SCALE = kl_lib.SOFTPLUS_MIN_SCALE
 PARAMETERIZATIONS = ("softplus", "log_variance")
@@ -72,11 +72,21 @@ def _default_log_variance_initializer():
     return keras.initializers.Constant(-10.0)
 
 
-class DenseBayesian(BayesianLayer):
-    """Shared argument handling, weights, KL and config of the dense layers.
+class MeanFieldGaussian(BayesianLayer):
+    """Mean-field Gaussian posterior over a kernel and a bias: the base of the BbB layers.
+
+    Not a dense layer: it holds the posterior ``q(w) = N(mu, sigma^2)`` per weight
+    (``kernel_loc`` / ``kernel_rho``, ``bias_loc`` / ``bias_rho``; ``sigma =
+    softplus(rho) + 1e-6`` or ``sigma^2 = exp(rho)``, Blundell et al. 2015, sec. 3.2),
+    the priors, the KL (closed form, the fused softplus/Normal op
+    :func:`tfbnn.kl.softplus_scale_and_normal_kl`, or Monte Carlo) and weight
+    sampling under the T-sample Monte Carlo protocol
+    (:meth:`StochasticLayer.set_weight_samples`). A subclass supplies the shapes
+    (calling :meth:`_build_posterior` in ``build``) and the forward pass (``call``,
+    ending in :meth:`_finish`); :class:`DenseBayesian` and the Bayesian convolutions
+    are such subclasses.
 
     Args:
-        units: int > 0, output dimension.
         activation: activation name or callable, as in ``keras.layers.Dense``.
         use_bias: bool. Whether the layer has a bias.
         kernel_prior: prior name, dict or :class:`tfbnn.priors.Prior` for the
@@ -103,8 +113,6 @@ class DenseBayesian(BayesianLayer):
     ``bias_rho_initializer`` -> ``bias_scale_initializer``,
     ``posterior_parameterization`` -> ``parameterization``.
 
-    Input shape: ``(batch, ..., input_dim)``, rank >= 2.
-    Output shape: ``(batch, ..., units)``.
     """
 
     renamed_arguments = {
@@ -117,7 +125,6 @@ class DenseBayesian(BayesianLayer):
 
     def __init__(
         self,
-        units,
         activation=None,
         use_bias=True,
         kernel_prior="normal",
@@ -133,7 +140,6 @@ class DenseBayesian(BayesianLayer):
         **kwargs,
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
-        units = checks.integer("units", units, 1)
         if parameterization not in PARAMETERIZATIONS:
             raise ValueError(
                 f"Expected `parameterization` in {PARAMETERIZATIONS}. "
@@ -143,7 +149,6 @@ class DenseBayesian(BayesianLayer):
         default_rho = (
             _default_rho_initializer if parameterization == "softplus" else _default_log_variance_initializer
         )
-        self.units = units
         self.activation = checks.activation(activation)
         self.use_bias = bool(use_bias)
         self.kernel_prior = priors_lib.get(kernel_prior, name="kernel_prior")
@@ -161,45 +166,27 @@ class DenseBayesian(BayesianLayer):
     def bayesian_bias(self):
         return self.use_bias and self.bias_prior is not None
 
-    def build(self, input_shape):
-        if len(input_shape) < 2:
-            raise ValueError(
-                f"Layer '{self.name}' expects inputs of rank >= 2 (batch, ..., features). "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        input_dim = input_shape[-1]
-        if input_dim is None:
-            raise ValueError(
-                f"The last dimension of the inputs of '{self.name}' must be known. "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        self._build_posterior(input_dim)
-        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
-
-    def _build_posterior(self, input_dim):
-        """The posterior weights (kernel ``_kernel_shape(input_dim)``, bias ``(units,)``) and the KL weight."""
+    def _build_posterior(self, kernel_shape, bias_shape):
+        """Makes the posterior weights of the given shapes (and the KL weight); checks the priors' shapes."""
         self.kernel_loc = self.add_weight(
-            name="kernel_loc", shape=self._kernel_shape(input_dim), initializer=self.kernel_initializer
+            name="kernel_loc", shape=kernel_shape, initializer=self.kernel_initializer
         )
         self.kernel_rho = self.add_weight(
-            name="kernel_rho", shape=self._kernel_shape(input_dim), initializer=self.kernel_scale_initializer
+            name="kernel_rho", shape=kernel_shape, initializer=self.kernel_scale_initializer
         )
         self.bias_loc = self.bias_rho = None
         if self.use_bias:
             self.bias_loc = self.add_weight(
-                name="bias_loc", shape=(self.units,), initializer=self.bias_initializer
+                name="bias_loc", shape=bias_shape, initializer=self.bias_initializer
             )
             if self.bayesian_bias:
                 self.bias_rho = self.add_weight(
-                    name="bias_rho", shape=(self.units,), initializer=self.bias_scale_initializer
+                    name="bias_rho", shape=bias_shape, initializer=self.bias_scale_initializer
                 )
         self.kernel_prior.check_shape(self.kernel_loc.shape, "kernel_prior")
         if self.bayesian_bias:
             self.bias_prior.check_shape(self.bias_loc.shape, "bias_prior")
         self._build_kl_weight()
-
-    def _kernel_shape(self, input_dim):
-        return (input_dim, self.units)
 
     # -- posterior pieces ------------------------------------------------------
     def _scale(self, rho):
@@ -269,6 +256,88 @@ class DenseBayesian(BayesianLayer):
     def _num_samples(self, sampling):
         return self._weight_samples if sampling else 1
 
+    def _kl(self, loc, scale, prior, kl, num_samples=1):
+        """``kl`` (the closed form from :meth:`_scale_and_kl`), or if None a Monte Carlo
+        estimate averaged over ``num_samples`` weight samples."""
+        return self._sample(loc, scale, prior, num_samples)[1] if kl is None else kl
+
+    def kl_divergence(self):
+        """``KL(q || p)`` of kernel and bias, summed, unscaled (MC for the scale mixture)."""
+        scale, kl = self._kernel_scale_and_kl()
+        total = self._kl(self.kernel_loc, scale, self.kernel_prior, kl)
+        if self.bayesian_bias:
+            scale, kl = self._bias_scale_and_kl()
+            total = total + self._kl(self.bias_loc, scale, self.bias_prior, kl)
+        return total
+
+    def _bias_scale_and_kl(self):
+        """``(sigma, KL)`` of a Bayesian bias (KL None for a Monte Carlo prior)."""
+        return self._scale_and_kl(self.bias_loc, self.bias_rho, self.bias_prior)
+
+    def _bias(self, sampling):
+        """Bias sample(s) (or mean) and its KL."""
+        if not self.use_bias:
+            return None, 0.0
+        if not self.bayesian_bias:
+            return self.bias_loc, 0.0
+        scale, kl = self._bias_scale_and_kl()
+        if sampling:
+            return self._sample(self.bias_loc, scale, self.bias_prior, self._num_samples(sampling), kl)
+        return self.bias_loc, self._kl(self.bias_loc, scale, self.bias_prior, kl)
+
+    def _finish(self, outputs, bias, kl, training):
+        if bias is not None:
+            outputs = self._add_bias(outputs, bias)
+        if self._adds_kl:
+            self._add_kl_loss(kl, training)
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "activation": keras.activations.serialize(self.activation),
+                "use_bias": self.use_bias,
+                "kernel_prior": priors_lib.serialize(self.kernel_prior),
+                "bias_prior": None if self.bias_prior is None else priors_lib.serialize(self.bias_prior),
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "kernel_scale_initializer": keras.initializers.serialize(self.kernel_scale_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "bias_scale_initializer": keras.initializers.serialize(self.bias_scale_initializer),
+                "parameterization": self.parameterization,
+            }
+        )
+        return config
+
+
+class DenseBayesian(MeanFieldGaussian):
+    """The dense Bayes-by-Backprop layers' shapes and forward-pass pieces.
+
+    Args:
+        units: int > 0, output dimension.
+        activation, use_bias, kernel_prior, bias_prior, kernel_initializer,
+            kernel_scale_initializer, bias_initializer, bias_scale_initializer,
+            kl_weight, inference_mode, seed, parameterization: see
+            :class:`MeanFieldGaussian` (the same order after ``units``).
+
+    Input shape: ``(batch, ..., input_dim)``, rank >= 2.
+    Output shape: ``(batch, ..., units)``.
+    """
+
+    def __init__(self, units, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.units = checks.integer("units", units, 1)
+
+    def build(self, input_shape):
+        input_dim = input_features(self, input_shape)
+        self._build_posterior(self._kernel_shape(input_dim), (self.units,))
+        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
+
+    def _kernel_shape(self, input_dim):
+        return (input_dim, self.units)
+
     def _per_row_sampling(self, sampling):
         """Monte Carlo prediction with an independent weight sample per row."""
         return sampling and self._mc_prediction and not self._joint_samples
@@ -334,35 +403,6 @@ class DenseBayesian(BayesianLayer):
         tiled = tf.cond(tf.equal(rows % blocks, 0), blocks_equal, lambda: tf.constant(False))
         return tf.cond(tiled, once, lambda: self._moments(inputs, scale, bias_scale))
 
-    def _kl(self, loc, scale, prior, kl, num_samples=1):
-        """``kl`` (the closed form from :meth:`_scale_and_kl`), or if None a Monte Carlo
-        estimate averaged over ``num_samples`` weight samples."""
-        return self._sample(loc, scale, prior, num_samples)[1] if kl is None else kl
-
-    def kl_divergence(self):
-        """``KL(q || p)`` of kernel and bias, summed, unscaled (MC for the scale mixture)."""
-        scale, kl = self._kernel_scale_and_kl()
-        total = self._kl(self.kernel_loc, scale, self.kernel_prior, kl)
-        if self.bayesian_bias:
-            scale, kl = self._bias_scale_and_kl()
-            total = total + self._kl(self.bias_loc, scale, self.bias_prior, kl)
-        return total
-
-    def _bias_scale_and_kl(self):
-        """``(sigma, KL)`` of a Bayesian bias (KL None for a Monte Carlo prior)."""
-        return self._scale_and_kl(self.bias_loc, self.bias_rho, self.bias_prior)
-
-    def _bias(self, sampling):
-        """Bias sample(s) (or mean) and its KL."""
-        if not self.use_bias:
-            return None, 0.0
-        if not self.bayesian_bias:
-            return self.bias_loc, 0.0
-        scale, kl = self._bias_scale_and_kl()
-        if sampling:
-            return self._sample(self.bias_loc, scale, self.bias_prior, self._num_samples(sampling), kl)
-        return self.bias_loc, self._kl(self.bias_loc, scale, self.bias_prior, kl)
-
     def _matmul(self, inputs, kernel):
         """``inputs @ kernel``; a kernel of rank 3 holds one sample per block of rows."""
         if kernel.shape.rank == 2:
@@ -378,34 +418,12 @@ class DenseBayesian(BayesianLayer):
         per_sample = tf.reshape(outputs, tf.stack([tf.shape(bias)[0], -1, self.units]))
         return tf.reshape(per_sample + bias[:, None, :], shape)
 
-    def _finish(self, outputs, bias, kl, training):
-        if bias is not None:
-            outputs = self._add_bias(outputs, bias)
-        if self._adds_kl:
-            self._add_kl_loss(kl, training)
-        if self.activation is not None:
-            outputs = self.activation(outputs)
-        return outputs
-
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units,)
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "units": self.units,
-                "activation": keras.activations.serialize(self.activation),
-                "use_bias": self.use_bias,
-                "kernel_prior": priors_lib.serialize(self.kernel_prior),
-                "bias_prior": None if self.bias_prior is None else priors_lib.serialize(self.bias_prior),
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "kernel_scale_initializer": keras.initializers.serialize(self.kernel_scale_initializer),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-                "bias_scale_initializer": keras.initializers.serialize(self.bias_scale_initializer),
-                "parameterization": self.parameterization,
-            }
-        )
+        config["units"] = self.units
         return config
 
 

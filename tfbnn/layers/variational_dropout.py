@@ -58,7 +58,7 @@ import tensorflow as tf
 
 from tfbnn._internal import checks
 from tfbnn import kl as kl_lib
-from tfbnn.layers.base import BayesianLayer
+from tfbnn.layers.base import BayesianLayer, input_features
 from tfbnn.layers._conv_utils import ConvArguments
 
 __all__ = [
@@ -319,17 +319,7 @@ class DenseVariationalDropout(VariationalDropoutLayer):
         self.units = checks.integer("units", units, 1)
 
     def build(self, input_shape):
-        if len(input_shape) < 2:
-            raise ValueError(
-                f"Layer '{self.name}' expects inputs of rank >= 2 (batch, ..., features). "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        input_dim = input_shape[-1]
-        if input_dim is None:
-            raise ValueError(
-                f"The last dimension of the inputs of '{self.name}' must be known. "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
+        input_dim = input_features(self, input_shape)
         self._build_weights((input_dim, self.units), (self.units,))
         self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
 
