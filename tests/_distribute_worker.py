@@ -24,8 +24,8 @@ def _mlp(rho, seed=1, estimators=ESTIMATORS):
 
     import tfbnn
 
-    kwargs = {"kernel_rho_initializer": keras.initializers.Constant(rho),
-              "bias_rho_initializer": keras.initializers.Constant(rho)}
+    kwargs = {"kernel_scale_initializer": keras.initializers.Constant(rho),
+              "bias_scale_initializer": keras.initializers.Constant(rho)}
     stack = [keras.Input((5,))]
     for i, name in enumerate(estimators):
         last = i == len(estimators) - 1
@@ -106,7 +106,7 @@ def check_replica_noise(strategy):
     import tfbnn
 
     makers = {name: (lambda name=name: getattr(tfbnn.layers, name)(
-        4, seed=7, kl_weight=0.0, kernel_rho_initializer=keras.initializers.Constant(0.0)))
+        4, seed=7, kl_weight=0.0, kernel_scale_initializer=keras.initializers.Constant(0.0)))
         for name in ESTIMATORS}
     makers["MCDropout"] = lambda: tfbnn.layers.MCDropout(0.5, seed=7)
     x = tf.ones((3, 6))

@@ -124,8 +124,8 @@ def _resume_model():
         [
             keras.Input((4,)),
             tfbnn.DenseFlipout(8, activation="relu", kernel_prior="scale_mixture", seed=1,
-                               kernel_loc_initializer=keras.initializers.GlorotUniform(seed=1)),
-            tfbnn.DenseReparameterization(2, seed=2, kernel_loc_initializer=keras.initializers.GlorotUniform(seed=2)),
+                               kernel_initializer=keras.initializers.GlorotUniform(seed=1)),
+            tfbnn.DenseReparameterization(2, seed=2, kernel_initializer=keras.initializers.GlorotUniform(seed=2)),
         ]
     )
     model.compile(keras.optimizers.Adam(1e-2), "mse")

@@ -21,7 +21,7 @@ _FAMILIES = [
     (layers.DenseReparameterization, {"units": 3}, (4, 5)),
     (layers.DenseFlipout, {"units": 3}, (4, 5)),
     (layers.DenseLocalReparameterization, {"units": 3}, (4, 5)),
-    (layers.DenseLocalReparameterization, {"units": 3, "posterior_parameterization": "log_variance"}, (4, 5)),
+    (layers.DenseLocalReparameterization, {"units": 3, "parameterization": "log_variance"}, (4, 5)),
     (layers.GravesDense, {"units": 3}, (4, 5)),
     (layers.Conv1DFlipout, {"filters": 2, "kernel_size": 3}, (2, 6, 3)),
     (layers.Conv2DReparameterization, {"filters": 2, "kernel_size": 2}, (2, 5, 5, 3)),
@@ -35,7 +35,7 @@ def _posterior(shape):
 
 def _numpy_sigma(layer, rho):
     rho = np.asarray(rho, "float64")
-    if layer.posterior_parameterization == "log_variance":
+    if layer.parameterization == "log_variance":
         return np.exp(0.5 * np.clip(rho, -80, 40))
     return np.log1p(np.exp(rho)) + 1e-6
 

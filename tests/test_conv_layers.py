@@ -30,7 +30,7 @@ def test_conv1d_basics(cls):
 def test_posterior_mean_is_the_keras_convolution_and_kl_is_closed_form(cls):
     x = np.random.default_rng(0).normal(size=(3, 7, 7, 2)).astype("float32")
     layer = cls(4, (3, 2), strides=(2, 1), padding="valid", kernel_prior=tfbnn.priors.Normal(0, 0.5), seed=1,
-                kernel_rho_initializer=keras.initializers.Constant(-1.0))
+                kernel_scale_initializer=keras.initializers.Constant(-1.0))
     layer.set_kl_weight(1.0)
     layer.build(x.shape)
     ref = keras.layers.Conv2D(4, (3, 2), strides=(2, 1), padding="valid")
@@ -50,7 +50,7 @@ def test_posterior_mean_is_the_keras_convolution_and_kl_is_closed_form(cls):
 def test_mc_protocol_draws_one_independent_kernel_per_block(cls):
     t, b = 3, 2
     x = np.random.default_rng(0).normal(size=(b, 5, 5, 2)).astype("float32")
-    model = keras.Sequential([keras.Input((5, 5, 2)), cls(3, 3, seed=1, kernel_rho_initializer=keras.initializers.Constant(-1.0))])
+    model = keras.Sequential([keras.Input((5, 5, 2)), cls(3, 3, seed=1, kernel_scale_initializer=keras.initializers.Constant(-1.0))])
     with tfbnn.weight_samples(model, t):
         y = model(np.tile(x, (t, 1, 1, 1))).numpy().reshape(t, b, 3, 3, 3)
     assert all(not np.allclose(y[i], y[j]) for i in range(t) for j in range(i + 1, t))
@@ -69,9 +69,9 @@ def test_mc_protocol_draws_one_independent_kernel_per_block(cls):
 
 def test_flipout_decorrelates_identical_examples():
     x = np.ones((16, 4, 4, 2), "float32")
-    y = Conv2DFlipout(2, 3, seed=1, kernel_rho_initializer=keras.initializers.Constant(0.0))(x).numpy()
+    y = Conv2DFlipout(2, 3, seed=1, kernel_scale_initializer=keras.initializers.Constant(0.0))(x).numpy()
     assert np.std(y[:, 0, 0, 0]) > 0.1
-    y = Conv2DReparameterization(2, 3, seed=1, kernel_rho_initializer=keras.initializers.Constant(0.0))(x).numpy()
+    y = Conv2DReparameterization(2, 3, seed=1, kernel_scale_initializer=keras.initializers.Constant(0.0))(x).numpy()
     np.testing.assert_allclose(y, np.broadcast_to(y[:1], y.shape), rtol=1e-5)
 
 
@@ -133,3 +133,48 @@ def test_inputs_smaller_than_the_kernel_are_rejected_as_keras_does(cls):
 def test_wrong_input_rank():
     with pytest.raises(ValueError, match=r"rank 4 .*input_shape=\(2, 5, 3\)"):
         Conv2DReparameterization(2, 3, kl_weight=0.1)(np.ones((2, 5, 3), "float32"))
+
+
+ALL_CONV = [Conv1DReparameterization, Conv1DFlipout, Conv2DReparameterization, Conv2DFlipout]
+
+
+@pytest.mark.parametrize("cls", ALL_CONV)
+def test_channels_first_basics(cls):
+    rank = 1 if cls.__name__.startswith("Conv1D") else 2
+    testing.run_layer_test(cls, {"filters": 3, "kernel_size": 3, "padding": "same", "seed": 2,
+                                 "data_format": "channels_first"},
+                           input_shape=(2, 2) + (6,) * rank, expected_output_shape=(2, 3) + (6,) * rank,
+                           expected_num_trainable_weights=4)
+
+
+@pytest.mark.parametrize("cls", ALL_CONV)
+@pytest.mark.parametrize("num_samples", [1, 3])
+def test_channels_first_equals_channels_last_on_transposed_inputs(cls, num_samples):
+    """Same seed, same weights: the same samples (in sampling mode, and in the T-sample protocol)."""
+    rank = 1 if cls.__name__.startswith("Conv1D") else 2
+    x = np.random.default_rng(0).normal(size=(2 * num_samples,) + (7,) * rank + (2,)).astype("float32")
+    to_first = (0, rank + 1) + tuple(range(1, rank + 1))
+    outputs = {}
+    for data_format, inputs in [("channels_last", x), ("channels_first", np.transpose(x, to_first))]:
+        layer = cls(3, 3, strides=2, data_format=data_format, seed=4, kl_weight=1.0,
+                    kernel_initializer=keras.initializers.GlorotUniform(seed=3),
+                    kernel_scale_initializer=keras.initializers.Constant(-1.0),
+                    bias_scale_initializer=keras.initializers.Constant(-1.0))
+        model = keras.Sequential([keras.Input(inputs.shape[1:]), layer])
+        with tfbnn.weight_samples(model, num_samples, joint=True, with_kl=True):
+            y = model(inputs).numpy()
+        outputs[data_format] = (y, float(layer.kl_divergence()), [w.numpy() for w in layer.trainable_weights])
+    (y_last, kl_last, w_last), (y_first, kl_first, w_first) = outputs["channels_last"], outputs["channels_first"]
+    for a, b in zip(w_last, w_first):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(np.transpose(y_first, (0,) + tuple(range(2, rank + 2)) + (1,)), y_last,
+                               rtol=1e-5, atol=1e-5)
+    assert kl_first == kl_last
+
+
+def test_conv_arguments_are_validated():
+    with pytest.raises(ValueError, match="Expected `data_format` in \\('channels_last', 'channels_first'\\). "
+                                         "Received: data_format='NCHW'"):
+        Conv2DFlipout(3, 3, data_format="NCHW")
+    with pytest.raises(ValueError, match="expects inputs of rank 4 \\(batch, channels, spatial, spatial\\)"):
+        Conv2DFlipout(3, 3, data_format="channels_first").build((2, 3, 6))

@@ -62,7 +62,7 @@ def test_gaussian_conversion_of_a_cnn_keeps_predictions(method):
     assert type(conv).__name__ == ("Conv2DReparameterization" if method == "reparameterization" else "Conv2DFlipout")
     if method == "graves":
         # Graves' layer with the fixed N(0, 1) prior by default; his adaptive prior on request.
-        assert conv.posterior_parameterization == "log_variance" and conv.kernel_prior == tfbnn.priors.Normal(0.0, 1.0)
+        assert conv.parameterization == "log_variance" and conv.kernel_prior == tfbnn.priors.Normal(0.0, 1.0)
         assert bnn.get_layer("out").kernel_prior == tfbnn.priors.Normal(0.0, 1.0)
         adaptive = convert.to_bayesian(det, method="graves", prior="adaptive", seed=1)
         assert adaptive.get_layer("conv").kernel_prior == adaptive.get_layer("out").kernel_prior == tfbnn.priors.Graves()

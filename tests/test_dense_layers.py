@@ -64,7 +64,7 @@ def test_seeded_layers_reproduce(cls):
     x = np.ones((4, 5), "float32")
     outs = []
     for _ in range(2):
-        layer = cls(3, seed=11, kernel_loc_initializer=keras.initializers.GlorotUniform(seed=5))
+        layer = cls(3, seed=11, kernel_initializer=keras.initializers.GlorotUniform(seed=5))
         outs.append([layer(x).numpy() for _ in range(3)])
     np.testing.assert_array_equal(np.stack(outs[0]), np.stack(outs[1]))
     assert not np.allclose(outs[0][0], outs[0][1])
@@ -73,7 +73,7 @@ def test_seeded_layers_reproduce(cls):
 def test_flipout_and_local_reparameterization_samples_differ_per_example():
     x = np.ones((64, 5), "float32")  # identical rows
     for cls in (tfbnn.DenseFlipout, tfbnn.DenseLocalReparameterization):
-        layer = cls(4, seed=3, kernel_rho_initializer=keras.initializers.Constant(0.0))
+        layer = cls(4, seed=3, kernel_scale_initializer=keras.initializers.Constant(0.0))
         y = layer(x).numpy()
         assert np.std(y, axis=0).min() > 0.1
     layer = tfbnn.DenseReparameterization(4, seed=3)
@@ -89,8 +89,8 @@ def test_extreme_initializations_stay_finite(cls):
         model = keras.Sequential(
             [
                 keras.Input((5,)),
-                cls(8, activation="relu", kl_weight=1e-3, seed=1, kernel_rho_initializer=keras.initializers.Constant(rho)),
-                cls(2, kernel_prior="scale_mixture", kl_weight=1e-3, seed=2, kernel_rho_initializer=keras.initializers.Constant(rho)),
+                cls(8, activation="relu", kl_weight=1e-3, seed=1, kernel_scale_initializer=keras.initializers.Constant(rho)),
+                cls(2, kernel_prior="scale_mixture", kl_weight=1e-3, seed=2, kernel_scale_initializer=keras.initializers.Constant(rho)),
             ]
         )
         model.compile("adam", "mse")
@@ -201,7 +201,7 @@ def test_weight_samples_protocol_gives_distinct_samples(cls, joint):
     with tfbnn.utils.weight_samples(model, t, joint=joint):
         y = model(tiled).numpy().reshape(t, b, 2)
     np.testing.assert_allclose(y, np.broadcast_to(mean, y.shape), atol=1e-4)
-    assert all(layer._weight_samples == 1 for layer in model.layers)
+    assert all(layer.weight_samples[0] == 1 for layer in model.layers)
     with pytest.raises(ValueError, match="num_samples=0"):
         with tfbnn.utils.weight_samples(model, 0):
             pass
@@ -210,7 +210,7 @@ def test_weight_samples_protocol_gives_distinct_samples(cls, joint):
 def test_joint_samples_share_one_weight_sample_per_block():
     t = 3
     x = np.ones((4, 5), "float32")  # identical rows: a shared weight sample gives identical outputs
-    layer = tfbnn.DenseReparameterization(2, seed=1, kernel_rho_initializer=keras.initializers.Constant(0.0))
+    layer = tfbnn.DenseReparameterization(2, seed=1, kernel_scale_initializer=keras.initializers.Constant(0.0))
     model = keras.Sequential([keras.Input((5,)), layer])
     with tfbnn.utils.weight_samples(model, t, joint=True):
         y = model(np.tile(x, (t, 1))).numpy().reshape(t, 4, 2)
@@ -223,8 +223,8 @@ def test_joint_samples_share_one_weight_sample_per_block():
 def test_per_row_samples_have_the_weight_sampling_distribution():
     """Per-row (local reparameterization) outputs match the moments of explicit weight samples."""
     x = np.random.default_rng(0).normal(size=(1, 5)).astype("float32")
-    layer = tfbnn.DenseReparameterization(3, seed=1, kernel_rho_initializer=keras.initializers.Constant(-1.0),
-                                          bias_rho_initializer=keras.initializers.Constant(-1.0))
+    layer = tfbnn.DenseReparameterization(3, seed=1, kernel_scale_initializer=keras.initializers.Constant(-1.0),
+                                          bias_scale_initializer=keras.initializers.Constant(-1.0))
     model = keras.Sequential([keras.Input((5,)), layer])
     t = 20000
     with tfbnn.utils.weight_samples(model, t, joint=False):

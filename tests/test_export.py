@@ -102,7 +102,7 @@ def test_export_in_process_summary_matches_samples(exported):
     assert not np.allclose(one, served.sample_seeded(x, tf.constant(8, tf.int64)).numpy())
     # Exporting left the live model's seed state and modes untouched.
     assert all(layer.inference_mode == "sample" for layer in tfbnn.bayesian_layers(model))
-    assert all(layer._weight_samples == 1 for layer in tfbnn.bayesian_layers(model))
+    assert all(layer.weight_samples[0] == 1 for layer in tfbnn.bayesian_layers(model))
 
 
 def test_export_refuses_to_overwrite_and_validates(exported, tmp_path):
@@ -119,7 +119,7 @@ def _two_branch_model():
     """Two DenseReparameterization layers side by side, posterior N(0, 1) for every weight:
     for x = 0 a layer outputs its bias noise, for x = 1 kernel noise + bias noise."""
     inputs = keras.Input((1,))
-    branches = [tfbnn.DenseReparameterization(8, kl_weight=1e-3, seed=i, kernel_loc_initializer="zeros")
+    branches = [tfbnn.DenseReparameterization(8, kl_weight=1e-3, seed=i, kernel_initializer="zeros")
                 for i in range(2)]
     model = keras.Model(inputs, keras.layers.Concatenate()([layer(inputs) for layer in branches]))
     for layer in branches:

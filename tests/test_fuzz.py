@@ -76,8 +76,6 @@ def _init_arguments(cls):
         for p in inspect.signature(klass.__init__).parameters.values():
             if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in names:
                 names.append(p.name)
-    if "filters" in names and "units" in names:  # the convolutions pass filters to the dense base as its units
-        names.remove("units")
     return [n for n in names if n not in ("name", "dtype")]
 
 
@@ -180,7 +178,7 @@ def test_functions(case, scalar, array):
         _check(lambda: fn(**kwargs), arg, message_names.get(arg))
     finally:
         for layer in tfbnn.stochastic_layers(_model()):  # weight_samples left open above
-            layer._weight_samples, layer._joint_samples = 1, True
+            layer.set_weight_samples(1, joint=True)
             layer.inference_mode = "sample"
 
 

@@ -26,7 +26,7 @@ def test_graves_dense_basics():
 def test_core_dense_layers_take_the_log_variance_parameterization(cls):
     layer = testing.run_layer_test(
         cls,
-        {"units": 3, "kernel_prior": "graves", "posterior_parameterization": "log_variance", "seed": 7},
+        {"units": 3, "kernel_prior": "graves", "parameterization": "log_variance", "seed": 7},
         input_shape=(4, 5),
         expected_output_shape=(4, 3),
         expected_num_trainable_weights=4,
@@ -101,8 +101,8 @@ def test_graves_prior_serializes_and_rejects_bad_values():
         priors.Graves(float("nan"))
     with pytest.raises(ValueError, match="depends on the posterior"):
         priors.Graves().distribution()
-    with pytest.raises(ValueError, match="posterior_parameterization='exp'"):
-        tfbnn.DenseFlipout(3, posterior_parameterization="exp")
+    with pytest.raises(ValueError, match="parameterization='exp'"):
+        tfbnn.DenseFlipout(3, parameterization="exp")
 
 
 # -- the default prior: fixed N(0, 1); the adaptive prior is an option ----------------------------

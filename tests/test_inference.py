@@ -225,7 +225,7 @@ def test_one_trace_serves_all_batch_sizes():
     tfbnn.predict(model, x[:3], num_samples=4, batch_size=4)
     fns = [fn for key, fn in inference._COMPILED[model].items() if key != "mc_view"]
     assert len(fns) == 1 and fns[0].experimental_get_tracing_count() == 1
-    assert all(layer._weight_samples == 1 for layer in tfbnn.bayesian_layers(model))
+    assert all(layer.weight_samples[0] == 1 for layer in tfbnn.bayesian_layers(model))
 
 
 def test_task_resolution():
@@ -262,7 +262,7 @@ def test_auto_task_comes_from_the_model_not_the_data():
     assert isinstance(tfbnn.predict(nested, x, num_samples=2), tfbnn.ClassificationPrediction)
     # ... and a regression head stays regression even where its outputs look like probabilities.
     regression = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(
-        2, kernel_loc_initializer="zeros", bias_loc_initializer=keras.initializers.Constant([0.25, 0.75]), seed=1)])
+        2, kernel_initializer="zeros", bias_initializer=keras.initializers.Constant([0.25, 0.75]), seed=1)])
     with tfbnn.posterior_mean(regression):
         res = tfbnn.predict(regression, x, num_samples=2)
     assert isinstance(res, tfbnn.RegressionPrediction)
@@ -292,7 +292,7 @@ def test_numpy_scalars_are_accepted_as_keras_accepts_them():
     res = tfbnn.predict(model, _x(), num_samples=np.int64(3), batch_size=np.int32(4))
     assert res.num_samples == 3 and res.mean_probs.shape == (10, 3)
     with tfbnn.weight_samples(model, np.int16(2)):
-        assert all(layer._weight_samples == 2 for layer in tfbnn.bayesian_layers(model))
+        assert all(layer.weight_samples[0] == 2 for layer in tfbnn.bayesian_layers(model))
     reg = tfbnn.predict(keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(2, seed=1)]), _x(), num_samples=2)
     lower, upper = reg.interval(np.float32(0.9))
     assert np.all(lower <= upper)

@@ -46,7 +46,7 @@ def test_train_step_loss_equals_hand_computed_one(prior):
     # x = I makes the S output blocks of a linear, bias-free layer its S kernel samples W_s.
     d, u = 3, 2
     net = keras.Sequential([keras.Input((d,)), L.DenseReparameterization(
-        u, use_bias=False, kernel_prior=prior, kernel_rho_initializer="zeros", kl_weight=KL_WEIGHT, seed=3)])
+        u, use_bias=False, kernel_prior=prior, kernel_scale_initializer="zeros", kl_weight=KL_WEIGHT, seed=3)])
     x, y = np.eye(d, dtype="float32"), np.ones((d, u), "float32")
     loss, states = _one_step_loss(tfbnn.MultiSampleModel(net, num_samples=S), x, y, "mse")
     _restore(states)
@@ -73,9 +73,9 @@ def test_classification_loss_equals_hand_computed_one(average):
     head = "softmax" if average == "mean" else None
     net = keras.Sequential([
         keras.Input((5,)),
-        L.DenseFlipout(6, activation="relu", kernel_rho_initializer="zeros", kl_weight=KL_WEIGHT, seed=1),
+        L.DenseFlipout(6, activation="relu", kernel_scale_initializer="zeros", kl_weight=KL_WEIGHT, seed=1),
         L.DenseLocalReparameterization(3, activation=head, kernel_prior="scale_mixture",
-                                       kernel_rho_initializer="zeros", kl_weight=KL_WEIGHT, seed=2),
+                                       kernel_scale_initializer="zeros", kl_weight=KL_WEIGHT, seed=2),
     ])
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=head is None)
     loss, states = _one_step_loss(tfbnn.MultiSampleModel(net, num_samples=S, average=average), x, y, loss_fn)
@@ -90,7 +90,7 @@ def test_classification_loss_equals_hand_computed_one(average):
 
 def _gradient_variance(samples, repeats=40):
     net = keras.Sequential([keras.Input((4,)), L.DenseReparameterization(
-        3, kernel_rho_initializer="zeros", kl_weight=1e-3, seed=7)])
+        3, kernel_scale_initializer="zeros", kl_weight=1e-3, seed=7)])
     model = tfbnn.MultiSampleModel(net, num_samples=samples)
     model.compile(keras.optimizers.SGD(1.0), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.RandomState(0)

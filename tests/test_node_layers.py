@@ -52,17 +52,41 @@ def test_node_dense_rank3_inputs_share_noise_over_middle_axes():
 def test_node_conv2d_basics(data_format):
     shape = (2, 6, 6, 3) if data_format == "channels_last" else (2, 3, 6, 6)
     out = (2, 4, 4, 5) if data_format == "channels_last" else (2, 5, 4, 4)
-    if data_format == "channels_first":  # TF's CPU conv has no NCHW kernel: shape inference only
-        layer = NodeConv2D(5, 3, data_format=data_format, num_components=2, seed=3)
-        layer.build(shape)
-        assert layer.node_loc.shape == (2, 3) and tuple(layer.compute_output_shape(shape)) == out
-        return
     layer = testing.run_layer_test(
         NodeConv2D, {"filters": 5, "kernel_size": 3, "num_components": 2, "seed": 3, "data_format": data_format},
         input_shape=shape, expected_output_shape=out, expected_num_trainable_weights=4,
     )
     assert layer.node_loc.shape == (2, 3)  # (K, C_in): one noise variable per input channel
     assert layer.kernel.shape == (3, 3, 3, 5)  # the keras Conv2D layout
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+def test_node_conv1d_basics(data_format):
+    shape = (2, 7, 3) if data_format == "channels_last" else (2, 3, 7)
+    out = (2, 3, 5) if data_format == "channels_last" else (2, 5, 3)
+    layer = testing.run_layer_test(
+        tfbnn.layers.NodeConv1D, {"filters": 5, "kernel_size": 3, "strides": 2, "num_components": 2, "seed": 3,
+                                  "data_format": data_format},
+        input_shape=shape, expected_output_shape=out, expected_num_trainable_weights=4,
+    )
+    assert layer.node_loc.shape == (2, 3) and layer.kernel.shape == (3, 3, 5)
+
+
+@pytest.mark.parametrize("cls, rank", [(tfbnn.layers.NodeConv1D, 1), (NodeConv2D, 2)])
+def test_node_conv_channels_first_equals_channels_last_on_transposed_inputs(cls, rank):
+    """Same seed and weights: the same noise per (example, channel), so the same samples."""
+    x = np.random.default_rng(0).normal(size=(4,) + (6,) * rank + (3,)).astype("float32")
+    to_first = (0, rank + 1) + tuple(range(1, rank + 1))
+    to_last = (0,) + tuple(range(2, rank + 2)) + (1,)
+    outputs = {}
+    for data_format, inputs in [("channels_last", x), ("channels_first", np.transpose(x, to_first))]:
+        layer = cls(4, 3, padding="same", data_format=data_format, num_components=2, seed=5,
+                    kernel_initializer=keras.initializers.GlorotUniform(seed=1),
+                    bias_initializer=keras.initializers.RandomNormal(seed=2))
+        outputs[data_format] = (layer(inputs).numpy(), float(layer.kl_divergence()))
+    np.testing.assert_allclose(np.transpose(outputs["channels_first"][0], to_last), outputs["channels_last"][0],
+                               rtol=1e-5, atol=1e-5)
+    assert outputs["channels_first"][1] == outputs["channels_last"][1]
 
 
 def test_node_noise_basics_and_conv_axis():

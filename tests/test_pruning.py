@@ -186,7 +186,7 @@ def test_pruned_predictions_exclude_pruned_weights_when_sampling_and_in_mean_mod
     x = rng.normal(size=(10, 6)).astype("float32")
     masks = pruning.compute_masks(model)
     np.testing.assert_array_equal(masks["vd"], log_alpha <= 3)
-    expected = x @ (theta * masks["vd"]) + layer.bias.numpy()
+    expected = x @ (theta * masks["vd"]) + layer.bias_loc.numpy()
     before = model(x).numpy()
     assert np.abs(before - expected).max() > 0.5  # the noisy weights matter unpruned
     with pruning.pruned(model, masks):
@@ -212,7 +212,7 @@ def test_apply_masks_in_place_and_as_a_copy_on_gaussian_layers():
     assert np.all(graves.kernel_scale().numpy()[~masks["graves"]] < 1e-15)
     with tfbnn.posterior_mean(pruned):
         mean_pruned = pruned(x).numpy()
-    h = np.maximum(x @ (theta_before[0] * masks["vd"]) + model.layers[0].bias.numpy(), 0)
+    h = np.maximum(x @ (theta_before[0] * masks["vd"]) + model.layers[0].bias_loc.numpy(), 0)
     np.testing.assert_allclose(mean_pruned, h @ (theta_before[1] * masks["graves"]) + model.layers[1].bias_loc.numpy(),
                                rtol=1e-4, atol=1e-5)
     assert pruning.apply_masks(model, masks) is model
@@ -247,7 +247,7 @@ def test_sparsity_monitor_logs_per_layer_sparsity_each_epoch():
     y = rng.integers(0, 3, size=64)
     model = keras.Sequential([
         keras.Input((6,)),
-        VD(8, activation="relu", seed=1, name="h", log_sigma2_initializer=keras.initializers.Constant(-2.0)),
+        VD(8, activation="relu", seed=1, name="h", kernel_scale_initializer=keras.initializers.Constant(-2.0)),
         VD(3, activation="softmax", seed=2, name="out"),
     ])
     model.compile(keras.optimizers.Adam(0.05), "sparse_categorical_crossentropy")

@@ -143,11 +143,11 @@ def test_local_reparameterization_moments_and_mean_mode():
     theta = rng.normal(size=(4, 3)).astype("float32")
     layer.kernel_loc.assign(theta)
     layer.kernel_log_sigma2.assign(np.full((4, 3), -1.0, "float32"))
-    layer.bias.assign(np.array([0.5, -1.0, 2.0], "float32"))
+    layer.bias_loc.assign(np.array([0.5, -1.0, 2.0], "float32"))
     x = rng.normal(size=(1, 4)).astype("float32")
     t = 20000
     samples = layer(np.tile(x, (t, 1))).numpy()
-    mean = x @ theta + layer.bias.numpy()
+    mean = x @ theta + layer.bias_loc.numpy()
     std = np.sqrt((x**2) @ np.full((4, 3), np.exp(-1.0)))
     np.testing.assert_allclose(samples.mean(0), mean[0], atol=4 * std.max() / math.sqrt(t))
     np.testing.assert_allclose(samples.std(0), std[0], rtol=0.03)
@@ -165,9 +165,9 @@ def test_conv_mean_mode_is_the_keras_convolution():
         layer = CONV(4, 3, strides=strides, padding=padding, dilation_rate=dilation, inference_mode="mean")
         layer.build(x.shape)
         layer.kernel_loc.assign(ref.kernel.numpy())
-        layer.bias.assign(rng.normal(size=(4,)).astype("float32"))
+        layer.bias_loc.assign(rng.normal(size=(4,)).astype("float32"))
         y = layer(x).numpy()
-        np.testing.assert_allclose(y, y_ref + layer.bias.numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(y, y_ref + layer.bias_loc.numpy(), rtol=1e-4, atol=1e-5)
         assert tuple(layer.compute_output_shape(x.shape)) == y.shape
 
 
@@ -176,7 +176,7 @@ def test_seeded_layers_reproduce_and_samples_vary():
     outs = []
     for _ in range(2):
         layer = VD(3, seed=11, kernel_initializer=keras.initializers.GlorotUniform(seed=5),
-                   log_sigma2_initializer=keras.initializers.Constant(-2.0))
+                   kernel_scale_initializer=keras.initializers.Constant(-2.0))
         outs.append(np.stack([layer(x).numpy() for _ in range(3)]))
     np.testing.assert_array_equal(outs[0], outs[1])
     assert not np.allclose(outs[0][0], outs[0][1])
@@ -187,7 +187,7 @@ def test_weight_samples_protocol(joint):
     t, b = 4, 3
     x = np.ones((b, 5), "float32")  # identical rows
     noisy = keras.initializers.Constant(0.0)
-    model = keras.Sequential([keras.Input((5,)), VD(2, seed=1, log_sigma2_initializer=noisy)])
+    model = keras.Sequential([keras.Input((5,)), VD(2, seed=1, kernel_scale_initializer=noisy)])
     with tfbnn.weight_samples(model, t, joint=joint):
         y = model(np.tile(x, (t, 1))).numpy().reshape(t, b, 2)
         assert all(float(loss) == 0.0 for loss in model.losses) or not model.losses
@@ -202,7 +202,7 @@ def test_weight_samples_protocol(joint):
 
 def test_weight_samples_protocol_with_conv_is_per_element():
     noisy = keras.initializers.Constant(0.0)
-    model = keras.Sequential([keras.Input((5, 5, 1)), CONV(2, 3, seed=1, log_sigma2_initializer=noisy)])
+    model = keras.Sequential([keras.Input((5, 5, 1)), CONV(2, 3, seed=1, kernel_scale_initializer=noisy)])
     x = np.ones((2, 5, 5, 1), "float32")
     with tfbnn.weight_samples(model, 3, joint=True):
         y = model(np.tile(x, (3, 1, 1, 1))).numpy()
@@ -214,7 +214,7 @@ def test_weight_samples_protocol_with_conv_is_per_element():
 def test_extreme_log_alpha_stays_finite(parameterization):
     x = np.random.default_rng(0).normal(size=(16, 5)).astype("float32") * 100
     y = np.random.default_rng(1).normal(size=(16, 2)).astype("float32")
-    key = "log_sigma2_initializer" if parameterization == "additive" else "log_alpha_initializer"
+    key = "kernel_scale_initializer"
     model = keras.Sequential([  # log alpha far below and far above the clip, and theta = 0
         keras.Input((5,)),
         VD(8, activation="relu", kl_weight=1e-3, seed=1, parameterization=parameterization,
@@ -233,7 +233,7 @@ def test_extreme_log_alpha_stays_finite(parameterization):
 
 
 def test_zero_theta_contributes_nothing():
-    layer = VD(3, seed=1, log_sigma2_initializer=keras.initializers.Constant(5.0))
+    layer = VD(3, seed=1, kernel_scale_initializer=keras.initializers.Constant(5.0))
     layer.build((None, 4))
     layer.kernel_loc.assign(np.zeros((4, 3), "float32"))
     out = layer(np.random.default_rng(0).normal(size=(5, 4)).astype("float32")).numpy()
@@ -270,3 +270,39 @@ def test_wrong_input_rank_and_missing_kl_scale():
     model.compile("adam", "mse")
     with pytest.raises(ValueError, match="without a KL scale"):
         model.fit(np.ones((4, 3), "float32"), np.ones((4, 2), "float32"), verbose=0)
+
+
+CONV1D = tfbnn.layers.Conv1DVariationalDropout
+
+
+@pytest.mark.parametrize("parameterization", ["additive", "multiplicative"])
+@pytest.mark.parametrize("cls, rank", [(CONV1D, 1), (CONV, 2)])
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+def test_conv_basics_both_data_formats(cls, rank, data_format, parameterization):
+    spatial_in, spatial_out = (6,) * rank, (3,) * rank
+    shape = (2, *spatial_in, 2) if data_format == "channels_last" else (2, 2, *spatial_in)
+    out = (2, *spatial_out, 3) if data_format == "channels_last" else (2, 3, *spatial_out)
+    testing.run_layer_test(cls, {"filters": 3, "kernel_size": 2, "strides": 2, "data_format": data_format,
+                                 "parameterization": parameterization, "seed": 1},
+                           input_shape=shape, expected_output_shape=out, expected_num_trainable_weights=3)
+
+
+@pytest.mark.parametrize("cls, rank", [(CONV1D, 1), (CONV, 2)])
+def test_conv_channels_first_equals_channels_last_on_transposed_inputs(cls, rank):
+    """Posterior mean and KL agree exactly; the sampled pre-activations have the same mean and variance."""
+    x = np.random.default_rng(0).normal(size=(2,) + (7,) * rank + (2,)).astype("float32")
+    to_first = (0, rank + 1) + tuple(range(1, rank + 1))
+    to_last = (0,) + tuple(range(2, rank + 2)) + (1,)
+    results = {}
+    for data_format, inputs in [("channels_last", x), ("channels_first", np.transpose(x, to_first))]:
+        layer = cls(3, 3, padding="same", data_format=data_format, seed=2, inference_mode="mean",
+                    kernel_initializer=keras.initializers.GlorotUniform(seed=3),
+                    bias_initializer=keras.initializers.RandomNormal(seed=4),
+                    kernel_scale_initializer=keras.initializers.Constant(-2.0))
+        y = layer(inputs).numpy()
+        variance = layer.convolution(tf.square(inputs), layer.kernel_variance()).numpy()
+        results[data_format] = (y, variance, float(layer.kl_divergence()))
+    (y_last, var_last, kl_last), (y_first, var_first, kl_first) = results["channels_last"], results["channels_first"]
+    np.testing.assert_allclose(np.transpose(y_first, to_last), y_last, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.transpose(var_first, to_last), var_last, rtol=1e-5, atol=1e-7)
+    assert kl_first == kl_last

@@ -56,7 +56,7 @@ import numpy as np
 
 from tfbnn import utils
 from tfbnn._internal import checks
-from tfbnn.layers.dense import DenseBayesian
+from tfbnn.layers.dense import MeanFieldGaussian
 
 __all__ = ["posterior_as_prior", "supports_posterior_prior", "forgetting_summary"]
 
@@ -64,7 +64,7 @@ __all__ = ["posterior_as_prior", "supports_posterior_prior", "forgetting_summary
 def supports_posterior_prior(layer):
     """Whether :func:`posterior_as_prior` can freeze ``layer``'s posterior as its prior
     (the Bayes-by-Backprop dense and convolution layers, ``GravesDense``)."""
-    return isinstance(layer, DenseBayesian)
+    return isinstance(layer, MeanFieldGaussian)
 
 
 def _stochastic_layers(model):

@@ -193,7 +193,7 @@ class _Converter:
                     f"channels_first. Use method='vd' or exclude it. Received: method={self.method!r}"
                 )
             if self.method == "graves":
-                return cls(**args, kernel_prior=self.prior, bias_prior=None, posterior_parameterization="log_variance",
+                return cls(**args, kernel_prior=self.prior, bias_prior=None, parameterization="log_variance",
                            **common)
             return cls(**args, kernel_prior=self.prior, bias_prior=None, **common)
         if self.method == "graves":
@@ -225,9 +225,9 @@ class _Converter:
             else:
                 new.kernel_log_alpha.assign(log_alpha.astype(np.float32))
             if old.use_bias:
-                new.bias.assign(old.bias.numpy())
+                new.bias_loc.assign(old.bias.numpy())
             return
-        new.kernel_rho.assign(_rho(sigma, new.posterior_parameterization).astype(np.float32))
+        new.kernel_rho.assign(_rho(sigma, new.parameterization).astype(np.float32))
         if old.use_bias:
             new.bias_loc.assign(old.bias.numpy())
 

@@ -11,6 +11,9 @@ examples).
   ``w = mu + sigma * eps``. ``log q`` is computed from ``eps`` directly
   (``-eps^2/2 - log sigma - log(2 pi)/2``), which is exact and avoids recomputing
   ``(w - mu) / sigma``. Unbiased; its variance falls as the number of weights grows.
+* :func:`softplus_scale_and_normal_kl` -- the softplus scale ``sigma = softplus(rho)
+  + 1e-6`` and its closed-form KL against a Normal prior in one op with a
+  hand-written gradient (the Bayes-by-Backprop layers' fast path).
 * :func:`molchanov_kl` and :func:`kingma_kl` -- the approximations of the KL
   between a variational-dropout posterior ``N(theta, alpha theta^2)`` and the
   log-uniform prior ``p(|w|) ~ 1 / |w|``, functions of ``log alpha`` only
@@ -32,6 +35,9 @@ tfd = tfp.distributions
 
 __all__ = [
     "closed_form_kl",
+    "softplus_scale_and_normal_kl",
+    "in_xla_context",
+    "SOFTPLUS_MIN_SCALE",
     "monte_carlo_kl",
     "gaussian_log_prob_from_noise",
     "molchanov_kl",
@@ -41,6 +47,8 @@ __all__ = [
 ]
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+# The floor of the softplus scale, sigma = softplus(rho) + SOFTPLUS_MIN_SCALE.
+SOFTPLUS_MIN_SCALE = 1e-6
 
 
 def closed_form_kl(loc, scale, prior):
@@ -131,3 +139,88 @@ def kingma_kl(log_alpha):
     alpha = tf.exp(log_alpha)
     neg_kl = -MOLCHANOV_K[0] + 0.5 * log_alpha + alpha * (c1 + alpha * (c2 + alpha * c3))
     return -neg_kl
+
+
+def in_xla_context():
+    """True while tracing a function that XLA compiles (``jit_compile=True``, TPU).
+
+    :func:`softplus_scale_and_normal_kl` writes its KL in the form XLA compiles best
+    when this is True.
+
+    TensorFlow enters an XLA control-flow context for such functions; the check
+    is TensorFlow's own (``control_flow_util``, internal). False if it is missing.
+    """
+    try:
+        from tensorflow.python.framework import ops
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - a TensorFlow without the internal module
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
+
+
+def softplus_scale_and_normal_kl(loc, rho, prior):
+    """``sigma = softplus(rho) + 1e-6`` and ``sum KL(N(loc, sigma^2) || N(m, s^2))``, one hand-written gradient.
+
+    The mean-field Gaussian posterior of Blundell et al. (2015, sec. 3.2) with the
+    softplus scale against a Normal prior ``N(m, s^2)`` (:class:`tfbnn.priors.Normal`).
+    The values are those of ``softplus(rho) + SOFTPLUS_MIN_SCALE`` and
+    :func:`closed_form_kl`::
+
+        KL = (||sigma||^2 + ||loc - m||^2) / (2 s^2) - sum log sigma + n (log s - 1/2)
+
+    and the gradient is written out, with ``d sigma / d rho = sigmoid(rho)``::
+
+        dL/d loc = g_kl (loc - m) / s^2
+        dL/d rho = sigmoid(rho) (g_sigma + g_kl (sigma / s^2 - 1 / sigma))
+
+    Without XLA every op is one pass over a weight-sized tensor, and these are
+    about half the passes autodiff makes of the same expressions (the
+    forward and backward weight-wise work of a Bayes-by-Backprop train step; see
+    ``benchmarks/dense_layers.py``). Under XLA (:func:`in_xla_context`) the KL is
+    written as one sum of one elementwise expression instead, which XLA compiles
+    to a single loop: its CPU backend turns each of three separate large sums into
+    a tree of reduce-window passes. In an interleaved comparison of whole XLA train
+    steps of the 784-1200-1200-10 local-reparameterization MLP (batch 128) one sum
+    took 103 ms of CPU time per step against 112 ms for three (wall 62 against 67 ms).
+    The Bayes-by-Backprop layers use it for a Normal prior with the softplus scale.
+
+    Args:
+        loc: tensor, the posterior means ``mu``.
+        rho: tensor of the same shape, the untransformed scales.
+        prior: a :class:`tfbnn.priors.Normal`.
+
+    Returns:
+        ``(sigma, kl)``: a tensor shaped like ``loc`` and a scalar tensor.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from tfbnn import kl, priors
+    >>> sigma, value = kl.softplus_scale_and_normal_kl(tf.zeros([3]), tf.zeros([3]), priors.Normal(0.0, 1.0))
+    >>> round(float(value), 4) == round(float(kl.closed_form_kl(tf.zeros([3]), sigma, priors.Normal(0.0, 1.0))), 4)
+    True
+    """
+    inv_var = 1.0 / prior.scale**2
+    constant = math.log(prior.scale) - 0.5
+
+    @tf.custom_gradient
+    def fused(loc, rho):
+        scale = tf.nn.softplus(rho) + SOFTPLUS_MIN_SCALE
+        centred = loc if prior.loc == 0.0 else loc - prior.loc
+        n = tf.cast(tf.size(loc), loc.dtype)
+        if in_xla_context():
+            # One reduction of one elementwise expression: XLA makes it a single loop.
+            kl = tf.reduce_sum((0.5 * inv_var) * (tf.square(scale) + tf.square(centred)) - tf.math.log(scale))
+        else:
+            # The fewest separate passes: squares and sums are fused in L2Loss.
+            kl = (tf.nn.l2_loss(scale) + tf.nn.l2_loss(centred)) * inv_var - tf.reduce_sum(tf.math.log(scale))
+        kl = kl + n * constant
+
+        def grad(g_scale, g_kl):
+            kl_part = g_kl * (inv_var * scale - tf.math.reciprocal(scale))
+            g_rho = tf.math.sigmoid(rho) * (kl_part if g_scale is None else g_scale + kl_part)
+            return g_kl * inv_var * centred, g_rho
+
+        return (scale, kl), grad
+
+    return fused(tf.convert_to_tensor(loc), tf.convert_to_tensor(rho))

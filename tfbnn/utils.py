@@ -216,16 +216,13 @@ def weight_samples(model, num_samples, joint=False, with_kl=False):
             f"weight samples. Received: joint={joint!r}"
         )
     layers = stochastic_layers(model)
-    previous = [(layer._weight_samples, layer._joint_samples, layer._samples_add_kl) for layer in layers]
-    for layer in layers:
-        layer._weight_samples, layer._joint_samples = num_samples, bool(joint)
-        layer._samples_add_kl = bool(with_kl)
+    previous = [layer.set_weight_samples(num_samples, joint=joint, with_kl=with_kl) for layer in layers]
     saved = _reset_compiled_functions(model)
     try:
         yield model
     finally:
-        for layer, (value, joint_value, kl_value) in zip(layers, previous):
-            layer._weight_samples, layer._joint_samples, layer._samples_add_kl = value, joint_value, kl_value
+        for layer, setting in zip(layers, previous):
+            layer.set_weight_samples(*setting)
         _restore_compiled_functions(model, saved)
 
 

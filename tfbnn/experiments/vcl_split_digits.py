@@ -142,9 +142,9 @@ class _Network:
             prior = tfbnn.priors.Normal(0.0, s["prior_scale"])
             rho = keras.initializers.Constant(math.log(math.expm1(s["initial_scale"])))  # softplus(rho) = scale
             return tfbnn.DenseLocalReparameterization(
-                units, activation=activation, kernel_prior=prior, bias_prior=prior, kernel_rho_initializer=rho,
-                bias_rho_initializer=rho, seed=seed + 7919 * index,
-                kernel_loc_initializer=keras.initializers.GlorotUniform(seed + 7919 * index))
+                units, activation=activation, kernel_prior=prior, bias_prior=prior, kernel_scale_initializer=rho,
+                bias_scale_initializer=rho, seed=seed + 7919 * index,
+                kernel_initializer=keras.initializers.GlorotUniform(seed + 7919 * index))
 
         self.bayesian = method != "finetune"
         inputs = keras.Input((64,))

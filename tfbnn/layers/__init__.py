@@ -11,8 +11,12 @@ from tfbnn.layers.conv import (
 )
 from tfbnn.layers.dense import DenseFlipout, DenseLocalReparameterization, DenseReparameterization
 from tfbnn.layers.graves import GravesDense
-from tfbnn.layers.node import NodeConv2D, NodeDense, NodeNoise
-from tfbnn.layers.variational_dropout import Conv2DVariationalDropout, DenseVariationalDropout
+from tfbnn.layers.node import NodeConv1D, NodeConv2D, NodeDense, NodeNoise
+from tfbnn.layers.variational_dropout import (
+    Conv1DVariationalDropout,
+    Conv2DVariationalDropout,
+    DenseVariationalDropout,
+)
 
 __all__ = [
     "StochasticLayer",
@@ -29,8 +33,10 @@ __all__ = [
     "Conv2DFlipout",
     "GravesDense",
     "NodeDense",
+    "NodeConv1D",
     "NodeConv2D",
     "NodeNoise",
     "DenseVariationalDropout",
+    "Conv1DVariationalDropout",
     "Conv2DVariationalDropout",
 ]

@@ -1,11 +1,15 @@
 """What every tfbnn Bayesian layer shares: the KL weight, the sampling switch, seeds."""
 
+import functools
+import inspect
+import warnings
+
 import keras
 import tensorflow as tf
 
 from tfbnn._internal import checks
 
-__all__ = ["StochasticLayer", "BayesianLayer", "INFERENCE_MODES", "validate_kl_weight"]
+__all__ = ["StochasticLayer", "BayesianLayer", "INFERENCE_MODES", "validate_kl_weight", "input_features"]
 
 INFERENCE_MODES = ("sample", "mean")
 _SEED_KEY = "seed_state"
@@ -42,6 +46,22 @@ def validate_kl_weight(value, name="kl_weight", allow_none=True):
     return checks.number(name, value, low=0, what="a non-negative finite float (beta / N)")
 
 
+def input_features(layer, input_shape):
+    """The (known) last dimension of a dense layer's ``input_shape``, of rank >= 2; a ValueError otherwise."""
+    if len(input_shape) < 2:
+        raise ValueError(
+            f"Layer '{layer.name}' expects inputs of rank >= 2 (batch, ..., features). "
+            f"Received: input_shape={tuple(input_shape)}"
+        )
+    input_dim = input_shape[-1]
+    if input_dim is None:
+        raise ValueError(
+            f"The last dimension of the inputs of '{layer.name}' must be known. "
+            f"Received: input_shape={tuple(input_shape)}"
+        )
+    return input_dim
+
+
 class StochasticLayer(keras.layers.Layer):
     """Base class: a layer with seeded noise, a sampling switch and the MC protocol.
 
@@ -60,6 +80,72 @@ class StochasticLayer(keras.layers.Layer):
         seed: int or None, seed of the layer's ``keras.random.SeedGenerator``.
     """
 
+    #: Constructor arguments renamed since tfbnn 0.1, ``{old name: new name}``
+    #: (merged along the class hierarchy). The constructor accepts an old name
+    #: with a ``DeprecationWarning`` naming the new one; ``from_config`` accepts it
+    #: silently, so ``.keras`` files saved by tfbnn 0.1 load.
+    renamed_arguments = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            init = cls.__init__
+
+            @functools.wraps(init)
+            def __init__(self, *args, **arguments):
+                return init(self, *args, **type(self).rename_arguments(arguments, warn=True))
+
+            # The real signature for help() and for Keras' __new__, which reads it both
+            # through inspect.signature and inspect.getfullargspec.
+            __init__.__signature__ = inspect.signature(init)
+            cls.__init__ = __init__
+
+    @classmethod
+    def renamed_argument_names(cls, arguments):
+        """``{old name: new name}`` for a call with ``arguments``: :attr:`renamed_arguments`
+        merged along the class hierarchy. A new name None drops an old argument
+        that had no effect."""
+        renames = {}
+        for klass in reversed(cls.__mro__):
+            renames.update(klass.__dict__.get("renamed_arguments", {}))
+        return renames
+
+    @classmethod
+    def rename_arguments(cls, arguments, warn=False):
+        """``arguments`` (a dict of constructor arguments) with old names replaced by new ones.
+
+        Args:
+            arguments: dict, constructor arguments or a config.
+            warn: bool, emit a ``DeprecationWarning`` per old name.
+
+        Returns:
+            A new dict. Raises ``ValueError`` if an old name and its new name are both given.
+        """
+        arguments = dict(arguments)
+        for old, new in cls.renamed_argument_names(arguments).items():
+            if old not in arguments:
+                continue
+            value = arguments.pop(old)
+            if new is None:
+                continue
+            if new in arguments:
+                raise ValueError(
+                    f"Expected `{new}` or its old name `{old}`, not both. "
+                    f"Received: {old}={value!r}, {new}={arguments[new]!r}"
+                )
+            if warn:
+                warnings.warn(
+                    f"{cls.__name__}: the argument `{old}` is renamed `{new}`; the old name will be removed.",
+                    DeprecationWarning,
+                    stacklevel=4,
+                )
+            arguments[new] = value
+        return arguments
+
+    @classmethod
+    def from_config(cls, config):
+        return super().from_config(cls.rename_arguments(config))
+
     def __init__(self, inference_mode="sample", seed=None, **kwargs):
         super().__init__(**kwargs)
         self.inference_mode = inference_mode
@@ -74,6 +160,47 @@ class StochasticLayer(keras.layers.Layer):
         # Set by weight_samples(..., with_kl=True) (training with several samples,
         # tfbnn.MultiSampleModel): the KL is then added, averaged over the T samples.
         self._samples_add_kl = False
+
+    def set_weight_samples(self, num_samples=1, joint=True, with_kl=False):
+        """Sets this layer's Monte Carlo protocol; returns the previous setting.
+
+        With ``num_samples = T > 1`` the leading axis of the layer's inputs is
+        ``T * B``, sample-major (rows ``t * B .. t * B + B - 1`` belong to sample
+        ``t``). ``joint=True``: each block of B rows shares one weight sample;
+        ``joint=False``: every row gets its own. ``with_kl``: the layer adds its KL
+        loss (averaged over the T samples) in a call with ``T > 1``; otherwise it adds
+        none there. ``num_samples=1`` (the default) is an ordinary call. Use
+        :func:`tfbnn.utils.weight_samples`, which sets every layer of a model and
+        restores them, rather than calling this directly.
+
+        Args:
+            num_samples: int >= 1, T.
+            joint: bool.
+            with_kl: bool.
+
+        Returns:
+            The previous ``(num_samples, joint, with_kl)``, to pass back as
+            ``layer.set_weight_samples(*previous)``.
+
+        Example:
+
+        >>> import tfbnn
+        >>> layer = tfbnn.layers.DenseFlipout(2)
+        >>> previous = layer.set_weight_samples(8, joint=False)
+        >>> previous, layer.weight_samples
+        ((1, True, False), (8, False, False))
+        >>> _ = layer.set_weight_samples(*previous)
+        """
+        num_samples = checks.integer("num_samples", num_samples, 1)
+        previous = self.weight_samples
+        self._weight_samples, self._joint_samples = num_samples, bool(joint)
+        self._samples_add_kl = bool(with_kl)
+        return previous
+
+    @property
+    def weight_samples(self):
+        """The Monte Carlo protocol ``(num_samples, joint, with_kl)``, see :meth:`set_weight_samples`."""
+        return self._weight_samples, self._joint_samples, self._samples_add_kl
 
     @property
     def inference_mode(self):

@@ -5,7 +5,7 @@ All three share one model. Each weight has an independent Gaussian posterior
     q(w_ij) = N(mu_ij, sigma_ij^2),   sigma_ij = softplus(rho_ij) + 1e-6,
 
 (Blundell et al. 2015, sec. 3.2) -- or, with
-``posterior_parameterization="log_variance"``, ``sigma_ij^2 = exp(rho_ij)``
+``parameterization="log_variance"``, ``sigma_ij^2 = exp(rho_ij)``
 (Graves 2011; ``rho`` clipped to ``[-80, 40]`` so that ``sigma`` and ``log sigma``
 stay finite in float32) -- and a prior chosen by name or object
 (:mod:`tfbnn.priors`). They differ only in how a forward pass samples:
@@ -36,7 +36,6 @@ The KL (closed form for a Normal prior, Monte Carlo for the scale mixture) is
 added to ``layer.losses`` as ``kl_weight * KL``; see :class:`BayesianLayer`.
 """
 
-import math
 
 import keras
 import tensorflow as tf
@@ -44,12 +43,12 @@ import tensorflow as tf
 from tfbnn._internal import checks
 from tfbnn import kl as kl_lib
 from tfbnn import priors as priors_lib
-from tfbnn.layers.base import BayesianLayer
+from tfbnn.layers.base import BayesianLayer, input_features
 
-__all__ = ["DenseReparameterization", "DenseFlipout", "DenseLocalReparameterization"]
+__all__ = ["MeanFieldGaussian", "DenseReparameterization", "DenseFlipout", "DenseLocalReparameterization"]
 
-_MIN_SCALE = 1e-6
-POSTERIOR_PARAMETERIZATIONS = ("softplus", "log_variance")
+_MIN_SCALE = kl_lib.SOFTPLUS_MIN_SCALE
+PARAMETERIZATIONS = ("softplus", "log_variance")
 # exp(-80) ~ 1.8e-35 is still a normal float32; exp(40) keeps x^2 sigma^2 sums finite.
 _LOG_VARIANCE_RANGE = (-80.0, 40.0)
 
@@ -68,78 +67,26 @@ def _log_variance_scale(rho):
     return tf.exp(0.5 * tf.clip_by_value(rho, *_LOG_VARIANCE_RANGE))
 
 
-def _in_xla_context():
-    """True while tracing a function that XLA compiles (``jit_compile=True``, TPU).
-
-    TensorFlow enters an XLA control-flow context for such functions; the check
-    is TensorFlow's own (``control_flow_util``, internal). False if it is missing.
-    """
-    try:
-        from tensorflow.python.framework import ops
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # pragma: no cover - a TensorFlow without the internal module
-        return False
-    return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
-
-
-def _softplus_scale_and_normal_kl(loc, rho, prior):
-    """``sigma = softplus(rho) + 1e-6`` and ``sum KL(N(loc, sigma^2) || N(m, s^2))``, one hand-written gradient.
-
-    The values are those of :func:`_softplus_scale` and :func:`tfbnn.kl.closed_form_kl`::
-
-        KL = (||sigma||^2 + ||loc - m||^2) / (2 s^2) - sum log sigma + n (log s - 1/2)
-
-    and the gradient is written out, with ``d sigma / d rho = sigmoid(rho)``::
-
-        dL/d loc = g_kl (loc - m) / s^2
-        dL/d rho = sigmoid(rho) (g_sigma + g_kl (sigma / s^2 - 1 / sigma))
-
-    Without XLA every op is one pass over a weight-sized tensor, and these are
-    about half the passes autodiff makes of the same expressions (the
-    forward and backward weight-wise work of a Bayes-by-Backprop train step; see
-    ``benchmarks/dense_layers.py``). Under XLA the KL is written as one sum of
-    one elementwise expression instead, which XLA compiles to a single loop: its
-    CPU backend turns each of three separate large sums into a tree of
-    reduce-window passes. In an interleaved comparison of whole XLA train steps of
-    the 784-1200-1200-10 local-reparameterization MLP (batch 128) one sum took 103
-    ms of CPU time per step against 112 ms for three (wall 62 against 67 ms).
-    """
-    inv_var = 1.0 / prior.scale**2
-    constant = math.log(prior.scale) - 0.5
-
-    @tf.custom_gradient
-    def fused(loc, rho):
-        scale = tf.nn.softplus(rho) + _MIN_SCALE
-        centred = loc if prior.loc == 0.0 else loc - prior.loc
-        n = tf.cast(tf.size(loc), loc.dtype)
-        if _in_xla_context():
-            # One reduction of one elementwise expression: XLA makes it a single loop.
-            kl = tf.reduce_sum((0.5 * inv_var) * (tf.square(scale) + tf.square(centred)) - tf.math.log(scale))
-        else:
-            # The fewest separate passes: squares and sums are fused in L2Loss.
-            kl = (tf.nn.l2_loss(scale) + tf.nn.l2_loss(centred)) * inv_var - tf.reduce_sum(tf.math.log(scale))
-        kl = kl + n * constant
-
-        def grad(g_scale, g_kl):
-            kl_part = g_kl * (inv_var * scale - tf.math.reciprocal(scale))
-            g_rho = tf.math.sigmoid(rho) * (kl_part if g_scale is None else g_scale + kl_part)
-            return g_kl * inv_var * centred, g_rho
-
-        return (scale, kl), grad
-
-    return fused(tf.convert_to_tensor(loc), tf.convert_to_tensor(rho))
-
-
 def _default_log_variance_initializer():
     # log sigma^2 = 2 log softplus(-5): the same initial sigma (~0.0067) as the softplus default.
     return keras.initializers.Constant(-10.0)
 
 
-class DenseBayesian(BayesianLayer):
-    """Shared argument handling, weights, KL and config of the dense layers.
+class MeanFieldGaussian(BayesianLayer):
+    """Mean-field Gaussian posterior over a kernel and a bias: the base of the BbB layers.
+
+    Not a dense layer: it holds the posterior ``q(w) = N(mu, sigma^2)`` per weight
+    (``kernel_loc`` / ``kernel_rho``, ``bias_loc`` / ``bias_rho``; ``sigma =
+    softplus(rho) + 1e-6`` or ``sigma^2 = exp(rho)``, Blundell et al. 2015, sec. 3.2),
+    the priors, the KL (closed form, the fused softplus/Normal op
+    :func:`tfbnn.kl.softplus_scale_and_normal_kl`, or Monte Carlo) and weight
+    sampling under the T-sample Monte Carlo protocol
+    (:meth:`StochasticLayer.set_weight_samples`). A subclass supplies the shapes
+    (calling :meth:`_build_posterior` in ``build``) and the forward pass (``call``,
+    ending in :meth:`_finish`); :class:`DenseBayesian` and the Bayesian convolutions
+    are such subclasses.
 
     Args:
-        units: int > 0, output dimension.
         activation: activation name or callable, as in ``keras.layers.Dense``.
         use_bias: bool. Whether the layer has a bias.
         kernel_prior: prior name, dict or :class:`tfbnn.priors.Prior` for the
@@ -147,107 +94,103 @@ class DenseBayesian(BayesianLayer):
             (per weight) must have the kernel's shape (checked in ``build``).
         bias_prior: the same for the bias; ``None`` makes the bias a point
             estimate (no posterior, no KL), as TFP's layers do by default.
-        kernel_loc_initializer, kernel_rho_initializer, bias_loc_initializer, bias_rho_initializer:
+        kernel_initializer, kernel_scale_initializer, bias_initializer, bias_scale_initializer:
             Keras initializers for the posterior mean and the untransformed scale
             ``rho`` (``sigma = softplus(rho)``, or
             ``sigma^2 = exp(rho)`` with the log-variance parameterization).
             Default ``rho = -5`` (softplus) / ``rho = -10`` (log variance): sigma ~ 0.0067.
-        posterior_parameterization: ``"softplus"`` (default, Blundell et al. 2015:
+        parameterization: ``"softplus"`` (default, Blundell et al. 2015:
             ``sigma = softplus(rho) + 1e-6``) or ``"log_variance"`` (Graves 2011:
             ``sigma^2 = exp(rho)``, ``rho`` clipped to ``[-80, 40]``). With
             ``bias_prior=None`` the latter is Graves' variational dense layer
             (:class:`tfbnn.layers.GravesDense`; ``kernel_prior="graves"`` for his adaptive prior).
         kl_weight, inference_mode, seed: see :class:`BayesianLayer`.
 
-    Input shape: ``(batch, ..., input_dim)``, rank >= 2.
-    Output shape: ``(batch, ..., units)``.
+    Renamed in tfbnn 0.2 (the old names still load and, with a
+    ``DeprecationWarning``, construct): ``kernel_loc_initializer`` ->
+    ``kernel_initializer``, ``bias_loc_initializer`` -> ``bias_initializer``,
+    ``kernel_rho_initializer`` -> ``kernel_scale_initializer``,
+    ``bias_rho_initializer`` -> ``bias_scale_initializer``,
+    ``posterior_parameterization`` -> ``parameterization``.
+
     """
+
+    renamed_arguments = {
+        "kernel_loc_initializer": "kernel_initializer",
+        "bias_loc_initializer": "bias_initializer",
+        "kernel_rho_initializer": "kernel_scale_initializer",
+        "bias_rho_initializer": "bias_scale_initializer",
+        "posterior_parameterization": "parameterization",
+    }
 
     def __init__(
         self,
-        units,
         activation=None,
         use_bias=True,
         kernel_prior="normal",
         bias_prior="normal",
-        kernel_loc_initializer="glorot_uniform",
-        kernel_rho_initializer=None,
-        bias_loc_initializer="zeros",
-        bias_rho_initializer=None,
+        kernel_initializer="glorot_uniform",
+        kernel_scale_initializer=None,
+        bias_initializer="zeros",
+        bias_scale_initializer=None,
         kl_weight=None,
         inference_mode="sample",
         seed=None,
-        posterior_parameterization="softplus",
+        parameterization="softplus",
         **kwargs,
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
-        units = checks.integer("units", units, 1)
-        if posterior_parameterization not in POSTERIOR_PARAMETERIZATIONS:
+        if parameterization not in PARAMETERIZATIONS:
             raise ValueError(
-                f"Expected `posterior_parameterization` in {POSTERIOR_PARAMETERIZATIONS}. "
-                f"Received: posterior_parameterization={posterior_parameterization!r}"
+                f"Expected `parameterization` in {PARAMETERIZATIONS}. "
+                f"Received: parameterization={parameterization!r}"
             )
-        self.posterior_parameterization = posterior_parameterization
+        self.parameterization = parameterization
         default_rho = (
-            _default_rho_initializer if posterior_parameterization == "softplus" else _default_log_variance_initializer
+            _default_rho_initializer if parameterization == "softplus" else _default_log_variance_initializer
         )
-        self.units = units
         self.activation = checks.activation(activation)
         self.use_bias = bool(use_bias)
         self.kernel_prior = priors_lib.get(kernel_prior, name="kernel_prior")
         self.bias_prior = None if bias_prior is None else priors_lib.get(bias_prior, name="bias_prior")
-        self.kernel_loc_initializer = checks.initializer("kernel_loc_initializer", kernel_loc_initializer)
-        self.kernel_rho_initializer = checks.initializer(
-            "kernel_rho_initializer", default_rho() if kernel_rho_initializer is None else kernel_rho_initializer
+        self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
+        self.kernel_scale_initializer = checks.initializer(
+            "kernel_scale_initializer", default_rho() if kernel_scale_initializer is None else kernel_scale_initializer
         )
-        self.bias_loc_initializer = checks.initializer("bias_loc_initializer", bias_loc_initializer)
-        self.bias_rho_initializer = checks.initializer(
-            "bias_rho_initializer", default_rho() if bias_rho_initializer is None else bias_rho_initializer
+        self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
+        self.bias_scale_initializer = checks.initializer(
+            "bias_scale_initializer", default_rho() if bias_scale_initializer is None else bias_scale_initializer
         )
 
     @property
     def bayesian_bias(self):
         return self.use_bias and self.bias_prior is not None
 
-    def build(self, input_shape):
-        if len(input_shape) < 2:
-            raise ValueError(
-                f"Layer '{self.name}' expects inputs of rank >= 2 (batch, ..., features). "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        input_dim = input_shape[-1]
-        if input_dim is None:
-            raise ValueError(
-                f"The last dimension of the inputs of '{self.name}' must be known. "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
+    def _build_posterior(self, kernel_shape, bias_shape):
+        """Makes the posterior weights of the given shapes (and the KL weight); checks the priors' shapes."""
         self.kernel_loc = self.add_weight(
-            name="kernel_loc", shape=self._kernel_shape(input_dim), initializer=self.kernel_loc_initializer
+            name="kernel_loc", shape=kernel_shape, initializer=self.kernel_initializer
         )
         self.kernel_rho = self.add_weight(
-            name="kernel_rho", shape=self._kernel_shape(input_dim), initializer=self.kernel_rho_initializer
+            name="kernel_rho", shape=kernel_shape, initializer=self.kernel_scale_initializer
         )
         self.bias_loc = self.bias_rho = None
         if self.use_bias:
             self.bias_loc = self.add_weight(
-                name="bias_loc", shape=(self.units,), initializer=self.bias_loc_initializer
+                name="bias_loc", shape=bias_shape, initializer=self.bias_initializer
             )
             if self.bayesian_bias:
                 self.bias_rho = self.add_weight(
-                    name="bias_rho", shape=(self.units,), initializer=self.bias_rho_initializer
+                    name="bias_rho", shape=bias_shape, initializer=self.bias_scale_initializer
                 )
         self.kernel_prior.check_shape(self.kernel_loc.shape, "kernel_prior")
         if self.bayesian_bias:
             self.bias_prior.check_shape(self.bias_loc.shape, "bias_prior")
         self._build_kl_weight()
-        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
-
-    def _kernel_shape(self, input_dim):
-        return (input_dim, self.units)
 
     # -- posterior pieces ------------------------------------------------------
     def _scale(self, rho):
-        if self.posterior_parameterization == "log_variance":
+        if self.parameterization == "log_variance":
             return _log_variance_scale(rho)
         return _softplus_scale(rho)
 
@@ -261,10 +204,10 @@ class DenseBayesian(BayesianLayer):
         """``(sigma, KL)``: the KL in closed form where the prior has one, else None.
 
         Softplus sigma with a Normal prior goes through one fused op with a
-        hand-written gradient (:func:`_softplus_scale_and_normal_kl`).
+        hand-written gradient (:func:`tfbnn.kl.softplus_scale_and_normal_kl`).
         """
-        if self.posterior_parameterization == "softplus" and type(prior) is priors_lib.Normal:
-            return _softplus_scale_and_normal_kl(loc, rho, prior)
+        if self.parameterization == "softplus" and type(prior) is priors_lib.Normal:
+            return kl_lib.softplus_scale_and_normal_kl(loc, rho, prior)
         scale = self._scale(rho)
         return scale, (kl_lib.closed_form_kl(loc, scale, prior) if prior.has_closed_form_kl else None)
 
@@ -312,6 +255,88 @@ class DenseBayesian(BayesianLayer):
 
     def _num_samples(self, sampling):
         return self._weight_samples if sampling else 1
+
+    def _kl(self, loc, scale, prior, kl, num_samples=1):
+        """``kl`` (the closed form from :meth:`_scale_and_kl`), or if None a Monte Carlo
+        estimate averaged over ``num_samples`` weight samples."""
+        return self._sample(loc, scale, prior, num_samples)[1] if kl is None else kl
+
+    def kl_divergence(self):
+        """``KL(q || p)`` of kernel and bias, summed, unscaled (MC for the scale mixture)."""
+        scale, kl = self._kernel_scale_and_kl()
+        total = self._kl(self.kernel_loc, scale, self.kernel_prior, kl)
+        if self.bayesian_bias:
+            scale, kl = self._bias_scale_and_kl()
+            total = total + self._kl(self.bias_loc, scale, self.bias_prior, kl)
+        return total
+
+    def _bias_scale_and_kl(self):
+        """``(sigma, KL)`` of a Bayesian bias (KL None for a Monte Carlo prior)."""
+        return self._scale_and_kl(self.bias_loc, self.bias_rho, self.bias_prior)
+
+    def _bias(self, sampling):
+        """Bias sample(s) (or mean) and its KL."""
+        if not self.use_bias:
+            return None, 0.0
+        if not self.bayesian_bias:
+            return self.bias_loc, 0.0
+        scale, kl = self._bias_scale_and_kl()
+        if sampling:
+            return self._sample(self.bias_loc, scale, self.bias_prior, self._num_samples(sampling), kl)
+        return self.bias_loc, self._kl(self.bias_loc, scale, self.bias_prior, kl)
+
+    def _finish(self, outputs, bias, kl, training):
+        if bias is not None:
+            outputs = self._add_bias(outputs, bias)
+        if self._adds_kl:
+            self._add_kl_loss(kl, training)
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "activation": keras.activations.serialize(self.activation),
+                "use_bias": self.use_bias,
+                "kernel_prior": priors_lib.serialize(self.kernel_prior),
+                "bias_prior": None if self.bias_prior is None else priors_lib.serialize(self.bias_prior),
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "kernel_scale_initializer": keras.initializers.serialize(self.kernel_scale_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "bias_scale_initializer": keras.initializers.serialize(self.bias_scale_initializer),
+                "parameterization": self.parameterization,
+            }
+        )
+        return config
+
+
+class DenseBayesian(MeanFieldGaussian):
+    """The dense Bayes-by-Backprop layers' shapes and forward-pass pieces.
+
+    Args:
+        units: int > 0, output dimension.
+        activation, use_bias, kernel_prior, bias_prior, kernel_initializer,
+            kernel_scale_initializer, bias_initializer, bias_scale_initializer,
+            kl_weight, inference_mode, seed, parameterization: see
+            :class:`MeanFieldGaussian` (the same order after ``units``).
+
+    Input shape: ``(batch, ..., input_dim)``, rank >= 2.
+    Output shape: ``(batch, ..., units)``.
+    """
+
+    def __init__(self, units, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.units = checks.integer("units", units, 1)
+
+    def build(self, input_shape):
+        input_dim = input_features(self, input_shape)
+        self._build_posterior(self._kernel_shape(input_dim), (self.units,))
+        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
+
+    def _kernel_shape(self, input_dim):
+        return (input_dim, self.units)
 
     def _per_row_sampling(self, sampling):
         """Monte Carlo prediction with an independent weight sample per row."""
@@ -378,35 +403,6 @@ class DenseBayesian(BayesianLayer):
         tiled = tf.cond(tf.equal(rows % blocks, 0), blocks_equal, lambda: tf.constant(False))
         return tf.cond(tiled, once, lambda: self._moments(inputs, scale, bias_scale))
 
-    def _kl(self, loc, scale, prior, kl, num_samples=1):
-        """``kl`` (the closed form from :meth:`_scale_and_kl`), or if None a Monte Carlo
-        estimate averaged over ``num_samples`` weight samples."""
-        return self._sample(loc, scale, prior, num_samples)[1] if kl is None else kl
-
-    def kl_divergence(self):
-        """``KL(q || p)`` of kernel and bias, summed, unscaled (MC for the scale mixture)."""
-        scale, kl = self._kernel_scale_and_kl()
-        total = self._kl(self.kernel_loc, scale, self.kernel_prior, kl)
-        if self.bayesian_bias:
-            scale, kl = self._bias_scale_and_kl()
-            total = total + self._kl(self.bias_loc, scale, self.bias_prior, kl)
-        return total
-
-    def _bias_scale_and_kl(self):
-        """``(sigma, KL)`` of a Bayesian bias (KL None for a Monte Carlo prior)."""
-        return self._scale_and_kl(self.bias_loc, self.bias_rho, self.bias_prior)
-
-    def _bias(self, sampling):
-        """Bias sample(s) (or mean) and its KL."""
-        if not self.use_bias:
-            return None, 0.0
-        if not self.bayesian_bias:
-            return self.bias_loc, 0.0
-        scale, kl = self._bias_scale_and_kl()
-        if sampling:
-            return self._sample(self.bias_loc, scale, self.bias_prior, self._num_samples(sampling), kl)
-        return self.bias_loc, self._kl(self.bias_loc, scale, self.bias_prior, kl)
-
     def _matmul(self, inputs, kernel):
         """``inputs @ kernel``; a kernel of rank 3 holds one sample per block of rows."""
         if kernel.shape.rank == 2:
@@ -422,34 +418,12 @@ class DenseBayesian(BayesianLayer):
         per_sample = tf.reshape(outputs, tf.stack([tf.shape(bias)[0], -1, self.units]))
         return tf.reshape(per_sample + bias[:, None, :], shape)
 
-    def _finish(self, outputs, bias, kl, training):
-        if bias is not None:
-            outputs = self._add_bias(outputs, bias)
-        if self._adds_kl:
-            self._add_kl_loss(kl, training)
-        if self.activation is not None:
-            outputs = self.activation(outputs)
-        return outputs
-
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units,)
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "units": self.units,
-                "activation": keras.activations.serialize(self.activation),
-                "use_bias": self.use_bias,
-                "kernel_prior": priors_lib.serialize(self.kernel_prior),
-                "bias_prior": None if self.bias_prior is None else priors_lib.serialize(self.bias_prior),
-                "kernel_loc_initializer": keras.initializers.serialize(self.kernel_loc_initializer),
-                "kernel_rho_initializer": keras.initializers.serialize(self.kernel_rho_initializer),
-                "bias_loc_initializer": keras.initializers.serialize(self.bias_loc_initializer),
-                "bias_rho_initializer": keras.initializers.serialize(self.bias_rho_initializer),
-                "posterior_parameterization": self.posterior_parameterization,
-            }
-        )
+        config["units"] = self.units
         return config
 
 

@@ -78,12 +78,12 @@ import keras
 import tensorflow as tf
 
 from tfbnn._internal import checks
-from tfbnn.layers._conv_utils import conv_output_shape
-from tfbnn.layers._conv_utils import pair as _pair
+from tfbnn.layers._conv_utils import ConvArguments
 from tfbnn.layers.base import BayesianLayer
 
 __all__ = [
     "NodeDense",
+    "NodeConv1D",
     "NodeConv2D",
     "NodeNoise",
     "KL_ESTIMATORS",
@@ -464,43 +464,8 @@ class NodeDense(NodeLayer):
         return config
 
 
-@keras.saving.register_keras_serializable(package="tfbnn")
-class NodeConv2D(NodeLayer):
-    """2-D convolution with iBNN node noise per input channel: ``activation(conv(z o x, U) + b)``.
-
-    ``z`` has one entry per input channel (``(K, C_in)`` variational parameters),
-    drawn per example and shared over all spatial positions; the kernel ``U``
-    (``(kh, kw, C_in, filters)``, the layout of ``keras.layers.Conv2D``) and the
-    bias are deterministic. Posterior, prior, KL and component assignment: see
-    :mod:`tfbnn.layers.node`.
-
-    Args:
-        filters: int > 0, output channels.
-        kernel_size: int or pair of ints.
-        strides: int or pair. Default 1.
-        padding: ``"valid"`` (default) or ``"same"``.
-        data_format: ``"channels_last"`` (default) or ``"channels_first"``.
-        dilation_rate: int or pair. Default 1.
-        activation, use_bias, kernel_initializer, bias_initializer: as in
-            ``keras.layers.Conv2D``.
-        **kwargs: the arguments of :class:`NodeLayer` (``num_components``,
-            ``prior_stddev``, ``init_stddev``, ...).
-
-    Input shape: ``(batch, rows, cols, C_in)`` (channels_last).
-    Output shape: ``(batch, new_rows, new_cols, filters)``.
-
-    Example:
-        >>> import numpy as np, tfbnn
-        >>> layer = tfbnn.layers.NodeConv2D(4, 3, padding="same", num_components=2, seed=1)
-        >>> layer(np.zeros((2, 8, 8, 3), "float32")).shape
-        TensorShape([2, 8, 8, 4])
-        >>> tuple(layer.node_loc.shape)  # (K, C_in)
-        (2, 3)
-
-    Reference:
-        Trinh, Heinonen, Acerbi, Kaski. Tackling Covariate Shift with Node-based
-        Bayesian Neural Networks. ICML 2022.
-    """
+class _NodeConv(ConvArguments, NodeLayer):
+    """The node-noise convolutions: :class:`ConvArguments` plus a deterministic kernel and bias."""
 
     def __init__(
         self,
@@ -517,34 +482,14 @@ class NodeConv2D(NodeLayer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.filters = _check_int("filters", filters, 1)
-        self.kernel_size = _pair("kernel_size", kernel_size)
-        self.strides = _pair("strides", strides)
-        self.dilation_rate = _pair("dilation_rate", dilation_rate)
-        if padding not in ("valid", "same"):
-            raise ValueError(f"Expected `padding` in ('valid', 'same'). Received: padding={padding!r}")
-        if data_format not in ("channels_last", "channels_first"):
-            raise ValueError(
-                f"Expected `data_format` in ('channels_last', 'channels_first'). Received: data_format={data_format!r}"
-            )
-        self.padding = padding
-        self.data_format = data_format
+        self.init_conv_arguments(filters, kernel_size, strides, padding, data_format, dilation_rate)
         self.activation = checks.activation(activation)
         self.use_bias = bool(use_bias)
         self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
         self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
 
-    @property
-    def _channel_axis(self):
-        return -1 if self.data_format == "channels_last" else 1
-
     def build(self, input_shape):
-        if len(input_shape) != 4:
-            raise ValueError(
-                f"Layer '{self.name}' expects inputs of rank 4 (batch, rows, cols, channels). "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        channels = _known_dim(self, input_shape, self._channel_axis, "channel")
+        channels = self.input_channels(input_shape)
         self.kernel = self.add_weight(
             name="kernel", shape=self.kernel_size + (channels, self.filters), initializer=self.kernel_initializer
         )
@@ -552,40 +497,22 @@ class NodeConv2D(NodeLayer):
         if self.use_bias:
             self.bias = self.add_weight(name="bias", shape=(self.filters,), initializer=self.bias_initializer)
         self._build_node_weights(channels)
-        self.input_spec = keras.layers.InputSpec(ndim=4, axes={self._channel_axis: channels})
+        self.input_spec = self.conv_input_spec(channels)
 
     def call(self, inputs, training=None):
-        self.compute_output_shape(inputs.shape)  # rejects inputs smaller than the kernel
-        outputs = keras.ops.conv(
-            inputs * self._noise(inputs, training, self._channel_axis),
-            self.kernel,
-            strides=self.strides,
-            padding=self.padding,
-            data_format=self.data_format,
-            dilation_rate=self.dilation_rate,
-        )
+        outputs = self.convolution(inputs * self._noise(inputs, training, self.channel_axis), self.kernel)
         if self.use_bias:
-            bias = self.bias if self.data_format == "channels_last" else tf.reshape(self.bias, (1, self.filters, 1, 1))
-            outputs = outputs + bias
+            outputs = self.add_channel_bias(outputs, self.bias)
         self._add_node_kl(training)
         if self.activation is not None:
             outputs = self.activation(outputs)
         return outputs
 
-    def compute_output_shape(self, input_shape):
-        return conv_output_shape(input_shape, self.filters, self.kernel_size, self.strides, self.padding,
-                                 self.dilation_rate, self.data_format)
-
     def get_config(self):
         config = super().get_config()
+        config.update(self.conv_config())
         config.update(
             {
-                "filters": self.filters,
-                "kernel_size": self.kernel_size,
-                "strides": self.strides,
-                "padding": self.padding,
-                "data_format": self.data_format,
-                "dilation_rate": self.dilation_rate,
                 "activation": keras.activations.serialize(self.activation),
                 "use_bias": self.use_bias,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
@@ -593,6 +520,55 @@ class NodeConv2D(NodeLayer):
             }
         )
         return config
+
+
+_CONV_DOC = """{rank}-D convolution with iBNN node noise per input channel: ``activation(conv(z o x, U) + b)``.
+
+    ``z`` has one entry per input channel (``(K, C_in)`` variational parameters),
+    drawn per example and shared over all spatial positions; the kernel ``U``
+    (``kernel_size + (C_in, filters)``, the layout of ``keras.layers.Conv{rank}D``) and the
+    bias are deterministic. Posterior, prior, KL and component assignment: see
+    :mod:`tfbnn.layers.node`.
+
+    Args:
+        filters: int > 0, output channels.
+        kernel_size: int or tuple of {rank} ints.
+        strides: int or tuple. Default 1.
+        padding: ``"valid"`` (default) or ``"same"``.
+        data_format: ``"channels_last"`` (default) or ``"channels_first"``.
+        dilation_rate: int or tuple. Default 1.
+        activation, use_bias, kernel_initializer, bias_initializer: as in
+            ``keras.layers.Conv{rank}D``.
+        **kwargs: the arguments of :class:`NodeLayer` (``num_components``,
+            ``prior_stddev``, ``init_stddev``, ...).
+
+    Input shape: ``(batch, {spatial}, C_in)`` (channels_first: ``(batch, C_in, {spatial})``).
+    Output shape: ``(batch, {spatial}, filters)`` (channels_first: ``(batch, filters, {spatial})``).
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> layer = tfbnn.layers.NodeConv{rank}D(4, 3, padding="same", num_components=2, seed=1)
+        >>> layer(np.zeros((2, {example}3), "float32")).shape
+        TensorShape([2, {example}4])
+        >>> tuple(layer.node_loc.shape)  # (K, C_in)
+        (2, 3)
+
+    Reference:
+        Trinh, Heinonen, Acerbi, Kaski. Tackling Covariate Shift with Node-based
+        Bayesian Neural Networks. ICML 2022.
+    """
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class NodeConv1D(_NodeConv):
+    __doc__ = _CONV_DOC.format(rank=1, spatial="length", example="8, ")
+    rank = 1
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class NodeConv2D(_NodeConv):
+    __doc__ = _CONV_DOC.format(rank=2, spatial="rows, cols", example="8, 8, ")
+    rank = 2
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")

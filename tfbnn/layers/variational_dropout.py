@@ -58,12 +58,12 @@ import tensorflow as tf
 
 from tfbnn._internal import checks
 from tfbnn import kl as kl_lib
-from tfbnn.layers.base import BayesianLayer
-from tfbnn.layers._conv_utils import conv_output_shape
-from tfbnn.layers._conv_utils import pair as _pair
+from tfbnn.layers.base import BayesianLayer, input_features
+from tfbnn.layers._conv_utils import ConvArguments
 
 __all__ = [
     "DenseVariationalDropout",
+    "Conv1DVariationalDropout",
     "Conv2DVariationalDropout",
     "PARAMETERIZATIONS",
     "DEFAULT_LOG_ALPHA_BOUNDS",
@@ -103,18 +103,24 @@ class VariationalDropoutLayer(BayesianLayer):
         activation: activation name or callable.
         use_bias: bool. The bias is a point estimate (no noise, no KL).
         kernel_initializer: initializer of ``theta`` (``kernel_loc``).
-        bias_initializer: initializer of the bias.
-        log_sigma2_initializer: additive form: initializer of ``log sigma^2``.
-            Default ``Constant(-10)`` (Molchanov et al.).
-        log_alpha_initializer: multiplicative form: initializer of ``log alpha``.
-            Default ``Constant(-8)`` (alpha ~ 3e-4, nearly deterministic).
+        bias_initializer: initializer of the bias (``bias_loc``).
+        kernel_scale_initializer: initializer of the kernel's untransformed
+            scale, whose meaning follows ``parameterization``: ``log sigma^2``
+            (``kernel_log_sigma2``) in the additive form, default ``Constant(-10)``
+            (Molchanov et al.); ``log alpha`` (``kernel_log_alpha``) in the
+            multiplicative form, default ``Constant(-8)`` (alpha ~ 3e-4, nearly
+            deterministic).
         min_log_alpha: float, lower clip of ``log alpha``. Default -8.
         max_log_alpha: float or None, upper clip; None gives 8 (additive) or 0
             (multiplicative, ``alpha <= 1``; larger values are rejected there).
         kl_weight, inference_mode, seed: see :class:`BayesianLayer`.
+
+    Renamed in tfbnn 0.2 (the old names still load and, with a
+    ``DeprecationWarning``, construct): ``log_sigma2_initializer`` (additive) and
+    ``log_alpha_initializer`` (multiplicative) -> ``kernel_scale_initializer``;
+    the point-estimate bias weight ``bias`` -> ``bias_loc``.
     """
 
-    _rank = None  # spatial rank: 0 for dense, 2 for Conv2D
 
     def __init__(
         self,
@@ -123,8 +129,7 @@ class VariationalDropoutLayer(BayesianLayer):
         use_bias=True,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
-        log_sigma2_initializer=None,
-        log_alpha_initializer=None,
+        kernel_scale_initializer=None,
         min_log_alpha=-8.0,
         max_log_alpha=None,
         kl_weight=None,
@@ -138,13 +143,10 @@ class VariationalDropoutLayer(BayesianLayer):
         self.use_bias = bool(use_bias)
         self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
         self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
-        self.log_sigma2_initializer = checks.initializer(
-            "log_sigma2_initializer",
-            keras.initializers.Constant(-10.0) if log_sigma2_initializer is None else log_sigma2_initializer,
-        )
-        self.log_alpha_initializer = checks.initializer(
-            "log_alpha_initializer",
-            keras.initializers.Constant(-8.0) if log_alpha_initializer is None else log_alpha_initializer,
+        default_scale = -10.0 if self.parameterization == "additive" else -8.0
+        self.kernel_scale_initializer = checks.initializer(
+            "kernel_scale_initializer",
+            keras.initializers.Constant(default_scale) if kernel_scale_initializer is None else kernel_scale_initializer,
         )
         default_low, default_high = DEFAULT_LOG_ALPHA_BOUNDS[self.parameterization]
         self.min_log_alpha = checks.number("min_log_alpha", min_log_alpha)
@@ -162,6 +164,15 @@ class VariationalDropoutLayer(BayesianLayer):
                 f"for larger alpha). Received: max_log_alpha={max_log_alpha}"
             )
 
+    @classmethod
+    def renamed_argument_names(cls, arguments):
+        """As :meth:`StochasticLayer.renamed_argument_names`; of the two 0.1 scale
+        initializers the one the ``parameterization`` used becomes
+        ``kernel_scale_initializer``, the other (it had no effect) is dropped."""
+        additive = resolve_parameterization(arguments.get("parameterization", "additive")) == "additive"
+        used, unused = ("log_sigma2_initializer", "log_alpha_initializer")[:: 1 if additive else -1]
+        return {**super().renamed_argument_names(arguments), used: "kernel_scale_initializer", unused: None}
+
     # -- weights ---------------------------------------------------------------
     def _kernel_shape(self, input_shape):
         raise NotImplementedError
@@ -170,17 +181,17 @@ class VariationalDropoutLayer(BayesianLayer):
         self.kernel_loc = self.add_weight(name="kernel_loc", shape=kernel_shape, initializer=self.kernel_initializer)
         if self.parameterization == "additive":
             self.kernel_log_sigma2 = self.add_weight(
-                name="kernel_log_sigma2", shape=kernel_shape, initializer=self.log_sigma2_initializer
+                name="kernel_log_sigma2", shape=kernel_shape, initializer=self.kernel_scale_initializer
             )
             self.kernel_log_alpha = None
         else:
             self.kernel_log_alpha = self.add_weight(
-                name="kernel_log_alpha", shape=kernel_shape, initializer=self.log_alpha_initializer
+                name="kernel_log_alpha", shape=kernel_shape, initializer=self.kernel_scale_initializer
             )
             self.kernel_log_sigma2 = None
-        self.bias = None
+        self.bias_loc = None
         if self.use_bias:
-            self.bias = self.add_weight(name="bias", shape=bias_shape, initializer=self.bias_initializer)
+            self.bias_loc = self.add_weight(name="bias_loc", shape=bias_shape, initializer=self.bias_initializer)
         self._build_kl_weight()
 
     # -- posterior ---------------------------------------------------------------
@@ -248,8 +259,7 @@ class VariationalDropoutLayer(BayesianLayer):
                 "use_bias": self.use_bias,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-                "log_sigma2_initializer": keras.initializers.serialize(self.log_sigma2_initializer),
-                "log_alpha_initializer": keras.initializers.serialize(self.log_alpha_initializer),
+                "kernel_scale_initializer": keras.initializers.serialize(self.kernel_scale_initializer),
                 "min_log_alpha": self.min_log_alpha,
                 "max_log_alpha": self._max_log_alpha_arg,
             }
@@ -309,17 +319,7 @@ class DenseVariationalDropout(VariationalDropoutLayer):
         self.units = checks.integer("units", units, 1)
 
     def build(self, input_shape):
-        if len(input_shape) < 2:
-            raise ValueError(
-                f"Layer '{self.name}' expects inputs of rank >= 2 (batch, ..., features). "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        input_dim = input_shape[-1]
-        if input_dim is None:
-            raise ValueError(
-                f"The last dimension of the inputs of '{self.name}' must be known. "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
+        input_dim = input_features(self, input_shape)
         self._build_weights((input_dim, self.units), (self.units,))
         self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
 
@@ -327,7 +327,7 @@ class DenseVariationalDropout(VariationalDropoutLayer):
         return keras.ops.matmul(inputs, kernel)
 
     def _add_bias(self, outputs):
-        return outputs + self.bias
+        return outputs + self.bias_loc
 
     def _joint_sample_outputs(self, inputs):
         """One weight sample per block of rows, T in all: ``W_t = theta + sqrt(alpha theta^2) eps_t``."""
@@ -348,9 +348,39 @@ class DenseVariationalDropout(VariationalDropoutLayer):
         return config
 
 
-@keras.saving.register_keras_serializable(package="tfbnn")
-class Conv2DVariationalDropout(VariationalDropoutLayer):
-    """2-D convolution with variational dropout (Molchanov 2017 sparse VD, or Kingma 2015).
+class _ConvVariationalDropout(ConvArguments, VariationalDropoutLayer):
+    """The variational-dropout convolutions: :class:`ConvArguments` plus the posterior.
+
+    Args:
+        filters, kernel_size, strides, padding, data_format, dilation_rate: as
+            ``keras.layers.Conv{rank}D``.
+        **kwargs: ``parameterization`` and the other arguments of
+            :class:`VariationalDropoutLayer`.
+    """
+
+    def __init__(self, filters, kernel_size, strides=1, padding="valid", data_format="channels_last",
+                 dilation_rate=1, **kwargs):
+        super().__init__(**kwargs)
+        self.init_conv_arguments(filters, kernel_size, strides, padding, data_format, dilation_rate)
+
+    def build(self, input_shape):
+        channels = self.input_channels(input_shape)
+        self._build_weights(self.kernel_size + (channels, self.filters), (self.filters,))
+        self.input_spec = self.conv_input_spec(channels)
+
+    def _op(self, inputs, kernel):
+        return self.convolution(inputs, kernel)
+
+    def _add_bias(self, outputs):
+        return self.add_channel_bias(outputs, self.bias_loc)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(self.conv_config())
+        return config
+
+
+_CONV_DOC = """{rank}-D convolution with variational dropout (Molchanov 2017 sparse VD, or Kingma 2015).
 
     Posterior ``q(w) = N(theta, alpha theta^2)`` per kernel weight, log-uniform
     prior, approximate KL as :class:`DenseVariationalDropout`. Pre-activations are
@@ -361,102 +391,37 @@ class Conv2DVariationalDropout(VariationalDropoutLayer):
 
     Args:
         filters: int > 0, output channels.
-        kernel_size: int or pair of ints.
-        strides: int or pair. Default 1.
+        kernel_size: int or tuple of {rank} ints.
+        strides: int or tuple. Default 1.
         padding: ``"valid"`` (default) or ``"same"``.
         data_format: ``"channels_last"`` (default) or ``"channels_first"``.
-        dilation_rate: int or pair. Default 1.
-        **kwargs: ``parameterization`` and the other arguments of
-            :class:`VariationalDropoutLayer`.
+        dilation_rate: int or tuple. Default 1.
+        **kwargs: ``parameterization``, ``kernel_initializer``,
+            ``kernel_scale_initializer``, ``bias_initializer`` and the other
+            arguments of :class:`VariationalDropoutLayer`.
 
-    Input shape: ``(batch, rows, cols, channels)`` (channels_last).
-    Output shape: ``(batch, new_rows, new_cols, filters)``.
+    Input shape: ``(batch, {spatial}, channels)`` (channels_first: ``(batch, channels, {spatial})``).
+    Output shape: ``(batch, {spatial}, filters)`` (channels_first: ``(batch, filters, {spatial})``).
 
     Example:
         >>> import numpy as np, tfbnn
-        >>> layer = tfbnn.layers.Conv2DVariationalDropout(4, 3, padding="same", seed=1, kl_weight=1e-3)
-        >>> layer(np.zeros((2, 8, 8, 1), "float32")).shape
-        TensorShape([2, 8, 8, 4])
+        >>> layer = tfbnn.layers.Conv{rank}DVariationalDropout(4, 3, padding="same", seed=1, kl_weight=1e-3)
+        >>> layer(np.zeros((2, {example}1), "float32")).shape
+        TensorShape([2, {example}4])
 
     Reference:
         Molchanov, Ashukha, Vetrov. Variational Dropout Sparsifies Deep Neural
         Networks. ICML 2017.
     """
 
-    def __init__(
-        self,
-        filters,
-        kernel_size,
-        strides=1,
-        padding="valid",
-        data_format="channels_last",
-        dilation_rate=1,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.filters = checks.integer("filters", filters, 1)
-        self.kernel_size = _pair("kernel_size", kernel_size)
-        self.strides = _pair("strides", strides)
-        self.dilation_rate = _pair("dilation_rate", dilation_rate)
-        if padding not in ("valid", "same"):
-            raise ValueError(f"Expected `padding` in ('valid', 'same'). Received: padding={padding!r}")
-        if data_format not in ("channels_last", "channels_first"):
-            raise ValueError(
-                "Expected `data_format` in ('channels_last', 'channels_first'). "
-                f"Received: data_format={data_format!r}"
-            )
-        self.padding = padding
-        self.data_format = data_format
 
-    @property
-    def _channel_axis(self):
-        return -1 if self.data_format == "channels_last" else 1
+@keras.saving.register_keras_serializable(package="tfbnn")
+class Conv1DVariationalDropout(_ConvVariationalDropout):
+    __doc__ = _CONV_DOC.format(rank=1, spatial="length", example="8, ")
+    rank = 1
 
-    def build(self, input_shape):
-        if len(input_shape) != 4:
-            raise ValueError(
-                f"Layer '{self.name}' expects inputs of rank 4 (batch, rows, cols, channels). "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        channels = input_shape[self._channel_axis]
-        if channels is None:
-            raise ValueError(
-                f"The channel dimension of the inputs of '{self.name}' must be known. "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        self._build_weights(self.kernel_size + (channels, self.filters), (self.filters,))
-        self.input_spec = keras.layers.InputSpec(ndim=4, axes={self._channel_axis: channels})
 
-    def _op(self, inputs, kernel):
-        self.compute_output_shape(inputs.shape)  # rejects inputs smaller than the kernel
-        return keras.ops.conv(
-            inputs,
-            kernel,
-            strides=self.strides,
-            padding=self.padding,
-            data_format=self.data_format,
-            dilation_rate=self.dilation_rate,
-        )
-
-    def _add_bias(self, outputs):
-        if self.data_format == "channels_last":
-            return outputs + self.bias
-        return outputs + tf.reshape(self.bias, (1, self.filters, 1, 1))
-
-    def compute_output_shape(self, input_shape):
-        return conv_output_shape(input_shape, self.filters, self.kernel_size, self.strides, self.padding,
-                                 self.dilation_rate, self.data_format)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "filters": self.filters,
-                "kernel_size": self.kernel_size,
-                "strides": self.strides,
-                "padding": self.padding,
-                "data_format": self.data_format,
-                "dilation_rate": self.dilation_rate,
-            }
-        )
-        return config
+@keras.saving.register_keras_serializable(package="tfbnn")
+class Conv2DVariationalDropout(_ConvVariationalDropout):
+    __doc__ = _CONV_DOC.format(rank=2, spatial="rows, cols", example="8, 8, ")
+    rank = 2
