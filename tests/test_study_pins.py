@@ -1,0 +1,47 @@
+"""The studies' quick-run numbers are pinned (issue 19, part 1).
+
+``tests/fixtures/study_pins.json`` holds, per study, the exact ``run_experiment`` call and the
+numbers it printed with the code of before the studies became recipes run by
+:func:`tfbnn.training.run` (``tests/fixtures/make_study_pins.py`` wrote it). Each study must
+reproduce them for the same seed: a converted study trains the same model on the same batches
+with the same optimizer, KL schedule and noise, so the numbers are equal to the last bit
+(``RTOL`` only absorbs float32 sums taken in another order; none is needed today).
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fixtures"))
+import make_study_pins  # noqa: E402
+
+with open(make_study_pins.PINS) as f:
+    PINS = json.load(f)
+
+#: Relative tolerance of a pinned number.
+RTOL = 0.0
+
+
+def _compare(got, want, where):
+    if isinstance(want, dict):
+        assert set(got) >= set(want), f"{where}: keys {sorted(set(want) - set(got))} missing"
+        for key in want:
+            _compare(got[key], want[key], f"{where}.{key}")
+    elif isinstance(want, list):
+        assert len(got) == len(want), f"{where}: {len(got)} items, pinned {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            _compare(g, w, f"{where}[{i}]")
+    elif isinstance(want, float) and not isinstance(want, bool):
+        assert got == pytest.approx(want, rel=RTOL, abs=0.0, nan_ok=True), f"{where}: {got!r}, pinned {want!r}"
+    else:
+        assert got == want, f"{where}: {got!r}, pinned {want!r}"
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("study", ["ibnn_regression"])
+def test_study_reproduces_its_pinned_numbers(study):
+    pin = PINS[study]
+    assert pin["kwargs"] == make_study_pins.CALLS[study]
+    _compare(make_study_pins.run_call(study, pin["kwargs"]), pin["rows"], study)
