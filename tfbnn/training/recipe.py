@@ -134,7 +134,9 @@ class Recipe:
             ``likelihood="gaussian"``.
         pretrain_epochs: int >= 0. Train the deterministic model first for this many
             epochs, then convert it (:func:`tfbnn.convert.to_bayesian`) to ``method``
-            (``bbb``, ``vd`` or ``graves``): "frequentist pre-training".
+            (``bbb``, ``vd`` or ``graves``): "frequentist pre-training"; a
+            ``deterministic`` recipe goes on for ``epochs`` with a fresh optimizer (the
+            baseline trained as long as the converted models).
         kl_schedule: one of :data:`KL_SCHEDULES`: how ``beta`` moves.
         kl_epochs: float > 0 or None, the ramp length (``linear``, ``cosine``; the
             ramp after ``warmup_epochs`` for ``warmup``; the cycle for ``cyclic``).
@@ -290,10 +292,11 @@ class Recipe:
                 f"method, one of {[m for m in METHODS if m != 'deterministic']}. "
                 f"Received: method={self.method!r}, train_samples={self.train_samples}"
             )
-        if self.pretrain_epochs and self.method not in ("bbb", "vd", "graves"):
+        if self.pretrain_epochs and self.method not in ("bbb", "vd", "graves", "deterministic"):
             raise ValueError(
                 "`pretrain_epochs` (frequentist pre-training, then conversion) applies to methods "
-                f"'bbb', 'vd' and 'graves'. Received: method={self.method!r}, pretrain_epochs={self.pretrain_epochs}"
+                "'bbb', 'vd', 'graves' and 'deterministic' (the baseline trained as long). "
+                f"Received: method={self.method!r}, pretrain_epochs={self.pretrain_epochs}"
             )
         if self.temperature_scaling and not self.validation_fraction:
             raise ValueError(

@@ -8,7 +8,9 @@ What :func:`run` does, in order:
    of training examples actually used;
 2. builds the model through the zoo (:func:`tfbnn.models.build`), or builds the
    deterministic zoo model, pre-trains it ``pretrain_epochs`` and converts it
-   (:func:`tfbnn.convert.to_bayesian`) for frequentist pre-training and Graves;
+   (:func:`tfbnn.convert.to_bayesian`) for frequentist pre-training and Graves (a
+   ``deterministic`` recipe with ``pretrain_epochs`` goes on training with a fresh
+   optimizer: the baseline trained as long as the converted models);
 3. compiles with the recipe's optimizer and learning-rate schedule
    (:func:`tfbnn.training.make_optimizer`) and fits with
    :class:`tfbnn.KLAnnealing` (``beta`` from :func:`tfbnn.training.kl_schedule`),
@@ -166,7 +168,7 @@ def convert_model(recipe, deterministic, num_examples):
 
     options = dict(recipe.method_options)
     init_scale = options.pop("init_scale", 1e-3)
-    kwargs = {"prior": options["prior"]} if "prior" in options else {}
+    kwargs = {k: options[k] for k in ("prior", "moped_delta") if k in options}
     return convert.to_bayesian(deterministic, method=_convert_method(recipe), init_scale=init_scale,
                                num_examples=num_examples, seed=recipe.seed, **kwargs)
 
@@ -432,7 +434,8 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=
                     print(f"pre-training the deterministic {model.name} for {recipe.pretrain_epochs} epochs",
                           flush=True)
                 _fit(model, det, data, recipe.pretrain_epochs, verbose, ())
-            model = convert_model(recipe, model, data.num_examples)
+            if recipe.method != "deterministic":  # a deterministic recipe goes on with a fresh optimizer
+                model = convert_model(recipe, model, data.num_examples)
         trainable = model
         if recipe.train_samples > 1:
             trainable = _multi_sample_model(recipe, model)
