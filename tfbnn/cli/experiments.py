@@ -22,7 +22,7 @@ EXPERIMENTS = {
 }
 
 
-def _subcommand(module_name, help_text):
+def _subcommand(module_name):
     def add(subparsers):
         module = importlib.import_module(f"tfbnn.experiments.{module_name}")
         return getattr(module, f"add_{module_name}_parser")(subparsers)
@@ -32,4 +32,4 @@ def _subcommand(module_name, help_text):
 
 
 #: One ``add(subparsers)`` per experiment, in the order ``tfbnn --help`` lists them.
-PARSERS = [_subcommand(name, text) for name, text in EXPERIMENTS.items()]
+PARSERS = [_subcommand(name) for name in EXPERIMENTS]

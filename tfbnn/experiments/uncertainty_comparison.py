@@ -48,13 +48,14 @@ from tfbnn._internal import files
 from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
 from tfbnn.experiments import _common
 
-__all__ = ["DEFAULTS", "METHODS", "recipes", "run_experiment", "add_arguments", "add_uncertainty_comparison_parser",
+__all__ = ["DEFAULTS", "COMPARED_METHODS", "recipes", "run_experiment", "add_arguments",
+           "add_uncertainty_comparison_parser",
            "run", "main"]
 
 NAME = "uncertainty_comparison"
 #: Row label -> recipe method.
-METHODS = {"deterministic": "deterministic", "MC dropout": "mc_dropout", "BbB": "bbb", "iBNN": "ibnn",
-           "deep ensemble": "ensemble"}
+COMPARED_METHODS = {"deterministic": "deterministic", "MC dropout": "mc_dropout", "BbB": "bbb", "iBNN": "ibnn",
+                    "deep ensemble": "ensemble"}
 
 DEFAULTS = {
     "dataset": "digits",
@@ -92,7 +93,7 @@ def recipes(dataset="digits", hidden_units=64, depth=2, epochs=60, members=5, dr
         dataset=dataset, epochs=epochs, eval_samples=num_samples, seed=seed,
         validation_fraction=0.0, beta=1.0, temperature_scaling=False)  # the ELBO; all data for training
     out = {}
-    for label, method in METHODS.items():
+    for label, method in COMPARED_METHODS.items():
         recipe = base.replace(name=f"{NAME}-{method}", method=method, method_options=options[method])
         if quick:
             recipe = recipe.quick(max_examples=128, max_test_examples=64, batch_size=32)

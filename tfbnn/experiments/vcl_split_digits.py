@@ -60,18 +60,18 @@ import time
 
 from tfbnn.experiments import _common
 
-__all__ = ["DEFAULTS", "QUICK", "METHODS", "HEADS", "TASKS", "split_tasks", "run_sequence", "run_experiment",
+__all__ = ["DEFAULTS", "QUICK", "COMPARED_METHODS", "HEADS", "TASKS", "split_tasks", "run_sequence", "run_experiment",
            "add_arguments", "add_vcl_split_digits_parser", "run", "main"]
 
 NAME = "vcl_split_digits"
-METHODS = ("finetune", "bbb", "vcl")
+COMPARED_METHODS = ("finetune", "bbb", "vcl")
 METHOD_LABELS = {"finetune": "fine-tuning", "bbb": "BbB, original prior", "vcl": "VCL"}
 HEADS = ("single", "multi")
 TASKS = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
 
 DEFAULTS = {
     "head": "single",
-    "methods": METHODS,
+    "methods": COMPARED_METHODS,
     "coreset_sizes": (0, 20),
     "hidden_units": (100, 100),
     "steps": 1000,
@@ -374,9 +374,9 @@ def _plot(runs, s, folder):
 def _check_settings(s):
     if s["head"] not in HEADS:
         raise ValueError(f"Expected `head` in {HEADS}. Received: head={s['head']!r}")
-    unknown = [m for m in s["methods"] if m not in METHODS]
+    unknown = [m for m in s["methods"] if m not in COMPARED_METHODS]
     if not s["methods"] or unknown:
-        raise ValueError(f"Expected `methods` from {METHODS}. Received: methods={s['methods']!r}")
+        raise ValueError(f"Expected `methods` from {COMPARED_METHODS}. Received: methods={s['methods']!r}")
     for key, low in (("coreset_sizes", 0), ("hidden_units", 1), ("seeds", 0)):
         values = s[key]
         if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
@@ -471,7 +471,7 @@ def add_arguments(parser):
     parser.add_argument("--head", choices=HEADS, default=d["head"],
                         help="single: one 10-way output, classes seen so far active (class-incremental); "
                              "multi: a 2-way head per task")
-    parser.add_argument("--methods", choices=METHODS, nargs="+", default=list(d["methods"]),
+    parser.add_argument("--methods", choices=COMPARED_METHODS, nargs="+", default=list(d["methods"]),
                         help="finetune (deterministic), bbb (original prior every task), vcl (posterior as prior)")
     parser.add_argument("--coreset-sizes", type=argtypes.non_negative_int, nargs="+", default=list(d["coreset_sizes"]),
                         metavar="K", help="coreset images per task (0: none; single head only)")

@@ -47,7 +47,7 @@ from tfbnn.experiments import _common
 __all__ = [
     "DEFAULTS",
     "MODELS",
-    "METHODS",
+    "SPARSIFYING_METHODS",
     "DATASETS",
     "build_model",
     "mc_accuracy",
@@ -60,7 +60,7 @@ __all__ = [
 
 NAME = "vd_sparsity"
 MODELS = {"lenet300_100": (300, 100), "mlp": None}
-METHODS = ("vd", "vd_multiplicative", "graves")
+SPARSIFYING_METHODS = ("vd", "vd_multiplicative", "graves")
 METHOD_LABELS = {"vd": "sparse VD (Molchanov)", "vd_multiplicative": "Gaussian VD (Kingma)", "graves": "Graves"}
 DATASETS = ARRAY_DATASETS
 VARIANTS = ("none", "principled", "random")
@@ -161,8 +161,9 @@ def _check_settings(s):
 
     if s["model"] not in MODELS:
         raise ValueError(f"Expected `model` in {list(MODELS)}. Received: model={s['model']!r}")
-    if s["method"] not in METHODS:
-        raise ValueError(f"Unknown method. Expected one of {list(METHODS)}. Received: method={s['method']!r}")
+    if s["method"] not in SPARSIFYING_METHODS:
+        raise ValueError(f"Unknown method. Expected one of {list(SPARSIFYING_METHODS)}. "
+                         f"Received: method={s['method']!r}")
     if s["dataset"] not in DATASETS:
         raise ValueError(f"Expected `dataset` in {list(DATASETS)}. Received: dataset={s['dataset']!r}")
     for key in ("pretrain_epochs", "epochs", "batch_size", "num_samples", "repeats"):
@@ -502,7 +503,7 @@ def add_arguments(parser):
                         help="lenet300_100 (hidden 300-100) or mlp (hidden sizes from --hidden-units)")
     parser.add_argument("--hidden-units", type=argtypes.positive_int, nargs="+", default=None, metavar="U",
                         help="hidden layer sizes of --model mlp (default: 300 100)")
-    parser.add_argument("--method", choices=METHODS, default=d["method"],
+    parser.add_argument("--method", choices=SPARSIFYING_METHODS, default=d["method"],
                         help="vd: sparse variational dropout (Molchanov, additive); vd_multiplicative: Kingma's "
                              "(alpha <= 1, does not sparsify); graves: GravesDense (log-variance posterior, "
                              "fixed N(0, 1) prior)")
