@@ -40,7 +40,7 @@ def _compare(got, want, where):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("study", ["ibnn_regression", "ibnn_lenet", "ibnn_shift", "vd_regression"])
+@pytest.mark.parametrize("study", ["ibnn_regression", "ibnn_lenet", "ibnn_shift", "vd_regression", "vd_sparsity"])
 def test_study_reproduces_its_pinned_numbers(study):
     pin = PINS[study]
     assert pin["kwargs"] == make_study_pins.CALLS[study]

@@ -77,6 +77,9 @@ class RunResult:
         baseline: the deterministic baseline's test metrics, or None.
         comparison: the test metrics of the same recipe trained to another final
             ``beta`` (``comparison["beta"]``), or None.
+        pretrained: the pre-trained deterministic model before its conversion (a
+            Bayesian recipe with ``pretrain_epochs``; its weights as pre-training left
+            them), or None.
     """
 
     recipe: Recipe
@@ -89,6 +92,7 @@ class RunResult:
     output_dir: str
     baseline: object = None
     comparison: object = None
+    pretrained: object = None
 
 
 def _is_mlp(recipe):
@@ -407,8 +411,9 @@ def _element_spec(train):
     return tuple(tf.TensorSpec((None, *a.shape[1:]), tf.as_dtype(a.dtype)) for a in train)
 
 
-def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=False):
-    """Builds, (pre-trains and converts,) compiles and fits; returns ``(model, history, seconds)``."""
+def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=False, keep=None):
+    """Builds, (pre-trains and converts,) compiles and fits; returns ``(model, history, seconds)``
+    (``keep["pretrained"]``: the pre-trained deterministic model, when ``keep`` is a dict)."""
     import contextlib
 
     import keras
@@ -434,6 +439,8 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=
                     print(f"pre-training the deterministic {model.name} for {recipe.pretrain_epochs} epochs",
                           flush=True)
                 _fit(model, det, data, recipe.pretrain_epochs, verbose, ())
+            if keep is not None and recipe.pretrain_epochs and recipe.method != "deterministic":
+                keep["pretrained"] = model
             if recipe.method != "deterministic":  # a deterministic recipe goes on with a fresh optimizer
                 model = convert_model(recipe, model, data.num_examples)
         trainable = model
@@ -743,7 +750,8 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
     os.makedirs(stage)
     try:
         keras.utils.set_random_seed(recipe.seed)
-        model, history, seconds = _train(recipe, data, verbose, jit_compile, callbacks, strategy, quiet)
+        kept = {}
+        model, history, seconds = _train(recipe, data, verbose, jit_compile, callbacks, strategy, quiet, kept)
         test = evaluate(model, recipe, data)
         comparison = None
         if comparison_recipe is not None:
@@ -760,7 +768,8 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
             base = evaluate(det_model, det, data)
         result = RunResult(recipe=recipe, model=model, test=test, history=_history_rows(history),
                            num_examples=data.num_examples, train_seconds=seconds, files=[],
-                           output_dir=output_dir, baseline=base, comparison=comparison)
+                           output_dir=output_dir, baseline=base, comparison=comparison,
+                           pretrained=kept.get("pretrained"))
         if _is_chief(strategy):  # under several workers only the chief writes
             _write_outputs(stage, result, history)
             # The model first (atomically): if it cannot be saved, nothing is published.
