@@ -45,3 +45,28 @@ def test_study_reproduces_its_pinned_numbers(study):
     pin = PINS[study]
     assert pin["kwargs"] == make_study_pins.CALLS[study]
     _compare(make_study_pins.run_call(study, pin["kwargs"]), pin["rows"], study)
+
+
+@pytest.mark.heavy
+def test_the_molchanov_study_has_one_route(tmp_path):
+    """``vd_sparsity(recipe=...)`` trains the recipe exactly as ``training.run`` does, then analyses it."""
+    import keras
+    import numpy as np
+    import tensorflow_datasets as tfds
+
+    from tfbnn import training
+    from tfbnn.experiments import vd_sparsity
+
+    recipe = training.get_recipe("vd-lenet300-100-pretrained").quick()
+    with tfds.testing.mock_data(num_examples=64):
+        study = vd_sparsity.run_experiment(output_dir=str(tmp_path / "study"), verbose=False, recipe=recipe,
+                                           sample_counts=(1,), num_samples=1, repeats=1, sweep=False, fractions=())
+        direct = training.run(recipe, output_dir=str(tmp_path / "direct"), verbose=0, quiet=True)
+    assert study["settings"]["recipe"] == recipe.name and study["settings"]["method"] == "vd"
+    assert training.load_recipe(str(tmp_path / "study" / "run" / "recipe.json")) == recipe
+    trained = keras.saving.load_model(str(tmp_path / "study" / "run" / "model.keras"))
+    weights = direct.model.get_weights()
+    assert len(trained.get_weights()) == len(weights)
+    for a, b in zip(trained.get_weights(), weights):
+        np.testing.assert_array_equal(a, b)
+    assert len(study["sparsity_per_epoch"]) == recipe.epochs and 0.0 <= study["sparsity"] <= 1.0

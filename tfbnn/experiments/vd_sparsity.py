@@ -35,6 +35,13 @@ downloaded on first use; 784-300-100-10 as in the paper).
 
 Run: ``python -m tfbnn.experiments.vd_sparsity --method vd`` (about a minute on 2 CPU
 cores with the defaults) or, once registered, ``tfbnn vd-sparsity --method graves``.
+
+One route to the Molchanov study: the training is always :func:`tfbnn.training.run` of a
+recipe (steps 1-3: :func:`make_recipe` from the settings, or ``recipe=`` /
+``--recipe vd-lenet300-100-pretrained``, the published protocol of
+:mod:`tfbnn.training.recipes`, exactly the run of ``tfbnn run vd-lenet300-100-pretrained``);
+this study is the analysis on top of that run (steps 4-7), written beside the run's own folder
+(``<output_dir>/run/``: recipe, history, learning curves, results, model).
 """
 
 import math
@@ -90,6 +97,7 @@ DEFAULTS = {
     "fractions": (0.0, 0.5, 0.75, 0.95, 0.98),  # tfbnn.pruning.BLUNDELL_FRACTIONS
     "fraction_scope": "global",
     "seed": 0,
+    "recipe": None,
 }
 
 DESCRIPTION = (
@@ -254,6 +262,20 @@ def _settings(settings):
     return s
 
 
+def _settings_of(recipe, s):
+    """The study's settings that describe ``recipe`` (its method, dataset and protocol)."""
+    if recipe.method not in ("vd", "graves") or recipe.dataset not in DATASETS:
+        raise ValueError(f"Expected a 'vd' or 'graves' recipe on one of {list(DATASETS)}. "
+                         f"Received: recipe={recipe.name!r} (method={recipe.method!r}, dataset={recipe.dataset!r})")
+    multiplicative = recipe.method_options.get("parameterization") == "multiplicative"
+    hidden = recipe.model_options.get("hidden_units", MODELS.get(recipe.model.replace("lenet_", "lenet"), None))
+    return {**s, "recipe": recipe.name, "model": recipe.model, "hidden_units": tuple(hidden or s["hidden_units"]),
+            "method": "vd_multiplicative" if multiplicative else recipe.method, "dataset": recipe.dataset,
+            "max_examples": recipe.max_examples, "pretrain_epochs": recipe.pretrain_epochs, "epochs": recipe.epochs,
+            "warmup_epochs": recipe.warmup_epochs, "anneal_epochs": recipe.ramp_epochs, "kl_beta": recipe.beta,
+            "batch_size": recipe.batch_size, "learning_rate": recipe.learning_rate, "seed": recipe.seed}
+
+
 def _per_epoch_rows(history):
     """The sparsity per epoch from a run's history rows."""
     rows = []
@@ -404,7 +426,10 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         output_dir: folder for the outputs (default
             ``saved_models/experiments/vd_sparsity/<dataset>_<method>``).
         verbose: bool, print progress and the tables.
-        **settings: overrides of :data:`DEFAULTS`.
+        **settings: overrides of :data:`DEFAULTS`; ``recipe``: a
+            :class:`tfbnn.training.Recipe`, built-in name or JSON path of a ``vd`` or
+            ``graves`` recipe to train instead of :func:`make_recipe` (its protocol replaces
+            the training settings).
 
     Returns:
         dict: ``settings``, ``deterministic_accuracy``, ``sparsity`` (principled,
@@ -414,6 +439,12 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         :func:`tfbnn.pruning.pruning_curve`), ``storage`` and ``files``.
     """
     s = _settings(settings)
+    recipe = None
+    if s["recipe"] is not None:
+        from tfbnn.training.recipes import resolve
+
+        recipe = resolve(s["recipe"])
+        s = _settings_of(recipe, s)
     output_dir = _common.prepare_output_dir(
         output_dir or os.path.join(_common.DEFAULT_ROOT, NAME, f"{s['dataset']}_{s['method']}"))
 
@@ -428,7 +459,11 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     say(f"{NAME}: {ds.name} (N = {ds.num_examples}), {s['model']} {sizes}, method {s['method']}", flush=True)
     from tfbnn import callbacks, training
 
-    recipe = make_recipe(ds.input_shape, **settings)
+    data = None  # a given recipe loads its own dataset
+    if recipe is None:
+        recipe = make_recipe(ds.input_shape, **settings)
+        data = _common.array_pipeline(ds.x_train, ds.y_train, ds.name, s["batch_size"], ds.num_classes,
+                                      ds.num_test_examples)
     monitor = callbacks.SparsityMonitor(criterion=_criterion(s["method"]), threshold=s["threshold"])
     found = {}
 
@@ -436,9 +471,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         found["model"] = model
         return {}
 
-    run = training.run(recipe, output_dir=os.path.join(output_dir, "run"), verbose=0,
-                       data=_common.array_pipeline(ds.x_train, ds.y_train, ds.name, s["batch_size"], ds.num_classes,
-                                                   ds.num_test_examples),
+    run = training.run(recipe, output_dir=os.path.join(output_dir, "run"), verbose=0, data=data,
                        callbacks=[monitor], evaluate=evaluate, quiet=True)
     model, history = run.model, run.history
     det_accuracy = (_deterministic_accuracy(run.pretrained, ds) if run.pretrained is not None else float("nan"))
@@ -564,6 +597,9 @@ def add_arguments(parser):
     parser.add_argument("--fraction-scope", choices=("global", "layer"), default=d["fraction_scope"],
                         help="rank the weights over all layers together or within each layer")
     parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed of data and models")
+    parser.add_argument("--recipe", default=None, metavar="NAME",
+                        help="train this recipe (a built-in name such as vd-lenet300-100-pretrained, or a JSON "
+                             "file) with training.run and analyse it; its protocol replaces the training options")
     parser.add_argument("--output-dir", default=None, metavar="DIR",
                         help="output folder (default: saved_models/experiments/vd_sparsity/<dataset>_<method>)")
 
