@@ -93,7 +93,11 @@ class Recipe:
         method: one of :data:`METHODS`.
         method_options: dict of the method's options (``estimator``, ``prior`` (a name
             or a :func:`tfbnn.priors.serialize` dict), ``rate``, ``parameterization``,
-            ``num_components``, ``prior_stddev``; for ``graves``: ``init_scale``; for
+            ``num_components``, ``prior_stddev``; for ``graves`` and pre-trained
+            recipes: ``init_scale``, ``moped_delta`` and ``convert_layers`` (the names of
+            the layers :func:`tfbnn.convert.to_bayesian` converts, the others staying
+            deterministic: a Bayesian block in a deterministic network; with it the run
+            converts even without pre-training); for
             ``ensemble``: ``members`` (M, default 5), ``member_method`` (one of
             :data:`MEMBER_METHODS`, default ``"deterministic"``) and that method's options).
             An ``ensemble`` recipe trains M members, each as the recipe with

@@ -9,8 +9,8 @@ What :func:`run` does, in order:
 2. builds the model through the zoo (:func:`tfbnn.models.build`), or builds the
    deterministic zoo model, pre-trains it ``pretrain_epochs`` and converts it
    (:func:`tfbnn.convert.to_bayesian`) for frequentist pre-training and Graves (a
-   ``deterministic`` recipe with ``pretrain_epochs`` goes on training with a fresh
-   optimizer: the baseline trained as long as the converted models);
+   ``deterministic`` recipe with ``pretrain_epochs`` goes on training a copy with a
+   fresh optimizer: the baseline trained as long as the converted models);
 3. compiles with the recipe's optimizer and learning-rate schedule
    (:func:`tfbnn.training.make_optimizer`) and fits with
    :class:`tfbnn.KLAnnealing` (``beta`` from :func:`tfbnn.training.kl_schedule`),
@@ -154,10 +154,17 @@ def build_model(recipe, data):
     options = _adapted_model_options(recipe, data.input_shape)
     seed = options.pop("seed", recipe.seed)  # a study may seed its models apart from the run
     common = dict(num_classes=data.num_classes, input_shape=data.input_shape, seed=seed, **options)
-    if recipe.method == "graves" or recipe.pretrain_epochs:
+    if recipe.model == "transformer":  # token ids: the input shape is (max_length,)
+        common.pop("input_shape")
+    if _converts(recipe):
         return models.build(recipe.model, method="deterministic", **common)
     return models.build(recipe.model, method=recipe.method, num_examples=data.num_examples,
                         **common, **recipe.method_options)
+
+
+def _converts(recipe):
+    """Whether the run builds the deterministic zoo model and converts it (after ``pretrain_epochs``)."""
+    return recipe.method == "graves" or bool(recipe.pretrain_epochs) or "convert_layers" in recipe.method_options
 
 
 def deterministic_version(recipe):
@@ -173,6 +180,8 @@ def convert_model(recipe, deterministic, num_examples):
     options = dict(recipe.method_options)
     init_scale = options.pop("init_scale", 1e-3)
     kwargs = {k: options[k] for k in ("prior", "moped_delta") if k in options}
+    if "convert_layers" in options:
+        kwargs["layers"] = list(options["convert_layers"])
     return convert.to_bayesian(deterministic, method=_convert_method(recipe), init_scale=init_scale,
                                num_examples=num_examples, seed=recipe.seed, **kwargs)
 
@@ -431,7 +440,7 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=
     batch_spec = _element_spec(data.train)
     with scope:
         model = build_model(recipe, data)
-        if recipe.method == "graves" or recipe.pretrain_epochs:
+        if _converts(recipe):
             if recipe.pretrain_epochs:
                 det = deterministic_version(recipe)
                 _compile(model, det, _steps_per_epoch(det, data), jit, batch_spec)
@@ -441,8 +450,10 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=
                 _fit(model, det, data, recipe.pretrain_epochs, verbose, ())
             if keep is not None and recipe.pretrain_epochs and recipe.method != "deterministic":
                 keep["pretrained"] = model
-            if recipe.method != "deterministic":  # a deterministic recipe goes on with a fresh optimizer
+            if recipe.method != "deterministic":
                 model = convert_model(recipe, model, data.num_examples)
+            else:  # goes on from a copy, as a conversion does (fresh layers: dropout's noise starts again)
+                model = _copy(model)
         trainable = model
         if recipe.train_samples > 1:
             trainable = _multi_sample_model(recipe, model)
@@ -452,6 +463,15 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=
         print(_describe(recipe, model, data, strategy), flush=True)
     history = _fit(trainable, recipe, data, recipe.epochs, verbose, extra_callbacks)
     return model, history, time.perf_counter() - start
+
+
+def _copy(model):
+    """A copy of ``model`` with its weights (``keras.models.clone_model``)."""
+    import keras
+
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return copy
 
 
 def _multi_sample_model(recipe, model):
