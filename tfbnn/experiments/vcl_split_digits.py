@@ -49,6 +49,15 @@ Run: ``tfbnn vcl-split-digits`` (18 runs: 3 methods x 2 coreset sizes x 3 seeds,
 busy CPU cores) or
 ``tfbnn vcl-split-digits --quick`` (a smoke run: one seed, 40 steps per task, a few minutes).
 
+Why this study keeps its own training loop (``_fit``) instead of :func:`tfbnn.training.run`:
+a run builds a fresh model from a recipe, trains it once and evaluates it; continual learning
+trains one network through a sequence of tasks: the same weights carry over from task to task,
+the prior is swapped for the last posterior between tasks (VCL), each task has its own loss
+(the softmax over the classes seen so far, or its own head), a fixed number of steps over a
+seeded order of its examples, and a coreset fine-tunes a copy before testing. None of that is a
+single run's data, model or loss; the loop is small, checks for a non-finite loss itself, and
+anneals nothing (``beta`` is constant).
+
 References:
     Nguyen, Li, Bui, Turner. Variational Continual Learning. ICLR 2018 (eq. 4, Algorithm 1).
     van de Ven, Tolias. Three scenarios for continual learning. arXiv:1904.07734, 2019.
