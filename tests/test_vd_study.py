@@ -14,6 +14,7 @@ import tensorflow_datasets as tfds
 import tfbnn
 from tfbnn.datasets import regression, text
 from tfbnn.experiments import vd_regression, vd_sparsity, vd_transformer
+from tfbnn.training.run import convert_model
 
 TINY_SPARSITY = {"model": "mlp", "hidden_units": (16,), "pretrain_epochs": 1, "epochs": 2, "warmup_epochs": 0.5,
                  "anneal_epochs": 1.0, "sample_counts": (1, 2), "num_samples": 2, "repeats": 2, "batch_size": 128}
@@ -88,14 +89,10 @@ def test_sparsity_study_command_line_errors(capsys):
         vd_sparsity.run_experiment(hidden_units=(10,))
 
 
-def test_study_parsers_register_in_the_tfbnn_command_pattern():
-    import argparse
+def test_study_parsers_register_in_the_tfbnn_command():
+    from tfbnn import cli
 
-    parser = argparse.ArgumentParser()
-    subparsers = parser.add_subparsers(dest="command")
-    for add in (vd_sparsity.add_vd_sparsity_parser, vd_regression.add_vd_regression_parser,
-                vd_transformer.add_vd_transformer_parser):
-        add(subparsers)
+    parser = cli.build_parser()
     args = parser.parse_args(["vd-sparsity", "--method", "graves", "--dataset", "moons"])
     assert args.func is vd_sparsity.run and args.method == "graves" and args.dataset == "moons"
     assert parser.parse_args(["vd-regression", "--steps", "10"]).func is vd_regression.run
@@ -151,8 +148,8 @@ def test_transformer_study_converts_the_zoo_models_feed_forward_block(tmp_path):
     assert det.get_layer("embedding").output.shape == (None, 120, 32)
     for variant, cls in (("vd", tfbnn.layers.DenseVariationalDropout),
                          ("bbb", tfbnn.layers.DenseLocalReparameterization)):
-        model = tfbnn.convert.to_bayesian(det, method=vd_transformer._CONVERT_METHOD[variant], layers=["ff1", "ff2"],
-                                          seed=1)
+        # the study's conversion: its recipe's method and convert_layers (ff1, ff2)
+        model = convert_model(vd_transformer.make_recipe(variant, 200, seed=1), det, num_examples=100)
         assert type(model.get_layer("ff1")) is cls and type(model.get_layer("ff2")) is cls
         assert [layer.name for layer in tfbnn.bayesian_layers(model)] == ["ff1", "ff2"]
         assert model(x).shape == (3, 2)

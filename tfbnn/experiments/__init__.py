@@ -1,9 +1,9 @@
 """Runnable experiments reproducing published results with tfbnn.
 
 Each module has a Python entry point (``run_experiment(...) -> dict``), a command line
-(``python -m tfbnn.experiments.<module> --help``) and an ``add_<name>_parser(subparsers)``
-function in the pattern of :mod:`tfbnn.cli` (``set_defaults(func=...)``, one-line errors),
-so the ``tfbnn`` command can list them. Results are PNG figures next to CSV and JSON
+(``python -m tfbnn.experiments.<module> --help``) and, for the ``tfbnn`` command, the
+``DESCRIPTION``, ``add_arguments(parser)`` and ``run(args)`` that :data:`tfbnn.cli.COMMANDS`
+names it by. Results are PNG figures next to CSV and JSON
 numbers, by default under ``saved_models/experiments/<name>/`` (not committed).
 
 ==============================  ====================================================

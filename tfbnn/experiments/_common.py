@@ -15,10 +15,10 @@ __all__ = [
     "prepare_output_dir",
     "write_csv",
     "write_json",
-    "add_subcommand",
     "main",
     "check_finite_history",
     "fixed_noise_gaussian_nll",
+    "array_pipeline",
     "quiet_tensorflow",
 ]
 
@@ -52,19 +52,22 @@ def check_finite_history(history, what):
 
 
 def fixed_noise_gaussian_nll(noise_std):
-    """A Keras loss: per-example Gaussian NLL with a known noise scale (nats).
+    """A Keras loss: per-example Gaussian NLL with a known noise scale (nats): the loss of a
+    ``likelihood="gaussian"`` recipe (:func:`tfbnn.training.run.fixed_noise_gaussian_nll`)."""
+    from tfbnn.training.run import fixed_noise_gaussian_nll as loss
 
-    ``0.5 ((y - f) / sigma)^2 + log sigma + 0.5 log(2 pi)``, averaged over output units.
-    """
-    import keras
+    return loss(noise_std)
 
-    log_norm = math.log(noise_std) + 0.5 * math.log(2 * math.pi)
 
-    def gaussian_nll(y_true, y_pred):
-        z = (keras.ops.cast(y_true, y_pred.dtype) - y_pred) / noise_std
-        return keras.ops.mean(0.5 * keras.ops.square(z), axis=-1) + log_norm
+def array_pipeline(x_train, y_train, name, batch_size, num_classes=None, num_test=0):
+    """In-memory training arrays as :func:`tfbnn.training.run`'s ``data``: Keras batches them
+    (``batch_size``) and reshuffles them every epoch, as ``model.fit(x, y, shuffle=True)``; the
+    study evaluates on its own test arrays (``test`` is None)."""
+    from tfbnn.datasets import DataPipeline
 
-    return gaussian_nll
+    return DataPipeline(train=(x_train, y_train), validation=None, test=None, num_examples=len(x_train),
+                        num_validation=0, num_test=num_test, num_classes=num_classes,
+                        input_shape=tuple(x_train.shape[1:]), name=name, batch_size=batch_size)
 
 
 # -- command-line plumbing (the pattern of the tfbnn command) --------------------------------
@@ -83,15 +86,6 @@ def run_with_settings(args, defaults, run_experiment, banner, **overrides):
     result = run_experiment(output_dir=args.output_dir, **settings)
     print("\nWrote " + ", ".join(result["files"]))
     return 0
-
-
-def add_subcommand(subparsers, name, help_text, description, add_arguments, run):
-    """Adds ``name`` to a ``tfbnn``-style subparsers action with ``func=run``."""
-    parser = subparsers.add_parser(name, help=help_text, description=description,
-                                   formatter_class=argtypes.HelpFormatter)
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-    return parser
 
 
 def main(module, description, add_arguments, run, argv=None):

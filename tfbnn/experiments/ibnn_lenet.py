@@ -42,24 +42,21 @@ Outputs (``--output-dir``, default ``saved_models/experiments/ibnn_lenet/``):
 Run: ``python -m tfbnn.experiments.ibnn_lenet`` or ``tfbnn ibnn-lenet``.
 """
 
-import math
 import os
-import time
 
 from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
 from tfbnn.experiments import _common
 
-__all__ = ["DEFAULTS", "build_lenet", "run_experiment", "add_arguments", "add_ibnn_lenet_parser", "run", "main"]
+__all__ = ["DEFAULTS", "COMPARED_METHODS", "make_recipe", "build_lenet", "run_experiment", "add_arguments", "run", "main"]
 
 NAME = "ibnn_lenet"
-METHODS = ("ibnn", "bbb")
+COMPARED_METHODS = ("ibnn", "bbb")
 METHOD_LABELS = {"ibnn": "iBNN", "bbb": "BbB"}
-BASE_WIDTHS = (6, 16, 120, 84)
 
 DEFAULTS = {
     "dataset": "digits",
     "widths": (1, 2, 4, 8),  # parameter counts x1, x4, x16, x64 (Trinh et al. 2022, Fig. 5)
-    "methods": METHODS,
+    "methods": COMPARED_METHODS,
     "epochs": 20,
     "batch_size": 64,
     "learning_rate": 1e-3,
@@ -85,21 +82,51 @@ def build_lenet(method, input_shape, num_classes, width=1, num_components=4, pri
                 num_examples=1):
     """The zoo's LeNet-5 (:func:`tfbnn.models.lenet5`) with every hidden layer ``width`` times wider,
     ReLU and max pooling (3x3 "same" convolutions below 20x20 inputs), as iBNN or BbB (Flipout
-    convolutions, local-reparameterization dense layers). ``num_examples``: N of the KL scale,
-    set again by :class:`tfbnn.KLAnnealing` in training."""
+    convolutions, local-reparameterization dense layers): the model :func:`tfbnn.training.run`
+    builds from :func:`make_recipe`. ``num_examples``: N of the KL scale, set again by
+    :class:`tfbnn.KLAnnealing` in training."""
     from tfbnn import models
 
-    if method not in METHODS:
-        raise ValueError(f"Unknown method. Expected one of {METHODS}. Received: method={method!r}")
+    r = make_recipe(method, width, tuple(input_shape), num_components=num_components, prior_stddev=prior_stddev)
+    return models.build(r.model, method=method, num_classes=num_classes, input_shape=tuple(input_shape),
+                        num_examples=num_examples, **{**r.model_options, "seed": seed}, **r.method_options)
+
+
+def make_recipe(method, width, input_shape=(8, 8, 1), **settings):
+    """The :class:`tfbnn.training.Recipe` of one (method, width) of the sweep.
+
+    The settings (:data:`DEFAULTS`, overridden by ``settings``) become recipe fields: the zoo's
+    ``lenet5`` with ``width_multiplier=width`` (3x3 "same" convolutions below 20x20 inputs),
+    iBNN's ``num_components`` and ``prior_stddev`` (BbB: local reparameterization), Adam at
+    ``learning_rate`` with cosine decay to 1% over all steps, iBNN's constant
+    ``variational_learning_rate``, ``epochs``, ``batch_size``, ``eval_samples = K *
+    samples_per_component``; the KL weight annealed linearly 0 -> 1 over the first half. The
+    run's seed is ``seed``, its model's ``seed + 10 * width``.
+    """
+    s = _settings(settings)
+    if method not in COMPARED_METHODS:
+        raise ValueError(f"Unknown method. Expected one of {COMPARED_METHODS}. Received: method={method!r}")
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise ValueError(f"Expected `width` to be a positive integer multiplier. Received: width={width!r}")
+    from tfbnn.training import Recipe
+
     small = min(input_shape[:2]) < 20
-    options = ({"num_components": num_components, "prior_stddev": prior_stddev} if method == "ibnn"
+    ibnn = method == "ibnn"
+    options = ({"num_components": s["num_components"], "prior_stddev": s["prior_stddev"]} if ibnn
                else {"estimator": "local_reparameterization"})
-    return models.lenet5(method, num_classes=num_classes, input_shape=tuple(input_shape), num_examples=num_examples,
-                         seed=seed, padding="same" if small else "valid", kernel_size=3 if small else 5,
-                         pooling="max", activation="relu", width_multiplier=width, name=f"{method}_lenet_x{width}",
-                         **options)
+    return Recipe(
+        name=f"{method}-lenet-x{width}", description=f"{METHOD_LABELS[method]} LeNet-5, hidden width x{width}",
+        reference="Trinh et al. 2022, Fig. 5", model="lenet5",
+        model_options={"padding": "same" if small else "valid", "kernel_size": 3 if small else 5,
+                       "pooling": "max", "activation": "relu", "width_multiplier": width,
+                       "seed": s["seed"] + 10 * width},
+        method=method, method_options=options, dataset=s["dataset"], max_examples=s["max_examples"],
+        max_test_examples=s["max_test_examples"], learning_rate=s["learning_rate"], lr_schedule="cosine",
+        lr_final=0.01, variational_learning_rate=s["variational_learning_rate"] if ibnn else None,
+        epochs=s["epochs"], batch_size=s["batch_size"], kl_schedule="linear",
+        eval_samples=s["num_components"] * s["samples_per_component"], seed=s["seed"],
+    )
+
 
 def _weight_count(model, method):
     """Deterministic-equivalent weights (kernels and biases) of the network."""
@@ -107,36 +134,15 @@ def _weight_count(model, method):
     return int(sum(w.numpy().size for w in model.weights if w.name in names))
 
 
-def _train_and_evaluate(method, ds, width, s):
-    import keras
+def _evaluate(model, method, ds, num_samples):
+    """The study's test numbers of a trained model (T = ``num_samples``)."""
     import numpy as np
 
     import tfbnn
     from tfbnn import ibnn, metrics
 
-    keras.utils.set_random_seed(s["seed"])
-    model = build_lenet(method, ds.input_shape, ds.num_classes, width, s["num_components"], s["prior_stddev"],
-                        seed=s["seed"] + 10 * width)
-    steps = math.ceil(ds.num_examples / s["batch_size"]) * s["epochs"]
-    schedule = keras.optimizers.schedules.CosineDecay(s["learning_rate"], decay_steps=steps, alpha=0.01)
-    if method == "ibnn":
-        optimizer = ibnn.make_optimizer(keras.optimizers.Adam(schedule),
-                                        variational_learning_rate=s["variational_learning_rate"])
-    else:
-        optimizer = keras.optimizers.Adam(schedule)
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
-    annealing = tfbnn.KLAnnealing(num_examples=ds.num_examples,
-                                  schedule=tfbnn.schedules.Linear(epochs=max(s["epochs"] / 2, 1e-3)))
-    start = time.perf_counter()
-    history = model.fit(ds.x_train, ds.y_train, batch_size=s["batch_size"], epochs=s["epochs"], verbose=0,
-                        callbacks=[annealing])
-    seconds = time.perf_counter() - start
-    _common.check_finite_history(history, model.name)
-    num_samples = s["num_components"] * s["samples_per_component"]
     res = tfbnn.predict(model, ds.x_test, num_samples=num_samples, batch_size=128, task="classification")
-    row = {
-        "method": METHOD_LABELS[method],
-        "width": width,
+    return {
         "weights": _weight_count(model, method),
         "variational_parameters": int(sum(w.numpy().size for w in model.trainable_weights))
         if method == "bbb" else int(sum(w.numpy().size for w in ibnn.variational_weights(model))),
@@ -145,12 +151,29 @@ def _train_and_evaluate(method, ds, width, s):
         "ece": metrics.expected_calibration_error(res.mean_probs, ds.y_test),
         "mutual_information": float(np.mean(res.mutual_information)),
         "kl_per_example": float(tfbnn.kl_divergence(model)) / ds.num_examples,
-        "final_train_loss": float(history.history["loss"][-1]),
-        "train_seconds": seconds,
-        "num_samples": num_samples,
+    }
+
+
+def _train_and_evaluate(method, ds, width, s, output_dir):
+    import keras
+
+    from tfbnn import training
+
+    recipe = make_recipe(method, width, ds.input_shape, **{k: s[k] for k in DEFAULTS})
+    result = training.run(recipe, output_dir=os.path.join(output_dir, "runs", recipe.name), verbose=0,
+                          data=_common.array_pipeline(ds.x_train, ds.y_train, ds.name, s["batch_size"], ds.num_classes,
+                                                      ds.num_test_examples), quiet=True,
+                          evaluate=lambda model, r, data: _evaluate(model, method, ds, r.eval_samples))
+    t = result.test
+    row = {
+        "method": METHOD_LABELS[method], "width": width, "weights": t["weights"],
+        "variational_parameters": t["variational_parameters"], "accuracy": t["accuracy"], "nll": t["nll"],
+        "ece": t["ece"], "mutual_information": t["mutual_information"], "kl_per_example": t["kl_per_example"],
+        "final_train_loss": result.history[-1]["loss"], "train_seconds": result.train_seconds,
+        "num_samples": recipe.eval_samples,
     }
     keras.backend.clear_session()
-    return row
+    return row, result.output_dir
 
 
 def _plot(rows, widths, methods, dataset, path):
@@ -175,6 +198,20 @@ def _plot(rows, widths, methods, dataset, path):
     return path
 
 
+def _settings(settings):
+    """:data:`DEFAULTS` with ``settings`` (checked)."""
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **settings}
+    s["widths"], s["methods"] = tuple(s["widths"]), tuple(s["methods"])
+    if not s["widths"] or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in s["widths"]):
+        raise ValueError(f"Expected `widths` to be positive integers. Received: widths={s['widths']!r}")
+    if not s["methods"] or any(m not in COMPARED_METHODS for m in s["methods"]):
+        raise ValueError(f"Expected `methods` from {COMPARED_METHODS}. Received: methods={s['methods']!r}")
+    return s
+
+
 def run_experiment(output_dir=None, verbose=True, **settings):
     """Trains and evaluates every (method, width); writes the PNG, CSV and JSON.
 
@@ -186,18 +223,14 @@ def run_experiment(output_dir=None, verbose=True, **settings):
             ``num_components``, ``prior_stddev``, ``samples_per_component``,
             ``max_examples``, ``max_test_examples``, ``seed``).
 
+    Every (method, width) is one :func:`tfbnn.training.run` of :func:`make_recipe`, recorded in
+    ``<output_dir>/runs/<method>-lenet-x<width>/`` (recipe, history, learning curves, results,
+    model); the study's numbers are its ``evaluate``.
+
     Returns:
-        dict with ``rows`` and ``files``.
+        dict with ``rows``, ``files`` (the study's) and ``runs`` (the run folders).
     """
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    s["widths"], s["methods"] = tuple(s["widths"]), tuple(s["methods"])
-    if not s["widths"] or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in s["widths"]):
-        raise ValueError(f"Expected `widths` to be positive integers. Received: widths={s['widths']!r}")
-    if not s["methods"] or any(m not in METHODS for m in s["methods"]):
-        raise ValueError(f"Expected `methods` from {METHODS}. Received: methods={s['methods']!r}")
+    s = _settings(settings)
     output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
     from tfbnn import datasets as datasets_lib
 
@@ -206,11 +239,12 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     if verbose:
         print(f"  {ds.name}: {ds.num_examples} train / {ds.num_test_examples} test images {ds.input_shape}",
               flush=True)
-    rows = []
+    rows, runs = [], []
     for width in s["widths"]:
         for method in s["methods"]:
-            row = _train_and_evaluate(method, ds, width, s)
+            row, folder = _train_and_evaluate(method, ds, width, s, output_dir)
             rows.append(row)
+            runs.append(folder)
             if verbose:
                 print(f"  {row['method']:5s} {width:3d}x ({row['weights']:>10,d} weights): accuracy "
                       f"{row['accuracy']:.4f}  NLL {row['nll']:.4f}  ECE {row['ece']:.4f}  "
@@ -222,7 +256,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                            {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
                             "num_examples": ds.num_examples, "rows": rows}),
     ]
-    return {"rows": rows, "files": files}
+    return {"rows": rows, "files": files, "runs": runs}
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -237,7 +271,8 @@ def add_arguments(parser):
                         help="digits: offline 8x8x1 stand-in; fashion_mnist: tensorflow-datasets (downloads once)")
     parser.add_argument("--widths", type=argtypes.positive_int, nargs="+", default=list(d["widths"]), metavar="W",
                         help="hidden-width multipliers")
-    parser.add_argument("--methods", choices=METHODS, nargs="+", default=list(d["methods"]), help="methods to run")
+    parser.add_argument("--methods", choices=COMPARED_METHODS, nargs="+", default=list(d["methods"]),
+                        help="methods to run")
     parser.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs per model")
     parser.add_argument("--batch-size", type=argtypes.positive_int, default=d["batch_size"], help="minibatch size")
     parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"],
@@ -264,13 +299,6 @@ def run(args):
     banner = f"{NAME}: LeNet widths {list(args.widths)} on {args.dataset}, {args.epochs} epochs per model"
     return _common.run_with_settings(args, DEFAULTS, run_experiment, banner, widths=tuple(args.widths),
                                      methods=tuple(dict.fromkeys(args.methods)))
-
-
-def add_ibnn_lenet_parser(subparsers):
-    """Registers ``tfbnn ibnn-lenet`` (listed in :mod:`tfbnn.cli.experiments`)."""
-    return _common.add_subcommand(subparsers, "ibnn-lenet",
-                                  "LeNet width sweep (1x-64x) of iBNN vs Bayes-by-Backprop (plot + CSV)",
-                                  DESCRIPTION, add_arguments, run)
 
 
 def main(argv=None):

@@ -31,15 +31,15 @@ or, once registered, ``tfbnn ibnn-regression``.
 
 import math
 import os
-import time
 
 from tfbnn.experiments import _common
 
-__all__ = ["DEFAULTS", "make_data", "build_model", "run_experiment", "add_arguments",
-           "add_ibnn_regression_parser", "run", "main"]
+__all__ = ["DEFAULTS", "COMPARED_METHODS", "make_data", "make_recipe", "make_pipeline", "build_model",
+           "run_experiment", "add_arguments", "run", "main"]
 
 NAME = "ibnn_regression"
-METHODS = ("ibnn", "bbb")
+#: The two methods the study compares.
+COMPARED_METHODS = ("ibnn", "bbb")
 METHOD_LABELS = {"ibnn": "iBNN", "bbb": "BbB"}
 X_RANGE = 4.0
 PLOT_RANGE = 6.0
@@ -61,7 +61,7 @@ DEFAULTS = {
     "train_samples": 1,
     "samples_per_component": 25,
     "bbb_samples": 100,
-    "methods": METHODS,
+    "methods": COMPARED_METHODS,
     "seed": 0,
 }
 
@@ -82,54 +82,74 @@ def make_data(num_points=30, noise_std=3.0, seed=0, num_test=200):
 
 def build_model(method, depth, units=256, num_components=4, prior_stddev=0.1, seed=0, num_examples=1):
     """The zoo MLP ``1 -> units x depth (ReLU) -> 1`` (:func:`tfbnn.models.mlp` with one linear
-    output) of ``method`` ("ibnn", or "bbb" with the reparameterization estimator)."""
+    output) of ``method`` ("ibnn", or "bbb" with the reparameterization estimator): the model
+    :func:`tfbnn.training.run` builds from :func:`make_recipe`."""
     from tfbnn import models
 
-    if method not in METHODS:
-        raise ValueError(f"Unknown method. Expected one of {METHODS}. Received: method={method!r}")
-    options = ({"num_components": num_components, "prior_stddev": prior_stddev} if method == "ibnn"
+    r = make_recipe(method, depth, units=units, num_components=num_components, prior_stddev=prior_stddev,
+                    seed=seed)
+    return models.build(r.model, method=r.method, input_shape=(1,), num_examples=num_examples,
+                        **{**r.model_options, "seed": seed}, **r.method_options)
+
+
+def make_recipe(method, depth, **settings):
+    """The :class:`tfbnn.training.Recipe` of one (method, depth) of the study.
+
+    The study's settings (:data:`DEFAULTS`, overridden by ``settings``) become recipe fields:
+    ``units`` and ``depth`` the zoo MLP's ``hidden_units`` (one linear output), ``epochs``,
+    ``steps_per_epoch`` (full-batch steps: every step sees all N points, in order),
+    ``learning_rate`` and iBNN's ``variational_learning_rate``, ``num_components`` and
+    ``prior_stddev`` iBNN's method options (BbB: the reparameterization estimator), the Gaussian
+    likelihood with the known noise ``noise_std / 64`` (targets are trained in units of 64),
+    ``train_samples``, ``eval_samples`` (iBNN: ``K * samples_per_component``; BbB:
+    ``bbb_samples``); the KL weight is annealed linearly 0 -> 1 over the first half of the
+    epochs. The run's seed is ``seed``, its model's ``seed + 100 * depth``.
+    """
+    s = _settings(settings)
+    if method not in COMPARED_METHODS:
+        raise ValueError(f"Unknown method. Expected one of {COMPARED_METHODS}. Received: method={method!r}")
+    from tfbnn.training import Recipe
+
+    ibnn = method == "ibnn"
+    options = ({"num_components": s["num_components"], "prior_stddev": s["prior_stddev"]} if ibnn
                else {"estimator": "reparameterization"})
-    return models.mlp(method, hidden_units=(units,) * depth, input_shape=(1,), outputs=1, num_examples=num_examples,
-                      seed=seed, name=f"{method}_depth{depth}", **options)
+    return Recipe(
+        name=f"{method}-depth{depth}", description=f"{METHOD_LABELS[method]} on y = x^3, {depth} hidden layers",
+        reference="Trinh et al. 2022, sec. 6.1 (Hernandez-Lobato and Adams 2015)",
+        model="mlp", model_options={"hidden_units": (s["units"],) * depth, "outputs": 1,
+                                    "seed": s["seed"] + 100 * depth},
+        method=method, method_options=options, dataset="cubic", epochs=s["epochs"], batch_size=s["num_points"],
+        steps_per_epoch=s["steps_per_epoch"], learning_rate=s["learning_rate"],
+        variational_learning_rate=s["variational_learning_rate"] if ibnn else None,
+        likelihood="gaussian", noise_std=s["noise_std"] / _Y_SCALE, kl_schedule="linear",
+        train_samples=s["train_samples"] if ibnn else 1,
+        eval_samples=s["num_components"] * s["samples_per_component"] if ibnn else s["bbb_samples"],
+        seed=s["seed"],
+    )
 
-def _train(model, method, x, y, settings, noise_std):
-    import keras
+
+def make_pipeline(x, y, x_test, y_test):
+    """The :class:`tfbnn.datasets.DataPipeline` of the study: inputs scaled by 1/4, targets by 1/64,
+    one full batch of the N training points (in order)."""
+    import tensorflow as tf
+
+    from tfbnn.datasets import DataPipeline
+
+    def split(a, b, batch):
+        return tf.data.Dataset.from_tensor_slices(((a / _X_SCALE)[:, None], (b / _Y_SCALE)[:, None])).batch(batch)
+
+    return DataPipeline(train=split(x, y, len(x)), validation=None, test=split(x_test, y_test, 256),
+                        num_examples=len(x), num_validation=0, num_test=len(x_test), num_classes=None,
+                        input_shape=(1,), name="cubic", batch_size=len(x))
+
+
+def _evaluate(model, recipe, x_test, y_test, noise_std):
+    """The study's numbers (original units) and the curves of the bands plot."""
     import numpy as np
 
     import tfbnn
-    from tfbnn import ibnn
 
-    lr = settings["learning_rate"]
-    if method == "ibnn":
-        optimizer = ibnn.make_optimizer(keras.optimizers.Adam(lr),
-                                        variational_learning_rate=settings["variational_learning_rate"])
-        if settings["train_samples"] > 1:
-            model = ibnn.IBNNModel(model, num_train_samples=settings["train_samples"])
-    else:
-        optimizer = keras.optimizers.Adam(lr)
-    model.compile(optimizer=optimizer, loss=_common.fixed_noise_gaussian_nll(noise_std / _Y_SCALE))
-    steps = settings["steps_per_epoch"]
-    # Every step sees the full training set (one batch of N points, in order).
-    xs = np.tile((x / _X_SCALE)[:, None], (steps, 1))
-    ys = np.tile((y / _Y_SCALE)[:, None], (steps, 1))
-    annealing = tfbnn.KLAnnealing(num_examples=len(x),
-                                  schedule=tfbnn.schedules.Linear(epochs=max(settings["epochs"] / 2, 1e-3)))
-    history = model.fit(xs, ys, batch_size=len(x), epochs=settings["epochs"], shuffle=False, verbose=0,
-                        callbacks=[annealing])
-    _common.check_finite_history(history, f"{model.name}")
-    return model, history
-
-
-def _evaluate(model, method, settings, x_test, y_test, noise_std):
-    import numpy as np
-
-    import tfbnn
-    from tfbnn import ibnn
-
-    if method == "ibnn":
-        num_samples = ibnn.ibnn_num_samples(model, settings["samples_per_component"])
-    else:
-        num_samples = settings["bbb_samples"]
+    num_samples = recipe.eval_samples
     grid = np.linspace(-PLOT_RANGE, PLOT_RANGE, 241).astype("float32")
     res = tfbnn.predict(model, grid[:, None] / _X_SCALE, num_samples=num_samples, task="regression",
                         joint=True, return_samples=True, batch_size=256)
@@ -187,12 +207,23 @@ def _plot(panels, depths, methods, x, y, path):
     return path
 
 
+def _settings(settings):
+    """:data:`DEFAULTS` with ``settings`` (checked)."""
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **settings}
+    s["depths"], s["methods"] = tuple(s["depths"]), tuple(s["methods"])
+    _check_settings(s)
+    return s
+
+
 def _check_settings(s):
     if not s["depths"] or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in s["depths"]):
         raise ValueError(f"Expected `depths` to be positive integers. Received: depths={s['depths']!r}")
-    unknown = [m for m in s["methods"] if m not in METHODS]
+    unknown = [m for m in s["methods"] if m not in COMPARED_METHODS]
     if not s["methods"] or unknown:
-        raise ValueError(f"Expected `methods` from {METHODS}. Received: methods={s['methods']!r}")
+        raise ValueError(f"Expected `methods` from {COMPARED_METHODS}. Received: methods={s['methods']!r}")
     for key in ("units", "num_points", "epochs", "steps_per_epoch", "num_components", "train_samples",
                 "samples_per_component", "bbb_samples"):
         v = s[key]
@@ -215,38 +246,45 @@ def run_experiment(output_dir=None, verbose=True, **settings):
             ``num_components``, ``prior_stddev``, ``train_samples``,
             ``samples_per_component``, ``bbb_samples``, ``methods``, ``seed``, ...).
 
+    Every (method, depth) is one :func:`tfbnn.training.run` of :func:`make_recipe` on
+    :func:`make_pipeline`'s data, recorded in ``<output_dir>/runs/<method>-depth<d>/`` (recipe,
+    history, learning curves, results, model); the study's analysis (R^2, bands) is its
+    ``evaluate``.
+
     Returns:
-        dict with ``rows`` (one dict per method and depth) and ``files``.
+        dict with ``rows`` (one dict per method and depth), ``files`` (the study's) and ``runs``
+        (the run folders).
     """
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    s["depths"], s["methods"] = tuple(s["depths"]), tuple(s["methods"])
-    _check_settings(s)
+    s = _settings(settings)
     output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
 
     import keras
 
+    from tfbnn import training
+
     x, y, x_test, y_test = make_data(s["num_points"], s["noise_std"], s["seed"])
-    rows, panels = [], {}
+    data = make_pipeline(x, y, x_test, y_test)
+    rows, panels, runs = [], {}, []
     for method in s["methods"]:
         for depth in s["depths"]:
-            keras.utils.set_random_seed(s["seed"])
-            model = build_model(method, depth, s["units"], s["num_components"], s["prior_stddev"],
-                                seed=s["seed"] + 100 * depth)
-            start = time.perf_counter()
-            model, _ = _train(model, method, x, y, s, s["noise_std"])
-            seconds = time.perf_counter() - start
-            numbers, curves = _evaluate(model, method, s, x_test, y_test, s["noise_std"])
-            row = {"method": METHOD_LABELS[method], "depth": depth, "units": s["units"], **numbers,
-                   "train_seconds": seconds}
+            recipe = make_recipe(method, depth, **settings)
+            curves = {}
+
+            def evaluate(model, recipe, data, curves=curves):
+                numbers, curves["curves"] = _evaluate(model, recipe, x_test, y_test, s["noise_std"])
+                return numbers
+
+            result = training.run(recipe, output_dir=os.path.join(output_dir, "runs", recipe.name), verbose=0,
+                                  data=data, evaluate=evaluate, quiet=True)
+            row = {"method": METHOD_LABELS[method], "depth": depth, "units": s["units"], **result.test,
+                   "train_seconds": result.train_seconds}
             rows.append(row)
-            panels[(method, depth)] = (row, curves)
+            runs.append(result.output_dir)
+            panels[(method, depth)] = (row, curves["curves"])
             if verbose:
                 print(f"  {row['method']:5s} depth {depth}: R^2 {row['r2_in_range']:+.3f}  test NLL "
                       f"{row['test_nll']:.3f}  epistemic std in/out {row['epistemic_std_in_range']:.2f}/"
-                      f"{row['epistemic_std_out_of_range']:.2f}  ({seconds:.0f} s)", flush=True)
+                      f"{row['epistemic_std_out_of_range']:.2f}  ({result.train_seconds:.0f} s)", flush=True)
             keras.backend.clear_session()
     files = [
         _plot(panels, s["depths"], s["methods"], x, y, os.path.join(output_dir, "bands.png")),
@@ -255,7 +293,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                            {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
                             "rows": rows}),
     ]
-    return {"rows": rows, "files": files}
+    return {"rows": rows, "files": files, "runs": runs}
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -269,7 +307,7 @@ def add_arguments(parser):
     parser.add_argument("--depths", type=argtypes.positive_int, nargs="+", default=list(d["depths"]), metavar="D",
                         help="numbers of hidden layers")
     parser.add_argument("--units", type=argtypes.positive_int, default=d["units"], help="units per hidden layer")
-    parser.add_argument("--methods", choices=METHODS, nargs="+", default=list(d["methods"]),
+    parser.add_argument("--methods", choices=COMPARED_METHODS, nargs="+", default=list(d["methods"]),
                         help="ibnn (NodeDense) and/or bbb (DenseReparameterization)")
     parser.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs")
     parser.add_argument("--steps-per-epoch", type=argtypes.positive_int, default=d["steps_per_epoch"],
@@ -300,13 +338,6 @@ def run(args):
               f"{args.epochs} x {args.steps_per_epoch} steps per model")
     return _common.run_with_settings(args, DEFAULTS, run_experiment, banner, depths=tuple(args.depths),
                                      methods=tuple(dict.fromkeys(args.methods)))
-
-
-def add_ibnn_regression_parser(subparsers):
-    """Registers ``tfbnn ibnn-regression`` (listed in :mod:`tfbnn.cli.experiments`)."""
-    return _common.add_subcommand(subparsers, "ibnn-regression",
-                                  "iBNN vs Bayes-by-Backprop on y = x^3 with 1-5 hidden layers (bands + CSV)",
-                                  DESCRIPTION, add_arguments, run)
 
 
 def main(argv=None):

@@ -33,15 +33,14 @@ Reference:
 """
 
 import os
-import time
 
 from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
 from tfbnn.experiments import _common
 
-__all__ = ["DEFAULTS", "build_mlp", "run_experiment", "add_arguments", "add_ibnn_shift_parser", "run", "main"]
+__all__ = ["DEFAULTS", "COMPARED_METHODS", "make_recipe", "build_mlp", "run_experiment", "add_arguments", "run", "main"]
 
 NAME = "ibnn_shift"
-METHODS = ("ibnn", "mc_dropout")
+COMPARED_METHODS = ("ibnn", "mc_dropout")
 METHOD_LABELS = {"ibnn": "iBNN", "mc_dropout": "MC dropout"}
 CORRUPTION_LABELS = {"gaussian": "Gaussian noise intensity gamma", "salt_and_pepper": "salt-and-pepper probability p"}
 
@@ -74,41 +73,62 @@ DESCRIPTION = (
 def build_mlp(method, input_dim, num_classes, hidden_units=128, depth=2, num_components=4, prior_stddev=0.1,
               dropout_rate=0.2, seed=0, num_examples=1):
     """The zoo MLP (:func:`tfbnn.models.mlp`) of ``method``: "ibnn" (NodeDense layers) or
-    "mc_dropout" (Dense layers with MCDropout after each hidden layer). ``num_examples`` is
-    N of the KL scale, which :class:`tfbnn.KLAnnealing` sets again in training."""
+    "mc_dropout" (Dense layers with MCDropout after each hidden layer): the model
+    :func:`tfbnn.training.run` builds from :func:`make_recipe`. ``num_examples`` is N of the KL
+    scale, which :class:`tfbnn.KLAnnealing` sets again in training."""
     from tfbnn import models
 
-    if method not in METHODS:
-        raise ValueError(f"Unknown method. Expected one of {METHODS}. Received: method={method!r}")
-    options = ({"num_components": num_components, "prior_stddev": prior_stddev} if method == "ibnn"
-               else {"rate": dropout_rate})
-    return models.mlp(method, hidden_units=(hidden_units,) * depth, num_classes=num_classes, input_shape=(input_dim,),
-                      num_examples=num_examples, seed=seed, name=f"{method}_mlp", **options)
+    r = make_recipe(method, hidden_units=hidden_units, depth=depth, num_components=num_components,
+                    prior_stddev=prior_stddev, dropout_rate=dropout_rate, seed=seed)
+    return models.build(r.model, method=method, num_classes=num_classes, input_shape=(input_dim,),
+                        num_examples=num_examples, seed=seed, **r.model_options, **r.method_options)
 
-def _train(method, ds, s):
-    import keras
 
-    import tfbnn
-    from tfbnn import ibnn
+def make_recipe(method, **settings):
+    """The :class:`tfbnn.training.Recipe` of one model of the study.
 
-    keras.utils.set_random_seed(s["seed"])
-    x = ds.x_train.reshape(ds.num_examples, -1)
-    model = build_mlp(method, x.shape[1], ds.num_classes, s["hidden_units"], s["depth"], s["num_components"],
-                      s["prior_stddev"], s["dropout_rate"], seed=s["seed"])
-    callbacks = []
-    if method == "ibnn":
-        optimizer = ibnn.make_optimizer(keras.optimizers.Adam(s["learning_rate"]),
-                                        variational_learning_rate=s["variational_learning_rate"])
-        callbacks.append(tfbnn.KLAnnealing(num_examples=ds.num_examples,
-                                           schedule=tfbnn.schedules.Linear(epochs=max(s["epochs"] / 2, 1e-3))))
-    else:
-        optimizer = keras.optimizers.Adam(s["learning_rate"])
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
-    start = time.perf_counter()
-    history = model.fit(x, ds.y_train, batch_size=s["batch_size"], epochs=s["epochs"], verbose=0,
-                        callbacks=callbacks)
-    _common.check_finite_history(history, model.name)
-    return model, time.perf_counter() - start
+    The settings (:data:`DEFAULTS`, overridden by ``settings``) become recipe fields: the zoo MLP
+    with ``depth`` hidden layers of ``hidden_units`` (on flattened images), iBNN's
+    ``num_components`` and ``prior_stddev`` or MC dropout's ``dropout_rate``, Adam at
+    ``learning_rate`` (iBNN: node posteriors at ``variational_learning_rate``), ``epochs``,
+    ``batch_size``, ``eval_samples = K * samples_per_component`` (both methods), seed ``seed``;
+    iBNN's KL weight annealed linearly 0 -> 1 over the first half.
+    """
+    s = _settings(settings)
+    if method not in COMPARED_METHODS:
+        raise ValueError(f"Unknown method. Expected one of {COMPARED_METHODS}. Received: method={method!r}")
+    from tfbnn.training import Recipe
+
+    ibnn = method == "ibnn"
+    return Recipe(
+        name=f"{method}-mlp", description=f"{METHOD_LABELS[method]} MLP under covariate shift",
+        reference="Trinh et al. 2022, sec. 6", model="mlp",
+        model_options={"hidden_units": (s["hidden_units"],) * s["depth"]}, method=method,
+        method_options=({"num_components": s["num_components"], "prior_stddev": s["prior_stddev"]} if ibnn
+                        else {"rate": s["dropout_rate"]}),
+        dataset=s["dataset"], max_examples=s["max_examples"], max_test_examples=s["max_test_examples"],
+        learning_rate=s["learning_rate"], variational_learning_rate=s["variational_learning_rate"] if ibnn else None,
+        epochs=s["epochs"], batch_size=s["batch_size"], kl_schedule="linear",
+        eval_samples=s["num_components"] * s["samples_per_component"], seed=s["seed"],
+    )
+
+
+def _settings(settings):
+    """:data:`DEFAULTS` with ``settings`` (checked)."""
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **settings}
+    s["corruptions"] = tuple(s["corruptions"])
+    from tfbnn.datasets import corruptions as corruptions_lib
+
+    if not s["corruptions"] or any(c not in corruptions_lib.CORRUPTIONS for c in s["corruptions"]):
+        raise ValueError(f"Expected `corruptions` from {list(corruptions_lib.CORRUPTIONS)}. "
+                         f"Received: corruptions={s['corruptions']!r}")
+    rate = s["dropout_rate"]
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1:
+        raise ValueError(f"Expected `dropout_rate` in (0, 1). Received: dropout_rate={rate!r}")
+    return s
 
 
 def run_experiment(output_dir=None, verbose=True, **settings):
@@ -119,25 +139,17 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         verbose: bool.
         **settings: overrides of :data:`DEFAULTS`.
 
+    Each model is one :func:`tfbnn.training.run` of :func:`make_recipe` (its folder under
+    ``<output_dir>/runs/``); the corruption sweeps are its ``evaluate``.
+
     Returns:
-        dict with ``rows`` (one per method, corruption and level), ``files`` and
+        dict with ``rows`` (one per method, corruption and level), ``files``, ``runs`` and
         ``summary`` (per method and corruption: accuracy and epistemic uncertainty at
         the lowest and highest level).
     """
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    s["corruptions"] = tuple(s["corruptions"])
-    from tfbnn import evaluation
-    from tfbnn.datasets import corruptions as corruptions_lib
+    s = _settings(settings)
+    from tfbnn import evaluation, training
 
-    if not s["corruptions"] or any(c not in corruptions_lib.CORRUPTIONS for c in s["corruptions"]):
-        raise ValueError(f"Expected `corruptions` from {list(corruptions_lib.CORRUPTIONS)}. "
-                         f"Received: corruptions={s['corruptions']!r}")
-    rate = s["dropout_rate"]
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1:
-        raise ValueError(f"Expected `dropout_rate` in (0, 1). Received: dropout_rate={rate!r}")
     output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
 
     import keras
@@ -151,13 +163,23 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     x_test = ds.x_test.reshape(ds.num_test_examples, -1)
     num_samples = s["num_components"] * s["samples_per_component"]
     sweeps = {c: {} for c in s["corruptions"]}
-    rows, summary = [], []
-    for method in METHODS:
-        model, seconds = _train(method, ds, s)
+    rows, summary, runs = [], [], []
+    data = _common.array_pipeline(ds.x_train.reshape(ds.num_examples, -1), ds.y_train, ds.name, s["batch_size"],
+                                  ds.num_classes, ds.num_test_examples)
+
+    def evaluate(model, recipe, data):  # the study's analysis: both corruption sweeps
+        return {"sweeps": {c: evaluation.shift_sweep(model, x_test, ds.y_test, c, num_samples=recipe.eval_samples,
+                                                     seed=s["seed"], batch_size=128) for c in s["corruptions"]}}
+
+    for method in COMPARED_METHODS:
+        recipe = make_recipe(method, **settings)
+        result = training.run(recipe, output_dir=os.path.join(output_dir, "runs", recipe.name), verbose=0,
+                              data=data, evaluate=evaluate, quiet=True)
+        runs.append(result.output_dir)
+        seconds = result.train_seconds
         label = METHOD_LABELS[method]
         for corruption in s["corruptions"]:
-            sweep = evaluation.shift_sweep(model, x_test, ds.y_test, corruption, num_samples=num_samples,
-                                           seed=s["seed"], batch_size=128)
+            sweep = result.test["sweeps"][corruption]
             sweeps[corruption][label] = sweep
             rows += [{"method": label, "corruption": corruption, **r} for r in sweep]
             first, last = sweep[0], sweep[-1]
@@ -183,7 +205,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     files.append(_common.write_json(os.path.join(output_dir, "results.json"), {
         "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
         "num_samples": num_samples, "summary": summary, "rows": rows}))
-    return {"rows": rows, "summary": summary, "files": files}
+    return {"rows": rows, "summary": summary, "files": files, "runs": runs}
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -228,13 +250,6 @@ def run(args):
     banner = f"{NAME}: iBNN vs MC dropout MLP on {args.dataset}, {args.epochs} epochs each"
     return _common.run_with_settings(args, DEFAULTS, run_experiment, banner,
                                      corruptions=tuple(dict.fromkeys(args.corruptions)))
-
-
-def add_ibnn_shift_parser(subparsers):
-    """Registers ``tfbnn ibnn-shift`` (listed in :mod:`tfbnn.cli.experiments`)."""
-    return _common.add_subcommand(subparsers, "ibnn-shift",
-                                  "uncertainty under input corruption: iBNN vs MC dropout (plots + CSV)",
-                                  DESCRIPTION, add_arguments, run)
 
 
 def main(argv=None):

@@ -48,13 +48,13 @@ from tfbnn._internal import files
 from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
 from tfbnn.experiments import _common
 
-__all__ = ["DEFAULTS", "METHODS", "recipes", "run_experiment", "add_arguments", "add_uncertainty_comparison_parser",
+__all__ = ["DEFAULTS", "COMPARED_METHODS", "recipes", "run_experiment", "add_arguments",
            "run", "main"]
 
 NAME = "uncertainty_comparison"
 #: Row label -> recipe method.
-METHODS = {"deterministic": "deterministic", "MC dropout": "mc_dropout", "BbB": "bbb", "iBNN": "ibnn",
-           "deep ensemble": "ensemble"}
+COMPARED_METHODS = {"deterministic": "deterministic", "MC dropout": "mc_dropout", "BbB": "bbb", "iBNN": "ibnn",
+                    "deep ensemble": "ensemble"}
 
 DEFAULTS = {
     "dataset": "digits",
@@ -92,7 +92,7 @@ def recipes(dataset="digits", hidden_units=64, depth=2, epochs=60, members=5, dr
         dataset=dataset, epochs=epochs, eval_samples=num_samples, seed=seed,
         validation_fraction=0.0, beta=1.0, temperature_scaling=False)  # the ELBO; all data for training
     out = {}
-    for label, method in METHODS.items():
+    for label, method in COMPARED_METHODS.items():
         recipe = base.replace(name=f"{NAME}-{method}", method=method, method_options=options[method])
         if quick:
             recipe = recipe.quick(max_examples=128, max_test_examples=64, batch_size=32)
@@ -229,13 +229,6 @@ def run(args):
     """Runs the experiment from parsed arguments; returns the exit status."""
     banner = f"{NAME}: deterministic, MC dropout, BbB, iBNN and a deep ensemble on {args.dataset}"
     return _common.run_with_settings(args, DEFAULTS, run_experiment, banner)
-
-
-def add_uncertainty_comparison_parser(subparsers):
-    """Registers ``tfbnn uncertainty-comparison`` (listed in :mod:`tfbnn.cli.experiments`)."""
-    return _common.add_subcommand(subparsers, "uncertainty-comparison",
-                                  "one table: deterministic, MC dropout, BbB, iBNN, deep ensemble (CSV/MD + PNG)",
-                                  DESCRIPTION, add_arguments, run)
 
 
 def main(argv=None):

@@ -49,6 +49,15 @@ Run: ``tfbnn vcl-split-digits`` (18 runs: 3 methods x 2 coreset sizes x 3 seeds,
 busy CPU cores) or
 ``tfbnn vcl-split-digits --quick`` (a smoke run: one seed, 40 steps per task, a few minutes).
 
+Why this study keeps its own training loop (``_fit``) instead of :func:`tfbnn.training.run`:
+a run builds a fresh model from a recipe, trains it once and evaluates it; continual learning
+trains one network through a sequence of tasks: the same weights carry over from task to task,
+the prior is swapped for the last posterior between tasks (VCL), each task has its own loss
+(the softmax over the classes seen so far, or its own head), a fixed number of steps over a
+seeded order of its examples, and a coreset fine-tunes a copy before testing. None of that is a
+single run's data, model or loss; the loop is small, checks for a non-finite loss itself, and
+anneals nothing (``beta`` is constant).
+
 References:
     Nguyen, Li, Bui, Turner. Variational Continual Learning. ICLR 2018 (eq. 4, Algorithm 1).
     van de Ven, Tolias. Three scenarios for continual learning. arXiv:1904.07734, 2019.
@@ -60,18 +69,18 @@ import time
 
 from tfbnn.experiments import _common
 
-__all__ = ["DEFAULTS", "QUICK", "METHODS", "HEADS", "TASKS", "split_tasks", "run_sequence", "run_experiment",
-           "add_arguments", "add_vcl_split_digits_parser", "run", "main"]
+__all__ = ["DEFAULTS", "QUICK", "COMPARED_METHODS", "HEADS", "TASKS", "split_tasks", "run_sequence", "run_experiment",
+           "add_arguments", "run", "main"]
 
 NAME = "vcl_split_digits"
-METHODS = ("finetune", "bbb", "vcl")
+COMPARED_METHODS = ("finetune", "bbb", "vcl")
 METHOD_LABELS = {"finetune": "fine-tuning", "bbb": "BbB, original prior", "vcl": "VCL"}
 HEADS = ("single", "multi")
 TASKS = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
 
 DEFAULTS = {
     "head": "single",
-    "methods": METHODS,
+    "methods": COMPARED_METHODS,
     "coreset_sizes": (0, 20),
     "hidden_units": (100, 100),
     "steps": 1000,
@@ -374,9 +383,9 @@ def _plot(runs, s, folder):
 def _check_settings(s):
     if s["head"] not in HEADS:
         raise ValueError(f"Expected `head` in {HEADS}. Received: head={s['head']!r}")
-    unknown = [m for m in s["methods"] if m not in METHODS]
+    unknown = [m for m in s["methods"] if m not in COMPARED_METHODS]
     if not s["methods"] or unknown:
-        raise ValueError(f"Expected `methods` from {METHODS}. Received: methods={s['methods']!r}")
+        raise ValueError(f"Expected `methods` from {COMPARED_METHODS}. Received: methods={s['methods']!r}")
     for key, low in (("coreset_sizes", 0), ("hidden_units", 1), ("seeds", 0)):
         values = s[key]
         if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
@@ -471,7 +480,7 @@ def add_arguments(parser):
     parser.add_argument("--head", choices=HEADS, default=d["head"],
                         help="single: one 10-way output, classes seen so far active (class-incremental); "
                              "multi: a 2-way head per task")
-    parser.add_argument("--methods", choices=METHODS, nargs="+", default=list(d["methods"]),
+    parser.add_argument("--methods", choices=COMPARED_METHODS, nargs="+", default=list(d["methods"]),
                         help="finetune (deterministic), bbb (original prior every task), vcl (posterior as prior)")
     parser.add_argument("--coreset-sizes", type=argtypes.non_negative_int, nargs="+", default=list(d["coreset_sizes"]),
                         metavar="K", help="coreset images per task (0: none; single head only)")
@@ -511,13 +520,6 @@ def run(args):
     banner = (f"{NAME}: 5 tasks, {args.head}-head, methods {list(overrides['methods'])}, coreset "
               f"{list(overrides['coreset_sizes'])} per task, seeds {list(overrides['seeds'])}")
     return _common.run_with_settings(args, DEFAULTS, run_experiment, banner, **overrides)
-
-
-def add_vcl_split_digits_parser(subparsers):
-    """Registers ``tfbnn vcl-split-digits`` (listed in :mod:`tfbnn.cli.experiments`)."""
-    return _common.add_subcommand(subparsers, "vcl-split-digits",
-                                  "split digits: VCL (posterior as prior) vs fine-tuning; forgetting table + plots",
-                                  DESCRIPTION, add_arguments, run)
 
 
 def main(argv=None):

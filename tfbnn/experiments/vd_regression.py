@@ -25,19 +25,17 @@ Run: ``python -m tfbnn.experiments.vd_regression`` (about a minute on 2 CPU core
 
 import math
 import os
-import time
 
 from tfbnn.experiments import _common
 
-__all__ = ["DEFAULTS", "METHODS", "build_model", "run_experiment", "add_arguments",
-           "add_vd_regression_parser", "run", "main"]
+__all__ = ["DEFAULTS", "COMPARED_METHODS", "STEPS_PER_EPOCH", "make_recipe", "build_model", "run_experiment", "add_arguments", "run", "main"]
 
 NAME = "vd_regression"
-METHODS = ("deterministic", "vd", "graves")
+COMPARED_METHODS = ("deterministic", "vd", "graves")
 METHOD_LABELS = {"deterministic": "deterministic", "vd": "variational dropout (Molchanov)", "graves": "Graves"}
 
 DEFAULTS = {
-    "methods": METHODS,
+    "methods": COMPARED_METHODS,
     "num_points": 40,
     "noise_std": 0.02,
     "hidden_units": 64,
@@ -74,20 +72,53 @@ def build_model(hidden_units=64, input_mean=0.25, input_variance=0.5**2 / 12, na
     return models.mlp("deterministic", hidden_units=(hidden_units,), input_shape=(1,), outputs=1,
                       normalization=(input_mean, input_variance), name=name)
 
-def _fit(model, ds, steps, learning_rate, noise_std, callbacks=()):
-    import keras
-    import numpy as np
+#: Full-batch steps per epoch (each epoch is 100 passes over the N points).
+STEPS_PER_EPOCH = 100
 
-    model.compile(keras.optimizers.Adam(learning_rate), loss=_common.fixed_noise_gaussian_nll(noise_std),
-                  jit_compile=False)
-    # Full-batch steps: each "epoch" is 100 passes over the N points.
-    reps = 100
-    xs, ys = np.tile(ds.x_train, (reps, 1)), np.tile(ds.y_train, (reps, 1))
-    epochs = max(1, steps // reps)
-    history = model.fit(xs, ys, batch_size=ds.num_examples, epochs=epochs, shuffle=False, verbose=0,
-                        callbacks=list(callbacks))
-    _common.check_finite_history(history, model.name)
-    return history, epochs
+
+def make_recipe(method, input_mean=0.25, input_variance=0.5**2 / 12, **settings):
+    """The :class:`tfbnn.training.Recipe` of one method of the study.
+
+    The settings (:data:`DEFAULTS`, overridden by ``settings``) become recipe fields: the zoo MLP
+    ``1 -> standardize (input_mean, input_variance) -> hidden_units -> 1`` (:func:`build_model`,
+    unseeded: Keras' global seed initializes it), full-batch epochs of
+    :data:`STEPS_PER_EPOCH` steps (``pretrain_steps`` and ``steps`` in hundreds), Adam at
+    ``learning_rate``, the Gaussian likelihood with the known ``noise_std``, pre-training then
+    conversion (:func:`tfbnn.convert.to_bayesian`: ``init_scale``, ``moped_delta``, Graves'
+    fixed prior ``N(0, graves_prior_scale^2)``; the deterministic baseline goes on with a fresh
+    optimizer), the KL weight 0 for ``warmup_fraction`` of the epochs, then linear to 1 over
+    ``anneal_fraction`` of them; ``eval_samples = num_samples``.
+    """
+    s = _settings(settings)
+    from tfbnn import priors
+    from tfbnn.training import Recipe
+
+    options = {"init_scale": s["init_scale"], "moped_delta": s["moped_delta"]} if method != "deterministic" else {}
+    if method == "graves":
+        options["prior"] = priors.Normal(0.0, float(s["graves_prior_scale"]))
+    epochs = max(1, s["steps"] // STEPS_PER_EPOCH)
+    return Recipe(
+        name=method, description=f"{METHOD_LABELS[method]} on the 1-D toy regression",
+        reference="Blundell et al. 2015, sec. 5.2; Molchanov et al. 2017", model="mlp",
+        model_options={"hidden_units": (s["hidden_units"],), "outputs": 1,
+                       "normalization": (float(input_mean), float(input_variance)), "seed": None},
+        method=method, method_options=options, dataset="toy_regression", epochs=epochs,
+        pretrain_epochs=max(1, s["pretrain_steps"] // STEPS_PER_EPOCH), batch_size=s["num_points"],
+        steps_per_epoch=STEPS_PER_EPOCH, learning_rate=s["learning_rate"], likelihood="gaussian",
+        noise_std=s["noise_std"], kl_schedule="warmup", warmup_epochs=s["warmup_fraction"] * epochs,
+        kl_epochs=max(s["anneal_fraction"] * epochs, 1e-3), eval_samples=s["num_samples"], seed=s["seed"],
+    )
+
+
+def _pipeline(ds):
+    import tensorflow as tf
+
+    from tfbnn.datasets import DataPipeline
+
+    train = tf.data.Dataset.from_tensor_slices((ds.x_train, ds.y_train)).batch(ds.num_examples)
+    return DataPipeline(train=train, validation=None, test=None, num_examples=ds.num_examples, num_validation=0,
+                        num_test=0, num_classes=None, input_shape=(1,), name="toy_regression",
+                        batch_size=ds.num_examples)
 
 
 def _evaluate(model, method, ds, s, x_test, y_test):
@@ -146,10 +177,22 @@ def _plot(panels, ds, path):
     return path
 
 
+def _settings(settings):
+    """:data:`DEFAULTS` with ``settings`` (checked)."""
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **settings}
+    s["methods"] = tuple(dict.fromkeys(s["methods"]))
+    _check_settings(s)
+    return s
+
+
 def _check_settings(s):
-    unknown = [m for m in s["methods"] if m not in METHODS]
+    unknown = [m for m in s["methods"] if m not in COMPARED_METHODS]
     if not s["methods"] or unknown:
-        raise ValueError(f"Unknown method. Expected some of {list(METHODS)}. Received: methods={list(s['methods'])!r}")
+        raise ValueError(f"Unknown method. Expected some of {list(COMPARED_METHODS)}. "
+                         f"Received: methods={list(s['methods'])!r}")
     for key in ("num_points", "hidden_units", "pretrain_steps", "steps", "num_samples"):
         v = s[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -170,54 +213,46 @@ def _check_settings(s):
 def run_experiment(output_dir=None, verbose=True, **settings):
     """Trains the deterministic net, converts and trains ``vd`` and ``graves``; writes PNG, CSV, JSON.
 
+    Each method is one :func:`tfbnn.training.run` of :func:`make_recipe` (pre-training the same
+    deterministic net from the same seed, then converting it or going on), recorded under
+    ``<output_dir>/runs/<method>/``; the bands and numbers are its ``evaluate``.
+
     Returns:
-        dict with ``rows`` (one per method), ``curves`` and ``files``.
+        dict with ``rows`` (one per method), ``curves``, ``files`` and ``runs``.
     """
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    s["methods"] = tuple(dict.fromkeys(s["methods"]))
-    _check_settings(s)
+    s = _settings(settings)
     output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
 
     import keras
     import numpy as np
 
-    import tfbnn
-    from tfbnn import convert
+    from tfbnn import training
     from tfbnn.datasets.regression import make_toy_regression
 
     keras.utils.set_random_seed(s["seed"])
     ds = make_toy_regression(s["num_points"], s["noise_std"], seed=s["seed"])
     test = make_toy_regression(500, s["noise_std"], seed=s["seed"] + 1)
     say = print if verbose else (lambda *a, **k: None)
-    start = time.perf_counter()
-    det = build_model(s["hidden_units"], float(ds.x_train.mean()), float(ds.x_train.var()))
-    _fit(det, ds, s["pretrain_steps"], s["learning_rate"], s["noise_std"])
-    panels, rows = {}, []
+    data = _pipeline(ds)
+    panels, rows, runs = {}, [], []
     for method in s["methods"]:
-        if method == "deterministic":
-            # The same training budget as the Bayesian nets: `steps` more on the plain NLL.
-            model = keras.models.clone_model(det)
-            model.set_weights(det.get_weights())
-            _fit(model, ds, s["steps"], s["learning_rate"], s["noise_std"])
-        else:
-            model = convert.to_bayesian(det, method=method, init_scale=s["init_scale"], moped_delta=s["moped_delta"],
-                                        prior=tfbnn.priors.Normal(0.0, float(s["graves_prior_scale"])),
-                                        seed=s["seed"])  # the prior: graves only (vd's is log-uniform)
-            epochs = max(1, s["steps"] // 100)
-            schedule = tfbnn.schedules.WarmUp(warmup_epochs=s["warmup_fraction"] * epochs,
-                                              epochs=max(s["anneal_fraction"] * epochs, 1e-3))
-            _fit(model, ds, s["steps"], s["learning_rate"], s["noise_std"],
-                 callbacks=[tfbnn.KLAnnealing(ds.num_examples, schedule)])
-        numbers, curves = _evaluate(model, method, ds, s, test.x_train, test.y_train)
+        recipe = make_recipe(method, float(ds.x_train.mean()), float(ds.x_train.var()), **settings)
+        found = {}
+
+        def evaluate(model, recipe, data, found=found, method=method):
+            numbers, found["curves"] = _evaluate(model, method, ds, s, test.x_train, test.y_train)
+            return numbers
+
+        result = training.run(recipe, output_dir=os.path.join(output_dir, "runs", method), verbose=0, data=data,
+                              evaluate=evaluate, quiet=True)
+        runs.append(result.output_dir)
+        numbers, curves = result.test, found["curves"]
         row = {"method": method, **numbers}
         rows.append(row)
         panels[method] = (row, curves)
         say(f"  {method:13s} RMSE {row['rmse_in_range']:.4f}  test NLL {row['test_nll']:8.3f}  epistemic std "
             f"in/out {row['epistemic_std_in_range']:.3f}/{row['epistemic_std_out_of_range']:.3f}  sparsity "
-            f"{100 * row['sparsity']:.1f}%  ({time.perf_counter() - start:.0f} s)", flush=True)
+            f"{100 * row['sparsity']:.1f}%  ({result.train_seconds:.0f} s)", flush=True)
     curve_rows = []
     for i, x in enumerate(ds.x_grid[:, 0]):
         row = {"x": float(x), "truth": float(ds.y_grid[i, 0])}
@@ -235,7 +270,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                             "train": {"x": ds.x_train[:, 0].tolist(), "y": ds.y_train[:, 0].tolist()},
                             "rows": rows}),
     ]
-    return {"rows": rows, "curves": {m: c for m, (_, c) in panels.items()}, "files": files,
+    return {"rows": rows, "curves": {m: c for m, (_, c) in panels.items()}, "files": files, "runs": runs,
             "x_grid": np.asarray(ds.x_grid[:, 0])}
 
 
@@ -248,7 +283,8 @@ def add_arguments(parser):
     from tfbnn.experiments.vd_sparsity import parse_init_scale
 
     d = DEFAULTS
-    parser.add_argument("--methods", choices=METHODS, nargs="+", default=list(d["methods"]), help="models to compare")
+    parser.add_argument("--methods", choices=COMPARED_METHODS, nargs="+", default=list(d["methods"]),
+                        help="models to compare")
     parser.add_argument("--num-points", type=argtypes.positive_int, default=d["num_points"], help="training points")
     parser.add_argument("--noise-std", type=argtypes.positive_float, default=d["noise_std"],
                         help="noise std of the data and of the Gaussian likelihood")
@@ -279,13 +315,6 @@ def run(args):
     result = run_experiment(output_dir=args.output_dir, **settings)
     print("\nWrote " + ", ".join(result["files"]))
     return 0
-
-
-def add_vd_regression_parser(subparsers):
-    """Registers ``tfbnn vd-regression`` (listed in :mod:`tfbnn.cli.experiments`)."""
-    return _common.add_subcommand(subparsers, "vd-regression",
-                                  "1-D regression bands: variational dropout vs Graves vs deterministic",
-                                  DESCRIPTION, add_arguments, run)
 
 
 def main(argv=None):

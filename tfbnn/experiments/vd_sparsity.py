@@ -35,11 +35,17 @@ downloaded on first use; 784-300-100-10 as in the paper).
 
 Run: ``python -m tfbnn.experiments.vd_sparsity --method vd`` (about a minute on 2 CPU
 cores with the defaults) or, once registered, ``tfbnn vd-sparsity --method graves``.
+
+One route to the Molchanov study: the training is always :func:`tfbnn.training.run` of a
+recipe (steps 1-3: :func:`make_recipe` from the settings, or ``recipe=`` /
+``--recipe vd-lenet300-100-pretrained``, the published protocol of
+:mod:`tfbnn.training.recipes`, exactly the run of ``tfbnn run vd-lenet300-100-pretrained``);
+this study is the analysis on top of that run (steps 4-7), written beside the run's own folder
+(``<output_dir>/run/``: recipe, history, learning curves, results, model).
 """
 
 import math
 import os
-import time
 
 from tfbnn.datasets.catalog import ARRAY_DATASETS
 from tfbnn.experiments import _common
@@ -47,20 +53,20 @@ from tfbnn.experiments import _common
 __all__ = [
     "DEFAULTS",
     "MODELS",
-    "METHODS",
+    "SPARSIFYING_METHODS",
     "DATASETS",
+    "make_recipe",
     "build_model",
     "mc_accuracy",
     "run_experiment",
     "add_arguments",
-    "add_vd_sparsity_parser",
     "run",
     "main",
 ]
 
 NAME = "vd_sparsity"
 MODELS = {"lenet300_100": (300, 100), "mlp": None}
-METHODS = ("vd", "vd_multiplicative", "graves")
+SPARSIFYING_METHODS = ("vd", "vd_multiplicative", "graves")
 METHOD_LABELS = {"vd": "sparse VD (Molchanov)", "vd_multiplicative": "Gaussian VD (Kingma)", "graves": "Graves"}
 DATASETS = ARRAY_DATASETS
 VARIANTS = ("none", "principled", "random")
@@ -90,6 +96,7 @@ DEFAULTS = {
     "fractions": (0.0, 0.5, 0.75, 0.95, 0.98),  # tfbnn.pruning.BLUNDELL_FRACTIONS
     "fraction_scope": "global",
     "seed": 0,
+    "recipe": None,
 }
 
 DESCRIPTION = (
@@ -161,8 +168,9 @@ def _check_settings(s):
 
     if s["model"] not in MODELS:
         raise ValueError(f"Expected `model` in {list(MODELS)}. Received: model={s['model']!r}")
-    if s["method"] not in METHODS:
-        raise ValueError(f"Unknown method. Expected one of {list(METHODS)}. Received: method={s['method']!r}")
+    if s["method"] not in SPARSIFYING_METHODS:
+        raise ValueError(f"Unknown method. Expected one of {list(SPARSIFYING_METHODS)}. "
+                         f"Received: method={s['method']!r}")
     if s["dataset"] not in DATASETS:
         raise ValueError(f"Expected `dataset` in {list(DATASETS)}. Received: dataset={s['dataset']!r}")
     for key in ("pretrain_epochs", "epochs", "batch_size", "num_samples", "repeats"):
@@ -197,44 +205,83 @@ def _check_settings(s):
 
 
 # -- the study -----------------------------------------------------------------------------------
-def _pretrain(s, ds):
-    import keras
+def make_recipe(input_shape=(64,), **settings):
+    """The :class:`tfbnn.training.Recipe` the study trains and then analyses.
 
-    model = build_model(ds.input_shape, ds.num_classes, s["hidden_units"], name=s["model"])
-    model.compile(keras.optimizers.Adam(s["learning_rate"]), "sparse_categorical_crossentropy",
-                  metrics=["accuracy"], jit_compile=False)
-    if s["pretrain_epochs"]:
-        history = model.fit(ds.x_train, ds.y_train, epochs=s["pretrain_epochs"], batch_size=s["batch_size"], verbose=0)
-        _common.check_finite_history(history, "the deterministic pre-training")
-    accuracy = float(model.evaluate(ds.x_test, ds.y_test, batch_size=512, verbose=0)[1])
-    return model, accuracy
+    The settings (:data:`DEFAULTS`, overridden by ``settings``) become recipe fields: the
+    deterministic zoo MLP with ``hidden_units`` (unseeded: Keras' global seed initializes it)
+    pre-trained ``pretrain_epochs``, then converted (:func:`tfbnn.convert.to_bayesian`:
+    ``init_scale``, ``moped_delta``) to ``method`` (``vd_multiplicative``: ``vd`` with
+    ``parameterization="multiplicative"``), trained ``epochs`` with the KL weight 0 for
+    ``warmup_epochs`` and then linear to ``kl_beta`` over ``anneal_epochs``; Adam at
+    ``learning_rate`` in both phases, ``batch_size``, ``num_samples`` test samples. With
+    ``pretrain_epochs=0`` the Bayesian MLP is the zoo's, from its own initialization (there is
+    nothing to convert).
+    """
+    s = _settings(settings)
+    from tfbnn.training import Recipe
+
+    method, options = s["method"], {"init_scale": s["init_scale"], "moped_delta": s["moped_delta"]}
+    if method == "vd_multiplicative":
+        method, options = "vd", {**options, "parameterization": "multiplicative"}
+    return Recipe(
+        name=f"{s['dataset']}_{s['method']}", description=f"{METHOD_LABELS[s['method']]} on {s['model']}",
+        reference="Molchanov et al. 2017; Graves 2011", model="mlp",
+        model_options={"hidden_units": s["hidden_units"], "seed": None}, method=method, method_options=options,
+        dataset=s["dataset"], max_examples=s["max_examples"], pretrain_epochs=s["pretrain_epochs"],
+        epochs=s["epochs"], batch_size=s["batch_size"], learning_rate=s["learning_rate"],
+        kl_schedule="warmup" if s["warmup_epochs"] else "linear", warmup_epochs=s["warmup_epochs"],
+        kl_epochs=s["anneal_epochs"], beta=s["kl_beta"], eval_samples=s["num_samples"], seed=s["seed"],
+    )
 
 
-def _train_bayesian(s, ds, det):
-    import keras
+def _deterministic_accuracy(det, ds):
+    """Test accuracy of the pre-trained deterministic net."""
+    det.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
+    return float(det.evaluate(ds.x_test, ds.y_test, batch_size=512, verbose=0)[1])
 
-    import tfbnn
-    from tfbnn import callbacks, convert
 
-    model = convert.to_bayesian(det, method=s["method"], init_scale=s["init_scale"], moped_delta=s["moped_delta"],
-                                seed=s["seed"])
-    model.compile(keras.optimizers.Adam(s["learning_rate"]), "sparse_categorical_crossentropy",
-                  metrics=["accuracy"], jit_compile=False)
-    schedule = tfbnn.schedules.WarmUp(warmup_epochs=s["warmup_epochs"], epochs=s["anneal_epochs"], end=s["kl_beta"])
-    monitor = callbacks.SparsityMonitor(criterion=_criterion(s["method"]), threshold=s["threshold"])
-    history = model.fit(ds.x_train, ds.y_train, epochs=s["epochs"], batch_size=s["batch_size"], verbose=0,
-                        callbacks=[tfbnn.KLAnnealing(ds.num_examples, schedule), monitor])
-    _common.check_finite_history(history, f"the {s['method']} model")
-    return model, history
+def _settings(settings):
+    """:data:`DEFAULTS` with ``settings`` (checked)."""
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **settings}
+    if s["model"] == "lenet300_100":
+        if tuple(s["hidden_units"]) != MODELS["lenet300_100"]:
+            raise ValueError(
+                "LeNet-300-100 has hidden layers (300, 100); use model='mlp' for other sizes. "
+                f"Received: hidden_units={s['hidden_units']!r}"
+            )
+    s["hidden_units"], s["sample_counts"] = tuple(s["hidden_units"]), tuple(s["sample_counts"])
+    s["fractions"] = tuple(s["fractions"])
+    if s["num_samples"] not in s["sample_counts"]:
+        s["sample_counts"] = tuple(sorted(set(s["sample_counts"]) | {s["num_samples"]}))
+    _check_settings(s)
+    return s
+
+
+def _settings_of(recipe, s):
+    """The study's settings that describe ``recipe`` (its method, dataset and protocol)."""
+    if recipe.method not in ("vd", "graves") or recipe.dataset not in DATASETS:
+        raise ValueError(f"Expected a 'vd' or 'graves' recipe on one of {list(DATASETS)}. "
+                         f"Received: recipe={recipe.name!r} (method={recipe.method!r}, dataset={recipe.dataset!r})")
+    multiplicative = recipe.method_options.get("parameterization") == "multiplicative"
+    hidden = recipe.model_options.get("hidden_units", MODELS.get(recipe.model.replace("lenet_", "lenet"), None))
+    return {**s, "recipe": recipe.name, "model": recipe.model, "hidden_units": tuple(hidden or s["hidden_units"]),
+            "method": "vd_multiplicative" if multiplicative else recipe.method, "dataset": recipe.dataset,
+            "max_examples": recipe.max_examples, "pretrain_epochs": recipe.pretrain_epochs, "epochs": recipe.epochs,
+            "warmup_epochs": recipe.warmup_epochs, "anneal_epochs": recipe.ramp_epochs, "kl_beta": recipe.beta,
+            "batch_size": recipe.batch_size, "learning_rate": recipe.learning_rate, "seed": recipe.seed}
 
 
 def _per_epoch_rows(history):
-    h = history.history
+    """The sparsity per epoch from a run's history rows."""
     rows = []
-    for epoch in range(len(h["loss"])):
-        row = {"epoch": epoch + 1, "kl_beta": h["kl_beta"][epoch], "loss": h["loss"][epoch],
-               "train_accuracy": h["accuracy"][epoch], "sparsity": h["sparsity"][epoch]}
-        row.update({k.split("/", 1)[1]: h[k][epoch] for k in h if k.startswith("sparsity/")})
+    for h in history:
+        row = {"epoch": h["epoch"], "kl_beta": h["kl_beta"], "loss": h["loss"], "train_accuracy": h["accuracy"],
+               "sparsity": h["sparsity"]}
+        row.update({k.split("/", 1)[1]: v for k, v in h.items() if k.startswith("sparsity/")})
         rows.append(row)
     return rows
 
@@ -378,7 +425,10 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         output_dir: folder for the outputs (default
             ``saved_models/experiments/vd_sparsity/<dataset>_<method>``).
         verbose: bool, print progress and the tables.
-        **settings: overrides of :data:`DEFAULTS`.
+        **settings: overrides of :data:`DEFAULTS`; ``recipe``: a
+            :class:`tfbnn.training.Recipe`, built-in name or JSON path of a ``vd`` or
+            ``graves`` recipe to train instead of :func:`make_recipe` (its protocol replaces
+            the training settings).
 
     Returns:
         dict: ``settings``, ``deterministic_accuracy``, ``sparsity`` (principled,
@@ -387,21 +437,13 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         ``sparsity_per_epoch``, ``threshold_sweep``, ``pruning_curve`` (rows of
         :func:`tfbnn.pruning.pruning_curve`), ``storage`` and ``files``.
     """
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    if s["model"] == "lenet300_100":
-        if tuple(s["hidden_units"]) != MODELS["lenet300_100"]:
-            raise ValueError(
-                "LeNet-300-100 has hidden layers (300, 100); use model='mlp' for other sizes. "
-                f"Received: hidden_units={s['hidden_units']!r}"
-            )
-    s["hidden_units"], s["sample_counts"] = tuple(s["hidden_units"]), tuple(s["sample_counts"])
-    s["fractions"] = tuple(s["fractions"])
-    if s["num_samples"] not in s["sample_counts"]:
-        s["sample_counts"] = tuple(sorted(set(s["sample_counts"]) | {s["num_samples"]}))
-    _check_settings(s)
+    s = _settings(settings)
+    recipe = None
+    if s["recipe"] is not None:
+        from tfbnn.training.recipes import resolve
+
+        recipe = resolve(s["recipe"])
+        s = _settings_of(recipe, s)
     output_dir = _common.prepare_output_dir(
         output_dir or os.path.join(_common.DEFAULT_ROOT, NAME, f"{s['dataset']}_{s['method']}"))
 
@@ -414,14 +456,27 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     say = print if verbose else (lambda *a, **k: None)
     sizes = " -> ".join(str(v) for v in (ds.input_shape[0],) + s["hidden_units"] + (ds.num_classes,))
     say(f"{NAME}: {ds.name} (N = {ds.num_examples}), {s['model']} {sizes}, method {s['method']}", flush=True)
-    start = time.perf_counter()
-    det, det_accuracy = _pretrain(s, ds)
-    say(f"  pre-trained deterministic net: test accuracy {det_accuracy:.4f} ({time.perf_counter() - start:.0f} s)",
-        flush=True)
-    model, history = _train_bayesian(s, ds, det)
-    say(f"  trained {s['method']} for {s['epochs']} epochs (beta 0 -> {s['kl_beta']:g}) "
-        f"({time.perf_counter() - start:.0f} s)", flush=True)
+    from tfbnn import callbacks, training
 
+    data = None  # a given recipe loads its own dataset
+    if recipe is None:
+        recipe = make_recipe(ds.input_shape, **settings)
+        data = _common.array_pipeline(ds.x_train, ds.y_train, ds.name, s["batch_size"], ds.num_classes,
+                                      ds.num_test_examples)
+    monitor = callbacks.SparsityMonitor(criterion=_criterion(s["method"]), threshold=s["threshold"])
+    found = {}
+
+    def evaluate(model, recipe, data):  # the study's analysis is done below, on the trained model
+        found["model"] = model
+        return {}
+
+    run = training.run(recipe, output_dir=os.path.join(output_dir, "run"), verbose=0, data=data,
+                       callbacks=[monitor], evaluate=evaluate, quiet=True)
+    model, history = run.model, run.history
+    det_accuracy = (_deterministic_accuracy(run.pretrained, ds) if run.pretrained is not None else float("nan"))
+    say(f"  pre-trained deterministic net: test accuracy {det_accuracy:.4f}", flush=True)
+    say(f"  trained {s['method']} for {s['epochs']} epochs (beta 0 -> {s['kl_beta']:g}) "
+        f"({run.train_seconds:.0f} s)", flush=True)
     masks = pruning.compute_masks(model, criterion=_criterion(s["method"]), threshold=s["threshold"])
     report = pruning.sparsity_report(model, masks, criterion=_criterion(s["method"]))
     say("\n" + str(report) + "\n", flush=True)
@@ -449,7 +504,8 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         "threshold_sweep": sweep,
         "pruning_curve": curve,
         "storage": storage,
-        "seconds": time.perf_counter() - start,
+        "seconds": run.train_seconds,
+        "run": run.output_dir,
     }
     files = [
         _plot(result, os.path.join(output_dir, "study.png")),
@@ -502,7 +558,7 @@ def add_arguments(parser):
                         help="lenet300_100 (hidden 300-100) or mlp (hidden sizes from --hidden-units)")
     parser.add_argument("--hidden-units", type=argtypes.positive_int, nargs="+", default=None, metavar="U",
                         help="hidden layer sizes of --model mlp (default: 300 100)")
-    parser.add_argument("--method", choices=METHODS, default=d["method"],
+    parser.add_argument("--method", choices=SPARSIFYING_METHODS, default=d["method"],
                         help="vd: sparse variational dropout (Molchanov, additive); vd_multiplicative: Kingma's "
                              "(alpha <= 1, does not sparsify); graves: GravesDense (log-variance posterior, "
                              "fixed N(0, 1) prior)")
@@ -540,6 +596,9 @@ def add_arguments(parser):
     parser.add_argument("--fraction-scope", choices=("global", "layer"), default=d["fraction_scope"],
                         help="rank the weights over all layers together or within each layer")
     parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed of data and models")
+    parser.add_argument("--recipe", default=None, metavar="NAME",
+                        help="train this recipe (a built-in name such as vd-lenet300-100-pretrained, or a JSON "
+                             "file) with training.run and analyse it; its protocol replaces the training options")
     parser.add_argument("--output-dir", default=None, metavar="DIR",
                         help="output folder (default: saved_models/experiments/vd_sparsity/<dataset>_<method>)")
 
@@ -557,13 +616,6 @@ def run(args):
     result = run_experiment(output_dir=args.output_dir, **settings)
     print("\nWrote " + ", ".join(result["files"]))
     return 0
-
-
-def add_vd_sparsity_parser(subparsers):
-    """Registers ``tfbnn vd-sparsity`` (listed in :mod:`tfbnn.cli.experiments`)."""
-    return _common.add_subcommand(subparsers, "vd-sparsity",
-                                  "sparsity study: pre-train, convert (vd | graves), anneal, prune vs random",
-                                  DESCRIPTION, add_arguments, run)
 
 
 def main(argv=None):

@@ -27,7 +27,6 @@ Outputs (``--output-dir``, default ``saved_models/experiments/vd_transformer/<da
 
 import math
 import os
-import time
 
 from tfbnn.experiments import _common
 
@@ -41,13 +40,12 @@ def __getattr__(name):
         return models.transformer if name == "build_transformer_classifier" else models.TokenAndPositionEmbedding
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["DEFAULTS", "FEED_FORWARD", "TokenAndPositionEmbedding", "build_transformer_classifier",
-           "run_experiment", "add_arguments", "add_vd_transformer_parser", "run", "main"]
+__all__ = ["DEFAULTS", "FEED_FORWARD", "make_recipe", "TokenAndPositionEmbedding", "build_transformer_classifier",
+           "run_experiment", "add_arguments", "run", "main"]
 
 NAME = "vd_transformer"
 FEED_FORWARD = ("deterministic", "vd", "bbb")
 DATASETS = ("imdb", "synthetic_reviews")
-_CONVERT_METHOD = {"vd": "vd", "bbb": "local_reparameterization"}
 
 DEFAULTS = {
     "dataset": "imdb",
@@ -105,11 +103,36 @@ def _vectorize(s, ds):
     return to_ids(ds.x_train), to_ids(ds.x_test), len(vectorizer.get_vocabulary())
 
 
-def _compile(model, s):
-    import keras
+def make_recipe(variant, vocabulary, **settings):
+    """The :class:`tfbnn.training.Recipe` of one feed-forward variant.
 
-    model.compile(keras.optimizers.Adam(s["learning_rate"]), "sparse_categorical_crossentropy", metrics=["accuracy"],
-                  jit_compile=False)
+    The settings (:data:`DEFAULTS`, overridden by ``settings``) become recipe fields: the zoo's
+    ``transformer`` (``vocabulary`` tokens, ``max_length``, ``embed_dim``, ``num_heads``,
+    ``ff_dim``, ``dropout``) pre-trained deterministically ``pretrain_epochs``, then its
+    feed-forward block (``ff1``, ``ff2``) converted (``convert_layers``; ``vd``: sparse VD,
+    ``bbb``: local reparameterization; ``init_scale``, ``moped_delta``) and trained ``epochs``
+    with the KL weight 0 for ``warmup_epochs`` then linear to 1 over ``anneal_epochs``; the
+    deterministic variant goes on ``epochs`` with a fresh optimizer. Adam at ``learning_rate``,
+    ``batch_size``, ``num_samples`` test samples, seed ``seed``.
+    """
+    s = _settings(settings)
+    from tfbnn.training import Recipe
+
+    options = {}
+    if variant != "deterministic":
+        options = {"convert_layers": ("ff1", "ff2"), "init_scale": s["init_scale"], "moped_delta": s["moped_delta"]}
+        if variant == "bbb":
+            options["estimator"] = "local_reparameterization"
+    return Recipe(
+        name=variant, description=f"Transformer classifier, {variant} feed-forward block",
+        reference="Molchanov et al. 2017 (sparse VD); Blundell et al. 2015", model="transformer",
+        model_options={"vocab_size": vocabulary, "max_length": s["max_length"], "embed_dim": s["embed_dim"],
+                       "num_heads": s["num_heads"], "ff_dim": s["ff_dim"], "dropout": s["dropout"]},
+        method=variant, method_options=options, dataset=s["dataset"], pretrain_epochs=s["pretrain_epochs"],
+        epochs=s["epochs"], batch_size=s["batch_size"], learning_rate=s["learning_rate"],
+        kl_schedule="warmup" if s["warmup_epochs"] else "linear", warmup_epochs=s["warmup_epochs"],
+        kl_epochs=s["anneal_epochs"], eval_samples=s["num_samples"], seed=s["seed"],
+    )
 
 
 def _evaluate(s, model, x_test, y_test, variant):
@@ -177,6 +200,17 @@ def _plot(rows, path, title):
     return path
 
 
+def _settings(settings):
+    """:data:`DEFAULTS` with ``settings`` (checked)."""
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
+    s = {**DEFAULTS, **settings}
+    s["variants"] = tuple(dict.fromkeys(s["variants"]))
+    _check_settings(s)
+    return s
+
+
 def _check_settings(s):
     if s["dataset"] not in DATASETS:
         raise ValueError(f"Expected `dataset` in {list(DATASETS)}. Received: dataset={s['dataset']!r}")
@@ -202,55 +236,39 @@ def _check_settings(s):
 def run_experiment(output_dir=None, verbose=True, **settings):
     """Trains the deterministic transformer, converts its feed-forward block, evaluates; writes files.
 
+    Each variant is one :func:`tfbnn.training.run` of :func:`make_recipe` (its folder under
+    ``<output_dir>/runs/``), each pre-training the deterministic transformer from the same seed;
+    the MC accuracy, NLL, ECE and pruning numbers are its ``evaluate``.
+
     Returns:
-        dict with ``rows`` (one per variant), ``vocabulary_size`` and ``files``.
+        dict with ``rows`` (one per variant), ``vocabulary_size``, ``files`` and ``runs``.
     """
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    s["variants"] = tuple(dict.fromkeys(s["variants"]))
-    _check_settings(s)
+    s = _settings(settings)
     output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME, s["dataset"]))
 
     import keras
 
-    import tfbnn
-    from tfbnn import convert
+    from tfbnn import training
 
     keras.utils.set_random_seed(s["seed"])
     say = print if verbose else (lambda *a, **k: None)
-    start = time.perf_counter()
     ds = _load(s)
     x_train, x_test, vocabulary = _vectorize(s, ds)
     say(f"{NAME}: {ds.name}, N = {ds.num_examples} train / {ds.num_test_examples} test, vocabulary {vocabulary}",
         flush=True)
-    from tfbnn.models import transformer
-
-    det = transformer(vocab_size=vocabulary, max_length=s["max_length"], embed_dim=s["embed_dim"],
-                      num_heads=s["num_heads"], ff_dim=s["ff_dim"], dropout=s["dropout"], seed=s["seed"])
-    _compile(det, s)
-    if s["pretrain_epochs"]:
-        history = det.fit(x_train, ds.y_train, epochs=s["pretrain_epochs"], batch_size=s["batch_size"], verbose=0)
-        _common.check_finite_history(history, "the deterministic transformer")
-    rows = []
+    data = _common.array_pipeline(x_train, ds.y_train, ds.name, s["batch_size"], 2, ds.num_test_examples)
+    rows, runs = [], []
     for variant in s["variants"]:
-        if variant == "deterministic":
-            model = keras.models.clone_model(det)
-            model.set_weights(det.get_weights())
-            _compile(model, s)
-            callbacks = []
-        else:
-            model = convert.to_bayesian(det, method=_CONVERT_METHOD[variant], layers=["ff1", "ff2"],
-                                        init_scale=s["init_scale"], moped_delta=s["moped_delta"], seed=s["seed"])
-            _compile(model, s)
-            schedule = tfbnn.schedules.WarmUp(warmup_epochs=s["warmup_epochs"], epochs=s["anneal_epochs"])
-            callbacks = [tfbnn.KLAnnealing(ds.num_examples, schedule)]
-        history = model.fit(x_train, ds.y_train, epochs=s["epochs"], batch_size=s["batch_size"], verbose=0,
-                            callbacks=callbacks)
-        _common.check_finite_history(history, f"the {variant} transformer")
-        row = _evaluate(s, model, x_test, ds.y_test, variant)
-        row["seconds"] = time.perf_counter() - start
+        recipe = make_recipe(variant, vocabulary, **settings)
+
+        def evaluate(model, recipe, data, variant=variant):
+            return _evaluate(s, model, x_test, ds.y_test, variant)
+
+        result = training.run(recipe, output_dir=os.path.join(output_dir, "runs", variant), verbose=0, data=data,
+                              evaluate=evaluate, quiet=True)
+        runs.append(result.output_dir)
+        row = dict(result.test)
+        row["seconds"] = result.train_seconds
         rows.append(row)
         pruned = ("" if variant == "deterministic" else
                   f"  FF sparsity {100 * row['ff_sparsity']:.1f}%: principled {row['accuracy_principled']:.4f}, "
@@ -266,7 +284,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                                         "num_test_examples": ds.num_test_examples, "vocabulary": vocabulary},
                             "rows": rows}),
     ]
-    return {"rows": rows, "vocabulary_size": vocabulary, "files": files}
+    return {"rows": rows, "vocabulary_size": vocabulary, "files": files, "runs": runs}
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -318,13 +336,6 @@ def run(args):
     result = run_experiment(output_dir=args.output_dir, **settings)
     print("\nWrote " + ", ".join(result["files"]))
     return 0
-
-
-def add_vd_transformer_parser(subparsers):
-    """Registers ``tfbnn vd-transformer`` (listed in :mod:`tfbnn.cli.experiments`)."""
-    return _common.add_subcommand(subparsers, "vd-transformer",
-                                  "Transformer text classifier with a VD / BbB feed-forward block (IMDB)",
-                                  DESCRIPTION, add_arguments, run)
 
 
 def main(argv=None):

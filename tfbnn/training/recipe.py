@@ -26,6 +26,7 @@ __all__ = [
     "METHODS",
     "MEMBER_METHODS",
     "DEFAULT_MEMBERS",
+    "LIKELIHOODS",
     "load_recipe",
     "save_recipe",
 ]
@@ -45,6 +46,11 @@ KL_SCHEDULES = ("constant", "linear", "warmup", "cosine", "cyclic", "blundell")
 METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble")
 #: What the members of an ``ensemble`` recipe can be (the zoo's methods).
 MEMBER_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn")
+#: What the loss of a recipe is: the categorical NLL of a softmax classifier
+#: (``sparse_categorical_crossentropy``), or the Gaussian NLL of a regression net's
+#: linear outputs with the fixed noise scale ``noise_std``
+#: (``0.5 ((y - f) / sigma)^2 + log sigma + 0.5 log(2 pi)``, averaged over outputs).
+LIKELIHOODS = ("categorical", "gaussian")
 #: The members of an ``ensemble`` recipe without ``method_options["members"]`` (the paper's M).
 DEFAULT_MEMBERS = 5
 
@@ -80,11 +86,18 @@ class Recipe:
         description: str, one line on what the recipe reproduces.
         reference: str, the paper, section and table whose protocol this is.
         model: a :func:`tfbnn.models.build` name or preset (``"mlp"``, ``"lenet5"``, ...).
-        model_options: dict of builder arguments (``hidden_units``, ``stem``, ...).
+        model_options: dict of builder arguments (``hidden_units``, ``stem``, ``outputs``
+            (linear outputs of a regression net), ...; ``seed``: the builder's base seed
+            of the stochastic layers, default ``seed``: a study that seeds each model
+            apart from the run, e.g. one per depth).
         method: one of :data:`METHODS`.
         method_options: dict of the method's options (``estimator``, ``prior`` (a name
             or a :func:`tfbnn.priors.serialize` dict), ``rate``, ``parameterization``,
-            ``num_components``, ``prior_stddev``; for ``graves``: ``init_scale``; for
+            ``num_components``, ``prior_stddev``; for ``graves`` and pre-trained
+            recipes: ``init_scale``, ``moped_delta`` and ``convert_layers`` (the names of
+            the layers :func:`tfbnn.convert.to_bayesian` converts, the others staying
+            deterministic: a Bayesian block in a deterministic network; with it the run
+            converts even without pre-training); for
             ``ensemble``: ``members`` (M, default 5), ``member_method`` (one of
             :data:`MEMBER_METHODS`, default ``"deterministic"``) and that method's options).
             An ``ensemble`` recipe trains M members, each as the recipe with
@@ -111,9 +124,23 @@ class Recipe:
         variational_learning_rate: float > 0 or None: iBNN's constant rate of the
             node posteriors (:func:`tfbnn.ibnn.make_optimizer`).
         epochs, batch_size: ints > 0.
+        steps_per_epoch: int >= 1 or None: training batches per epoch. None: one pass
+            over the training split; an int repeats the split (in order, as the data
+            gives it) and counts an epoch as that many batches (the 1-D regression
+            studies train full-batch, all N points in each step, for a fixed number of
+            steps per epoch). Learning-rate and KL schedules count these steps.
+        likelihood: one of :data:`LIKELIHOODS`: ``"categorical"`` (a classifier,
+            evaluated by :func:`tfbnn.evaluation.evaluate_classifier`) or
+            ``"gaussian"`` (a regression net with linear outputs, trained on the
+            Gaussian NLL with the known noise scale ``noise_std``).
+        noise_std: float > 0, the Gaussian likelihood's fixed noise scale in the
+            units of the targets the model is trained on; only (and always) with
+            ``likelihood="gaussian"``.
         pretrain_epochs: int >= 0. Train the deterministic model first for this many
             epochs, then convert it (:func:`tfbnn.convert.to_bayesian`) to ``method``
-            (``bbb``, ``vd`` or ``graves``): "frequentist pre-training".
+            (``bbb``, ``vd`` or ``graves``): "frequentist pre-training"; a
+            ``deterministic`` recipe goes on for ``epochs`` with a fresh optimizer (the
+            baseline trained as long as the converted models).
         kl_schedule: one of :data:`KL_SCHEDULES`: how ``beta`` moves.
         kl_epochs: float > 0 or None, the ramp length (``linear``, ``cosine``; the
             ramp after ``warmup_epochs`` for ``warmup``; the cycle for ``cyclic``).
@@ -165,6 +192,9 @@ class Recipe:
     variational_learning_rate: object = None
     epochs: int = 10
     batch_size: int = 128
+    steps_per_epoch: object = None
+    likelihood: str = "categorical"
+    noise_std: object = None
     pretrain_epochs: int = 0
     kl_schedule: str = "linear"
     kl_epochs: object = None
@@ -179,7 +209,7 @@ class Recipe:
     def __post_init__(self):
         set_ = object.__setattr__
         for field in ("name", "description", "reference", "model", "method", "dataset", "optimizer",
-                      "lr_schedule", "kl_schedule"):
+                      "lr_schedule", "kl_schedule", "likelihood"):
             _check(isinstance(getattr(self, field), str), field, getattr(self, field), "a string")
         _check(bool(self.name) and "/" not in self.name and not self.name.startswith("."), "name", self.name,
                "a non-empty file name")
@@ -187,6 +217,7 @@ class Recipe:
             _check(isinstance(getattr(self, field), dict), field, getattr(self, field), "a dict")
             set_(self, field, _tuples(getattr(self, field)))
         _check(self.method in METHODS, "method", self.method, f"one of {list(METHODS)}")
+        _check(self.likelihood in LIKELIHOODS, "likelihood", self.likelihood, f"one of {list(LIKELIHOODS)}")
         _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"one of {list(OPTIMIZERS)}")
         _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule, f"one of {list(LR_SCHEDULES)}")
         _check(self.kl_schedule in KL_SCHEDULES, "kl_schedule", self.kl_schedule, f"one of {list(KL_SCHEDULES)}")
@@ -195,7 +226,7 @@ class Recipe:
             value = getattr(self, field)
             _check(_is_int(value) and value >= low, field, value, f"an integer >= {low}")
             set_(self, field, int(value))
-        for field in ("max_examples", "max_test_examples"):
+        for field in ("max_examples", "max_test_examples", "steps_per_epoch"):
             value = getattr(self, field)
             _check(value is None or (_is_int(value) and value >= 1), field, value, "a positive integer or None")
         rules = {
@@ -212,7 +243,7 @@ class Recipe:
             value = getattr(self, field)
             _check(_is_real(value) and ok(value), field, value, expected)
             set_(self, field, float(value))
-        for field in ("kl_epochs", "variational_learning_rate"):
+        for field in ("kl_epochs", "variational_learning_rate", "noise_std"):
             value = getattr(self, field)
             _check(value is None or (_is_real(value) and value > 0), field, value, "a positive number or None")
         for field in ("nesterov", "temperature_scaling"):
@@ -244,6 +275,16 @@ class Recipe:
             )
         if self.method == "ensemble":
             self._check_ensemble()
+        if (self.likelihood == "gaussian") != (self.noise_std is not None):
+            raise ValueError(
+                "likelihood='gaussian' needs the noise scale `noise_std` (> 0), and only it takes one. "
+                f"Received: likelihood={self.likelihood!r}, noise_std={self.noise_std!r}"
+            )
+        if self.likelihood != "categorical" and self.temperature_scaling:
+            raise ValueError(
+                "`temperature_scaling` calibrates a classifier's softmax. "
+                f"Received: likelihood={self.likelihood!r}, temperature_scaling=True"
+            )
         if self.variational_learning_rate is not None and self.member_method != "ibnn":
             raise ValueError(
                 "`variational_learning_rate` applies to method='ibnn' only. "
@@ -255,10 +296,11 @@ class Recipe:
                 f"method, one of {[m for m in METHODS if m != 'deterministic']}. "
                 f"Received: method={self.method!r}, train_samples={self.train_samples}"
             )
-        if self.pretrain_epochs and self.method not in ("bbb", "vd", "graves"):
+        if self.pretrain_epochs and self.method not in ("bbb", "vd", "graves", "deterministic"):
             raise ValueError(
                 "`pretrain_epochs` (frequentist pre-training, then conversion) applies to methods "
-                f"'bbb', 'vd' and 'graves'. Received: method={self.method!r}, pretrain_epochs={self.pretrain_epochs}"
+                "'bbb', 'vd', 'graves' and 'deterministic' (the baseline trained as long). "
+                f"Received: method={self.method!r}, pretrain_epochs={self.pretrain_epochs}"
             )
         if self.temperature_scaling and not self.validation_fraction:
             raise ValueError(

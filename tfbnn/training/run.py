@@ -8,7 +8,9 @@ What :func:`run` does, in order:
    of training examples actually used;
 2. builds the model through the zoo (:func:`tfbnn.models.build`), or builds the
    deterministic zoo model, pre-trains it ``pretrain_epochs`` and converts it
-   (:func:`tfbnn.convert.to_bayesian`) for frequentist pre-training and Graves;
+   (:func:`tfbnn.convert.to_bayesian`) for frequentist pre-training and Graves (a
+   ``deterministic`` recipe with ``pretrain_epochs`` goes on training a copy with a
+   fresh optimizer: the baseline trained as long as the converted models);
 3. compiles with the recipe's optimizer and learning-rate schedule
    (:func:`tfbnn.training.make_optimizer`) and fits with
    :class:`tfbnn.KLAnnealing` (``beta`` from :func:`tfbnn.training.kl_schedule`),
@@ -50,9 +52,6 @@ SHIFT_GAMMA = 0.5
 #: Parent of the default output folders (git-ignored with saved_models/).
 DEFAULT_ROOT = os.path.join("saved_models", "runs")
 
-_CONVERT_BBB = ("flipout", "reparameterization", "local_reparameterization")
-
-
 @dataclasses.dataclass
 class RunResult:
     """What :func:`run` returns.
@@ -78,6 +77,9 @@ class RunResult:
         baseline: the deterministic baseline's test metrics, or None.
         comparison: the test metrics of the same recipe trained to another final
             ``beta`` (``comparison["beta"]``), or None.
+        pretrained: the pre-trained deterministic model before its conversion (a
+            Bayesian recipe with ``pretrain_epochs``; its weights as pre-training left
+            them), or None.
     """
 
     recipe: Recipe
@@ -90,6 +92,7 @@ class RunResult:
     output_dir: str
     baseline: object = None
     comparison: object = None
+    pretrained: object = None
 
 
 def _is_mlp(recipe):
@@ -149,11 +152,19 @@ def build_model(recipe, data):
     from tfbnn import models
 
     options = _adapted_model_options(recipe, data.input_shape)
-    common = dict(num_classes=data.num_classes, input_shape=data.input_shape, seed=recipe.seed, **options)
-    if recipe.method == "graves" or recipe.pretrain_epochs:
+    seed = options.pop("seed", recipe.seed)  # a study may seed its models apart from the run
+    common = dict(num_classes=data.num_classes, input_shape=data.input_shape, seed=seed, **options)
+    if recipe.model == "transformer":  # token ids: the input shape is (max_length,)
+        common.pop("input_shape")
+    if _converts(recipe):
         return models.build(recipe.model, method="deterministic", **common)
     return models.build(recipe.model, method=recipe.method, num_examples=data.num_examples,
                         **common, **recipe.method_options)
+
+
+def _converts(recipe):
+    """Whether the run builds the deterministic zoo model and converts it (after ``pretrain_epochs``)."""
+    return recipe.method == "graves" or bool(recipe.pretrain_epochs) or "convert_layers" in recipe.method_options
 
 
 def deterministic_version(recipe):
@@ -168,7 +179,9 @@ def convert_model(recipe, deterministic, num_examples):
 
     options = dict(recipe.method_options)
     init_scale = options.pop("init_scale", 1e-3)
-    kwargs = {"prior": options["prior"]} if "prior" in options else {}
+    kwargs = {k: options[k] for k in ("prior", "moped_delta") if k in options}
+    if "convert_layers" in options:
+        kwargs["layers"] = list(options["convert_layers"])
     return convert.to_bayesian(deterministic, method=_convert_method(recipe), init_scale=init_scale,
                                num_examples=num_examples, seed=recipe.seed, **kwargs)
 
@@ -183,6 +196,33 @@ def _jit(jit_compile, recipe):
             and options.get("prior", "normal") == "normal" and _is_mlp(recipe))
 
 
+def fixed_noise_gaussian_nll(noise_std):
+    """A Keras loss: the per-example Gaussian NLL of linear outputs with the known noise scale (nats).
+
+    ``0.5 ((y - f) / sigma)^2 + log sigma + 0.5 log(2 pi)``, averaged over output units: the
+    loss of a ``likelihood="gaussian"`` recipe (``sigma = recipe.noise_std``).
+
+    Example:
+        >>> import numpy as np
+        >>> loss = fixed_noise_gaussian_nll(2.0)
+        >>> round(float(loss(np.array([[1.0]]), np.array([[3.0]]))[0]), 4)   # 0.5 + log 2 + 0.5 log(2 pi)
+        2.1121
+    """
+    import keras
+
+    log_norm = math.log(noise_std) + 0.5 * math.log(2 * math.pi)
+
+    def gaussian_nll(y_true, y_pred):
+        z = (keras.ops.cast(y_true, y_pred.dtype) - y_pred) / noise_std
+        return keras.ops.mean(0.5 * keras.ops.square(z), axis=-1) + log_norm
+
+    return gaussian_nll
+
+
+def _steps_per_epoch(recipe, data):
+    return recipe.steps_per_epoch or data.steps_per_epoch
+
+
 def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec):
     """Compiles ``model`` for ``recipe`` and builds its training state from ``batch_spec`` (the
     training batches' element spec), so that ``fit`` traces the step once (:func:`tfbnn.utils.build_for_fit`)."""
@@ -191,8 +231,12 @@ def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec):
     from tfbnn.training.optim import make_optimizer
     from tfbnn.utils import build_for_fit
 
-    model.compile(optimizer=make_optimizer(recipe, steps_per_epoch, model), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy", keras.metrics.SparseCategoricalCrossentropy(name="nll")],
+    if recipe.likelihood == "gaussian":
+        loss, metrics = fixed_noise_gaussian_nll(recipe.noise_std), None
+    else:
+        loss = "sparse_categorical_crossentropy"
+        metrics = ["accuracy", keras.metrics.SparseCategoricalCrossentropy(name="nll")]
+    model.compile(optimizer=make_optimizer(recipe, steps_per_epoch, model), loss=loss, metrics=metrics,
                   jit_compile=jit_compile)
     build_for_fit(model, batch_spec)
 
@@ -206,13 +250,20 @@ def _fit(model, recipe, data, epochs, verbose, extra_callbacks):
     if recipe.is_bayesian:
         schedule = kl_schedule(recipe.kl_schedule, recipe.ramp_epochs, recipe.beta, recipe.warmup_epochs)
         cbs.insert(0, callbacks.KLAnnealing(num_examples=data.num_examples, schedule=schedule))
+    steps = recipe.steps_per_epoch
+    if isinstance(data.train, tuple):  # in-memory arrays: Keras batches them and reshuffles them every epoch
+        x, y = data.train
+        inputs = dict(x=x, y=y, batch_size=data.batch_size, shuffle=True)
+    else:  # the pipeline shuffles (seeded) itself; fit's own shuffle does not apply to a dataset
+        inputs = dict(x=data.train.repeat() if steps is not None else data.train, shuffle=False)
     if data.validation is None:  # tfbnn.distribute.fit: model.fit, or the loop that works across workers
         from tfbnn import distribute
 
-        history = distribute.fit(model, data.train, epochs=epochs, callbacks=cbs, verbose=verbose)
-    else:  # the pipeline shuffles (seeded) itself; fit's own shuffle does not apply to a dataset
-        history = model.fit(data.train, validation_data=data.validation, epochs=epochs, callbacks=cbs,
-                            verbose=verbose, shuffle=False)
+        history = distribute.fit(model, **inputs, epochs=epochs, steps_per_epoch=steps, callbacks=cbs,
+                                 verbose=verbose)
+    else:
+        history = model.fit(**inputs, validation_data=data.validation, epochs=epochs, steps_per_epoch=steps,
+                            callbacks=cbs, verbose=verbose)
     if guard.where is not None or not _finite(history):
         what = guard.message() or "the loss became non-finite"
         raise RunError(f"training of {model.name} diverged: {what}; nothing was saved. "
@@ -260,8 +311,34 @@ def fit_temperature(model, recipe, data, num_samples=None):
     return calibration.TemperatureScaling().fit_prediction(prediction, y_val)
 
 
+def _evaluate_regression(model, recipe, data):
+    """Test numbers of a ``likelihood="gaussian"`` run: RMSE of the Monte Carlo predictive mean,
+    the test NLL of the predictive mixture ``-log mean_t N(y | f_t(x), sigma^2)`` (log-mean-exp over
+    the T samples, averaged over examples and outputs), the mean epistemic std, T and the KL."""
+    import numpy as np
+
+    from tfbnn import inference, utils
+
+    x_test, y_test = arrays(data.test)
+    t = _eval_samples(recipe, model)
+    prediction = inference.predict(model, x_test, num_samples=t, task="regression", return_samples=True,
+                                   batch_size=256)
+    y = y_test.reshape(prediction.mean.shape).astype("float64")
+    mu = prediction.samples.astype("float64")  # (T, n, d)
+    sigma = recipe.noise_std
+    log_p = -0.5 * ((y[None] - mu) / sigma) ** 2 - math.log(sigma) - 0.5 * math.log(2 * math.pi)
+    peak = log_p.max(axis=0)
+    nll = float(-np.mean(peak + np.log(np.mean(np.exp(log_p - peak), axis=0))))
+    return {"rmse": float(np.sqrt(np.mean((prediction.mean - y) ** 2))), "nll": nll,
+            "epistemic_std": float(np.mean(prediction.epistemic_std)), "num_samples": t, "num_test": len(y_test),
+            "kl": float(utils.kl_divergence(model)) if utils.bayesian_layers(model) else 0.0}
+
+
 def _evaluate(model, recipe, data):
     from tfbnn import evaluation, utils
+
+    if recipe.likelihood == "gaussian":
+        return _evaluate_regression(model, recipe, data)
 
     x_test, y_test = arrays(data.test)
     t = _eval_samples(recipe, model)
@@ -314,7 +391,7 @@ def _member_data(data, seed):
     return dataclasses.replace(data, train=train)
 
 
-def _train_ensemble(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
+def _train_ensemble(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=False):
     """Trains the M members of an ``ensemble`` recipe one after the other; ``(DeepEnsemble, history, seconds)``."""
     import keras
 
@@ -323,24 +400,35 @@ def _train_ensemble(recipe, data, verbose, jit_compile, extra_callbacks, strateg
     members, histories, seconds = [], [], 0.0
     for index in range(recipe.num_members):
         member = recipe.member_recipe(index)
-        print(f"ensemble member {index + 1}/{recipe.num_members} (seed {member.seed})", flush=True)
+        if not quiet:
+            print(f"ensemble member {index + 1}/{recipe.num_members} (seed {member.seed})", flush=True)
         keras.utils.set_random_seed(member.seed)
         model, history, took = _train(member, _member_data(data, member.seed), verbose, jit_compile,
-                                      extra_callbacks, strategy)
+                                      extra_callbacks, strategy, quiet)
         members.append(model)
         histories.append(history)
         seconds += took
     return DeepEnsemble(members, name=f"ensemble_{members[0].name}"), _EnsembleHistory(histories), seconds
 
 
-def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
-    """Builds, (pre-trains and converts,) compiles and fits; returns ``(model, history, seconds)``."""
+def _element_spec(train):
+    """The training batches' ``(x, y)`` spec: a dataset's, or that of batches of in-memory arrays."""
+    if not isinstance(train, tuple):
+        return train.element_spec
+    import tensorflow as tf
+
+    return tuple(tf.TensorSpec((None, *a.shape[1:]), tf.as_dtype(a.dtype)) for a in train)
+
+
+def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=False, keep=None):
+    """Builds, (pre-trains and converts,) compiles and fits; returns ``(model, history, seconds)``
+    (``keep["pretrained"]``: the pre-trained deterministic model, when ``keep`` is a dict)."""
     import contextlib
 
     import keras
 
     if recipe.method == "ensemble":
-        return _train_ensemble(recipe, data, verbose, jit_compile, extra_callbacks, strategy)
+        return _train_ensemble(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet)
 
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
     jit = _jit(jit_compile, recipe)
@@ -349,25 +437,41 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy):
 
         jit = distribute.jit_compile_for(strategy, jit, warn=jit_compile is True)
     start = time.perf_counter()
-    batch_spec = data.train.element_spec
+    batch_spec = _element_spec(data.train)
     with scope:
         model = build_model(recipe, data)
-        if recipe.method == "graves" or recipe.pretrain_epochs:
+        if _converts(recipe):
             if recipe.pretrain_epochs:
                 det = deterministic_version(recipe)
-                _compile(model, det, data.steps_per_epoch, jit, batch_spec)
-                print(f"pre-training the deterministic {model.name} for {recipe.pretrain_epochs} epochs", flush=True)
+                _compile(model, det, _steps_per_epoch(det, data), jit, batch_spec)
+                if not quiet:
+                    print(f"pre-training the deterministic {model.name} for {recipe.pretrain_epochs} epochs",
+                          flush=True)
                 _fit(model, det, data, recipe.pretrain_epochs, verbose, ())
-            model = convert_model(recipe, model, data.num_examples)
+            if keep is not None and recipe.pretrain_epochs and recipe.method != "deterministic":
+                keep["pretrained"] = model
+            if recipe.method != "deterministic":
+                model = convert_model(recipe, model, data.num_examples)
+            else:  # goes on from a copy, as a conversion does (fresh layers: dropout's noise starts again)
+                model = _copy(model)
         trainable = model
         if recipe.train_samples > 1:
             trainable = _multi_sample_model(recipe, model)
             trainable(keras.ops.zeros((1, *data.input_shape)))
-        _compile(trainable, recipe, data.steps_per_epoch, jit, batch_spec)
-    if verbose or recipe.method != "deterministic":
+        _compile(trainable, recipe, _steps_per_epoch(recipe, data), jit, batch_spec)
+    if not quiet and (verbose or recipe.method != "deterministic"):
         print(_describe(recipe, model, data, strategy), flush=True)
     history = _fit(trainable, recipe, data, recipe.epochs, verbose, extra_callbacks)
     return model, history, time.perf_counter() - start
+
+
+def _copy(model):
+    """A copy of ``model`` with its weights (``keras.models.clone_model``)."""
+    import keras
+
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return copy
 
 
 def _multi_sample_model(recipe, model):
@@ -434,6 +538,12 @@ def results_table(result):
     detection (clean against Gaussian-shifted test inputs); the run's uncertainty split.
     """
     r, t = result.recipe, result.test
+    if r.likelihood != "categorical" or "shift_detection" not in t:  # a regression run, or a study's own numbers
+        rows = [("training examples (N)", result.num_examples),
+                *((key, f"{value:.4f}" if isinstance(value, float) else value) for key, value in t.items()
+                  if isinstance(value, (int, float, str))),
+                ("training time", f"{result.train_seconds:.1f} s")]
+        return files.format_table(f"Results: {r.name} ({r.model}, {r.method}) on {r.dataset}", [rows])
     cols = _columns(result)
     scaled = "temperature_scaled" in t
 
@@ -582,7 +692,7 @@ def _publish(stage, output_dir):
 
 
 def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, jit_compile="auto",
-        strategy=None, callbacks=(), compare_beta=None):
+        strategy=None, callbacks=(), compare_beta=None, data=None, evaluate=None, quiet=False):
     """Fits, evaluates and records ``recipe``; returns a :class:`RunResult`.
 
     Args:
@@ -602,6 +712,18 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
         compare_beta: float >= 0 or None; also train the same (Bayesian) recipe to
             this final ``beta`` (e.g. 1, the ELBO, beside a tempered run) and report
             its metrics beside (``RunResult.comparison``).
+        data: a :class:`tfbnn.datasets.DataPipeline` to train and test on instead of
+            the recipe's dataset (generated data: the 1-D regression sets, a study's
+            sweeps); ``recipe.dataset`` then only names it. ``N`` of the ELBO is its
+            ``num_examples``. Its ``train`` may be a tuple ``(x, y)`` of in-memory
+            arrays: Keras then batches them (``data.batch_size``) and reshuffles them
+            every epoch (``fit(shuffle=True)``, seeded by the run's seed).
+        evaluate: None, or a function ``evaluate(model, recipe, data) -> dict`` of
+            JSON-able test numbers that replaces the default evaluation
+            (:func:`tfbnn.evaluation.evaluate_classifier` for ``"categorical"``; RMSE,
+            test NLL and epistemic std of the predictive for ``"gaussian"``); a study's
+            own analysis.
+        quiet: bool; print nothing (a study running many recipes prints its own lines).
 
     Raises:
         ValueError: a bad recipe or argument (named).
@@ -641,30 +763,33 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
     import keras
 
     keras.utils.set_random_seed(recipe.seed)
-    data = load_data(recipe)
+    data = load_data(recipe) if data is None else data
+    evaluate = evaluate or _evaluate
     stage = os.path.join(parent, f".{os.path.basename(os.path.abspath(output_dir))}{files.TMP_MARKER}.{os.getpid()}")
     shutil.rmtree(stage, ignore_errors=True)
     os.makedirs(stage)
     try:
         keras.utils.set_random_seed(recipe.seed)
-        model, history, seconds = _train(recipe, data, verbose, jit_compile, callbacks, strategy)
-        test = _evaluate(model, recipe, data)
+        kept = {}
+        model, history, seconds = _train(recipe, data, verbose, jit_compile, callbacks, strategy, quiet, kept)
+        test = evaluate(model, recipe, data)
         comparison = None
         if comparison_recipe is not None:
             keras.utils.set_random_seed(recipe.seed)
             print(f"the same recipe at beta = {comparison_recipe.beta:g} ...", flush=True)
             other, _, _ = _train(comparison_recipe, data, 0, jit_compile, (), strategy)
-            comparison = {"beta": comparison_recipe.beta, **_evaluate(other, comparison_recipe, data)}
+            comparison = {"beta": comparison_recipe.beta, **evaluate(other, comparison_recipe, data)}
         base = None
         if baseline and recipe.method != "deterministic":
             det = deterministic_version(recipe)
             keras.utils.set_random_seed(recipe.seed)
             print("deterministic baseline (the same recipe with deterministic layers) ...", flush=True)
             det_model, _, _ = _train(det, data, 0, jit_compile, (), strategy)
-            base = _evaluate(det_model, det, data)
+            base = evaluate(det_model, det, data)
         result = RunResult(recipe=recipe, model=model, test=test, history=_history_rows(history),
                            num_examples=data.num_examples, train_seconds=seconds, files=[],
-                           output_dir=output_dir, baseline=base, comparison=comparison)
+                           output_dir=output_dir, baseline=base, comparison=comparison,
+                           pretrained=kept.get("pretrained"))
         if _is_chief(strategy):  # under several workers only the chief writes
             _write_outputs(stage, result, history)
             # The model first (atomically): if it cannot be saved, nothing is published.
@@ -672,6 +797,8 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
             result.files = _publish(stage, output_dir) + ([saved] if model_path else [])
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+    if quiet:
+        return result
     print()
     print(results_table(result))
     reading = interpretation(result)
