@@ -15,13 +15,18 @@ import importlib
 
 from tfbnn._internal import startup
 
-# Submodules and the names re-exported from them. `import tfbnn` loads the core
+# The one list of public names: every submodule (loaded by `import tfbnn` when in
+# _CORE, on first use when in _LAZY_MODULES) and every name re-exported from one
+# (_NAMES); ``__all__`` is built from them. `import tfbnn` loads the core
 # (TensorFlow, Keras, the layers, so that saved models deserialize) but never
 # KerasTuner or matplotlib: tuning, plots, evaluation, training, experiments and
 # the command line load on first use (``tfbnn.tuning``). The `tfbnn` command loads
 # nothing here, so that it parses its arguments before TensorFlow starts.
+# tests/test_public_names.py checks that every name resolves and that the
+# submodules are the ones the API reference documents.
 _CORE = ("priors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
-         "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample", "ensembles", "continual", "models", "datasets")
+         "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample",
+         "ensembles", "continual", "models", "datasets")
 _LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
 _NAMES = {
     "_internal.errors": ("RunError",),
@@ -51,6 +56,11 @@ def __getattr__(name):
     raise AttributeError(f"module 'tfbnn' has no attribute {name!r}")
 
 
+def __dir__():
+    """The loaded attributes and every public name, the lazy modules included."""
+    return sorted(set(globals()) | set(__all__))
+
+
 if not startup.running_the_command():
     for _module in _CORE:
         globals()[_module] = importlib.import_module(f"tfbnn.{_module}")
@@ -60,70 +70,4 @@ if not startup.running_the_command():
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "RunError",
-    "training",
-    "callbacks",
-    "datasets",
-    "distribute",
-    "export",
-    "kl",
-    "layers",
-    "priors",
-    "schedules",
-    "utils",
-    "calibration",
-    "evaluation",
-    "plots",
-    "models",
-    "ibnn",
-    "convert",
-    "pruning",
-    "continual",
-    "SparsityMonitor",
-    "tuning",
-    "inference",
-    "likelihoods",
-    "metrics",
-    "KLAnnealing",
-    "BayesianLayer",
-    "DenseReparameterization",
-    "DenseFlipout",
-    "DenseLocalReparameterization",
-    "Conv1DReparameterization",
-    "Conv1DFlipout",
-    "Conv2DReparameterization",
-    "Conv2DFlipout",
-    "DenseVariationalDropout",
-    "Conv2DVariationalDropout",
-    "GravesDense",
-    "NodeDense",
-    "NodeConv2D",
-    "NodeNoise",
-    "MCDropout",
-    "MCSpatialDropout2D",
-    "StochasticLayer",
-    "bayesian_layers",
-    "kl_divergence",
-    "posterior_mean",
-    "set_inference_mode",
-    "set_kl_weight",
-    "stochastic_layers",
-    "weight_samples",
-    "MultiSampleModel",
-    "ensembles",
-    "DeepEnsemble",
-    "predict",
-    "ClassificationPrediction",
-    "RegressionPrediction",
-    "GaussianHead",
-    "gaussian_nll",
-    "TemperatureScaling",
-    "ExpectedCalibrationError",
-    "NegativeLogLikelihood",
-    "BrierScore",
-    "expected_calibration_error",
-    "negative_log_likelihood",
-    "brier_score",
-    "__version__",
-]
+__all__ = [*_CORE, *_LAZY_MODULES, *_HOME, "__version__"]

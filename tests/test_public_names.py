@@ -1,0 +1,58 @@
+"""The public names of ``tfbnn``: one list (``tfbnn.__all__``), every name resolves,
+and its submodules are the package's public modules that the API reference documents.
+"""
+
+import importlib
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+import tfbnn
+
+pytest.importorskip("mkdocs", reason="the API reference's page list needs mkdocs (the [dev] extra)")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "docs"))
+import api_pages  # noqa: E402
+
+sys.path.pop(0)
+
+
+def test_every_name_in_all_resolves():
+    assert len(tfbnn.__all__) == len(set(tfbnn.__all__)), "a name listed twice"
+    for name in tfbnn.__all__:
+        value = getattr(tfbnn, name)
+        if name in tfbnn._CORE or name in tfbnn._LAZY_MODULES:
+            assert value is importlib.import_module(f"tfbnn.{name}"), name
+        elif name != "__version__":
+            assert value is getattr(importlib.import_module(f"tfbnn.{tfbnn._HOME[name]}"), name), name
+            assert not isinstance(value, types.ModuleType), name
+
+
+def test_dir_lists_every_public_name():
+    assert set(tfbnn.__all__) <= set(dir(tfbnn))
+
+
+def test_submodules_are_the_documented_modules():
+    documented = {m.split(".")[1] for m in api_pages.public_modules(REPO) if m.count(".") >= 1}
+    exported = {name for name in tfbnn.__all__ if isinstance(getattr(tfbnn, name), types.ModuleType)}
+    assert exported == documented
+
+
+def test_an_unknown_name_raises_attribute_error():
+    try:
+        tfbnn.not_a_name
+    except AttributeError as error:
+        assert str(error) == "module 'tfbnn' has no attribute 'not_a_name'"
+    else:
+        raise AssertionError("tfbnn.not_a_name resolved")
+
+
+def test_dir_does_not_load_the_lazy_modules():
+    code = "import sys, tfbnn; dir(tfbnn); print(sorted(m for m in sys.modules if m.split('.')[:2] in "
+    code += "[['tfbnn', n] for n in tfbnn._LAZY_MODULES]))"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
