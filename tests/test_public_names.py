@@ -56,3 +56,33 @@ def test_dir_does_not_load_the_lazy_modules():
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("module_name,new_name", [
+    ("tfbnn.training", "RECIPE_METHODS"),
+    ("tfbnn.training.recipe", "RECIPE_METHODS"),
+    ("tfbnn.models", "ZOO_METHODS"),
+    ("tfbnn.models.methods", "ZOO_METHODS"),
+    ("tfbnn.convert", "CONVERSION_METHODS"),
+    ("tfbnn.calibration", "TEMPERING_METHODS"),
+])
+def test_the_old_methods_name_is_a_deprecated_alias(module_name, new_name):
+    module = importlib.import_module(module_name)
+    with pytest.warns(DeprecationWarning, match=rf"^{module_name}\.METHODS is deprecated: use {module_name}\.{new_name}\.$"):
+        old = module.METHODS
+    assert old is getattr(module, new_name)
+    assert "METHODS" not in module.__all__ and new_name in module.__all__
+
+
+def test_the_four_method_lists_are_distinct():
+    lists = [tfbnn.training.RECIPE_METHODS, tfbnn.models.ZOO_METHODS, tfbnn.convert.CONVERSION_METHODS,
+             tfbnn.calibration.TEMPERING_METHODS]
+    assert len({tuple(x) for x in lists}) == 4
+    assert tfbnn.calibration.TEMPERING_METHODS == ("pooled", "samples")
+    assert set(tfbnn.models.ZOO_METHODS) < set(tfbnn.training.RECIPE_METHODS)
+
+
+def test_training_keeps_its_lazy_optimizer_helpers():
+    assert tfbnn.training.make_optimizer is importlib.import_module("tfbnn.training.optim").make_optimizer
+    with pytest.raises(AttributeError, match="^module 'tfbnn.training' has no attribute 'nope'$"):
+        tfbnn.training.nope

@@ -18,12 +18,14 @@ import math
 import numbers
 import os
 
+from tfbnn._internal import deprecation
+
 __all__ = [
     "Recipe",
     "OPTIMIZERS",
     "LR_SCHEDULES",
     "KL_SCHEDULES",
-    "METHODS",
+    "RECIPE_METHODS",
     "MEMBER_METHODS",
     "DEFAULT_MEMBERS",
     "load_recipe",
@@ -39,10 +41,10 @@ OPTIMIZERS = ("adam", "sgd")
 LR_SCHEDULES = ("constant", "step", "cosine", "linear")
 #: KL-weight schedules (:mod:`tfbnn.schedules`), all ending at ``beta``.
 KL_SCHEDULES = ("constant", "linear", "warmup", "cosine", "cyclic", "blundell")
-#: Methods: the zoo's (:data:`tfbnn.models.METHODS`) plus ``graves`` (a deterministic
+#: Methods: the zoo's (:data:`tfbnn.models.ZOO_METHODS`) plus ``graves`` (a deterministic
 #: zoo model converted by :func:`tfbnn.convert.to_bayesian`, Graves 2011) and ``ensemble``
 #: (a deep ensemble of ``members`` zoo models of ``member_method``, Lakshminarayanan et al. 2017).
-METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble")
+RECIPE_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble")
 #: What the members of an ``ensemble`` recipe can be (the zoo's methods).
 MEMBER_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn")
 #: The members of an ``ensemble`` recipe without ``method_options["members"]`` (the paper's M).
@@ -81,7 +83,7 @@ class Recipe:
         reference: str, the paper, section and table whose protocol this is.
         model: a :func:`tfbnn.models.build` name or preset (``"mlp"``, ``"lenet5"``, ...).
         model_options: dict of builder arguments (``hidden_units``, ``stem``, ...).
-        method: one of :data:`METHODS`.
+        method: one of :data:`RECIPE_METHODS`.
         method_options: dict of the method's options (``estimator``, ``prior`` (a name
             or a :func:`tfbnn.priors.serialize` dict), ``rate``, ``parameterization``,
             ``num_components``, ``prior_stddev``; for ``graves``: ``init_scale``; for
@@ -186,7 +188,7 @@ class Recipe:
         for field in ("model_options", "method_options"):
             _check(isinstance(getattr(self, field), dict), field, getattr(self, field), "a dict")
             set_(self, field, _tuples(getattr(self, field)))
-        _check(self.method in METHODS, "method", self.method, f"one of {list(METHODS)}")
+        _check(self.method in RECIPE_METHODS, "method", self.method, f"one of {list(RECIPE_METHODS)}")
         _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"one of {list(OPTIMIZERS)}")
         _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule, f"one of {list(LR_SCHEDULES)}")
         _check(self.kl_schedule in KL_SCHEDULES, "kl_schedule", self.kl_schedule, f"one of {list(KL_SCHEDULES)}")
@@ -252,7 +254,7 @@ class Recipe:
         if self.train_samples > 1 and self.member_method == "deterministic":
             raise ValueError(
                 "`train_samples` > 1 (several weight or noise samples per step) needs a stochastic "
-                f"method, one of {[m for m in METHODS if m != 'deterministic']}. "
+                f"method, one of {[m for m in RECIPE_METHODS if m != 'deterministic']}. "
                 f"Received: method={self.method!r}, train_samples={self.train_samples}"
             )
         if self.pretrain_epochs and self.method not in ("bbb", "vd", "graves"):
@@ -386,3 +388,6 @@ def load_recipe(path):
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"Could not read the recipe {path!r}: {e}") from None
     return Recipe.from_dict(config)
+
+
+__getattr__ = deprecation.renamed(__name__, {"METHODS": "RECIPE_METHODS"})
