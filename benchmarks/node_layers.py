@@ -5,7 +5,7 @@
 
      keras_dense        keras.layers.Dense with Adam(1e-3), the baseline
      node_dense         tfbnn.layers.NodeDense (K = 4, S = 1) with Adam(1e-3), kl_weight = 1/N
-     node_dense_multi   the same with tfbnn.ibnn.make_optimizer (MultiOptimizer: Adam for the
+     node_dense_multi   the same with tfbnn.ibnn.node_optimizer (MultiOptimizer: Adam for the
                         weights, Adam(1e-2) for the variational parameters)
 
    All models are built in one process and timed in interleaved rounds (per round and
@@ -62,7 +62,7 @@ def _model(impl, n):
     stack = [keras.Input((SIZES[0],))]
     stack += [make(u, "relu", i) for i, u in enumerate(SIZES[1:-1])] + [make(SIZES[-1], None, 9)]
     model = keras.Sequential(stack, name=impl)
-    optimizer = ibnn.make_optimizer(keras.optimizers.Adam(1e-3)) if impl == "node_dense_multi" \
+    optimizer = ibnn.node_optimizer(keras.optimizers.Adam(1e-3)) if impl == "node_dense_multi" \
         else keras.optimizers.Adam(1e-3)
     return model, optimizer
 

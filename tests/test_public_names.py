@@ -86,3 +86,10 @@ def test_training_keeps_its_lazy_optimizer_helpers():
     assert tfbnn.training.make_optimizer is importlib.import_module("tfbnn.training.optim").make_optimizer
     with pytest.raises(AttributeError, match="^module 'tfbnn.training' has no attribute 'nope'$"):
         tfbnn.training.nope
+
+
+def test_ibnn_make_optimizer_is_a_deprecated_alias_of_node_optimizer():
+    with pytest.warns(DeprecationWarning, match=r"^tfbnn\.ibnn\.make_optimizer is deprecated: use tfbnn\.ibnn\.node_optimizer\.$"):
+        old = tfbnn.ibnn.make_optimizer
+    assert old is tfbnn.ibnn.node_optimizer
+    assert "make_optimizer" not in tfbnn.ibnn.__all__ and "node_optimizer" in tfbnn.ibnn.__all__

@@ -111,7 +111,7 @@ class Recipe:
         lr_final: float in [0, 1], the final rate of ``linear`` / ``cosine`` as a
             fraction of ``learning_rate``.
         variational_learning_rate: float > 0 or None: iBNN's constant rate of the
-            node posteriors (:func:`tfbnn.ibnn.make_optimizer`).
+            node posteriors (:func:`tfbnn.ibnn.node_optimizer`).
         epochs, batch_size: ints > 0.
         pretrain_epochs: int >= 0. Train the deterministic model first for this many
             epochs, then convert it (:func:`tfbnn.convert.to_bayesian`) to ``method``
