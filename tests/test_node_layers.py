@@ -302,7 +302,7 @@ def test_k_and_s_shapes_and_prediction_sample_count():
     assert ibnn.num_components(net) == 3 and ibnn.ibnn_num_samples(net) == 15 and ibnn.ibnn_num_samples(net, 2) == 6
     res = tfbnn.predict(net, x, num_samples=ibnn.ibnn_num_samples(net, n=2), return_samples=True)
     assert res.samples.shape == (6, 10, 3) and res.mean_probs.shape == (10, 3)
-    assert ibnn.predict(net, x, n=2).num_samples == 6
+    assert ibnn.predict_per_component(net, x, n=2).num_samples == 6
     assert ibnn.sample_outputs(net, x, 6, batch_size=4).shape == (6, 10, 3)
     mixed = keras.Sequential([keras.Input((6,)), NodeDense(4, num_components=2), NodeDense(3, num_components=3)])
     assert ibnn.num_components(mixed) == 6  # lcm: every component of every layer is covered

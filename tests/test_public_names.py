@@ -68,7 +68,8 @@ def test_dir_does_not_load_the_lazy_modules():
 ])
 def test_the_old_methods_name_is_a_deprecated_alias(module_name, new_name):
     module = importlib.import_module(module_name)
-    with pytest.warns(DeprecationWarning, match=rf"^{module_name}\.METHODS is deprecated: use {module_name}\.{new_name}\.$"):
+    message = rf"^{module_name}\.METHODS is deprecated: use {module_name}\.{new_name}\.$"
+    with pytest.warns(DeprecationWarning, match=message):
         old = module.METHODS
     assert old is getattr(module, new_name)
     assert "METHODS" not in module.__all__ and new_name in module.__all__
@@ -88,8 +89,12 @@ def test_training_keeps_its_lazy_optimizer_helpers():
         tfbnn.training.nope
 
 
-def test_ibnn_make_optimizer_is_a_deprecated_alias_of_node_optimizer():
-    with pytest.warns(DeprecationWarning, match=r"^tfbnn\.ibnn\.make_optimizer is deprecated: use tfbnn\.ibnn\.node_optimizer\.$"):
-        old = tfbnn.ibnn.make_optimizer
-    assert old is tfbnn.ibnn.node_optimizer
-    assert "make_optimizer" not in tfbnn.ibnn.__all__ and "node_optimizer" in tfbnn.ibnn.__all__
+@pytest.mark.parametrize("old_name,new_name", [("make_optimizer", "node_optimizer"),
+                                                ("predict", "predict_per_component")])
+def test_the_old_ibnn_names_are_deprecated_aliases(old_name, new_name):
+    with pytest.warns(DeprecationWarning,
+                      match=rf"^tfbnn\.ibnn\.{old_name} is deprecated: use tfbnn\.ibnn\.{new_name}\.$"):
+        old = getattr(tfbnn.ibnn, old_name)
+    assert old is getattr(tfbnn.ibnn, new_name)
+    assert old_name not in tfbnn.ibnn.__all__ and new_name in tfbnn.ibnn.__all__
+    assert tfbnn.predict is not tfbnn.ibnn.predict_per_component

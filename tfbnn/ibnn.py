@@ -19,7 +19,7 @@ module holds what goes around them, following Trinh et al. (2022), Algorithm 1:
 * Prediction. ``n`` samples from every component, ``K * n`` in all
   (:func:`ibnn_num_samples`), through the common Monte Carlo API
   (:func:`tfbnn.predict`, which averages probabilities and splits the uncertainty
-  into aleatoric and epistemic parts), or :func:`predict`; :func:`predictive_nll`
+  into aleatoric and epistemic parts), or :func:`predict_per_component`; :func:`predictive_nll`
   gives the test NLL by log-mean-exp over the samples, as the paper does.
 * Pretrained start. :func:`add_node_noise` copies a trained deterministic model,
   inserting :class:`tfbnn.layers.NodeNoise` in front of every ``Dense`` / ``Conv2D``,
@@ -67,7 +67,7 @@ __all__ = [
     "node_layers",
     "node_optimizer",
     "num_components",
-    "predict",
+    "predict_per_component",
     "predictive_nll",
     "sample_outputs",
     "variational_weights",
@@ -456,7 +456,7 @@ def add_node_noise(
 # -- prediction --------------------------------------------------------------------------------
 
 
-def predict(model, x, n=DEFAULT_PREDICTION_SAMPLES_PER_COMPONENT, **kwargs):
+def predict_per_component(model, x, n=DEFAULT_PREDICTION_SAMPLES_PER_COMPONENT, **kwargs):
     """:func:`tfbnn.predict` with ``n`` samples from each mixture component (``K * n`` in all).
 
     Args:
@@ -473,7 +473,7 @@ def predict(model, x, n=DEFAULT_PREDICTION_SAMPLES_PER_COMPONENT, **kwargs):
     """
     if "num_samples" in kwargs:
         raise ValueError(
-            "tfbnn.ibnn.predict takes `n` (samples per component); for a total count use tfbnn.predict. "
+            "tfbnn.ibnn.predict_per_component takes `n` (samples per component); for a total count use tfbnn.predict. "
             f"Received: num_samples={kwargs['num_samples']!r}"
         )
     return inference.predict(model, x, num_samples=ibnn_num_samples(model, n), **kwargs)
@@ -565,4 +565,4 @@ def predictive_nll(model, x, y, n=DEFAULT_PREDICTION_SAMPLES_PER_COMPONENT, num_
     return float(-np.mean(log_mean))
 
 
-__getattr__ = deprecation.renamed(__name__, {"make_optimizer": "node_optimizer"})
+__getattr__ = deprecation.renamed(__name__, {"make_optimizer": "node_optimizer", "predict": "predict_per_component"})
