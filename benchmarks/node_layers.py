@@ -5,7 +5,7 @@
 
      keras_dense        keras.layers.Dense with Adam(1e-3), the baseline
      node_dense         tfbnn.layers.NodeDense (K = 4, S = 1) with Adam(1e-3), kl_weight = 1/N
-     node_dense_multi   the same with tfbnn.ibnn.make_optimizer (MultiOptimizer: Adam for the
+     node_dense_multi   the same with tfbnn.ibnn.node_optimizer (MultiOptimizer: Adam for the
                         weights, Adam(1e-2) for the variational parameters)
 
    All models are built in one process and timed in interleaved rounds (per round and
@@ -24,10 +24,10 @@
    ``--batch``) with T = K * n samples (n = 5: 20 samples), as
 
      vectorized         one call per batch on the batch tiled to (T * B, ...) inside
-                        tfbnn.weight_samples (what tfbnn.predict / tfbnn.ibnn.predict run)
+                        tfbnn.weight_samples (what tfbnn.predict / tfbnn.ibnn.predict_per_component run)
      loop               T calls per batch of a compiled single-sample forward pass
 
-   and the end-to-end ``tfbnn.ibnn.predict`` (summaries included).
+   and the end-to-end ``tfbnn.ibnn.predict_per_component`` (summaries included).
 
 Usage:
     python benchmarks/node_layers.py                  # XLA off, 20 steps x 5 rounds
@@ -63,7 +63,7 @@ def _model(impl, n):
     stack = [keras.Input((SIZES[0],))]
     stack += [make(u, "relu", i) for i, u in enumerate(SIZES[1:-1])] + [make(SIZES[-1], None, 9)]
     model = keras.Sequential(stack, name=impl)
-    optimizer = ibnn.make_optimizer(keras.optimizers.Adam(1e-3)) if impl == "node_dense_multi" \
+    optimizer = ibnn.node_optimizer(keras.optimizers.Adam(1e-3)) if impl == "node_dense_multi" \
         else keras.optimizers.Adam(1e-3)
     return model, optimizer
 
@@ -150,11 +150,11 @@ def prediction_times(model, x, examples, batch, samples_per_component, repeats):
                 fn()
                 results[name].append(1000 * (time.perf_counter() - start))
         distinct = tiled(batches[0]).numpy().reshape(t_total, -1, SIZES[-1])
-    ibnn.predict(model, data, n=samples_per_component, batch_size=batch)  # trace
+    ibnn.predict_per_component(model, data, n=samples_per_component, batch_size=batch)  # trace
     end_to_end = []
     for _ in range(repeats):
         start = time.perf_counter()
-        ibnn.predict(model, data, n=samples_per_component, batch_size=batch)
+        ibnn.predict_per_component(model, data, n=samples_per_component, batch_size=batch)
         end_to_end.append(1000 * (time.perf_counter() - start))
     return {
         "num_samples": t_total,
@@ -184,7 +184,8 @@ def report(train_rows, predict_rows):
         lines += [
             f"| vectorized (one (T*B)-row call per batch) | {p['batch']} | {v:.0f} | 1.00 | {p['samples_distinct']} |",
             f"| loop (T single-sample calls per batch) | {p['batch']} | {p['loop_ms']:.0f} | {p['loop_ms'] / v:.2f} | |",
-            f"| tfbnn.ibnn.predict (vectorized + summaries) | {p['batch']} | {p['ibnn_predict_ms']:.0f} | "
+            f"| tfbnn.ibnn.predict_per_component (vectorized + summaries) | {p['batch']} | "
+            f"{p['ibnn_predict_ms']:.0f} | "
             f"{p['ibnn_predict_ms'] / v:.2f} | |",
         ]
     return "\n".join(lines)

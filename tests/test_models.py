@@ -158,14 +158,14 @@ def eager():
 # -- every (model, method) pair -------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", zoo.METHODS)
+@pytest.mark.parametrize("method", zoo.ZOO_METHODS)
 @pytest.mark.parametrize("name", list(LIGHT))
 def test_light_model_method_pair(name, method, tmp_path):
     _check_pair(name, method, LIGHT[name], str(tmp_path / "model.keras"))
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("method", zoo.METHODS)
+@pytest.mark.parametrize("method", zoo.ZOO_METHODS)
 @pytest.mark.parametrize("name", list(HEAVY))
 def test_heavy_model_method_pair(name, method, tmp_path, eager):
     save = str(tmp_path / "model.keras") if HEAVY_SAVE_LOAD[name] == method else None

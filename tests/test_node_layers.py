@@ -326,7 +326,7 @@ def test_k_and_s_shapes_and_prediction_sample_count():
     assert ibnn.num_components(net) == 3 and ibnn.ibnn_num_samples(net) == 15 and ibnn.ibnn_num_samples(net, 2) == 6
     res = tfbnn.predict(net, x, num_samples=ibnn.ibnn_num_samples(net, n=2), return_samples=True)
     assert res.samples.shape == (6, 10, 3) and res.mean_probs.shape == (10, 3)
-    assert ibnn.predict(net, x, n=2).num_samples == 6
+    assert ibnn.predict_per_component(net, x, n=2).num_samples == 6
     assert ibnn.sample_outputs(net, x, 6, batch_size=4).shape == (6, 10, 3)
     mixed = keras.Sequential([keras.Input((6,)), NodeDense(4, num_components=2), NodeDense(3, num_components=3)])
     assert ibnn.num_components(mixed) == 6  # lcm: every component of every layer is covered
@@ -347,7 +347,7 @@ def test_ibnn_model_and_multi_optimizer_save_load(tmp_path):
     x = np.random.default_rng(0).normal(size=(64, 6)).astype("float32")
     y = (x[:, 0] > 0).astype("int32")
     model = ibnn.IBNNModel(_mlp(), num_train_samples=2)
-    model.compile(ibnn.make_optimizer(variational_learning_rate=0.05), "sparse_categorical_crossentropy")
+    model.compile(ibnn.node_optimizer(variational_learning_rate=0.05), "sparse_categorical_crossentropy")
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[tfbnn.KLAnnealing(num_examples=64)])
     path = os.path.join(tmp_path, "ibnn.keras")
     model.save(path)
@@ -365,11 +365,11 @@ def test_ibnn_model_and_multi_optimizer_save_load(tmp_path):
 # -- per-group learning rates -------------------------------------------------------------------------------
 
 
-def test_make_optimizer_routes_variational_parameters():
+def test_node_optimizer_routes_variational_parameters():
     x = np.random.default_rng(0).normal(size=(32, 6)).astype("float32")
     y = (x[:, 0] > 0).astype("int32")
     net = _mlp()
-    net.compile(ibnn.make_optimizer(keras.optimizers.SGD(0.0), variational_learning_rate=0.1),
+    net.compile(ibnn.node_optimizer(keras.optimizers.SGD(0.0), variational_learning_rate=0.1),
                 "sparse_categorical_crossentropy")
     det_before = [w.numpy().copy() for w in ibnn.deterministic_weights(net)]
     var_before = [w.numpy().copy() for w in ibnn.variational_weights(net)]
@@ -383,10 +383,10 @@ def test_make_optimizer_routes_variational_parameters():
     assert rates == [0.0, pytest.approx(0.1)]
 
 
-def test_make_optimizer_copies_the_weight_optimizer_with_a_constant_rate():
+def test_node_optimizer_copies_the_weight_optimizer_with_a_constant_rate():
     schedule = keras.optimizers.schedules.CosineDecay(1e-3, decay_steps=100)
     adam = keras.optimizers.Adam(schedule, beta_1=0.8, weight_decay=1e-4)
-    opt = ibnn.make_optimizer(adam)
+    opt = ibnn.node_optimizer(adam)
     assert adam in opt.optimizers and len(opt.optimizers) == 2  # the decaying one, as given
     (variational,) = [o for o in opt.optimizers if o is not adam]
     assert isinstance(variational, keras.optimizers.Adam) and variational.beta_1 == 0.8
@@ -408,7 +408,7 @@ def test_add_node_noise_to_a_trained_sequential_model():
     with tfbnn.posterior_mean(model):  # mu_k start at 1: the copy computes the trained function
         np.testing.assert_allclose(model(x), base(x), rtol=1e-5, atol=1e-6)
     assert {w.name for w in model.trainable_weights} == {"node_loc", "node_rho"}  # only the noise trains
-    model.compile(ibnn.make_optimizer(), "sparse_categorical_crossentropy")
+    model.compile(ibnn.node_optimizer(), "sparse_categorical_crossentropy")
     model.fit(x, y, epochs=1, verbose=0, callbacks=[tfbnn.KLAnnealing(num_examples=40)])
     for b, w in zip(before, base.weights):
         np.testing.assert_array_equal(b, w.numpy())  # the original is untouched
@@ -491,9 +491,9 @@ def test_bad_arguments_of_the_helpers():
     with pytest.raises(ValueError, match="Received: n=0"):
         ibnn.ibnn_num_samples(_mlp(), n=0)
     with pytest.raises(ValueError, match="not both"):
-        ibnn.make_optimizer(variational_optimizer="sgd", variational_learning_rate=0.1)
+        ibnn.node_optimizer(variational_optimizer="sgd", variational_learning_rate=0.1)
     with pytest.raises(ValueError, match="Received: variational_learning_rate=-1"):
-        ibnn.make_optimizer(variational_learning_rate=-1)
+        ibnn.node_optimizer(variational_learning_rate=-1)
     with pytest.raises(ValueError, match="Received: num_components=0"):
         ibnn.add_node_noise(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]), num_components=0)
     with pytest.raises(ValueError, match="Expected a built Sequential or functional model"):

@@ -14,14 +14,19 @@ Flat public API::
 import importlib
 import sys
 
-# Submodules and the names re-exported from them. `import tfbnn` loads the core
+# The one list of public names: every submodule (loaded by `import tfbnn` when in
+# _CORE, on first use when in _LAZY_MODULES) and every name re-exported from one
+# (_NAMES); ``__all__`` is built from them. `import tfbnn` loads the core
 # (TensorFlow, Keras, the layers, so that saved models deserialize) but never
 # KerasTuner or matplotlib: tuning, plots, evaluation, training, experiments and
 # the command line load on first use (``tfbnn.tuning``). The `tfbnn` command's entry
 # point (_tfbnn_command.py, outside the package) asks for nothing to load here, so that
 # it parses its arguments before TensorFlow starts.
+# tests/test_public_names.py checks that every name resolves and that the
+# submodules are the ones the API reference documents.
 _CORE = ("priors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
-         "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample", "ensembles", "continual", "models", "datasets")
+         "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample",
+         "ensembles", "continual", "models", "datasets")
 _LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
 _NAMES = {
     "_internal.errors": ("RunError",),
@@ -52,6 +57,11 @@ def __getattr__(name):
     raise AttributeError(f"module 'tfbnn' has no attribute {name!r}")
 
 
+def __dir__():
+    """The loaded attributes and every public name, the lazy modules included."""
+    return sorted(set(globals()) | set(__all__))
+
+
 if not getattr(sys.modules.get("_tfbnn_command"), "DEFER_CORE", False):
     for _module in _CORE:
         globals()[_module] = importlib.import_module(f"tfbnn.{_module}")
@@ -61,72 +71,4 @@ if not getattr(sys.modules.get("_tfbnn_command"), "DEFER_CORE", False):
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "RunError",
-    "training",
-    "callbacks",
-    "datasets",
-    "distribute",
-    "export",
-    "kl",
-    "layers",
-    "priors",
-    "schedules",
-    "utils",
-    "calibration",
-    "evaluation",
-    "plots",
-    "models",
-    "ibnn",
-    "convert",
-    "pruning",
-    "continual",
-    "SparsityMonitor",
-    "tuning",
-    "inference",
-    "likelihoods",
-    "metrics",
-    "KLAnnealing",
-    "BayesianLayer",
-    "DenseReparameterization",
-    "DenseFlipout",
-    "DenseLocalReparameterization",
-    "Conv1DReparameterization",
-    "Conv1DFlipout",
-    "Conv2DReparameterization",
-    "Conv2DFlipout",
-    "DenseVariationalDropout",
-    "Conv1DVariationalDropout",
-    "Conv2DVariationalDropout",
-    "GravesDense",
-    "NodeDense",
-    "NodeConv1D",
-    "NodeConv2D",
-    "NodeNoise",
-    "MCDropout",
-    "MCSpatialDropout2D",
-    "StochasticLayer",
-    "bayesian_layers",
-    "kl_divergence",
-    "posterior_mean",
-    "set_inference_mode",
-    "set_kl_weight",
-    "stochastic_layers",
-    "weight_samples",
-    "MultiSampleModel",
-    "ensembles",
-    "DeepEnsemble",
-    "predict",
-    "ClassificationPrediction",
-    "RegressionPrediction",
-    "GaussianHead",
-    "gaussian_nll",
-    "TemperatureScaling",
-    "ExpectedCalibrationError",
-    "NegativeLogLikelihood",
-    "BrierScore",
-    "expected_calibration_error",
-    "negative_log_likelihood",
-    "brier_score",
-    "__version__",
-]
+__all__ = [*_CORE, *_LAZY_MODULES, *_HOME, "__version__"]

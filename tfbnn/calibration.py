@@ -62,15 +62,15 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, deprecation
 from tfbnn.inference import ClassificationPrediction, entropy, summarize_classification
 from tfbnn.metrics import check_labels
 
-__all__ = ["TemperatureScaling", "logits_from_probs", "scale_prediction", "METHODS", "MAX_TEMPERATURE"]
+__all__ = ["TemperatureScaling", "logits_from_probs", "scale_prediction", "TEMPERING_METHODS", "MAX_TEMPERATURE"]
 
 #: How a Monte Carlo predictive is tempered: ``softmax(log p_bar / T)`` ("pooled") or
 #: ``mean_s softmax(log p_s / T)`` ("samples").
-METHODS = ("pooled", "samples")
+TEMPERING_METHODS = ("pooled", "samples")
 #: Fitted temperatures stay in (1 / MAX_TEMPERATURE, MAX_TEMPERATURE).
 MAX_TEMPERATURE = 1e3
 
@@ -117,8 +117,8 @@ def _softmax(z):
 
 
 def _check_method(method):
-    if method not in METHODS:
-        raise ValueError(f"Expected `method` to be one of {list(METHODS)}. Received: method={method!r}")
+    if method not in TEMPERING_METHODS:
+        raise ValueError(f"Expected `method` to be one of {list(TEMPERING_METHODS)}. Received: method={method!r}")
     return method
 
 
@@ -360,3 +360,5 @@ class TemperatureScaling:
     def __repr__(self):
         return f"TemperatureScaling(temperature={self._temperature:.4g}, method={self.method!r}, fitted={self.fitted})"
 
+
+__getattr__ = deprecation.renamed(__name__, {"METHODS": "TEMPERING_METHODS"})

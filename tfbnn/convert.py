@@ -62,8 +62,9 @@ import numpy as np
 
 from tfbnn import layers as layers_lib
 from tfbnn import priors as priors_lib
+from tfbnn._internal import deprecation
 
-__all__ = ["METHODS", "to_bayesian", "convertible_layers"]
+__all__ = ["CONVERSION_METHODS", "to_bayesian", "convertible_layers"]
 
 _VD = {"vd": "additive", "vd_additive": "additive", "molchanov": "additive",
        "vd_multiplicative": "multiplicative", "kingma": "multiplicative"}
@@ -73,7 +74,7 @@ _BBB = {
     "reparameterization": "DenseReparameterization",
 }
 #: Accepted ``method`` names.
-METHODS = tuple(_VD) + ("graves",) + tuple(_BBB)
+CONVERSION_METHODS = tuple(_VD) + ("graves",) + tuple(_BBB)
 _CONV_BBB = {  # Conv2D counterparts in tfbnn.layers (looked up when used)
     "graves": "Conv2DFlipout",
     "flipout": "Conv2DFlipout",
@@ -90,8 +91,8 @@ def convertible_layers(model):
 
 # -- argument checks -------------------------------------------------------------
 def _check_method(method):
-    if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f"Unknown conversion method. Expected one of {list(METHODS)}. Received: method={method!r}")
+    if not isinstance(method, str) or method not in CONVERSION_METHODS:
+        raise ValueError(f"Unknown conversion method. Expected one of {list(CONVERSION_METHODS)}. Received: method={method!r}")
     return method
 
 
@@ -271,7 +272,7 @@ def to_bayesian(
 
     Args:
         model: a built Sequential or functional Keras model (nested ones included).
-        method: the Bayesian family, one of :data:`METHODS` (see the module table).
+        method: the Bayesian family, one of :data:`CONVERSION_METHODS` (see the module table).
             Default ``"vd"`` (sparse variational dropout).
         init_scale: float > 0, the initial posterior standard deviation of every
             converted weight; or ``"moped"`` for ``sigma = moped_delta * |w|``.
@@ -356,3 +357,6 @@ def to_bayesian(
             new.set_weights(old.get_weights())
     new_model.name = name or f"{model.name}_{method}"
     return new_model
+
+
+__getattr__ = deprecation.renamed(__name__, {"METHODS": "CONVERSION_METHODS"})

@@ -14,12 +14,12 @@ module holds what goes around them, following Trinh et al. (2022), Algorithm 1:
   with ``beta`` annealed 0 -> 1 by :class:`tfbnn.KLAnnealing`. ``S = 1`` needs nothing
   special; for ``S > 1`` wrap the model in :class:`IBNNModel`, which tiles each batch
   ``S`` times (inputs, targets and sample weights alike) inside its train step.
-  :func:`make_optimizer` gives the variational parameters a large constant learning
+  :func:`node_optimizer` gives the variational parameters a large constant learning
   rate and the deterministic weights the usual (decaying) one.
 * Prediction. ``n`` samples from every component, ``K * n`` in all
   (:func:`ibnn_num_samples`), through the common Monte Carlo API
   (:func:`tfbnn.predict`, which averages probabilities and splits the uncertainty
-  into aleatoric and epistemic parts), or :func:`predict`; :func:`predictive_nll`
+  into aleatoric and epistemic parts), or :func:`predict_per_component`; :func:`predictive_nll`
   gives the test NLL by log-mean-exp over the samples, as the paper does.
 * Pretrained start. :func:`add_node_noise` copies a trained deterministic model,
   inserting :class:`tfbnn.layers.NodeNoise` in front of every ``Dense`` / ``Conv2D``,
@@ -33,7 +33,7 @@ Example:
     ...                         tfbnn.layers.NodeDense(32, "relu", num_components=4, seed=1),
     ...                         tfbnn.layers.NodeDense(2, "softmax", num_components=4, seed=2)])
     >>> model = tfbnn.ibnn.IBNNModel(net, num_train_samples=2)
-    >>> model.compile(tfbnn.ibnn.make_optimizer(variational_learning_rate=0.01),
+    >>> model.compile(tfbnn.ibnn.node_optimizer(variational_learning_rate=0.01),
     ...               "sparse_categorical_crossentropy", metrics=["accuracy"])
     >>> _ = model.fit(x, y, epochs=2, batch_size=32, verbose=0,
     ...               callbacks=[tfbnn.KLAnnealing(num_examples=len(x))])
@@ -53,6 +53,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfbnn._internal import deprecation
 from tfbnn import inference
 from tfbnn.layers.node import VARIATIONAL_WEIGHT_NAMES, NodeNoise, NodeLayer
 from tfbnn.utils import NetworkWrapper, tile_rows, bayesian_layers, weight_samples
@@ -63,10 +64,10 @@ __all__ = [
     "add_node_noise",
     "deterministic_weights",
     "ibnn_num_samples",
-    "make_optimizer",
     "node_layers",
+    "node_optimizer",
     "num_components",
-    "predict",
+    "predict_per_component",
     "predictive_nll",
     "sample_outputs",
     "variational_weights",
@@ -234,7 +235,7 @@ def _as_optimizer(value, name):
     raise ValueError(f"Expected `{name}` to be a Keras optimizer or its name. Received: {name}={value!r}")
 
 
-def make_optimizer(weight_optimizer=None, variational_learning_rate=None, variational_optimizer=None):
+def node_optimizer(weight_optimizer=None, variational_learning_rate=None, variational_optimizer=None):
     """One optimizer with a separate learning rate for the iBNN variational parameters.
 
     The paper trains the variational parameters (``node_loc``, ``node_rho``) with a
@@ -266,7 +267,7 @@ def make_optimizer(weight_optimizer=None, variational_learning_rate=None, variat
     Example:
         >>> import keras, tfbnn
         >>> schedule = keras.optimizers.schedules.CosineDecay(1e-3, decay_steps=10_000)
-        >>> opt = tfbnn.ibnn.make_optimizer(keras.optimizers.Adam(schedule), variational_learning_rate=0.01)
+        >>> opt = tfbnn.ibnn.node_optimizer(keras.optimizers.Adam(schedule), variational_learning_rate=0.01)
         >>> net = keras.Sequential([keras.Input((8,)), tfbnn.layers.NodeDense(2, "softmax", seed=0)])
         >>> net.compile(opt, "sparse_categorical_crossentropy")
         >>> type(opt).__name__
@@ -371,7 +372,7 @@ def add_node_noise(
     matching layer gets a :class:`tfbnn.layers.NodeNoise` on its input (channel axis
     per the layer's ``data_format``), all trained weights and statistics (e.g.
     BatchNormalization moving averages) are copied, and the original model is left
-    untouched. Train the result like any iBNN (``KLAnnealing``, :func:`make_optimizer`
+    untouched. Train the result like any iBNN (``KLAnnealing``, :func:`node_optimizer`
     with a small or zero weight learning rate), or with ``freeze_weights=True`` train
     the variational parameters only.
 
@@ -404,7 +405,7 @@ def add_node_noise(
         >>> ibnn = tfbnn.ibnn.add_node_noise(trained, num_components=4, freeze_weights=True, seed=0)
         >>> [type(layer).__name__ for layer in ibnn.layers]
         ['NodeNoise', 'Dense', 'NodeNoise', 'Dense']
-        >>> ibnn.compile(tfbnn.ibnn.make_optimizer(), "sparse_categorical_crossentropy")
+        >>> ibnn.compile(tfbnn.ibnn.node_optimizer(), "sparse_categorical_crossentropy")
         >>> _ = ibnn.fit(x, y, epochs=1, callbacks=[tfbnn.KLAnnealing(num_examples=len(x))], verbose=0)
     """
     if not isinstance(model, keras.Model):
@@ -455,7 +456,7 @@ def add_node_noise(
 # -- prediction --------------------------------------------------------------------------------
 
 
-def predict(model, x, n=DEFAULT_PREDICTION_SAMPLES_PER_COMPONENT, **kwargs):
+def predict_per_component(model, x, n=DEFAULT_PREDICTION_SAMPLES_PER_COMPONENT, **kwargs):
     """:func:`tfbnn.predict` with ``n`` samples from each mixture component (``K * n`` in all).
 
     Args:
@@ -472,7 +473,7 @@ def predict(model, x, n=DEFAULT_PREDICTION_SAMPLES_PER_COMPONENT, **kwargs):
     """
     if "num_samples" in kwargs:
         raise ValueError(
-            "tfbnn.ibnn.predict takes `n` (samples per component); for a total count use tfbnn.predict. "
+            "tfbnn.ibnn.predict_per_component takes `n` (samples per component); for a total count use tfbnn.predict. "
             f"Received: num_samples={kwargs['num_samples']!r}"
         )
     return inference.predict(model, x, num_samples=ibnn_num_samples(model, n), **kwargs)
@@ -562,3 +563,6 @@ def predictive_nll(model, x, y, n=DEFAULT_PREDICTION_SAMPLES_PER_COMPONENT, num_
     peak = picked.max(axis=0)
     log_mean = peak + np.log(np.mean(np.exp(picked - peak), axis=0))
     return float(-np.mean(log_mean))
+
+
+__getattr__ = deprecation.renamed(__name__, {"make_optimizer": "node_optimizer", "predict": "predict_per_component"})

@@ -12,7 +12,7 @@ import os
 
 from tfbnn._internal import argtypes
 from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
-from tfbnn.training.recipe import DEFAULT_MEMBERS, KL_SCHEDULES, MEMBER_METHODS, METHODS
+from tfbnn.training.recipe import DEFAULT_MEMBERS, KL_SCHEDULES, MEMBER_METHODS, RECIPE_METHODS
 
 __all__ = ["DESCRIPTION", "add_arguments", "run", "recipe_from_args", "METHOD_FLAGS"]
 
@@ -94,7 +94,7 @@ def add_arguments(parser):
     model.add_argument("--model", default="mlp", metavar="MODEL",
                        help="a tfbnn.models name or preset: mlp, lenet5, alexnet, resnet50, vgg16, "
                        "vgg16_small, convnext, wide_resnet28_10, transformer, lenet_300_100, mlp_blundell, ...")
-    model.add_argument("--method", choices=METHODS, default="bbb",
+    model.add_argument("--method", choices=RECIPE_METHODS, default="bbb",
                        help="deterministic; mc_dropout (dropout kept on at inference); bbb (Bayes by Backprop); "
                        "vd (sparse variational dropout); ibnn (node-based iBNN); graves (Graves 2011, fixed N(0, 1) prior); "
                        "ensemble "

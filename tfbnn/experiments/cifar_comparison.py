@@ -13,7 +13,7 @@ comparison table shared by all runs in ``--output-dir``, so running the grid::
 
 leaves one table of every (model, method) pair.
 
-Training: Adam (``--learning-rate``; iBNN: :func:`tfbnn.ibnn.make_optimizer`, its
+Training: Adam (``--learning-rate``; iBNN: :func:`tfbnn.ibnn.node_optimizer`, its
 variational parameters at a constant 1e-2), softmax cross-entropy, and, for the
 methods with a KL term (bbb, vd, ibnn), :class:`tfbnn.KLAnnealing` with
 ``N = data.num_examples`` (the training examples actually used, after
@@ -120,8 +120,8 @@ def _check_model_and_method(model, method):
     if model is None or model in models.TEXT_MODELS:
         raise ValueError(f"Expected --model, one of {_model_names()}. Received: --model={model!r}")
     models.get_builder(model)  # a clear error for an unknown name
-    if method not in models.METHODS:
-        raise ValueError(f"Unknown method. Expected one of {list(models.METHODS)}. Received: method={method!r}")
+    if method not in models.ZOO_METHODS:
+        raise ValueError(f"Unknown method. Expected one of {list(models.ZOO_METHODS)}. Received: method={method!r}")
 
 
 def _is_mlp(model):
@@ -269,7 +269,7 @@ def add_arguments(parser):
     names = _model_names()
     _add(parser, "--model", choices=names, default=d["model"], metavar="MODEL",
          help=f"zoo model: {', '.join(names)}")
-    _add(parser, "--method", choices=models.METHODS, default=d["method"],
+    _add(parser, "--method", choices=models.ZOO_METHODS, default=d["method"],
          help="deterministic; mc_dropout (dropout kept on at inference, --dropout-rate); bbb (Bayes by Backprop, "
               "--estimator, --prior); vd (sparse variational dropout); ibnn (node-based iBNN, --num-components)")
     _add(parser, "--dataset", choices=DATASETS, default=d["dataset"],

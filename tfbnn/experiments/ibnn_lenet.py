@@ -19,7 +19,7 @@ dense                120w, 84w ReLU, 10 softmax               120w, 84w ReLU, 10
 ===================  =======================================  =====================================
 
 * iBNN: :class:`tfbnn.layers.NodeConv2D` (noise per input channel) and
-  :class:`tfbnn.layers.NodeDense`; :func:`tfbnn.ibnn.make_optimizer` (Adam with cosine
+  :class:`tfbnn.layers.NodeDense`; :func:`tfbnn.ibnn.node_optimizer` (Adam with cosine
   decay for the weights, a constant larger rate for the variational parameters);
   prediction with ``n`` samples per component.
 * BbB: :class:`tfbnn.layers.Conv2DFlipout` and

@@ -6,7 +6,7 @@ iBNN keeps fitting: 30 inputs ``x ~ U(-4, 4)``, targets ``y = x^3 + eps``,
 ``eps ~ N(0, 3^2)``; MLPs with 1 to 5 hidden layers of 256 ReLU units.
 
 * iBNN: :class:`tfbnn.layers.NodeDense` layers (K components, prior N(1, s^2)),
-  trained with :func:`tfbnn.ibnn.make_optimizer` (a constant, larger learning rate for
+  trained with :func:`tfbnn.ibnn.node_optimizer` (a constant, larger learning rate for
   the variational parameters) and predicted with ``n`` samples per component.
 * BbB: :class:`tfbnn.layers.DenseReparameterization` (Blundell et al. 2015, one weight
   sample per step, N(0, 1) prior on weights and biases).

@@ -11,7 +11,7 @@ shift gets less accurate but more uncertain, mostly epistemically.
 Models: the same MLP (``--hidden-units`` x ``--depth`` ReLU, softmax output) on the
 flattened images, as
 
-* iBNN: :class:`tfbnn.layers.NodeDense` layers, :func:`tfbnn.ibnn.make_optimizer`,
+* iBNN: :class:`tfbnn.layers.NodeDense` layers, :func:`tfbnn.ibnn.node_optimizer`,
   ``beta`` annealed 0 -> 1 over the first half of training; ``K * n`` test samples;
 * MC dropout (Gal & Ghahramani 2016): ``keras.layers.Dense`` with
   :class:`tfbnn.layers.MCDropout` after every hidden layer (kept on at test time), the

@@ -61,7 +61,7 @@ posterior mean of the noise (the analogue of Bayes-by-Backprop's ``W = mu``).
 
 The KL is added to ``layer.losses`` as ``kl_weight * KL`` (the ELBO convention of
 :mod:`tfbnn.callbacks`; ``kl_weight = beta / N``). The variational parameters are
-the weights named ``node_loc`` and ``node_rho``: :func:`tfbnn.ibnn.make_optimizer`
+the weights named ``node_loc`` and ``node_rho``: :func:`tfbnn.ibnn.node_optimizer`
 gives them their own (large, constant) learning rate.
 
 Reference:

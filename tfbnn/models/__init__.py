@@ -64,6 +64,7 @@ Example:
     ['DenseVariationalDropout']
 """
 
+from tfbnn._internal import deprecation
 from tfbnn.models.alexnet import alexnet
 from tfbnn.models.convnext import CONFIGS as CONVNEXT_CONFIGS
 from tfbnn.models.convnext import LayerScale, StochasticDepth, convnext
@@ -73,7 +74,7 @@ from tfbnn.models.methods import (
     BAYESIAN_METHODS,
     ESTIMATORS,
     METHOD_OPTIONS,
-    METHODS,
+    ZOO_METHODS,
     LayerFactory,
     get_factory,
 )
@@ -88,7 +89,7 @@ __all__ = [
     "MODELS",
     "TEXT_MODELS",
     "PRESETS",
-    "METHODS",
+    "ZOO_METHODS",
     "BAYESIAN_METHODS",
     "ESTIMATORS",
     "METHOD_OPTIONS",
@@ -183,3 +184,5 @@ def build(name, method="deterministic", **kwargs):
             ``bayesian_layers``.
     """
     return get_builder(name)(method, **kwargs)
+
+__getattr__ = deprecation.renamed(__name__, {"METHODS": "ZOO_METHODS"})

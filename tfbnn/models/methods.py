@@ -72,13 +72,13 @@ Example:
 
 import keras
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, deprecation
 from tfbnn import layers as layers_lib
 from tfbnn import priors as priors_lib
 from tfbnn.layers.variational_dropout import resolve_parameterization
 
 __all__ = [
-    "METHODS",
+    "ZOO_METHODS",
     "BAYESIAN_METHODS",
     "ESTIMATORS",
     "METHOD_OPTIONS",
@@ -88,7 +88,7 @@ __all__ = [
 ]
 
 #: Names accepted for ``method``.
-METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn")
+ZOO_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn")
 #: Methods whose layers carry a KL term (they need ``num_examples``).
 BAYESIAN_METHODS = ("bbb", "vd", "ibnn")
 #: Gradient estimators of the ``bbb`` method.
@@ -118,8 +118,8 @@ _BBB_CONV = {
 
 
 def _check_method(method):
-    if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f"Unknown method. Expected one of {list(METHODS)}. Received: method={method!r}")
+    if not isinstance(method, str) or method not in ZOO_METHODS:
+        raise ValueError(f"Unknown method. Expected one of {list(ZOO_METHODS)}. Received: method={method!r}")
     return method
 
 
@@ -190,7 +190,7 @@ class LayerFactory:
     """Makes the weight, dropout and normalization layers of one zoo model for one method.
 
     Args:
-        method: one of :data:`METHODS`.
+        method: one of :data:`ZOO_METHODS`.
         options: dict of the method's options (:data:`METHOD_OPTIONS`): ``rate``
             (mc_dropout), ``estimator`` and ``prior`` (bbb), ``parameterization`` (vd),
             ``num_components``, ``prior_mean``, ``prior_stddev``, ``init_mean``, ``init_stddev``,
@@ -325,3 +325,6 @@ def get_factory(method, options=None, num_examples=None, seed=None, bayesian_lay
             )
         return method
     return LayerFactory(method, options, num_examples, seed, bayesian_layers)
+
+
+__getattr__ = deprecation.renamed(__name__, {"METHODS": "ZOO_METHODS"})

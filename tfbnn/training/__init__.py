@@ -30,7 +30,8 @@ Example:
 
 import importlib
 
-from tfbnn.training.recipe import KL_SCHEDULES, LR_SCHEDULES, METHODS, OPTIMIZERS, Recipe, load_recipe, save_recipe
+from tfbnn._internal import deprecation
+from tfbnn.training.recipe import KL_SCHEDULES, LR_SCHEDULES, OPTIMIZERS, RECIPE_METHODS, Recipe, load_recipe, save_recipe
 from tfbnn.training.recipes import RECIPES, get_recipe, recipe_names, resolve
 from tfbnn.training.run import (
     DEFAULT_ROOT,
@@ -50,11 +51,14 @@ from tfbnn.training.run import (
 _OPTIM = ("LinearRamp", "kl_schedule", "learning_rate", "make_optimizer", "weight_decay_exclusions")
 
 
-def __getattr__(name):  # the Keras-side helpers load on first use: recipes stay TensorFlow-free
+def _lazy(name):  # the Keras-side helpers load on first use: recipes stay TensorFlow-free
     if name in _OPTIM or name == "optim":
         module = importlib.import_module("tfbnn.training.optim")
         return module if name == "optim" else getattr(module, name)
     raise AttributeError(f"module 'tfbnn.training' has no attribute {name!r}")
+
+
+__getattr__ = deprecation.renamed(__name__, {"METHODS": "RECIPE_METHODS"}, fallback=_lazy)
 
 
 __all__ = [
@@ -83,7 +87,7 @@ __all__ = [
     "OPTIMIZERS",
     "LR_SCHEDULES",
     "KL_SCHEDULES",
-    "METHODS",
+    "RECIPE_METHODS",
     "SHIFT_GAMMA",
     "DEFAULT_ROOT",
 ]

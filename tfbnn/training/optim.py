@@ -74,7 +74,7 @@ def make_optimizer(recipe, steps_per_epoch, model=None):
     if recipe.method == "ibnn":
         from tfbnn import ibnn
 
-        return ibnn.make_optimizer(opt, variational_learning_rate=recipe.variational_learning_rate)
+        return ibnn.node_optimizer(opt, variational_learning_rate=recipe.variational_learning_rate)
     return opt
 
 

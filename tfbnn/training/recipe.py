@@ -18,12 +18,14 @@ import math
 import numbers
 import os
 
+from tfbnn._internal import deprecation
+
 __all__ = [
     "Recipe",
     "OPTIMIZERS",
     "LR_SCHEDULES",
     "KL_SCHEDULES",
-    "METHODS",
+    "RECIPE_METHODS",
     "MEMBER_METHODS",
     "DEFAULT_MEMBERS",
     "LIKELIHOODS",
@@ -40,10 +42,10 @@ OPTIMIZERS = ("adam", "sgd")
 LR_SCHEDULES = ("constant", "step", "cosine", "linear")
 #: KL-weight schedules (:mod:`tfbnn.schedules`), all ending at ``beta``.
 KL_SCHEDULES = ("constant", "linear", "warmup", "cosine", "cyclic", "blundell")
-#: Methods: the zoo's (:data:`tfbnn.models.METHODS`) plus ``graves`` (a deterministic
+#: Methods: the zoo's (:data:`tfbnn.models.ZOO_METHODS`) plus ``graves`` (a deterministic
 #: zoo model converted by :func:`tfbnn.convert.to_bayesian`, Graves 2011) and ``ensemble``
 #: (a deep ensemble of ``members`` zoo models of ``member_method``, Lakshminarayanan et al. 2017).
-METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble")
+RECIPE_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble")
 #: What the members of an ``ensemble`` recipe can be (the zoo's methods).
 MEMBER_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn")
 #: What the loss of a recipe is: the categorical NLL of a softmax classifier
@@ -90,7 +92,7 @@ class Recipe:
             (linear outputs of a regression net), ...; ``seed``: the builder's base seed
             of the stochastic layers, default ``seed``: a study that seeds each model
             apart from the run, e.g. one per depth).
-        method: one of :data:`METHODS`.
+        method: one of :data:`RECIPE_METHODS`.
         method_options: dict of the method's options (``estimator``, ``prior`` (a name
             or a :func:`tfbnn.priors.serialize` dict), ``rate``, ``parameterization``,
             ``num_components``, ``prior_stddev``; for ``graves`` and pre-trained
@@ -122,7 +124,7 @@ class Recipe:
         lr_final: float in [0, 1], the final rate of ``linear`` / ``cosine`` as a
             fraction of ``learning_rate``.
         variational_learning_rate: float > 0 or None: iBNN's constant rate of the
-            node posteriors (:func:`tfbnn.ibnn.make_optimizer`).
+            node posteriors (:func:`tfbnn.ibnn.node_optimizer`).
         epochs, batch_size: ints > 0.
         steps_per_epoch: int >= 1 or None: training batches per epoch. None: one pass
             over the training split; an int repeats the split (in order, as the data
@@ -216,7 +218,7 @@ class Recipe:
         for field in ("model_options", "method_options"):
             _check(isinstance(getattr(self, field), dict), field, getattr(self, field), "a dict")
             set_(self, field, _tuples(getattr(self, field)))
-        _check(self.method in METHODS, "method", self.method, f"one of {list(METHODS)}")
+        _check(self.method in RECIPE_METHODS, "method", self.method, f"one of {list(RECIPE_METHODS)}")
         _check(self.likelihood in LIKELIHOODS, "likelihood", self.likelihood, f"one of {list(LIKELIHOODS)}")
         _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"one of {list(OPTIMIZERS)}")
         _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule, f"one of {list(LR_SCHEDULES)}")
@@ -293,7 +295,7 @@ class Recipe:
         if self.train_samples > 1 and self.member_method == "deterministic":
             raise ValueError(
                 "`train_samples` > 1 (several weight or noise samples per step) needs a stochastic "
-                f"method, one of {[m for m in METHODS if m != 'deterministic']}. "
+                f"method, one of {[m for m in RECIPE_METHODS if m != 'deterministic']}. "
                 f"Received: method={self.method!r}, train_samples={self.train_samples}"
             )
         if self.pretrain_epochs and self.method not in ("bbb", "vd", "graves", "deterministic"):
@@ -428,3 +430,6 @@ def load_recipe(path):
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"Could not read the recipe {path!r}: {e}") from None
     return Recipe.from_dict(config)
+
+
+__getattr__ = deprecation.renamed(__name__, {"METHODS": "RECIPE_METHODS"})

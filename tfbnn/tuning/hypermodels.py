@@ -231,7 +231,7 @@ class IBNNHyperModel(BayesianMLPHyperModel):
     ``build(hp)`` makes the zoo's iBNN MLP, ``tfbnn.models.mlp("ibnn", ...)``:
     ``depth`` hidden :class:`tfbnn.layers.NodeDense` ReLU layers and a softmax
     ``NodeDense`` head with the trial's ``K``, ``sigma0`` and ``s``, compiled with
-    :func:`tfbnn.ibnn.make_optimizer` (Adam at ``learning_rate`` for the weights,
+    :func:`tfbnn.ibnn.node_optimizer` (Adam at ``learning_rate`` for the weights,
     the trial's variational learning rate for the node posteriors). ``fit`` is
     :meth:`BayesianMLPHyperModel.fit` (validation split, ``KLAnnealing`` with N).
     Without ``tfbnn.layers.NodeDense`` (an older tfbnn), ``build`` raises
@@ -258,6 +258,6 @@ class IBNNHyperModel(BayesianMLPHyperModel):
             )
         model = self._zoo_mlp(values, "ibnn", num_components=values["num_components"],
                               prior_stddev=values["prior_stddev"], init_stddev=values["init_stddev"])
-        optimizer = ibnn.make_optimizer(keras.optimizers.Adam(self.learning_rate),
+        optimizer = ibnn.node_optimizer(keras.optimizers.Adam(self.learning_rate),
                                         variational_learning_rate=values["variational_learning_rate"])
         return self._compile(model, optimizer)
