@@ -22,11 +22,13 @@ import os
 import re
 import sys
 
+from tfbnn import datasets
 from tfbnn._internal import argtypes
-from tfbnn.datasets.catalog import ARRAY_DATASETS
 from tfbnn._internal.errors import RunError as CommandError
+from tfbnn._internal.files import format_table, prepare_output_dir, write_json
+from tfbnn.cli import build_parser as command_parser
+from tfbnn.datasets.catalog import ARRAY_DATASETS
 from tfbnn.training.recipe import KL_SCHEDULES as SCHEDULE_NAMES
-from tfbnn._internal.files import format_table
 
 PROG = "tfbnn"
 
@@ -251,14 +253,10 @@ def _check_settings(folder, settings, overwrite):
 
 
 def _write_settings(folder, settings):
-    from tfbnn._internal.files import write_json
-
     write_json(os.path.join(folder, "settings.json"), settings)
 
 
 def _prepare_folder(folder):
-    from tfbnn._internal.files import prepare_output_dir
-
     prepare_output_dir(folder, "--output")
 
 
@@ -390,8 +388,6 @@ def _launch(args, folder):
 
 def _load_data(args):
     """The in-memory dataset of the search (``--max-examples`` caps moons' generation and the tfds sets)."""
-    from tfbnn import datasets
-
     kwargs = {"seed": args.seed} if args.dataset in datasets.OFFLINE_DATASETS else {}
     if args.max_examples is not None:
         if args.dataset == "digits":
@@ -501,8 +497,6 @@ def _run_search(args, search, space, folder, role, settings):
 
 def build_parser():
     """The ``tfbnn`` parser with the ``tune`` subcommand's options."""
-    from tfbnn.cli import build_parser as command_parser
-
     return command_parser("tune")
 
 
