@@ -1,7 +1,9 @@
 """The package's layering: ground -> core -> models/datasets -> training -> tuning/experiments -> cli.
 
 Checked on the source (an import graph built from every module's imports, including
-imports inside functions) and in fresh processes (what `import tfbnn` loads).
+imports inside functions) and in fresh processes (what `import tfbnn` loads). An import
+inside a function is listed with its reason (:data:`FUNCTION_LOCAL_IMPORTS`): all others
+stand at the top of their module.
 """
 
 import ast
@@ -24,6 +26,88 @@ LAYERS = {
     "tfbnn.training": 3,
     "tfbnn.tuning": 4, "tfbnn.experiments": 4,
     "tfbnn.cli": 5,
+}
+
+
+# -- imports inside functions ---------------------------------------------------------------------
+# A module imports at its top unless that costs start-up time where start-up must stay short:
+# `import tfbnn` (no KerasTuner, no plotting module), and the `tfbnn` command's parsers, which
+# answer `--help` and a bad option before any numeric library loads (tests/test_cli.py and
+# test_the_commands_load_no_numeric_library_before_they_run below). What those light modules
+# import at their top: the standard library, `tfbnn` itself, the package-wide plumbing
+# (tfbnn._internal's argtypes, files, errors), tfbnn.training (the recipes; the runner's Keras
+# side is imported inside its functions) and the tfbnn.datasets package (the catalog).
+
+
+def _command(name):
+    return (f"start-up time of `tfbnn {name} --help`: the command's module loads no TensorFlow, Keras or NumPy; "
+            "they load after the arguments parsed")
+
+
+def _study(name):
+    return (f"start-up time of `tfbnn {name} --help`, which imports the study's module: NumPy, TensorFlow, Keras, "
+            "matplotlib and the core load when the study runs")
+
+
+_STUDIES = ("start-up time of `tfbnn <study> --help`: the studies' shared module loads no NumPy or TensorFlow; "
+            "they load when a study runs")
+_TRAINING = ("start-up time of `tfbnn train/tune/run/recipes --help`: they import tfbnn.training (the recipe "
+             "vocabulary), whose package imports this module; TensorFlow, Keras and the core load when a run starts")
+_CATALOG = ("start-up time of `tfbnn train/evaluate/tune --help`: they read this package's catalog of names, which "
+            "loads no NumPy; the loaders load on first use")
+_PLOTS = "matplotlib only when plotting: `import tfbnn` loads no tfbnn.plots (the core may not import it at its top)"
+_TFDS = ("tensorflow-datasets (seconds to import) loads only when a tfds dataset is asked for; the offline "
+         "datasets never need it")
+
+#: (path, qualified name of the function) -> why it imports inside its body. A function listed
+#: here may hold several such imports; test_function_local_imports_are_listed keeps it exact.
+FUNCTION_LOCAL_IMPORTS = {
+    ("tfbnn/_internal/startup.py", "import_tensorflow_quietly"):
+        "the function's purpose: TensorFlow imported after the arguments parsed, its start-up log filtered",
+    ("tfbnn/kl.py", "in_xla_context"): "a TensorFlow-internal module that may be missing (then False)",
+    ("tfbnn/pruning.py", "write_pruning_curve"): _PLOTS,
+    ("tfbnn/datasets/__init__.py", "_loader"): _CATALOG,
+    ("tfbnn/datasets/__init__.py", "load_images"): _CATALOG,
+    ("tfbnn/datasets/_tfds.py", "_data_dir"): _TFDS,
+    ("tfbnn/datasets/_tfds.py", "load_train_test"): _TFDS,
+    ("tfbnn/training/recipe.py", "Recipe.to_dict"): _TRAINING,
+    **{("tfbnn/training/run.py", name): _TRAINING for name in (
+        "_is_mlp", "build_model", "convert_model", "fixed_noise_gaussian_nll", "_compile", "_fit", "arrays",
+        "_eval_samples", "fit_temperature", "_evaluate_regression", "_evaluate", "_member_data", "_train_ensemble",
+        "_element_spec", "_train", "_copy", "_multi_sample_model", "_write_outputs", "_is_chief", "run")},
+    ("tfbnn/cli/evaluate.py", "load_model"): _command("evaluate"),
+    ("tfbnn/cli/evaluate.py", "_splits"): _command("evaluate"),
+    ("tfbnn/cli/evaluate.py", "_temperature"): _command("evaluate"),
+    ("tfbnn/cli/evaluate.py", "_tolerance"): _command("evaluate"),
+    ("tfbnn/cli/evaluate.py", "run"): _command("evaluate"),
+    ("tfbnn/cli/export.py", "_output_layer"): _command("export"),
+    ("tfbnn/cli/export.py", "model_task"): _command("export"),
+    ("tfbnn/cli/export.py", "run"): _command("export"),
+    ("tfbnn/cli/train.py", "_not_applicable"): _command("train"),
+    ("tfbnn/cli/train.py", "run"): _command("train"),
+    **{("tfbnn/cli/tune.py", name): _command("tune") + " (tfbnn.tuning: KerasTuner and TensorFlow)" for name in (
+        "_space", "_report", "run", "_launch", "_space_names", "_run_search")},
+    ("tfbnn/experiments/_common.py", "quiet_tensorflow"): _STUDIES,
+    ("tfbnn/experiments/_common.py", "array_pipeline"): _STUDIES,
+    **{("tfbnn/experiments/ibnn_lenet.py", name): _study("ibnn-lenet") for name in (
+        "build_lenet", "_evaluate", "_train_and_evaluate", "_plot")},
+    **{("tfbnn/experiments/ibnn_regression.py", name): _study("ibnn-regression") for name in (
+        "make_data", "build_model", "make_pipeline", "_evaluate", "_plot", "run_experiment")},
+    **{("tfbnn/experiments/ibnn_shift.py", name): _study("ibnn-shift") for name in ("build_mlp", "run_experiment")},
+    **{("tfbnn/experiments/uncertainty_comparison.py", name): _study("uncertainty-comparison") for name in (
+        "_row", "_figure", "run_experiment")},
+    **{("tfbnn/experiments/vcl_split_digits.py", name): _study("vcl-split-digits") for name in (
+        "split_tasks", "_masked_crossentropy", "_Network.__init__", "_fit", "_probabilities", "_evaluate",
+        "run_sequence", "_summaries", "_mean_std", "_markdown", "_grid", "_plot", "run_experiment")},
+    **{("tfbnn/experiments/vd_regression.py", name): _study("vd-regression") for name in (
+        "build_model", "make_recipe", "_pipeline", "_evaluate", "_plot", "_settings", "run_experiment")},
+    **{("tfbnn/experiments/vd_sparsity.py", name): _study("vd-sparsity") for name in (
+        "build_model", "mc_accuracy", "_check_settings", "_accuracy_vs_samples", "_summarise", "_storage", "_sweep",
+        "_plot", "run_experiment")},
+    ("tfbnn/experiments/vd_transformer.py", "__getattr__"):
+        _study("vd-transformer") + " (the zoo's builder under its old name here, loaded on first use)",
+    **{("tfbnn/experiments/vd_transformer.py", name): _study("vd-transformer") for name in (
+        "_load", "_vectorize", "_evaluate", "_plot", "_settings", "run_experiment")},
 }
 
 
@@ -220,3 +304,46 @@ def test_no_module_reads_another_modules_private_name_as_an_attribute():
             if target is not None and target != module:
                 private.append(f"{module}:{node.lineno}: {target}.{node.attr}")
     assert not private, "\n".join(sorted(private))
+
+
+def _function_local_imports():
+    """``{(path, qualified name of the function): [line, ...]}`` of the imports inside functions of tfbnn/."""
+    found = {}
+
+    def visit(node, rel, scope, in_function):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, rel, scope + [child.name], in_function or not isinstance(child, ast.ClassDef))
+                continue
+            if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.setdefault((rel, ".".join(scope)), []).append(child.lineno)
+            visit(child, rel, scope, in_function)
+
+    for _, path in _modules():
+        rel = os.path.relpath(path, os.path.dirname(ROOT)).replace(os.sep, "/")
+        visit(ast.parse(open(path).read()), rel, [], False)
+    return found
+
+
+def test_function_local_imports_are_listed():
+    """Every import inside a function is in FUNCTION_LOCAL_IMPORTS with its reason, and every entry still has one."""
+    found = _function_local_imports()
+    unlisted = [f"{path}:{line} in {name}" for (path, name), lines in sorted(found.items())
+                if (path, name) not in FUNCTION_LOCAL_IMPORTS for line in lines]
+    assert not unlisted, ("imports inside functions that FUNCTION_LOCAL_IMPORTS does not list: import at the top "
+                          "of the module, or list the function and why:\n" + "\n".join(unlisted))
+    stale = [f"{path}: {name}" for path, name in sorted(FUNCTION_LOCAL_IMPORTS) if (path, name) not in found]
+    assert not stale, "FUNCTION_LOCAL_IMPORTS lists functions that import nothing any more:\n" + "\n".join(stale)
+    assert all(isinstance(why, str) and why.strip() for why in FUNCTION_LOCAL_IMPORTS.values())
+
+
+def test_the_commands_load_no_numeric_library_before_they_run():
+    """What the reasons of FUNCTION_LOCAL_IMPORTS claim: every module the `tfbnn` command imports to parse
+    (its table's modules, the studies' shared module, tfbnn.training and the dataset catalog) loads no NumPy,
+    TensorFlow, Keras, matplotlib, KerasTuner, scikit-learn or tensorflow-datasets."""
+    code = ("import importlib, sys, _tfbnn_command; from tfbnn.cli import COMMANDS; "
+            "[importlib.import_module(m) for m, _ in COMMANDS.values()]; "
+            "import tfbnn.experiments._common, tfbnn.training, tfbnn.datasets; "
+            "print(sorted(m for m in ('numpy', 'tensorflow', 'keras', 'matplotlib', 'keras_tuner', 'sklearn', "
+            "'tensorflow_datasets') if m in sys.modules))")
+    assert _fresh(code) == "[]"

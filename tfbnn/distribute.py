@@ -54,6 +54,7 @@ import json
 import os
 import warnings
 
+import keras
 import tensorflow as tf
 
 __all__ = [
@@ -325,8 +326,6 @@ def _repeated_dataset(x, y, batch_size, steps_per_epoch, shuffle, seed):
 
 
 def _multi_worker_loop(model, strategy, dataset, epochs, steps, callbacks, verbose):
-    import keras
-
     if model.optimizer is None:
         raise ValueError("Expected a compiled model (call `model.compile` inside `strategy.scope()`).")
     with strategy.scope():

@@ -18,6 +18,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import uuid
 
 from tfbnn._internal.errors import RunError
@@ -92,8 +93,6 @@ def atomic_write(path):
         if os.path.lexists(tmp):
             with contextlib.suppress(OSError):
                 if os.path.isdir(tmp):
-                    import shutil
-
                     shutil.rmtree(tmp)
                 else:
                     os.remove(tmp)

@@ -22,6 +22,7 @@ Nothing in tfbnn imports this package.
 import importlib
 import sys
 
+from tfbnn import __version__
 from tfbnn._internal import argtypes
 
 __all__ = ["main", "build_parser", "COMMANDS", "PROG"]
@@ -85,8 +86,6 @@ def build_parser(command=None):
     ``tfbnn --help`` needs none of the modules; :func:`main` passes the command named in
     ``argv`` so that only its module is imported.
     """
-    from tfbnn import __version__
-
     parser = argtypes.ArgumentParser(prog=PROG, formatter_class=argtypes.HelpFormatter, description=_DESCRIPTION,
                                      epilog="exit status: 0 success, 1 the run failed (nothing was overwritten), "
                                             "2 bad options")

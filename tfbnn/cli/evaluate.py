@@ -2,9 +2,10 @@
 
 import os
 
-from tfbnn._internal import argtypes
-from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
+from tfbnn import datasets, training
+from tfbnn._internal import argtypes, files
 from tfbnn._internal.errors import RunError
+from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
 
 __all__ = ["DESCRIPTION", "add_arguments", "run", "load_model", "SHIFT_GAMMA"]
 
@@ -83,8 +84,6 @@ def load_model(path):
 def _splits(args, model):
     """The data in the shape the model takes (flattened for dense models, images for conv):
     ``(name, (x_test, y_test), (x_val, y_val) or None)``."""
-    from tfbnn import datasets, training
-
     from tfbnn.ensembles import DeepEnsemble
 
     shape = tuple((model.members[0] if isinstance(model, DeepEnsemble) else model).inputs[0].shape[1:])
@@ -146,7 +145,6 @@ def _tolerance(args):
 
 def run(args):
     """``tfbnn evaluate``: returns the exit status."""
-    from tfbnn._internal import files
     from tfbnn.evaluation import evaluate_classifier, write_report
 
     folder = args.output_dir or args.model[: -len(".keras")] + "_evaluation"

@@ -2,6 +2,8 @@
 
 import textwrap
 
+from tfbnn.training import recipes
+
 __all__ = ["DESCRIPTION", "add_arguments", "run"]
 
 DESCRIPTION = "List the built-in recipes with what they reproduce, or print one recipe as JSON."
@@ -14,8 +16,6 @@ def add_arguments(parser):
 
 def run(args):
     """``tfbnn recipes``: returns the exit status."""
-    from tfbnn.training import recipes
-
     if args.show is not None:
         print(recipes.get_recipe(args.show).to_json())
         return 0

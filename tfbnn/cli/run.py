@@ -1,5 +1,6 @@
 """``tfbnn run RECIPE``: a study's protocol (a built-in recipe or a .json file) from the command line."""
 
+from tfbnn import training
 from tfbnn._internal import argtypes
 
 __all__ = ["DESCRIPTION", "EPILOG", "add_arguments", "run"]
@@ -34,8 +35,6 @@ def add_arguments(parser):
 
 def run(args):
     """``tfbnn run``: returns the exit status."""
-    from tfbnn import training  # start-up time: TensorFlow loads after the arguments parsed
-
     recipe = training.resolve(args.recipe)
     if args.quick:
         recipe = recipe.quick()

@@ -8,8 +8,10 @@ flag that does not apply to the chosen model or method is an error, never droppe
 """
 
 import argparse
+import math
 import os
 
+from tfbnn import training
 from tfbnn._internal import argtypes
 from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
 from tfbnn.training.recipe import DEFAULT_MEMBERS, KL_SCHEDULES, MEMBER_METHODS, RECIPE_METHODS
@@ -220,8 +222,6 @@ def _method_options(args):
 
 
 def _network_options(args, method):
-    import math
-
     if method == "bbb":
         prior = args.prior or "normal"
         if prior == "scale_mixture":
@@ -249,8 +249,6 @@ def _beta(args):
 
 def recipe_from_args(args):
     """The :class:`tfbnn.training.Recipe` the flags describe (the main job's, changed by each flag)."""
-    from tfbnn import training
-
     _not_applicable(args)
     model_options = {}
     if args.model == "mlp":
@@ -268,7 +266,7 @@ def recipe_from_args(args):
 
 def run(args):
     """``tfbnn train``: returns the exit status."""
-    from tfbnn import distribute, training
+    from tfbnn import distribute
 
     recipe = recipe_from_args(args)
     output = args.output or os.path.join("saved_models", f"{recipe.name}.keras")

@@ -22,11 +22,13 @@ import os
 import re
 import sys
 
+from tfbnn import datasets
 from tfbnn._internal import argtypes
-from tfbnn.datasets.catalog import ARRAY_DATASETS
 from tfbnn._internal.errors import RunError as CommandError
+from tfbnn._internal.files import format_table, prepare_output_dir, write_json
+from tfbnn.cli import build_parser as command_parser
+from tfbnn.datasets.catalog import ARRAY_DATASETS
 from tfbnn.training.recipe import KL_SCHEDULES as SCHEDULE_NAMES
-from tfbnn._internal.files import format_table
 
 PROG = "tfbnn"
 
@@ -65,6 +67,20 @@ _CHILD_MAIN = (
     "import sys, _tfbnn_command; from tfbnn.cli.tune import main; "
     "sys.exit(main(sys.argv[1:]))"
 )
+
+#: The options of the blundell-prior-grid search, each a LIST (None: the search's default):
+#: dest -> (type, help).
+GRID_OPTIONS = {
+    "pi": (argtypes.number_list, "mixture weights, each in (0, 1) (default: 0.25,0.5,0.75)"),
+    "neg_log_sigma1": (argtypes.number_list, "values of -log sigma1 (default: 0,1,2)"),
+    "neg_log_sigma2": (argtypes.number_list, "values of -log sigma2 (default: 6,7,8)"),
+    "sigma1": (argtypes.number_list, "values of sigma1 itself (> 0), instead of --neg-log-sigma1"),
+    "sigma2": (argtypes.number_list, "values of sigma2 itself (> 0), instead of --neg-log-sigma2"),
+    "tune_learning_rate": (argtypes.number_list, "also search these Adam learning rates"),
+    "tune_hidden_units": (argtypes.int_list, "also search these widths (units per hidden layer)"),
+    "tune_schedule": (argtypes.name_list(SCHEDULE_NAMES),
+                      f"also search these KL schedules ({', '.join(SCHEDULE_NAMES)})"),
+}
 
 # Options that are not passed on to the chief and workers of --workers.
 _LAUNCHER_ONLY = {"help", "workers", "port", "overwrite", "output"}
@@ -130,22 +146,8 @@ def add_arguments(parser):
                         "differ only by their hyperparameters) and the random search")
 
     grid = parser.add_argument_group("grid (blundell-prior-grid)")
-    grid.add_argument("--pi", type=argtypes.number_list, default=None, metavar="LIST",
-                      help="mixture weights, each in (0, 1) (default: 0.25,0.5,0.75)")
-    grid.add_argument("--neg-log-sigma1", type=argtypes.number_list, default=None, metavar="LIST",
-                      help="values of -log sigma1 (default: 0,1,2)")
-    grid.add_argument("--neg-log-sigma2", type=argtypes.number_list, default=None, metavar="LIST",
-                      help="values of -log sigma2 (default: 6,7,8)")
-    grid.add_argument("--sigma1", type=argtypes.number_list, default=None, metavar="LIST",
-                      help="values of sigma1 itself (> 0), instead of --neg-log-sigma1")
-    grid.add_argument("--sigma2", type=argtypes.number_list, default=None, metavar="LIST",
-                      help="values of sigma2 itself (> 0), instead of --neg-log-sigma2")
-    grid.add_argument("--tune-learning-rate", type=argtypes.number_list, default=None, metavar="LIST",
-                      help="also search these Adam learning rates")
-    grid.add_argument("--tune-hidden-units", type=argtypes.int_list, default=None, metavar="LIST",
-                      help="also search these widths (units per hidden layer)")
-    grid.add_argument("--tune-schedule", type=argtypes.name_list(SCHEDULE_NAMES), default=None, metavar="LIST",
-                      help=f"also search these KL schedules ({', '.join(SCHEDULE_NAMES)})")
+    for dest, (kind, text) in GRID_OPTIONS.items():
+        grid.add_argument("--" + dest.replace("_", "-"), type=kind, default=None, metavar="LIST", help=text)
 
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", choices=DATASET_NAMES, default=d["dataset"],
@@ -216,9 +218,7 @@ def _space(args, search):
             for name in ("learning_rate", "hidden_units", "schedule"):
                 message = re.sub(rf"(`{name}`|(?<![\w-]){name}(?==))", f"--tune-{name.replace('_', '-')}", message)
             raise ValueError(message) from None
-    grid_options = ("pi", "neg_log_sigma1", "neg_log_sigma2", "sigma1", "sigma2", "tune_learning_rate",
-                    "tune_hidden_units", "tune_schedule")
-    given = [o for o in grid_options if getattr(args, o) is not None]
+    given = [o for o in GRID_OPTIONS if getattr(args, o) is not None]
     if given:
         option = "--" + given[0].replace("_", "-")
         raise ValueError(f"{option} applies to the blundell-prior-grid search only. Received: --search={args.search}")
@@ -251,14 +251,10 @@ def _check_settings(folder, settings, overwrite):
 
 
 def _write_settings(folder, settings):
-    from tfbnn._internal.files import write_json
-
     write_json(os.path.join(folder, "settings.json"), settings)
 
 
 def _prepare_folder(folder):
-    from tfbnn._internal.files import prepare_output_dir
-
     prepare_output_dir(folder, "--output")
 
 
@@ -390,8 +386,6 @@ def _launch(args, folder):
 
 def _load_data(args):
     """The in-memory dataset of the search (``--max-examples`` caps moons' generation and the tfds sets)."""
-    from tfbnn import datasets
-
     kwargs = {"seed": args.seed} if args.dataset in datasets.OFFLINE_DATASETS else {}
     if args.max_examples is not None:
         if args.dataset == "digits":
@@ -501,8 +495,6 @@ def _run_search(args, search, space, folder, role, settings):
 
 def build_parser():
     """The ``tfbnn`` parser with the ``tune`` subcommand's options."""
-    from tfbnn.cli import build_parser as command_parser
-
     return command_parser("tune")
 
 

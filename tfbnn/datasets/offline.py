@@ -7,6 +7,8 @@ without internet access.
 import math
 
 import numpy as np
+from sklearn import datasets as sk_datasets
+from sklearn.model_selection import train_test_split
 
 from tfbnn.datasets.base import ArrayDataset
 
@@ -33,8 +35,6 @@ def _check_seed(seed):
 
 
 def _split(x, y, test_fraction, seed, num_classes):
-    from sklearn.model_selection import train_test_split
-
     num_test = math.ceil(test_fraction * len(x))
     if num_test < num_classes or len(x) - num_test < num_classes:
         raise ValueError(
@@ -79,8 +79,6 @@ def load_digits(test_fraction=0.2, seed=0):
         >>> ds.x_train.shape, ds.x_test.shape, float(ds.x_train.max())
         ((1437, 64), (360, 64), 1.0)
     """
-    from sklearn import datasets as sk_datasets
-
     test_fraction = _check_test_fraction(test_fraction)
     seed = _check_seed(seed)
     bunch = sk_datasets.load_digits()
@@ -116,8 +114,6 @@ def make_moons(num_examples=1000, noise=0.1, seed=0, test_fraction=0.2):
         >>> ds.num_examples, ds.x_test.shape
         (400, (100, 2))
     """
-    from sklearn import datasets as sk_datasets
-
     if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)) or num_examples < 4:
         raise ValueError(
             f"Expected `num_examples` to be an integer >= 4. Received: num_examples={num_examples!r}"

@@ -52,6 +52,7 @@ How the splits are made:
 import dataclasses
 import math
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -68,6 +69,7 @@ __all__ = [
     "vectorize_text",
 ]
 
+from tfbnn.datasets import _tfds  # noqa: E402
 from tfbnn.datasets.catalog import CIFAR_DATASETS, PIPELINE_DATASETS, TFDS_PIPELINE_DATASETS  # noqa: E402
 from tfbnn.datasets.offline import load_digits, make_moons  # noqa: E402
 from tfbnn.datasets.regression import make_cubic, make_toy_regression  # noqa: E402
@@ -297,8 +299,6 @@ def _build(name, train_raw, test_raw, transform, settings):
 
 
 def _load_tfds(name, data_dir, download, max_examples, max_test_examples):
-    from tfbnn.datasets import _tfds
-
     (train, test), info = _tfds.load_train_test(name, data_dir, download)
     num_classes = _tfds.num_classes(info, TFDS_PIPELINE_DATASETS[name][2])
     if max_examples is not None:
@@ -488,8 +488,6 @@ def text_vectorizer(data, max_tokens=20_000, output_sequence_length=120):
     Returns:
         The adapted layer: strings ``(B,)`` -> int64 ``(B, output_sequence_length)``.
     """
-    import keras
-
     _check_text(data)
     layer = keras.layers.TextVectorization(
         max_tokens=_check_int("max_tokens", max_tokens, 3),

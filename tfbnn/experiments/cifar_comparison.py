@@ -41,11 +41,15 @@ Run: ``python -m tfbnn.experiments.cifar_comparison --model lenet5 --method bbb`
 once integrated, ``tfbnn train --model lenet5 --method bbb --dataset cifar10``.
 """
 
+import csv
 import os
 
+# Not a `tfbnn` subcommand (tfbnn.cli.COMMANDS), and its parser lists the zoo's names: the zoo loads at import.
+from tfbnn import models, priors, training
 from tfbnn._internal import argtypes, files
 from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
 from tfbnn.experiments import _common
+from tfbnn.training.recipe import KL_SCHEDULES
 
 __all__ = ["DEFAULTS", "DATASETS", "run_experiment", "add_arguments", "run", "main"]
 
@@ -109,25 +113,15 @@ def _run_label(model, method, dataset, estimator):
 
 def _model_names():
     """The zoo's image and vector models and presets (not the text models)."""
-    from tfbnn import models
-
     return [n for n in models.MODELS if n not in models.TEXT_MODELS] + list(models.PRESETS)
 
 
 def _check_model_and_method(model, method):
-    from tfbnn import models
-
     if model is None or model in models.TEXT_MODELS:
         raise ValueError(f"Expected --model, one of {_model_names()}. Received: --model={model!r}")
     models.get_builder(model)  # a clear error for an unknown name
     if method not in models.ZOO_METHODS:
         raise ValueError(f"Unknown method. Expected one of {list(models.ZOO_METHODS)}. Received: method={method!r}")
-
-
-def _is_mlp(model):
-    from tfbnn import models
-
-    return model == "mlp" or model in models.PRESETS
 
 
 def _check_dataset(dataset):
@@ -143,8 +137,6 @@ _COMPARISON_COLUMNS = ("run", "model", "method", "options", "dataset", "num_exam
 
 
 def _read_comparison(path):
-    import csv
-
     if not os.path.exists(path):
         return []
     with open(path, newline="") as f:
@@ -220,9 +212,6 @@ def run_experiment(
     root = _common.prepare_output_dir(output_dir or DEFAULT_ROOT)
     run_name = _run_label(model, method, dataset, estimator)
     _common.quiet_tensorflow()
-
-    from tfbnn import priors, training
-
     options = _method_options(method, estimator, prior, dropout_rate, num_components)
     option_text = ", ".join(f"{k}={v}" for k, v in options.items())
     if "prior" in options and not isinstance(options["prior"], str):
@@ -262,9 +251,6 @@ def add_arguments(parser):
     Run standalone (``python -m``) or added to ``tfbnn train``'s parser, where
     ``--model`` (default None) switches ``tfbnn train`` to :func:`run`.
     """
-    from tfbnn import models
-    from tfbnn.training.recipe import KL_SCHEDULES
-
     d = DEFAULTS
     names = _model_names()
     _add(parser, "--model", choices=names, default=d["model"], metavar="MODEL",
@@ -306,8 +292,6 @@ def add_arguments(parser):
 
 
 def _prior(args):
-    from tfbnn import priors
-
     name = getattr(args, "prior", DEFAULTS["prior"])
     if name == "scale_mixture":
         return priors.ScaleMixture(**{k: getattr(args, k, DEFAULTS[k]) for k in ("pi", "sigma1", "sigma2")})

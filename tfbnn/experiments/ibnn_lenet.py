@@ -44,6 +44,9 @@ Run: ``python -m tfbnn.experiments.ibnn_lenet`` or ``tfbnn ibnn-lenet``.
 
 import os
 
+import tfbnn
+from tfbnn import datasets, training
+from tfbnn._internal import argtypes
 from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
 from tfbnn.experiments import _common
 
@@ -108,13 +111,11 @@ def make_recipe(method, width, input_shape=(8, 8, 1), **settings):
         raise ValueError(f"Unknown method. Expected one of {COMPARED_METHODS}. Received: method={method!r}")
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise ValueError(f"Expected `width` to be a positive integer multiplier. Received: width={width!r}")
-    from tfbnn.training import Recipe
-
     small = min(input_shape[:2]) < 20
     ibnn = method == "ibnn"
     options = ({"num_components": s["num_components"], "prior_stddev": s["prior_stddev"]} if ibnn
                else {"estimator": "local_reparameterization"})
-    return Recipe(
+    return training.Recipe(
         name=f"{method}-lenet-x{width}", description=f"{METHOD_LABELS[method]} LeNet-5, hidden width x{width}",
         reference="Trinh et al. 2022, Fig. 5", model="lenet5",
         model_options={"padding": "same" if small else "valid", "kernel_size": 3 if small else 5,
@@ -138,7 +139,6 @@ def _evaluate(model, method, ds, num_samples):
     """The study's test numbers of a trained model (T = ``num_samples``)."""
     import numpy as np
 
-    import tfbnn
     from tfbnn import ibnn, metrics
 
     res = tfbnn.predict(model, ds.x_test, num_samples=num_samples, batch_size=128, task="classification")
@@ -156,8 +156,6 @@ def _evaluate(model, method, ds, num_samples):
 
 def _train_and_evaluate(method, ds, width, s, output_dir):
     import keras
-
-    from tfbnn import training
 
     recipe = make_recipe(method, width, ds.input_shape, **{k: s[k] for k in DEFAULTS})
     result = training.run(recipe, output_dir=os.path.join(output_dir, "runs", recipe.name), verbose=0,
@@ -200,15 +198,9 @@ def _plot(rows, widths, methods, dataset, path):
 
 def _settings(settings):
     """:data:`DEFAULTS` with ``settings`` (checked)."""
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    s["widths"], s["methods"] = tuple(s["widths"]), tuple(s["methods"])
-    if not s["widths"] or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in s["widths"]):
-        raise ValueError(f"Expected `widths` to be positive integers. Received: widths={s['widths']!r}")
-    if not s["methods"] or any(m not in COMPARED_METHODS for m in s["methods"]):
-        raise ValueError(f"Expected `methods` from {COMPARED_METHODS}. Received: methods={s['methods']!r}")
+    s = _common.settings(DEFAULTS, settings, tuples=("widths", "methods"))
+    _common.check_integer_lists(s, ("widths",))
+    _common.check_names(s, "methods", COMPARED_METHODS)
     return s
 
 
@@ -232,10 +224,8 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     """
     s = _settings(settings)
     output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
-    from tfbnn import datasets as datasets_lib
-
-    ds = datasets_lib.load_images(s["dataset"], seed=s["seed"], max_examples=s["max_examples"],
-                             max_test_examples=s["max_test_examples"])
+    ds = datasets.load_images(s["dataset"], seed=s["seed"], max_examples=s["max_examples"],
+                              max_test_examples=s["max_test_examples"])
     if verbose:
         print(f"  {ds.name}: {ds.num_examples} train / {ds.num_test_examples} test images {ds.input_shape}",
               flush=True)
@@ -249,13 +239,8 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                 print(f"  {row['method']:5s} {width:3d}x ({row['weights']:>10,d} weights): accuracy "
                       f"{row['accuracy']:.4f}  NLL {row['nll']:.4f}  ECE {row['ece']:.4f}  "
                       f"({row['train_seconds']:.0f} s)", flush=True)
-    files = [
-        _plot(rows, s["widths"], s["methods"], ds.name, os.path.join(output_dir, "model_size.png")),
-        _common.write_csv(os.path.join(output_dir, "results.csv"), rows),
-        _common.write_json(os.path.join(output_dir, "results.json"),
-                           {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
-                            "num_examples": ds.num_examples, "rows": rows}),
-    ]
+    files = [_plot(rows, s["widths"], s["methods"], ds.name, os.path.join(output_dir, "model_size.png")),
+             *_common.write_results(output_dir, rows, s, num_examples=ds.num_examples)]
     return {"rows": rows, "files": files, "runs": runs}
 
 
@@ -264,8 +249,6 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn._internal import argtypes
-
     d = DEFAULTS
     parser.add_argument("--dataset", choices=GRAYSCALE_DATASETS, default=d["dataset"],
                         help="digits: offline 8x8x1 stand-in; fashion_mnist: tensorflow-datasets (downloads once)")
@@ -273,25 +256,12 @@ def add_arguments(parser):
                         help="hidden-width multipliers")
     parser.add_argument("--methods", choices=COMPARED_METHODS, nargs="+", default=list(d["methods"]),
                         help="methods to run")
-    parser.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs per model")
-    parser.add_argument("--batch-size", type=argtypes.positive_int, default=d["batch_size"], help="minibatch size")
-    parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"],
-                        help="initial Adam learning rate of the weights (cosine decay)")
-    parser.add_argument("--variational-learning-rate", type=argtypes.positive_float,
-                        default=d["variational_learning_rate"], help="iBNN: constant rate of the node parameters")
-    parser.add_argument("--num-components", type=argtypes.positive_int, default=d["num_components"], metavar="K",
-                        help="iBNN mixture components")
-    parser.add_argument("--prior-stddev", type=argtypes.positive_float, default=d["prior_stddev"], metavar="S",
-                        help="iBNN prior N(1, S^2)")
-    parser.add_argument("--samples-per-component", type=argtypes.positive_int, default=d["samples_per_component"],
-                        metavar="n", help="test samples: K * n for both methods")
-    parser.add_argument("--max-examples", type=argtypes.positive_int, default=None, metavar="N",
-                        help="fashion_mnist: at most N training examples")
-    parser.add_argument("--max-test-examples", type=argtypes.positive_int, default=None, metavar="N",
-                        help="fashion_mnist: at most N test examples")
-    parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed")
-    parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
-                        help="where model_size.png, results.csv and results.json go")
+    _common.add_options(parser, d, "epochs", "batch_size", "learning_rate", "variational_learning_rate",
+                        "num_components", "prior_stddev", "samples_per_component", "max_examples",
+                        "max_test_examples", "seed",
+                        learning_rate="initial Adam learning rate of the weights (cosine decay)",
+                        variational_learning_rate="iBNN: constant rate of the node parameters")
+    _common.add_output_dir(parser, NAME, "model_size.png, results.csv and results.json")
 
 
 def run(args):

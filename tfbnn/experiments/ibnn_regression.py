@@ -32,6 +32,9 @@ or, once registered, ``tfbnn ibnn-regression``.
 import math
 import os
 
+import tfbnn
+from tfbnn import training
+from tfbnn._internal import argtypes
 from tfbnn.experiments import _common
 
 __all__ = ["DEFAULTS", "COMPARED_METHODS", "make_data", "make_recipe", "make_pipeline", "build_model",
@@ -108,12 +111,10 @@ def make_recipe(method, depth, **settings):
     s = _settings(settings)
     if method not in COMPARED_METHODS:
         raise ValueError(f"Unknown method. Expected one of {COMPARED_METHODS}. Received: method={method!r}")
-    from tfbnn.training import Recipe
-
     ibnn = method == "ibnn"
     options = ({"num_components": s["num_components"], "prior_stddev": s["prior_stddev"]} if ibnn
                else {"estimator": "reparameterization"})
-    return Recipe(
+    return training.Recipe(
         name=f"{method}-depth{depth}", description=f"{METHOD_LABELS[method]} on y = x^3, {depth} hidden layers",
         reference="Trinh et al. 2022, sec. 6.1 (Hernandez-Lobato and Adams 2015)",
         model="mlp", model_options={"hidden_units": (s["units"],) * depth, "outputs": 1,
@@ -146,8 +147,6 @@ def make_pipeline(x, y, x_test, y_test):
 def _evaluate(model, recipe, x_test, y_test, noise_std):
     """The study's numbers (original units) and the curves of the bands plot."""
     import numpy as np
-
-    import tfbnn
 
     num_samples = recipe.eval_samples
     grid = np.linspace(-PLOT_RANGE, PLOT_RANGE, 241).astype("float32")
@@ -209,30 +208,13 @@ def _plot(panels, depths, methods, x, y, path):
 
 def _settings(settings):
     """:data:`DEFAULTS` with ``settings`` (checked)."""
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    s["depths"], s["methods"] = tuple(s["depths"]), tuple(s["methods"])
-    _check_settings(s)
+    s = _common.settings(DEFAULTS, settings, tuples=("depths", "methods"))
+    _common.check_integer_lists(s, ("depths",))
+    _common.check_names(s, "methods", COMPARED_METHODS)
+    _common.check_integers(s, ("units", "num_points", "epochs", "steps_per_epoch", "num_components", "train_samples",
+                               "samples_per_component", "bbb_samples"))
+    _common.check_positive_numbers(s, ("noise_std", "learning_rate", "variational_learning_rate", "prior_stddev"))
     return s
-
-
-def _check_settings(s):
-    if not s["depths"] or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in s["depths"]):
-        raise ValueError(f"Expected `depths` to be positive integers. Received: depths={s['depths']!r}")
-    unknown = [m for m in s["methods"] if m not in COMPARED_METHODS]
-    if not s["methods"] or unknown:
-        raise ValueError(f"Expected `methods` from {COMPARED_METHODS}. Received: methods={s['methods']!r}")
-    for key in ("units", "num_points", "epochs", "steps_per_epoch", "num_components", "train_samples",
-                "samples_per_component", "bbb_samples"):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"Expected `{key}` to be a positive integer. Received: {key}={v!r}")
-    for key in ("noise_std", "learning_rate", "variational_learning_rate", "prior_stddev"):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-            raise ValueError(f"Expected `{key}` to be a positive number. Received: {key}={v!r}")
 
 
 def run_experiment(output_dir=None, verbose=True, **settings):
@@ -260,8 +242,6 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
     import keras
 
-    from tfbnn import training
-
     x, y, x_test, y_test = make_data(s["num_points"], s["noise_std"], s["seed"])
     data = make_pipeline(x, y, x_test, y_test)
     rows, panels, runs = [], {}, []
@@ -286,13 +266,8 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                       f"{row['test_nll']:.3f}  epistemic std in/out {row['epistemic_std_in_range']:.2f}/"
                       f"{row['epistemic_std_out_of_range']:.2f}  ({result.train_seconds:.0f} s)", flush=True)
             keras.backend.clear_session()
-    files = [
-        _plot(panels, s["depths"], s["methods"], x, y, os.path.join(output_dir, "bands.png")),
-        _common.write_csv(os.path.join(output_dir, "results.csv"), rows),
-        _common.write_json(os.path.join(output_dir, "results.json"),
-                           {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
-                            "rows": rows}),
-    ]
+    files = [_plot(panels, s["depths"], s["methods"], x, y, os.path.join(output_dir, "bands.png")),
+             *_common.write_results(output_dir, rows, s)]
     return {"rows": rows, "files": files, "runs": runs}
 
 
@@ -301,34 +276,24 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn._internal import argtypes
-
     d = DEFAULTS
     parser.add_argument("--depths", type=argtypes.positive_int, nargs="+", default=list(d["depths"]), metavar="D",
                         help="numbers of hidden layers")
     parser.add_argument("--units", type=argtypes.positive_int, default=d["units"], help="units per hidden layer")
     parser.add_argument("--methods", choices=COMPARED_METHODS, nargs="+", default=list(d["methods"]),
                         help="ibnn (NodeDense) and/or bbb (DenseReparameterization)")
-    parser.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs")
+    _common.add_options(parser, d, "epochs", epochs="epochs")
     parser.add_argument("--steps-per-epoch", type=argtypes.positive_int, default=d["steps_per_epoch"],
                         help="full-batch steps per epoch (KL annealed over the first half of the epochs)")
-    parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"],
-                        help="Adam learning rate of the weights")
-    parser.add_argument("--variational-learning-rate", type=argtypes.positive_float,
-                        default=d["variational_learning_rate"], help="iBNN: Adam rate of the node parameters")
-    parser.add_argument("--num-components", type=argtypes.positive_int, default=d["num_components"], metavar="K",
-                        help="iBNN mixture components")
-    parser.add_argument("--prior-stddev", type=argtypes.positive_float, default=d["prior_stddev"], metavar="S",
-                        help="iBNN prior N(1, S^2)")
+    _common.add_options(parser, d, "learning_rate", "variational_learning_rate", "num_components", "prior_stddev")
     parser.add_argument("--train-samples", type=argtypes.positive_int, default=d["train_samples"], metavar="S",
                         help="iBNN noise samples per example in training")
-    parser.add_argument("--samples-per-component", type=argtypes.positive_int, default=d["samples_per_component"],
-                        metavar="n", help="iBNN prediction: n samples per component (K * n in all)")
+    _common.add_options(parser, d, "samples_per_component",
+                        samples_per_component="iBNN prediction: n samples per component (K * n in all)")
     parser.add_argument("--bbb-samples", type=argtypes.positive_int, default=d["bbb_samples"], metavar="T",
                         help="BbB prediction samples")
-    parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed of data and models")
-    parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
-                        help="where bands.png, results.csv and results.json go")
+    _common.add_options(parser, d, "seed")
+    _common.add_output_dir(parser, NAME, "bands.png, results.csv and results.json")
 
 
 def run(args):

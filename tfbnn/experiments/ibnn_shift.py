@@ -34,6 +34,7 @@ Reference:
 
 import os
 
+from tfbnn import datasets, training
 from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
 from tfbnn.experiments import _common
 
@@ -97,10 +98,8 @@ def make_recipe(method, **settings):
     s = _settings(settings)
     if method not in COMPARED_METHODS:
         raise ValueError(f"Unknown method. Expected one of {COMPARED_METHODS}. Received: method={method!r}")
-    from tfbnn.training import Recipe
-
     ibnn = method == "ibnn"
-    return Recipe(
+    return training.Recipe(
         name=f"{method}-mlp", description=f"{METHOD_LABELS[method]} MLP under covariate shift",
         reference="Trinh et al. 2022, sec. 6", model="mlp",
         model_options={"hidden_units": (s["hidden_units"],) * s["depth"]}, method=method,
@@ -115,16 +114,8 @@ def make_recipe(method, **settings):
 
 def _settings(settings):
     """:data:`DEFAULTS` with ``settings`` (checked)."""
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    s["corruptions"] = tuple(s["corruptions"])
-    from tfbnn.datasets import corruptions as corruptions_lib
-
-    if not s["corruptions"] or any(c not in corruptions_lib.CORRUPTIONS for c in s["corruptions"]):
-        raise ValueError(f"Expected `corruptions` from {list(corruptions_lib.CORRUPTIONS)}. "
-                         f"Received: corruptions={s['corruptions']!r}")
+    s = _common.settings(DEFAULTS, settings, tuples=("corruptions",))
+    _common.check_names(s, "corruptions", CORRUPTION_LABELS)
     rate = s["dropout_rate"]
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1:
         raise ValueError(f"Expected `dropout_rate` in (0, 1). Received: dropout_rate={rate!r}")
@@ -148,18 +139,14 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         the lowest and highest level).
     """
     s = _settings(settings)
-    from tfbnn import evaluation, training
-
     output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
 
     import keras
 
-    from tfbnn import plots
+    from tfbnn import evaluation, plots
 
-    from tfbnn import datasets as datasets_lib
-
-    ds = datasets_lib.load_images(s["dataset"], seed=s["seed"], max_examples=s["max_examples"],
-                             max_test_examples=s["max_test_examples"])
+    ds = datasets.load_images(s["dataset"], seed=s["seed"], max_examples=s["max_examples"],
+                              max_test_examples=s["max_test_examples"])
     x_test = ds.x_test.reshape(ds.num_test_examples, -1)
     num_samples = s["num_components"] * s["samples_per_component"]
     sweeps = {c: {} for c in s["corruptions"]}
@@ -201,10 +188,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         fig = plots.uncertainty_vs_shift(by_model, xlabel=CORRUPTION_LABELS[corruption],
                                          title=f"{ds.name}: uncertainty under {corruption.replace('_', ' ')}")
         files.append(plots.save(fig, os.path.join(output_dir, f"shift_{corruption}.png")))
-    files.append(_common.write_csv(os.path.join(output_dir, "results.csv"), rows))
-    files.append(_common.write_json(os.path.join(output_dir, "results.json"), {
-        "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
-        "num_samples": num_samples, "summary": summary, "rows": rows}))
+    files += _common.write_results(output_dir, rows, s, num_samples=num_samples, summary=summary)
     return {"rows": rows, "summary": summary, "files": files, "runs": runs}
 
 
@@ -213,36 +197,16 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn._internal import argtypes
-
     d = DEFAULTS
     parser.add_argument("--dataset", choices=GRAYSCALE_DATASETS, default=d["dataset"],
                         help="digits: offline; fashion_mnist: tensorflow-datasets (downloads once)")
-    parser.add_argument("--hidden-units", type=argtypes.positive_int, default=d["hidden_units"], help="units per layer")
-    parser.add_argument("--depth", type=argtypes.positive_int, default=d["depth"], help="hidden layers")
-    parser.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs per model")
-    parser.add_argument("--batch-size", type=argtypes.positive_int, default=d["batch_size"], help="minibatch size")
-    parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"],
-                        help="Adam learning rate of the weights")
-    parser.add_argument("--variational-learning-rate", type=argtypes.positive_float,
-                        default=d["variational_learning_rate"], help="iBNN: rate of the node parameters")
-    parser.add_argument("--num-components", type=argtypes.positive_int, default=d["num_components"], metavar="K",
-                        help="iBNN mixture components")
-    parser.add_argument("--prior-stddev", type=argtypes.positive_float, default=d["prior_stddev"], metavar="S",
-                        help="iBNN prior N(1, S^2)")
-    parser.add_argument("--dropout-rate", type=argtypes.open_unit_interval, default=d["dropout_rate"],
-                        help="MC dropout rate")
-    parser.add_argument("--samples-per-component", type=argtypes.positive_int, default=d["samples_per_component"],
-                        metavar="n", help="test samples: K * n for both models")
-    parser.add_argument("--corruptions", choices=("gaussian", "salt_and_pepper"), nargs="+",
+    _common.add_options(parser, d, "hidden_units", "depth", "epochs", "batch_size", "learning_rate",
+                        "variational_learning_rate", "num_components", "prior_stddev", "dropout_rate",
+                        "samples_per_component")
+    parser.add_argument("--corruptions", choices=tuple(CORRUPTION_LABELS), nargs="+",
                         default=list(d["corruptions"]), help="corruptions to sweep")
-    parser.add_argument("--max-examples", type=argtypes.positive_int, default=None, metavar="N",
-                        help="fashion_mnist: at most N training examples")
-    parser.add_argument("--max-test-examples", type=argtypes.positive_int, default=None, metavar="N",
-                        help="fashion_mnist: at most N test examples")
-    parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed")
-    parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
-                        help="where the PNGs, results.csv and results.json go")
+    _common.add_options(parser, d, "max_examples", "max_test_examples", "seed")
+    _common.add_output_dir(parser, NAME, "the PNGs, results.csv and results.json")
 
 
 def run(args):

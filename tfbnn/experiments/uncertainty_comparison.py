@@ -44,7 +44,8 @@ References:
 
 import os
 
-from tfbnn._internal import files
+from tfbnn import training
+from tfbnn._internal import argtypes, files
 from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
 from tfbnn.experiments import _common
 
@@ -82,8 +83,6 @@ _COLUMNS = ("method", "accuracy", "nll", "ece", "brier", "epistemic_clean", "epi
 def recipes(dataset="digits", hidden_units=64, depth=2, epochs=60, members=5, dropout_rate=0.2, num_samples=32,
             seed=0, quick=False):
     """The five :class:`tfbnn.training.Recipe` s of the table, ``{row label: recipe}``."""
-    from tfbnn import training
-
     options = {"deterministic": {}, "mc_dropout": {"rate": dropout_rate},
                "bbb": {"estimator": "local_reparameterization", "prior": "normal"}, "ibnn": {"num_components": 4},
                "ensemble": {"members": members, "member_method": "deterministic"}}
@@ -104,7 +103,7 @@ def recipes(dataset="digits", hidden_units=64, depth=2, epochs=60, members=5, dr
 
 def _row(label, result, recipe):
     """The table row of one method: the run's metrics plus per-example detection AUROCs."""
-    from tfbnn import evaluation, metrics, training
+    from tfbnn import evaluation, metrics
 
     x, y = training.arrays(training.load_data(recipe).test)
     t = max(1, result.test["num_samples"] // recipe.num_members)  # per member (1: deterministic members)
@@ -123,9 +122,8 @@ def _row(label, result, recipe):
 
 
 def _markdown(rows, dataset):
-    from tfbnn.training import SHIFT_GAMMA
-
-    header = ["method", "accuracy", "NLL", "ECE", "Brier", "epistemic clean", f"epistemic shifted (g={SHIFT_GAMMA:g})",
+    header = ["method", "accuracy", "NLL", "ECE", "Brier", "epistemic clean",
+              f"epistemic shifted (g={training.SHIFT_GAMMA:g})",
               "AUROC shifted by epistemic", "AUROC shifted by total", "samples"]
     lines = [f"Uncertainty comparison on {dataset} (same MLP, same data)", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -139,13 +137,12 @@ def _markdown(rows, dataset):
 
 def _figure(rows, dataset):
     import numpy as np
-
-    from tfbnn import plots  # noqa: F401  (the Agg backend)
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     labels = [r["method"] for r in rows]
     pos = np.arange(len(rows))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    left, right = fig.subplots(1, 2)
     left.bar(pos - 0.2, [r["epistemic_clean"] for r in rows], 0.4, label="clean")
     left.bar(pos + 0.2, [r["epistemic_shifted"] for r in rows], 0.4, label="shifted")
     left.set(xticks=pos, ylabel="mean mutual information (nats)", title=f"{dataset}: epistemic uncertainty")
@@ -172,16 +169,13 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     Returns:
         ``{"rows": [...one dict per method...], "markdown": str, "files": [...]}``.
     """
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
+    s = _common.settings(DEFAULTS, settings)
     output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
     _common.quiet_tensorflow()
 
     import keras
 
-    from tfbnn import plots, training
+    from tfbnn import plots
 
     rows = []
     for label, recipe in recipes(**s).items():
@@ -205,24 +199,16 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn._internal import argtypes
-
     d = DEFAULTS
     parser.add_argument("--dataset", choices=GRAYSCALE_DATASETS, default=d["dataset"],
                         help="digits: offline; mnist / fashion_mnist: tensorflow-datasets (download once)")
-    parser.add_argument("--hidden-units", type=argtypes.positive_int, default=d["hidden_units"], help="units per layer")
-    parser.add_argument("--depth", type=argtypes.positive_int, default=d["depth"], help="hidden layers")
-    parser.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs per network")
+    _common.add_options(parser, d, "hidden_units", "depth", "epochs", epochs="epochs per network")
     parser.add_argument("--members", type=argtypes.positive_int, default=d["members"], metavar="M",
                         help="deep ensemble: members")
-    parser.add_argument("--dropout-rate", type=argtypes.open_unit_interval, default=d["dropout_rate"],
-                        help="MC dropout rate")
-    parser.add_argument("--num-samples", type=argtypes.positive_int, default=d["num_samples"], metavar="T",
-                        help="Monte Carlo samples of the test predictive (per member)")
-    parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed")
+    _common.add_options(parser, d, "dropout_rate", "num_samples", "seed",
+                        num_samples="Monte Carlo samples of the test predictive (per member)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 epoch on 128 examples, 2 members")
-    parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
-                        help="where the table, the PNG and the runs go")
+    _common.add_output_dir(parser, NAME, "the table, the PNG and the runs")
 
 
 def run(args):

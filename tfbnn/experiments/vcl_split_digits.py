@@ -67,6 +67,9 @@ import math
 import os
 import time
 
+import tfbnn
+from tfbnn import datasets
+from tfbnn._internal import argtypes, files
 from tfbnn.experiments import _common
 
 __all__ = ["DEFAULTS", "QUICK", "COMPARED_METHODS", "HEADS", "TASKS", "split_tasks", "run_sequence", "run_experiment",
@@ -142,8 +145,6 @@ class _Network:
     def __init__(self, method, s, seed):
         import keras
 
-        import tfbnn
-
         def dense(units, activation, index):
             if method == "finetune":
                 return keras.layers.Dense(units, activation=activation,
@@ -175,8 +176,6 @@ def _fit(model, x, y, steps, active, s, rng, bayesian):
     import keras
     import numpy as np
 
-    import tfbnn
-
     model.compile(keras.optimizers.Adam(s["learning_rate"]), _masked_crossentropy(active), jit_compile=False)
     batch = min(s["batch_size"], len(x))
     # Exactly `steps` minibatches: shuffled passes over the data, back to back, in one epoch.
@@ -193,8 +192,6 @@ def _probabilities(model, x, active, num_samples):
     """Monte Carlo predictive ``mean_t softmax(logits_t[:, :active])`` (one pass for a deterministic net)."""
     import numpy as np
     import tensorflow as tf
-
-    import tfbnn
 
     with tfbnn.weight_samples(model, num_samples):
         logits = model(tfbnn.utils.tile_rows(tf.constant(x), num_samples), training=False)
@@ -227,8 +224,6 @@ def _predictor(network, method, s, seed, core, active, t, rng):
     copy = _Network(method, s, seed)
     copy.model(t).set_weights(network.model(t).get_weights())
     if method == "vcl":
-        import tfbnn
-
         tfbnn.continual.posterior_as_prior(copy.model(t))
     _fit(copy.model(t), core[0], core[1], s["coreset_steps"], active, s, rng, copy.bayesian)
     return copy
@@ -249,8 +244,6 @@ def run_sequence(method, s, tasks, coreset_size, seed):
     """
     import keras
     import numpy as np
-
-    import tfbnn
 
     keras.utils.set_random_seed(seed)
     rng = np.random.default_rng(seed)
@@ -383,27 +376,17 @@ def _plot(runs, s, folder):
 def _check_settings(s):
     if s["head"] not in HEADS:
         raise ValueError(f"Expected `head` in {HEADS}. Received: head={s['head']!r}")
-    unknown = [m for m in s["methods"] if m not in COMPARED_METHODS]
-    if not s["methods"] or unknown:
-        raise ValueError(f"Expected `methods` from {COMPARED_METHODS}. Received: methods={s['methods']!r}")
-    for key, low in (("coreset_sizes", 0), ("hidden_units", 1), ("seeds", 0)):
-        values = s[key]
-        if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
-            raise ValueError(f"Expected `{key}` to be integers >= {low}. Received: {key}={values!r}")
+    _common.check_names(s, "methods", COMPARED_METHODS)
+    _common.check_integer_lists(s, ("coreset_sizes", "seeds"), minimum=0)
+    _common.check_integer_lists(s, ("hidden_units",))
     if s["head"] == "multi" and any(s["coreset_sizes"]):
         raise ValueError("The coreset is implemented for the single head only (one 10-way output trained on "
                          f"all coreset classes). Received: head='multi', coreset_sizes={s['coreset_sizes']!r}")
     if max(s["coreset_sizes"]) >= 200:
         raise ValueError("Expected coreset sizes below 200 (a task has about 290 training images). "
                          f"Received: coreset_sizes={s['coreset_sizes']!r}")
-    for key in ("steps", "coreset_steps", "batch_size", "num_samples"):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"Expected `{key}` to be a positive integer. Received: {key}={v!r}")
-    for key in ("learning_rate", "prior_scale", "initial_scale", "beta"):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-            raise ValueError(f"Expected `{key}` to be a positive number. Received: {key}={v!r}")
+    _common.check_integers(s, ("steps", "coreset_steps", "batch_size", "num_samples"))
+    _common.check_positive_numbers(s, ("learning_rate", "prior_scale", "initial_scale", "beta"))
     v = s["threshold"]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
         raise ValueError(f"Expected `threshold` in (0, 1]. Received: threshold={v!r}")
@@ -422,18 +405,11 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         (one per method, coreset size and seed: ``accuracy``, ``class_accuracy``, their
         :func:`tfbnn.continual.forgetting_summary` as ``tasks`` / ``classes``) and ``files``.
     """
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    for key in ("methods", "coreset_sizes", "hidden_units", "seeds"):
-        s[key] = tuple(s[key])
+    s = _common.settings(DEFAULTS, settings, tuples=("methods", "coreset_sizes", "hidden_units", "seeds"))
     _check_settings(s)
     output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
 
     import keras
-
-    from tfbnn import datasets
 
     grouped, flat = {}, []
     for coreset_size in s["coreset_sizes"]:
@@ -457,14 +433,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                           f"({run_record['seconds']:.0f} s)", flush=True)
     rows = [_table_row(method, k, group) for (method, k), group in grouped.items()]
     written = _plot(grouped, s, output_dir)
-    written += [
-        _common.write_csv(os.path.join(output_dir, "results.csv"), rows),
-        _common.write_json(os.path.join(output_dir, "results.json"),
-                           {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
-                            "tasks": [list(c) for c in TASKS], "rows": rows, "runs": flat}),
-    ]
-    from tfbnn._internal import files
-
+    written += _common.write_results(output_dir, rows, s, tasks=[list(c) for c in TASKS], runs=flat)
     written.append(files.write_text(os.path.join(output_dir, "results.md"), _markdown(rows, grouped, s)))
     return {"rows": rows, "runs": flat, "files": written}
 
@@ -474,8 +443,6 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn._internal import argtypes
-
     d = DEFAULTS
     parser.add_argument("--head", choices=HEADS, default=d["head"],
                         help="single: one 10-way output, classes seen so far active (class-incremental); "
@@ -489,25 +456,22 @@ def add_arguments(parser):
     parser.add_argument("--steps", type=argtypes.positive_int, default=d["steps"], help="training steps per task")
     parser.add_argument("--coreset-steps", type=argtypes.positive_int, default=d["coreset_steps"],
                         help="steps on the coreset before testing")
-    parser.add_argument("--batch-size", type=argtypes.positive_int, default=d["batch_size"], help="minibatch size")
-    parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"],
-                        help="Adam learning rate (a fresh optimizer per task)")
+    _common.add_options(parser, d, "batch_size", "learning_rate",
+                        learning_rate="Adam learning rate (a fresh optimizer per task)")
     parser.add_argument("--prior-scale", type=argtypes.positive_float, default=d["prior_scale"], metavar="S",
                         help="first prior N(0, S^2) of the Bayesian methods")
     parser.add_argument("--initial-scale", type=argtypes.positive_float, default=d["initial_scale"], metavar="SIGMA",
                         help="initial posterior standard deviation")
     parser.add_argument("--beta", type=argtypes.positive_float, default=d["beta"],
                         help="KL weight: loss = mean NLL + beta KL / N_t (1: the true ELBO)")
-    parser.add_argument("--num-samples", type=argtypes.positive_int, default=d["num_samples"], metavar="T",
-                        help="Monte Carlo samples per test prediction")
+    _common.add_options(parser, d, "num_samples", num_samples="Monte Carlo samples per test prediction")
     parser.add_argument("--threshold", type=argtypes.open_unit_interval, default=d["threshold"],
                         help="a task (class) is learned at accuracy >= THRESHOLD, forgotten below it at the end")
     parser.add_argument("--seeds", type=argtypes.non_negative_int, nargs="+", default=list(d["seeds"]),
                         help="seeds (data split, weights, noise, coreset)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: the first seed, " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
-    parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
-                        help="where the PNGs and results.csv / .md / .json go")
+    _common.add_output_dir(parser, NAME, "the PNGs and results.csv / .md / .json")
 
 
 def run(args):

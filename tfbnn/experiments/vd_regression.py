@@ -26,6 +26,9 @@ Run: ``python -m tfbnn.experiments.vd_regression`` (about a minute on 2 CPU core
 import math
 import os
 
+import tfbnn
+from tfbnn import training
+from tfbnn._internal import argtypes
 from tfbnn.experiments import _common
 
 __all__ = ["DEFAULTS", "COMPARED_METHODS", "STEPS_PER_EPOCH", "make_recipe", "build_model", "run_experiment", "add_arguments", "run", "main"]
@@ -91,13 +94,12 @@ def make_recipe(method, input_mean=0.25, input_variance=0.5**2 / 12, **settings)
     """
     s = _settings(settings)
     from tfbnn import priors
-    from tfbnn.training import Recipe
 
     options = {"init_scale": s["init_scale"], "moped_delta": s["moped_delta"]} if method != "deterministic" else {}
     if method == "graves":
         options["prior"] = priors.Normal(0.0, float(s["graves_prior_scale"]))
     epochs = max(1, s["steps"] // STEPS_PER_EPOCH)
-    return Recipe(
+    return training.Recipe(
         name=method, description=f"{METHOD_LABELS[method]} on the 1-D toy regression",
         reference="Blundell et al. 2015, sec. 5.2; Molchanov et al. 2017", model="mlp",
         model_options={"hidden_units": (s["hidden_units"],), "outputs": 1,
@@ -124,7 +126,6 @@ def _pipeline(ds):
 def _evaluate(model, method, ds, s, x_test, y_test):
     import numpy as np
 
-    import tfbnn
     from tfbnn import pruning
 
     noise = s["noise_std"]
@@ -179,28 +180,10 @@ def _plot(panels, ds, path):
 
 def _settings(settings):
     """:data:`DEFAULTS` with ``settings`` (checked)."""
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    s["methods"] = tuple(dict.fromkeys(s["methods"]))
-    _check_settings(s)
-    return s
-
-
-def _check_settings(s):
-    unknown = [m for m in s["methods"] if m not in COMPARED_METHODS]
-    if not s["methods"] or unknown:
-        raise ValueError(f"Unknown method. Expected some of {list(COMPARED_METHODS)}. "
-                         f"Received: methods={list(s['methods'])!r}")
-    for key in ("num_points", "hidden_units", "pretrain_steps", "steps", "num_samples"):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"Expected `{key}` to be a positive integer. Received: {key}={v!r}")
-    for key in ("noise_std", "learning_rate", "graves_prior_scale"):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-            raise ValueError(f"Expected `{key}` to be a positive number. Received: {key}={v!r}")
+    s = _common.settings(DEFAULTS, settings, unique=("methods",))
+    _common.check_names(s, "methods", COMPARED_METHODS)
+    _common.check_integers(s, ("num_points", "hidden_units", "pretrain_steps", "steps", "num_samples"))
+    _common.check_positive_numbers(s, ("noise_std", "learning_rate", "graves_prior_scale"))
     for key in ("warmup_fraction", "anneal_fraction"):
         v = s[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
@@ -208,6 +191,7 @@ def _check_settings(s):
     from tfbnn import convert
 
     convert.check_init_scale(s["init_scale"], s["moped_delta"])
+    return s
 
 
 def run_experiment(output_dir=None, verbose=True, **settings):
@@ -226,7 +210,6 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     import keras
     import numpy as np
 
-    from tfbnn import training
     from tfbnn.datasets.regression import make_toy_regression
 
     keras.utils.set_random_seed(s["seed"])
@@ -261,15 +244,10 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                         f"{method}_epistemic_std": float(curves["epistemic"][i]),
                         f"{method}_total_std": float(curves["total"][i])})
         curve_rows.append(row)
-    files = [
-        _plot(panels, ds, os.path.join(output_dir, "bands.png")),
-        _common.write_csv(os.path.join(output_dir, "bands.csv"), curve_rows),
-        _common.write_csv(os.path.join(output_dir, "results.csv"), rows),
-        _common.write_json(os.path.join(output_dir, "results.json"),
-                           {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
-                            "train": {"x": ds.x_train[:, 0].tolist(), "y": ds.y_train[:, 0].tolist()},
-                            "rows": rows}),
-    ]
+    files = [_plot(panels, ds, os.path.join(output_dir, "bands.png")),
+             _common.write_csv(os.path.join(output_dir, "bands.csv"), curve_rows),
+             *_common.write_results(output_dir, rows, s,
+                                    train={"x": ds.x_train[:, 0].tolist(), "y": ds.y_train[:, 0].tolist()})]
     return {"rows": rows, "curves": {m: c for m, (_, c) in panels.items()}, "files": files, "runs": runs,
             "x_grid": np.asarray(ds.x_grid[:, 0])}
 
@@ -279,42 +257,29 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn._internal import argtypes
-    from tfbnn.experiments.vd_sparsity import parse_init_scale
-
     d = DEFAULTS
     parser.add_argument("--methods", choices=COMPARED_METHODS, nargs="+", default=list(d["methods"]),
                         help="models to compare")
     parser.add_argument("--num-points", type=argtypes.positive_int, default=d["num_points"], help="training points")
     parser.add_argument("--noise-std", type=argtypes.positive_float, default=d["noise_std"],
                         help="noise std of the data and of the Gaussian likelihood")
-    parser.add_argument("--hidden-units", type=argtypes.positive_int, default=d["hidden_units"], help="hidden units")
+    _common.add_options(parser, d, "hidden_units", hidden_units="hidden units")
     parser.add_argument("--pretrain-steps", type=argtypes.positive_int, default=d["pretrain_steps"],
                         help="full-batch steps of the deterministic net")
     parser.add_argument("--steps", type=argtypes.positive_int, default=d["steps"],
                         help="full-batch steps of each Bayesian net")
-    parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"], help="Adam rate")
-    parser.add_argument("--init-scale", type=parse_init_scale, default=d["init_scale"],
-                        help="initial posterior std after conversion: a number, or moped (delta * |w|)")
-    parser.add_argument("--moped-delta", type=argtypes.positive_float, default=d["moped_delta"], help="MOPED delta")
+    _common.add_options(parser, d, "learning_rate", "init_scale", "moped_delta", learning_rate="Adam rate")
     parser.add_argument("--graves-prior-scale", type=argtypes.positive_float, default=d["graves_prior_scale"],
                         metavar="S", help="std of the fixed N(0, S^2) prior of the Graves layer")
-    parser.add_argument("--num-samples", type=argtypes.positive_int, default=d["num_samples"], metavar="T",
-                        help="MC samples of the predictive")
-    parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed of data and models")
-    parser.add_argument("--output-dir", default=os.path.join(_common.DEFAULT_ROOT, NAME), metavar="DIR",
-                        help="where bands.png, bands.csv, results.csv and results.json go")
+    _common.add_options(parser, d, "num_samples", "seed")
+    _common.add_output_dir(parser, NAME, "bands.png, bands.csv, results.csv and results.json")
 
 
 def run(args):
     """Runs the experiment from parsed arguments; returns the exit status."""
-    settings = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
-    settings["methods"] = tuple(args.methods)
-    print(f"{NAME}: {args.num_points} points, one hidden layer of {args.hidden_units} units, "
-          f"methods {list(dict.fromkeys(args.methods))}", flush=True)
-    result = run_experiment(output_dir=args.output_dir, **settings)
-    print("\nWrote " + ", ".join(result["files"]))
-    return 0
+    methods = tuple(dict.fromkeys(args.methods))
+    banner = f"{NAME}: {args.num_points} points, one hidden layer of {args.hidden_units} units, methods {list(methods)}"
+    return _common.run_with_settings(args, DEFAULTS, run_experiment, banner, methods=methods)
 
 
 def main(argv=None):

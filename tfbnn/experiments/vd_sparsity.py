@@ -47,6 +47,10 @@ this study is the analysis on top of that run (steps 4-7), written beside the ru
 import math
 import os
 
+import tfbnn
+from tfbnn import datasets, training
+from tfbnn._internal import argtypes
+from tfbnn._internal.errors import RunError
 from tfbnn.datasets.catalog import ARRAY_DATASETS
 from tfbnn.experiments import _common
 
@@ -125,7 +129,6 @@ def mc_accuracy(model, x, y, num_samples, masks=None, batch_size=512):
     """Accuracy of the Monte Carlo predictive (``tfbnn.predict`` with T samples), pruned by ``masks`` if given."""
     import numpy as np
 
-    import tfbnn
     from tfbnn import pruning
 
     def accuracy():
@@ -143,9 +146,6 @@ def _criterion(method):
 
 
 def _load(s):
-    from tfbnn import datasets
-    from tfbnn._internal.errors import RunError
-
     kwargs = {}
     if s["dataset"] in datasets.OFFLINE_DATASETS:
         kwargs["seed"] = s["seed"]
@@ -173,23 +173,13 @@ def _check_settings(s):
                          f"Received: method={s['method']!r}")
     if s["dataset"] not in DATASETS:
         raise ValueError(f"Expected `dataset` in {list(DATASETS)}. Received: dataset={s['dataset']!r}")
-    for key in ("pretrain_epochs", "epochs", "batch_size", "num_samples", "repeats"):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "pretrain_epochs" else 1):
-            raise ValueError(f"Expected `{key}` to be a positive integer. Received: {key}={v!r}")
-    for key in ("learning_rate", "anneal_epochs", "kl_beta"):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-            raise ValueError(f"Expected `{key}` to be a positive number. Received: {key}={v!r}")
+    _common.check_integers(s, ("pretrain_epochs",), minimum=0)
+    _common.check_integers(s, ("epochs", "batch_size", "num_samples", "repeats"))
+    _common.check_positive_numbers(s, ("learning_rate", "anneal_epochs", "kl_beta"))
     v = s["warmup_epochs"]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
         raise ValueError(f"Expected `warmup_epochs` to be a non-negative number. Received: warmup_epochs={v!r}")
-    counts = s["sample_counts"]
-    if not counts or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in counts):
-        raise ValueError(f"Expected `sample_counts` to be positive integers. Received: sample_counts={counts!r}")
-    hidden = s["hidden_units"]
-    if not hidden or any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in hidden):
-        raise ValueError(f"Expected `hidden_units` to be positive integers. Received: hidden_units={hidden!r}")
+    _common.check_integer_lists(s, ("sample_counts", "hidden_units"))
     for f in s["fractions"]:
         checks.number("fractions", f, low=0, high=1, high_open=True)
     if s["fraction_scope"] not in ("global", "layer"):
@@ -219,12 +209,10 @@ def make_recipe(input_shape=(64,), **settings):
     nothing to convert).
     """
     s = _settings(settings)
-    from tfbnn.training import Recipe
-
     method, options = s["method"], {"init_scale": s["init_scale"], "moped_delta": s["moped_delta"]}
     if method == "vd_multiplicative":
         method, options = "vd", {**options, "parameterization": "multiplicative"}
-    return Recipe(
+    return training.Recipe(
         name=f"{s['dataset']}_{s['method']}", description=f"{METHOD_LABELS[s['method']]} on {s['model']}",
         reference="Molchanov et al. 2017; Graves 2011", model="mlp",
         model_options={"hidden_units": s["hidden_units"], "seed": None}, method=method, method_options=options,
@@ -243,10 +231,7 @@ def _deterministic_accuracy(det, ds):
 
 def _settings(settings):
     """:data:`DEFAULTS` with ``settings`` (checked)."""
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
+    s = _common.settings(DEFAULTS, settings)
     if s["model"] == "lenet300_100":
         if tuple(s["hidden_units"]) != MODELS["lenet300_100"]:
             raise ValueError(
@@ -440,9 +425,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     s = _settings(settings)
     recipe = None
     if s["recipe"] is not None:
-        from tfbnn.training.recipes import resolve
-
-        recipe = resolve(s["recipe"])
+        recipe = training.resolve(s["recipe"])
         s = _settings_of(recipe, s)
     output_dir = _common.prepare_output_dir(
         output_dir or os.path.join(_common.DEFAULT_ROOT, NAME, f"{s['dataset']}_{s['method']}"))
@@ -456,7 +439,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     say = print if verbose else (lambda *a, **k: None)
     sizes = " -> ".join(str(v) for v in (ds.input_shape[0],) + s["hidden_units"] + (ds.num_classes,))
     say(f"{NAME}: {ds.name} (N = {ds.num_examples}), {s['model']} {sizes}, method {s['method']}", flush=True)
-    from tfbnn import callbacks, training
+    from tfbnn import callbacks
 
     data = None  # a given recipe loads its own dataset
     if recipe is None:
@@ -492,7 +475,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         say("\n" + pruning.format_pruning_curve(
             curve, f"MC accuracy (T = {s['num_samples']}) after pruning a fraction ({s['fraction_scope']})") + "\n")
     result = {
-        "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
+        "settings": _common.jsonable(s),
         "dataset": {"name": ds.name, "num_examples": ds.num_examples, "num_test_examples": ds.num_test_examples},
         "deterministic_accuracy": det_accuracy,
         "sparsity": report.sparsity,
@@ -533,26 +516,8 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 # -- command line ------------------------------------------------------------------------------
 
 
-def parse_threshold(text):
-    """``--threshold``: a finite number."""
-    from tfbnn._internal import argtypes
-
-    return argtypes.finite_float(text)
-
-
-def parse_init_scale(text):
-    """``--init-scale``: a positive number or ``moped``."""
-    from tfbnn._internal import argtypes
-
-    if text == "moped":
-        return text
-    return argtypes.positive_float(text)
-
-
 def add_arguments(parser):
     """The options of the study (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn._internal import argtypes
-
     d = DEFAULTS
     parser.add_argument("--model", choices=list(MODELS), default=d["model"],
                         help="lenet300_100 (hidden 300-100) or mlp (hidden sizes from --hidden-units)")
@@ -564,26 +529,17 @@ def add_arguments(parser):
                              "fixed N(0, 1) prior)")
     parser.add_argument("--dataset", choices=DATASETS, default=d["dataset"],
                         help="digits / moons are offline; mnist / fashion_mnist download via tensorflow-datasets")
-    parser.add_argument("--max-examples", type=argtypes.positive_int, default=d["max_examples"], metavar="N",
-                        help="training examples to use (mnist, fashion_mnist; moons: points generated)")
-    parser.add_argument("--pretrain-epochs", type=argtypes.non_negative_int, default=d["pretrain_epochs"],
-                        help="epochs of deterministic pre-training")
-    parser.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs of Bayesian training")
-    parser.add_argument("--warmup-epochs", type=parse_threshold, default=d["warmup_epochs"],
-                        help="epochs with beta = 0 after conversion")
-    parser.add_argument("--anneal-epochs", type=argtypes.positive_float, default=d["anneal_epochs"],
-                        help="epochs of the linear beta ramp after the warm-up")
+    _common.add_options(parser, d, "max_examples", "pretrain_epochs", "epochs", "warmup_epochs", "anneal_epochs",
+                        max_examples="training examples to use (mnist, fashion_mnist; moons: points generated)",
+                        pretrain_epochs="epochs of deterministic pre-training", epochs="epochs of Bayesian training",
+                        anneal_epochs="epochs of the linear beta ramp after the warm-up")
     parser.add_argument("--kl-beta", type=argtypes.positive_float, default=d["kl_beta"],
                         help="final beta (default: 1, the ELBO; lower it when the KL overwhelms a small N)")
-    parser.add_argument("--batch-size", type=argtypes.positive_int, default=d["batch_size"], help="minibatch size")
-    parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"], help="Adam rate")
-    parser.add_argument("--init-scale", type=parse_init_scale, default=d["init_scale"],
-                        help="initial posterior std after conversion: a number, or moped (delta * |w|)")
-    parser.add_argument("--moped-delta", type=argtypes.positive_float, default=d["moped_delta"], help="MOPED delta")
-    parser.add_argument("--threshold", type=parse_threshold, default=d["threshold"],
+    _common.add_options(parser, d, "batch_size", "learning_rate", "init_scale", "moped_delta",
+                        learning_rate="Adam rate")
+    parser.add_argument("--threshold", type=argtypes.finite_float, default=d["threshold"],
                         help="pruning threshold (default: log alpha 3 for vd, |mu|/sigma 0.83 for graves)")
-    parser.add_argument("--num-samples", type=argtypes.positive_int, default=d["num_samples"], metavar="T",
-                        help="MC samples of the headline accuracy and the sweep")
+    _common.add_options(parser, d, "num_samples", num_samples="MC samples of the headline accuracy and the sweep")
     parser.add_argument("--sample-counts", type=argtypes.positive_int, nargs="+", default=list(d["sample_counts"]),
                         metavar="T", help="numbers of MC samples for the accuracy-vs-T curve")
     parser.add_argument("--repeats", type=argtypes.positive_int, default=d["repeats"],
@@ -595,7 +551,7 @@ def add_arguments(parser):
                              "no value: skip)")
     parser.add_argument("--fraction-scope", choices=("global", "layer"), default=d["fraction_scope"],
                         help="rank the weights over all layers together or within each layer")
-    parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed of data and models")
+    _common.add_options(parser, d, "seed")
     parser.add_argument("--recipe", default=None, metavar="NAME",
                         help="train this recipe (a built-in name such as vd-lenet300-100-pretrained, or a JSON "
                              "file) with training.run and analyse it; its protocol replaces the training options")
@@ -605,17 +561,11 @@ def add_arguments(parser):
 
 def run(args):
     """Runs the study from parsed arguments; returns the exit status."""
-    settings = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
-    settings["hidden_units"] = DEFAULTS["hidden_units"]
-    if args.hidden_units is not None:
-        if args.model != "mlp":
-            raise ValueError(f"--hidden-units applies to --model mlp. Received: --model {args.model}")
-        settings["hidden_units"] = tuple(args.hidden_units)
-    settings["sample_counts"] = tuple(args.sample_counts)
-    settings["fractions"] = tuple(args.fractions)
-    result = run_experiment(output_dir=args.output_dir, **settings)
-    print("\nWrote " + ", ".join(result["files"]))
-    return 0
+    if args.hidden_units is not None and args.model != "mlp":
+        raise ValueError(f"--hidden-units applies to --model mlp. Received: --model {args.model}")
+    hidden_units = DEFAULTS["hidden_units"] if args.hidden_units is None else tuple(args.hidden_units)
+    return _common.run_with_settings(args, DEFAULTS, run_experiment, hidden_units=hidden_units,
+                                     sample_counts=tuple(args.sample_counts), fractions=tuple(args.fractions))
 
 
 def main(argv=None):

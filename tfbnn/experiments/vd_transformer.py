@@ -25,9 +25,12 @@ Outputs (``--output-dir``, default ``saved_models/experiments/vd_transformer/<da
 ``results.png``, ``results.csv``, ``results.json``.
 """
 
-import math
 import os
 
+import tfbnn
+from tfbnn import training
+from tfbnn._internal import argtypes
+from tfbnn._internal.errors import RunError
 from tfbnn.experiments import _common
 
 
@@ -83,7 +86,6 @@ DESCRIPTION = (
 # -- the experiment -------------------------------------------------------------------------------
 def _load(s):
     from tfbnn.datasets import text
-    from tfbnn._internal.errors import RunError
 
     if s["dataset"] == "synthetic_reviews":
         return text.make_synthetic_reviews(num_examples=s["max_examples"] or 4000, seed=s["seed"])
@@ -116,14 +118,12 @@ def make_recipe(variant, vocabulary, **settings):
     ``batch_size``, ``num_samples`` test samples, seed ``seed``.
     """
     s = _settings(settings)
-    from tfbnn.training import Recipe
-
     options = {}
     if variant != "deterministic":
         options = {"convert_layers": ("ff1", "ff2"), "init_scale": s["init_scale"], "moped_delta": s["moped_delta"]}
         if variant == "bbb":
             options["estimator"] = "local_reparameterization"
-    return Recipe(
+    return training.Recipe(
         name=variant, description=f"Transformer classifier, {variant} feed-forward block",
         reference="Molchanov et al. 2017 (sparse VD); Blundell et al. 2015", model="transformer",
         model_options={"vocab_size": vocabulary, "max_length": s["max_length"], "embed_dim": s["embed_dim"],
@@ -138,7 +138,6 @@ def make_recipe(variant, vocabulary, **settings):
 def _evaluate(s, model, x_test, y_test, variant):
     import numpy as np
 
-    import tfbnn
     from tfbnn import metrics, pruning
 
     def mc(masks=None):
@@ -202,35 +201,19 @@ def _plot(rows, path, title):
 
 def _settings(settings):
     """:data:`DEFAULTS` with ``settings`` (checked)."""
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(DEFAULTS)}")
-    s = {**DEFAULTS, **settings}
-    s["variants"] = tuple(dict.fromkeys(s["variants"]))
-    _check_settings(s)
-    return s
-
-
-def _check_settings(s):
+    s = _common.settings(DEFAULTS, settings, unique=("variants",))
     if s["dataset"] not in DATASETS:
         raise ValueError(f"Expected `dataset` in {list(DATASETS)}. Received: dataset={s['dataset']!r}")
-    unknown = [v for v in s["variants"] if v not in FEED_FORWARD]
-    if not s["variants"] or unknown:
-        raise ValueError(f"Expected `variants` from {list(FEED_FORWARD)}. Received: variants={list(s['variants'])!r}")
-    for key in ("vocab_size", "max_length", "embed_dim", "num_heads", "ff_dim", "epochs", "batch_size",
-                "num_samples", "repeats"):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"Expected `{key}` to be a positive integer. Received: {key}={v!r}")
-    for key in ("learning_rate", "anneal_epochs"):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-            raise ValueError(f"Expected `{key}` to be a positive number. Received: {key}={v!r}")
+    _common.check_names(s, "variants", FEED_FORWARD)
+    _common.check_integers(s, ("vocab_size", "max_length", "embed_dim", "num_heads", "ff_dim", "epochs",
+                               "batch_size", "num_samples", "repeats"))
+    _common.check_positive_numbers(s, ("learning_rate", "anneal_epochs"))
     if not 0 <= s["dropout"] < 1:
         raise ValueError(f"Expected `dropout` in [0, 1). Received: dropout={s['dropout']!r}")
     from tfbnn import convert
 
     convert.check_init_scale(s["init_scale"], s["moped_delta"])
+    return s
 
 
 def run_experiment(output_dir=None, verbose=True, **settings):
@@ -247,8 +230,6 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME, s["dataset"]))
 
     import keras
-
-    from tfbnn import training
 
     keras.utils.set_random_seed(s["seed"])
     say = print if verbose else (lambda *a, **k: None)
@@ -275,15 +256,11 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                   f"random {row['accuracy_random']:.4f}")
         say(f"  {variant:13s} accuracy {row['accuracy']:.4f} +- {row['accuracy_std']:.4f}  NLL {row['nll']:.4f}  "
             f"ECE {row['ece']:.4f}{pruned}  ({row['seconds']:.0f} s)", flush=True)
-    files = [
-        _plot(rows, os.path.join(output_dir, "results.png"), f"{ds.name}: Transformer, Bayesian feed-forward block"),
-        _common.write_csv(os.path.join(output_dir, "results.csv"), rows),
-        _common.write_json(os.path.join(output_dir, "results.json"),
-                           {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()},
-                            "dataset": {"name": ds.name, "num_examples": ds.num_examples,
-                                        "num_test_examples": ds.num_test_examples, "vocabulary": vocabulary},
-                            "rows": rows}),
-    ]
+    title = f"{ds.name}: Transformer, Bayesian feed-forward block"
+    files = [_plot(rows, os.path.join(output_dir, "results.png"), title),
+             *_common.write_results(output_dir, rows, s, dataset={
+                 "name": ds.name, "num_examples": ds.num_examples, "num_test_examples": ds.num_test_examples,
+                 "vocabulary": vocabulary})]
     return {"rows": rows, "vocabulary_size": vocabulary, "files": files, "runs": runs}
 
 
@@ -292,50 +269,33 @@ def run_experiment(output_dir=None, verbose=True, **settings):
 
 def add_arguments(parser):
     """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    from tfbnn._internal import argtypes
-    from tfbnn.experiments.vd_sparsity import parse_init_scale, parse_threshold
-
     d = DEFAULTS
     parser.add_argument("--dataset", choices=DATASETS, default=d["dataset"],
                         help="imdb (tensorflow-datasets, downloads on first use) or the offline synthetic_reviews")
     parser.add_argument("--variants", choices=FEED_FORWARD, nargs="+", default=list(d["variants"]),
                         help="feed-forward blocks to compare")
-    parser.add_argument("--max-examples", type=argtypes.positive_int, default=d["max_examples"], metavar="N",
-                        help="training reviews to use (synthetic_reviews: reviews generated, default 4000)")
-    parser.add_argument("--max-test-examples", type=argtypes.positive_int, default=d["max_test_examples"], metavar="N",
-                        help="test reviews to use (imdb)")
+    _common.add_options(parser, d, "max_examples", "max_test_examples",
+                        max_examples="training reviews to use (synthetic_reviews: reviews generated, default 4000)",
+                        max_test_examples="test reviews to use (imdb)")
     parser.add_argument("--vocab-size", type=argtypes.positive_int, default=d["vocab_size"],
                         help="TextVectorization max_tokens")
     parser.add_argument("--max-length", type=argtypes.positive_int, default=d["max_length"], help="tokens per review")
     parser.add_argument("--embed-dim", type=argtypes.positive_int, default=d["embed_dim"], help="embedding size")
     parser.add_argument("--num-heads", type=argtypes.positive_int, default=d["num_heads"], help="attention heads")
     parser.add_argument("--ff-dim", type=argtypes.positive_int, default=d["ff_dim"], help="feed-forward hidden units")
-    parser.add_argument("--pretrain-epochs", type=argtypes.non_negative_int, default=d["pretrain_epochs"],
-                        help="epochs of the deterministic model before conversion")
-    parser.add_argument("--epochs", type=argtypes.positive_int, default=d["epochs"], help="epochs after conversion")
-    parser.add_argument("--warmup-epochs", type=parse_threshold, default=d["warmup_epochs"], help="epochs with beta = 0")
-    parser.add_argument("--anneal-epochs", type=argtypes.positive_float, default=d["anneal_epochs"],
-                        help="epochs of the beta ramp 0 -> 1")
-    parser.add_argument("--batch-size", type=argtypes.positive_int, default=d["batch_size"], help="minibatch size")
-    parser.add_argument("--learning-rate", type=argtypes.positive_float, default=d["learning_rate"], help="Adam rate")
-    parser.add_argument("--init-scale", type=parse_init_scale, default=d["init_scale"],
-                        help="initial posterior std after conversion: a number, or moped (delta * |w|)")
-    parser.add_argument("--moped-delta", type=argtypes.positive_float, default=d["moped_delta"], help="MOPED delta")
-    parser.add_argument("--num-samples", type=argtypes.positive_int, default=d["num_samples"], metavar="T",
-                        help="MC samples per prediction")
+    _common.add_options(parser, d, "pretrain_epochs", "epochs", "warmup_epochs", "anneal_epochs", "batch_size",
+                        "learning_rate", "init_scale", "moped_delta", "num_samples",
+                        epochs="epochs after conversion", learning_rate="Adam rate",
+                        num_samples="MC samples per prediction")
     parser.add_argument("--repeats", type=argtypes.positive_int, default=d["repeats"], help="MC repeats (error bars)")
-    parser.add_argument("--seed", type=argtypes.non_negative_int, default=d["seed"], help="seed")
+    _common.add_options(parser, d, "seed")
     parser.add_argument("--output-dir", default=None, metavar="DIR",
                         help="output folder (default: saved_models/experiments/vd_transformer/<dataset>)")
 
 
 def run(args):
     """Runs the experiment from parsed arguments; returns the exit status."""
-    settings = {k: getattr(args, k, v) for k, v in DEFAULTS.items()}
-    settings["variants"] = tuple(args.variants)
-    result = run_experiment(output_dir=args.output_dir, **settings)
-    print("\nWrote " + ", ".join(result["files"]))
-    return 0
+    return _common.run_with_settings(args, DEFAULTS, run_experiment, variants=tuple(args.variants))
 
 
 def main(argv=None):

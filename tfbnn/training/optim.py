@@ -10,7 +10,7 @@
 
 import keras
 
-from tfbnn import schedules
+from tfbnn import ibnn, schedules, utils
 from tfbnn.schedules import LinearRamp
 
 __all__ = ["learning_rate", "make_optimizer", "kl_schedule", "weight_decay_exclusions", "LinearRamp"]
@@ -45,8 +45,6 @@ def weight_decay_exclusions(model):
     parameters (their regularizer is the KL); iBNN node layers hold deterministic
     weights, which decay, and node posteriors, which do not.
     """
-    from tfbnn import ibnn, utils
-
     nodes = {id(layer) for layer in ibnn.node_layers(model)}
     others = [layer for layer in utils.bayesian_layers(model) if id(layer) not in nodes]
     return ibnn.variational_weights(model) + [w for layer in others for w in layer.trainable_weights]
@@ -72,8 +70,6 @@ def make_optimizer(recipe, steps_per_epoch, model=None):
         if excluded:
             opt.exclude_from_weight_decay(var_list=excluded)
     if recipe.method == "ibnn":
-        from tfbnn import ibnn
-
         return ibnn.node_optimizer(opt, variational_learning_rate=recipe.variational_learning_rate)
     return opt
 

@@ -18,7 +18,7 @@ import math
 import numbers
 import os
 
-from tfbnn._internal import deprecation
+from tfbnn._internal import deprecation, files
 
 __all__ = [
     "Recipe",
@@ -411,8 +411,6 @@ class Recipe:
 
 def save_recipe(recipe, path):
     """Writes ``recipe`` as JSON to ``path`` (atomically); returns ``path``."""
-    from tfbnn._internal import files
-
     return files.write_json(path, recipe.to_dict())
 
 

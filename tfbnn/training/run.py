@@ -33,15 +33,20 @@ fails (the loss became NaN, a dataset could not be loaded) leaves neither an emp
 folder nor a half-written file, and never replaces the results of an earlier run.
 """
 
+import contextlib
 import dataclasses
 import math
 import os
 import shutil
+import sys
+import textwrap
 import time
 
+from tfbnn import datasets
 from tfbnn._internal import files
 from tfbnn._internal.errors import RunError
 from tfbnn.training.recipe import Recipe
+from tfbnn.training.recipes import resolve
 
 __all__ = ["run", "RunResult", "build_model", "convert_model", "deterministic_version", "load_data", "arrays",
            "results_table", "interpretation", "fit_temperature",
@@ -107,8 +112,6 @@ def load_data(recipe):
     Raises:
         RunError: tensorflow-datasets could not provide the data.
     """
-    from tfbnn import datasets
-
     try:
         return datasets.load_pipeline(
             recipe.dataset, batch_size=recipe.batch_size, validation_fraction=recipe.validation_fraction,
@@ -190,7 +193,7 @@ def _jit(jit_compile, recipe):
     if jit_compile != "auto":
         return bool(jit_compile)
     # XLA helps local reparameterization (no weight-sized draw) and slows weight-sized
-    # normal draws on CPU (see the README's benchmarks).
+    # normal draws on CPU (benchmarks/README.md, "Dense layers: a whole train step").
     options = recipe.method_options
     return (recipe.member_method == "bbb" and options.get("estimator") == "local_reparameterization"
             and options.get("prior", "normal") == "normal" and _is_mlp(recipe))
@@ -381,8 +384,6 @@ class _EnsembleHistory:
 def _member_data(data, seed):
     """``data`` with its training split reshuffled by ``seed``: every member sees its own data order
     (Lakshminarayanan et al. 2017 train members on random orders), the same examples and hold-out."""
-    import dataclasses
-
     import tensorflow as tf
 
     train = (data.train.unbatch().shuffle(max(1, data.num_examples), seed=seed, reshuffle_each_iteration=True)
@@ -423,8 +424,6 @@ def _element_spec(train):
 def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=False, keep=None):
     """Builds, (pre-trains and converts,) compiles and fits; returns ``(model, history, seconds)``
     (``keep["pretrained"]``: the pre-trained deterministic model, when ``keep`` is a dict)."""
-    import contextlib
-
     import keras
 
     if recipe.method == "ensemble":
@@ -606,8 +605,6 @@ def interpretation(result):
     what only the Bayesian model's epistemic uncertainty shows. Every number quoted
     comes from ``result``; the words follow the numbers. ``""`` when there is no
     deterministic baseline or the method is not Bayesian."""
-    import textwrap
-
     r, base = result.recipe, result.baseline
     if base is None or not r.is_bayesian:
         return ""
@@ -739,8 +736,6 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
         >>> 0.0 <= result.test["accuracy"] <= 1.0, len(result.files)
         (True, 6)
     """
-    from tfbnn.training.recipes import resolve
-
     recipe = resolve(recipe)
     comparison_recipe = None
     if compare_beta is not None:
@@ -756,8 +751,6 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
             raise ValueError(f"Expected a model path ending in '.keras'. Received: model_path={model_path!r}")
         files.prepare_output_dir(os.path.dirname(os.path.abspath(model_path)), "model_path")
     if verbose is None:
-        import sys
-
         verbose = 1 if getattr(sys.stdout, "isatty", lambda: False)() else 2
 
     import keras

@@ -11,6 +11,8 @@ import math
 import os
 
 import numpy as np
+import tensorflow as tf
+from matplotlib.figure import Figure
 
 from tfbnn._internal.files import write_csv as files_write_csv
 from tfbnn._internal.files import write_text
@@ -30,8 +32,6 @@ def write_record(path, obj):
     """
     path = os.fspath(path)
     if "://" in path:
-        import tensorflow as tf
-
         with tf.io.gfile.GFile(path, "w") as f:
             f.write(json.dumps(obj))
         return path
@@ -119,8 +119,6 @@ def plot_prior_grid(records, path, metric="val_accuracy", title=None):
     Drawn without pyplot (``matplotlib.figure.Figure``, Agg canvas), so it needs no
     display and leaves the caller's pyplot state alone. Returns ``path``.
     """
-    from matplotlib.figure import Figure
-
     direction = OBJECTIVES.get(metric, "max")
     rows = [r for r in records if r.get("status") == "COMPLETED" and r.get(metric) is not None
             and all(k in r for k in ("pi", "neg_log_sigma1", "neg_log_sigma2"))]
