@@ -146,14 +146,12 @@ def deterministic_weights(model):
 @contextlib.contextmanager
 def _train_samples(model, num_samples):
     layers = node_layers(model)
-    previous = [layer._train_samples for layer in layers]
-    for layer in layers:
-        layer._train_samples = num_samples
+    previous = [layer.set_train_samples(num_samples) for layer in layers]
     try:
         yield
     finally:
         for layer, value in zip(layers, previous):
-            layer._train_samples = value
+            layer.set_train_samples(value)
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
