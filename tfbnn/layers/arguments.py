@@ -83,7 +83,8 @@ class DenseArguments:
 
     Args:
         units: int > 0, output dimension.
-        *args, **kwargs: the posterior's arguments.
+        *args: the posterior's arguments, in its order, after ``units``.
+        **kwargs: the posterior's arguments by name.
 
     Input shape: ``(batch, ..., input_dim)``. Output shape: ``(batch, ..., units)``.
 

@@ -54,10 +54,12 @@ class DenseBayesian(DenseArguments, MeanFieldGaussian):
 
     Args:
         units: int > 0, output dimension.
-        activation, use_bias, kernel_prior, bias_prior, kernel_initializer,
-            kernel_scale_initializer, bias_initializer, bias_scale_initializer,
-            kl_weight, inference_mode, seed, parameterization: see
-            :class:`tfbnn.layers.MeanFieldGaussian` (the same order after ``units``).
+        *args: the arguments of :class:`tfbnn.layers.MeanFieldGaussian` in its order
+            (``activation``, ``use_bias``, ``kernel_prior``, ``bias_prior``,
+            ``kernel_initializer``, ``kernel_scale_initializer``, ``bias_initializer``,
+            ``bias_scale_initializer``, ``kl_weight``, ``inference_mode``, ``seed``,
+            ``parameterization``), after ``units``.
+        **kwargs: the same, by name.
 
     Input shape: ``(batch, ..., input_dim)``, rank >= 2.
     Output shape: ``(batch, ..., units)``.

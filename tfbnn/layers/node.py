@@ -434,10 +434,10 @@ class NodeDense(DenseArguments, NodeKernelLayer):
 
     Args:
         units: int > 0, output dimension.
-        activation: activation name or callable.
-        use_bias: bool. Default True.
-        kernel_initializer, bias_initializer: Keras initializers of ``U`` and ``b``.
-        **kwargs: the arguments of :class:`NodeLayer` (``num_components``,
+        *args: ``activation`` (name or callable), ``use_bias`` (default True),
+            ``kernel_initializer`` and ``bias_initializer`` (of ``U`` and ``b``), in this
+            order after ``units`` (:class:`NodeKernelLayer`).
+        **kwargs: those four by name, and the arguments of :class:`NodeLayer` (``num_components``,
             ``prior_mean``, ``prior_stddev``, ``init_mean``, ``init_stddev``,
             ``init_scale_mean``, ``init_scale_stddev``, ``kl_estimator``, ``num_kl_samples``,
             ``kl_weight``, ``inference_mode``, ``seed``; K = 4, prior N(1, 0.1^2), means
