@@ -3,6 +3,8 @@
 import json
 import os
 
+import _readme
+
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
@@ -17,3 +19,12 @@ def write_json(path, payload):
     with open(path, "w") as f:
         json.dump(payload, f, indent=1)
     print(f"wrote {path}")
+
+
+def finish(name, table, path, payload, write_readme):
+    """How a benchmark ends: prints ``table``, writes ``payload`` and the table as JSON to ``path``
+    and, with ``--write-readme``, the table into ``benchmarks/README.md`` between ``name``'s markers."""
+    print(table)
+    write_json(path, {**payload, "table": table})
+    if write_readme:
+        _readme.write_table(name, table)

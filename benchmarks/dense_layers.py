@@ -44,7 +44,7 @@ import sys
 import time
 
 import _readme
-from _results import default_path, write_json
+from _results import default_path, finish
 
 IMPLEMENTATIONS = [
     "keras_dense",
@@ -237,11 +237,8 @@ def main():
         print(json.dumps(worker(args.worker, args.xla_worker, args.steps, args.epochs)))
         return
     rows = run_all(args)
-    table = report(rows)
-    print(table)
-    write_json(args.out, {"rows": rows, "table": table, "steps": args.steps, "epochs": args.epochs})
-    if args.write_readme:
-        _readme.write_table("dense_layers", table)
+    finish("dense_layers", report(rows), args.out, {"rows": rows, "steps": args.steps, "epochs": args.epochs},
+           args.write_readme)
 
 
 if __name__ == "__main__":

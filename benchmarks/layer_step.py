@@ -33,7 +33,7 @@ import tensorflow_probability as tfp  # noqa: E402
 import tfbnn  # noqa: E402
 
 import _readme  # noqa: E402
-from _results import default_path, write_json  # noqa: E402
+from _results import default_path, finish  # noqa: E402
 
 BATCH, UNITS = 128, 1200
 N = 60_000  # the KL scale 1/N (any positive value: it only scales one term)
@@ -112,11 +112,8 @@ def main():
     _readme.add_flag(parser)
     args = parser.parse_args()
     rows = run(args.rounds, args.calls)
-    table = report(rows)
-    print(table)
-    write_json(args.out, {"rows": rows, "table": table, "rounds": args.rounds, "calls": args.calls})
-    if args.write_readme:
-        _readme.write_table("layer_step", table)
+    finish("layer_step", report(rows), args.out, {"rows": rows, "rounds": args.rounds, "calls": args.calls},
+           args.write_readme)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ import statistics
 import time
 
 import _readme
-from _results import default_path, write_json
+from _results import default_path, finish
 
 SIZES = (784, 1200, 1200, 10)
 BATCH = 128
@@ -216,12 +216,8 @@ def main():
         print(f"  timing prediction, batch {batch} ...", flush=True)
         predict_rows.append(prediction_times(node_model, x, args.examples, batch, args.samples_per_component,
                                              args.rounds))
-    table = report(train_rows, predict_rows)
-    print(table)
-    write_json(args.out, {"train": train_rows, "predict": predict_rows, "table": table, "steps": args.steps,
-                          "rounds": args.rounds})
-    if args.write_readme:
-        _readme.write_table("node_layers", table)
+    finish("node_layers", report(train_rows, predict_rows), args.out,
+           {"train": train_rows, "predict": predict_rows, "steps": args.steps, "rounds": args.rounds}, args.write_readme)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import statistics
 import time
 
 import _readme
-from _results import default_path, write_json
+from _results import default_path, finish
 
 METHODS = {
     "deterministic": ("deterministic", {}),
@@ -133,15 +133,11 @@ def main():
         import keras
 
         keras.backend.clear_session()
-    table = report(rows)
     print()
-    print(table)
-    print()
-    write_json(args.out, {"rows": rows, "steps": args.steps or STEPS, "rounds": args.rounds, "resnet_stem": args.resnet_stem,
-                          "tensorflow": tf.__version__, "cpu_count": os.cpu_count(), "machine": platform.machine(),
-                          "load_average": os.getloadavg()})
-    if args.write_readme:
-        _readme.write_table("zoo_step_time", table)
+    finish("zoo_step_time", report(rows), args.out,
+           {"rows": rows, "steps": args.steps or STEPS, "rounds": args.rounds, "resnet_stem": args.resnet_stem,
+            "tensorflow": tf.__version__, "cpu_count": os.cpu_count(), "machine": platform.machine(),
+            "load_average": os.getloadavg()}, args.write_readme)
 
 
 if __name__ == "__main__":

@@ -173,10 +173,7 @@ def test_kl_beta_is_logged_per_epoch():
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [
-        ({"num_examples": 0}, "num_examples=0"),
-        ({"num_examples": -5}, "num_examples=-5"),
-        ({"num_examples": 10.5}, "num_examples=10.5"),
+    [({"num_examples": n}, f"num_examples={n}") for n in (0, -5, 10.5)] + [
         ({"num_examples": 10, "schedule": "exponential"}, "schedule='exponential'"),
         ({"num_examples": 10, "steps_per_epoch": 0}, "Expected `steps_per_epoch`.*steps_per_epoch=0"),
     ],

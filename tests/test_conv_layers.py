@@ -153,9 +153,8 @@ def test_channels_first_equals_channels_last_on_transposed_inputs(cls, num_sampl
     """Same seed, same weights: the same samples (in sampling mode, and in the T-sample protocol)."""
     rank = 1 if cls.__name__.startswith("Conv1D") else 2
     x = np.random.default_rng(0).normal(size=(2 * num_samples,) + (7,) * rank + (2,)).astype("float32")
-    to_first = (0, rank + 1) + tuple(range(1, rank + 1))
     outputs = {}
-    for data_format, inputs in [("channels_last", x), ("channels_first", np.transpose(x, to_first))]:
+    for data_format, inputs in testing.data_formats(x):
         layer = cls(3, 3, strides=2, data_format=data_format, seed=4, kl_weight=1.0,
                     kernel_initializer=keras.initializers.GlorotUniform(seed=3),
                     kernel_scale_initializer=keras.initializers.Constant(-1.0),
@@ -167,8 +166,7 @@ def test_channels_first_equals_channels_last_on_transposed_inputs(cls, num_sampl
     (y_last, kl_last, w_last), (y_first, kl_first, w_first) = outputs["channels_last"], outputs["channels_first"]
     for a, b in zip(w_last, w_first):
         np.testing.assert_array_equal(a, b)
-    np.testing.assert_allclose(np.transpose(y_first, (0,) + tuple(range(2, rank + 2)) + (1,)), y_last,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(testing.to_channels_last(y_first), y_last, rtol=1e-5, atol=1e-5)
     assert kl_first == kl_last
 
 

@@ -59,10 +59,10 @@ BAD_CALLS = [
 ]
 
 
-def test_bad_arguments():
-    for call, match in BAD_CALLS:
-        with pytest.raises(ValueError, match=match):
-            call()
+@pytest.mark.parametrize("call, match", BAD_CALLS, ids=[match for _, match in BAD_CALLS])
+def test_bad_arguments(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 def test_shift_sweep_on_a_trained_bayesian_classifier():

@@ -101,10 +101,7 @@ def test_extreme_initializations_stay_finite(cls):
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [
-        ({"units": 0}, "units=0"),
-        ({"units": -3}, "units=-3"),
-        ({"units": 2.5}, "units=2.5"),
+    [({"units": u}, f"units={u}") for u in (0, -3, 2.5)] + [
         ({"units": 3, "kernel_prior": "cauchy"}, "prior='cauchy'"),
         ({"units": 3, "kernel_prior": priors.Normal}, "prior="),
         ({"units": 3, "kl_weight": -1.0}, "kl_weight=-1.0"),
@@ -248,17 +245,17 @@ def test_monte_carlo_moments_of_a_tiled_batch_are_computed_once(cls, monkeypatch
     x = np.random.default_rng(0).normal(size=(batch, 6)).astype("float32")
     layer(x)
     rows_seen = []
-    moments = type(layer)._moments
+    moments = type(layer).preactivation_moments
 
-    def recording(self, inputs, scale, bias_scale):
+    def recording(self, inputs, scale=None, bias_scale=None):
         rows_seen.append(int(inputs.shape[0]))
         return moments(self, inputs, scale, bias_scale)
 
-    monkeypatch.setattr(type(layer), "_moments", recording)
+    monkeypatch.setattr(type(layer), "preactivation_moments", recording)
 
     def run(inputs, share):
         state = layer.seed_generator.state.numpy()
-        monkeypatch.setattr(type(layer), "_share_tiled_moments", share)
+        monkeypatch.setattr(layer, "share_tiled_moments", share)
         with tfbnn.weight_samples(layer, num_samples):
             out = np.asarray(layer(inputs))
         layer.seed_generator.state.assign(state)

@@ -112,11 +112,9 @@ FUNCTION_LOCAL_IMPORTS = {
 
 
 def _layer(module):
-    parts = module.split(".")
-    for k in range(len(parts), 0, -1):
-        if ".".join(parts[:k]) in LAYERS:
-            return LAYERS[".".join(parts[:k])]
-    return None
+    """The layer of ``module``'s longest dotted prefix in LAYERS (None: unlisted)."""
+    prefixes = (module.rsplit(".", k)[0] for k in range(module.count(".") + 1))
+    return next((LAYERS[p] for p in prefixes if p in LAYERS), None)
 
 
 def _modules():

@@ -211,10 +211,10 @@ def test_keras_metrics_check_their_inputs_in_a_compiled_step(cls):
         update(LABELS[:3].astype("float32"), PROBS.astype("float32"))
 
 
-def test_bad_arguments():
-    for call, match in BAD_CALLS:
-        with pytest.raises(ValueError, match=match):
-            call()
+@pytest.mark.parametrize("call, match", BAD_CALLS, ids=[match for _, match in BAD_CALLS])
+def test_bad_arguments(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 def test_temperature_scaling_recovers_the_overconfidence_factor():

@@ -291,18 +291,16 @@ def test_conv_basics_both_data_formats(cls, rank, data_format, parameterization)
 def test_conv_channels_first_equals_channels_last_on_transposed_inputs(cls, rank):
     """Posterior mean and KL agree exactly; the sampled pre-activations have the same mean and variance."""
     x = np.random.default_rng(0).normal(size=(2,) + (7,) * rank + (2,)).astype("float32")
-    to_first = (0, rank + 1) + tuple(range(1, rank + 1))
-    to_last = (0,) + tuple(range(2, rank + 2)) + (1,)
     results = {}
-    for data_format, inputs in [("channels_last", x), ("channels_first", np.transpose(x, to_first))]:
+    for data_format, inputs in testing.data_formats(x):
         layer = cls(3, 3, padding="same", data_format=data_format, seed=2, inference_mode="mean",
                     kernel_initializer=keras.initializers.GlorotUniform(seed=3),
                     bias_initializer=keras.initializers.RandomNormal(seed=4),
                     kernel_scale_initializer=keras.initializers.Constant(-2.0))
         y = layer(inputs).numpy()
-        variance = layer.convolution(tf.square(inputs), layer.kernel_variance()).numpy()
+        variance = layer.forward(tf.square(inputs), layer.kernel_variance()).numpy()
         results[data_format] = (y, variance, float(layer.kl_divergence()))
     (y_last, var_last, kl_last), (y_first, var_first, kl_first) = results["channels_last"], results["channels_first"]
-    np.testing.assert_allclose(np.transpose(y_first, to_last), y_last, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.transpose(var_first, to_last), var_last, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(testing.to_channels_last(y_first), y_last, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(testing.to_channels_last(var_first), var_last, rtol=1e-5, atol=1e-7)
     assert kl_first == kl_last

@@ -56,7 +56,7 @@ import numpy as np
 
 from tfbnn import utils
 from tfbnn._internal import checks
-from tfbnn.layers.dense import MeanFieldGaussian
+from tfbnn.layers.mean_field import MeanFieldGaussian
 
 __all__ = ["posterior_as_prior", "supports_posterior_prior", "forgetting_summary"]
 

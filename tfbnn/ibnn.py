@@ -47,6 +47,7 @@ Reference:
 """
 
 import contextlib
+import inspect
 import math
 
 import keras
@@ -146,14 +147,12 @@ def deterministic_weights(model):
 @contextlib.contextmanager
 def _train_samples(model, num_samples):
     layers = node_layers(model)
-    previous = [layer._train_samples for layer in layers]
-    for layer in layers:
-        layer._train_samples = num_samples
+    previous = [layer.set_train_samples(num_samples) for layer in layers]
     try:
         yield
     finally:
         for layer, value in zip(layers, previous):
-            layer._train_samples = value
+            layer.set_train_samples(value)
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
@@ -305,6 +304,11 @@ def node_optimizer(weight_optimizer=None, variational_learning_rate=None, variat
 # -- the pretrained start --------------------------------------------------------------------
 
 
+# What add_node_noise passes on to its NodeNoise layers (it sets their seeds and axes itself).
+_NODE_ARGUMENTS = tuple(p for p in inspect.signature(NodeLayer.__init__).parameters
+                        if p not in ("self", "seed", "kwargs"))
+
+
 def _channel_axis(layer):
     return 1 if getattr(layer, "data_format", "channels_last") == "channels_first" else -1
 
@@ -352,20 +356,7 @@ def _functional_with_noise(model, layer_types, make_noise, copies, convert):
     return keras.models.clone_model(model, clone_function=clone_function, call_function=call_function)
 
 
-def add_node_noise(
-    model,
-    num_components=4,
-    prior_stddev=0.1,
-    init_stddev=0.0,
-    init_scale_mean=0.05,
-    init_scale_stddev=0.02,
-    kl_estimator="mixture_mean",
-    freeze_weights=False,
-    layer_types=None,
-    seed=None,
-    prior_mean=1.0,
-    init_mean=1.0,
-):
+def add_node_noise(model, freeze_weights=False, layer_types=None, seed=None, init_stddev=0.0, **node_arguments):
     """A copy of a trained model with iBNN node noise in front of every Dense / Conv2D.
 
     The pretrained start of the paper (a trained ResNet-50 made into an iBNN): each
@@ -379,18 +370,20 @@ def add_node_noise(
     Args:
         model: a built ``keras.Sequential`` or functional model (nested ones are
             handled recursively); subclassed models cannot be rebuilt.
-        num_components, prior_mean, prior_stddev, init_scale_mean, init_scale_stddev, kl_estimator: the
-            node layers' arguments (see :mod:`tfbnn.layers.node`).
-        init_stddev: float >= 0, sigma0 of the initial component means. Default 0:
-            every ``mu_k`` starts at ``init_mean`` (default 1), so the copy starts as the
-            trained network plus small noise (``sigma ~ 0.05``), rather than a perturbed one.
-        init_mean: float, the initial component means' centre. Default 1.
         freeze_weights: bool. True makes every copied layer non-trainable, leaving
             only the variational parameters to train (BatchNormalization then also
             stays in inference mode).
         layer_types: tuple of layer classes to put noise in front of. Default
             ``(keras.layers.Dense, keras.layers.Conv2D)``.
         seed: int or None; the i-th noise layer gets ``seed + i``.
+        init_stddev: float >= 0, sigma0 of the initial component means. Default 0 (not
+            the node layers' 0.5): every ``mu_k`` starts at ``init_mean`` (default 1), so
+            the copy starts as the trained network plus small noise (``sigma ~ 0.05``),
+            rather than a perturbed one.
+        **node_arguments: the other arguments of the node layers, with their defaults
+            (``num_components``, ``prior_mean``, ``prior_stddev``, ``init_mean``,
+            ``init_scale_mean``, ``init_scale_stddev``, ``kl_estimator``, ``num_kl_samples``,
+            ``kl_weight``, ``inference_mode``; see :class:`tfbnn.layers.node.NodeLayer`).
 
     Returns:
         A new model of the same kind with the node layers added (``kl_weight`` not
@@ -420,16 +413,11 @@ def add_node_noise(
     layer_types = tuple(layer_types) if layer_types is not None else (keras.layers.Dense, keras.layers.Conv2D)
     if not layer_types or not all(isinstance(t, type) and issubclass(t, keras.layers.Layer) for t in layer_types):
         raise ValueError(f"Expected `layer_types` to be Keras layer classes. Received: layer_types={layer_types!r}")
-    node_kwargs = dict(
-        num_components=num_components,
-        prior_mean=prior_mean,
-        prior_stddev=prior_stddev,
-        init_mean=init_mean,
-        init_stddev=init_stddev,
-        init_scale_mean=init_scale_mean,
-        init_scale_stddev=init_scale_stddev,
-        kl_estimator=kl_estimator,
-    )
+    unknown = sorted(set(node_arguments) - set(_NODE_ARGUMENTS))
+    if unknown:
+        raise ValueError(f"Expected node layer arguments ({', '.join(_NODE_ARGUMENTS)}). "
+                         f"Received: {', '.join(f'{k}={node_arguments[k]!r}' for k in unknown)}")
+    node_kwargs = {"init_stddev": init_stddev, **node_arguments}
     NodeNoise(**node_kwargs)  # validates the arguments before any copying
     make_noise = _NoiseFactory(seed, node_kwargs)
     copies = []

@@ -663,18 +663,12 @@ def pruned(model, masks):
 
 
 # -- reports ------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class LayerSparsity:
-    """Sparsity of one layer's kernel."""
-
-    name: str
-    layer_type: str
-    criterion: str
-    num_weights: int
-    num_pruned: int
+class _PrunedFraction:
+    """``sparsity`` and ``compression`` of ``num_weights`` weights of which ``num_pruned`` are pruned."""
 
     @property
     def sparsity(self):
+        """``num_pruned / num_weights`` (0 without weights)."""
         return self.num_pruned / self.num_weights if self.num_weights else 0.0
 
     @property
@@ -685,7 +679,18 @@ class LayerSparsity:
 
 
 @dataclasses.dataclass(frozen=True)
-class SparsityReport:
+class LayerSparsity(_PrunedFraction):
+    """Sparsity of one layer's kernel."""
+
+    name: str
+    layer_type: str
+    criterion: str
+    num_weights: int
+    num_pruned: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SparsityReport(_PrunedFraction):
     """Per-layer sparsity of a model's kernels and the total.
 
     ``str(report)`` is a table; :meth:`as_dict` is JSON-able.
@@ -700,15 +705,6 @@ class SparsityReport:
     @property
     def num_pruned(self):
         return sum(r.num_pruned for r in self.layers)
-
-    @property
-    def sparsity(self):
-        return self.num_pruned / self.num_weights if self.num_weights else 0.0
-
-    @property
-    def compression(self):
-        kept = self.num_weights - self.num_pruned
-        return self.num_weights / kept if kept else math.inf
 
     def per_layer(self):
         """``{layer name: sparsity}``."""

@@ -28,7 +28,7 @@ import numpy as np
 from tfbnn.layers.base import BayesianLayer
 from tfbnn.utils import posterior_mean
 
-__all__ = ["run_layer_test", "count_seed_generators"]
+__all__ = ["run_layer_test", "count_seed_generators", "data_formats", "to_channels_last"]
 
 
 def count_seed_generators(layer):
@@ -135,3 +135,23 @@ def run_layer_test(
     if run_training:
         _check_training(layer_cls, init_kwargs, x, expected_output_shape, seed)
     return layer
+
+
+def data_formats(x):
+    """One batch of a convolution in both layouts: ``[("channels_last", x), ("channels_first", x')]``.
+
+    ``x`` is channels last; ``x'`` has its last axis moved to axis 1. Compare a
+    channels-first layer's outputs with :func:`to_channels_last`.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfbnn import testing
+        >>> [(name, x.shape) for name, x in testing.data_formats(np.zeros((2, 5, 5, 3)))]
+        [('channels_last', (2, 5, 5, 3)), ('channels_first', (2, 3, 5, 5))]
+    """
+    return [("channels_last", x), ("channels_first", np.moveaxis(x, -1, 1))]
+
+
+def to_channels_last(y):
+    """A channels-first array (axis 1 the channels) moved to channels last."""
+    return np.moveaxis(y, 1, -1)

@@ -1,4 +1,4 @@
-"""What the tensorflow-datasets loaders share: the size-limit check and one guarded ``tfds.load``."""
+"""What the tensorflow-datasets loaders share: the size-limit check, one guarded ``tfds.load``, the reading."""
 
 import os
 import shutil
@@ -13,6 +13,18 @@ def check_max(name, value):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"Expected `{name}` to be a positive integer or None. Received: {name}={value!r}")
     return int(value)
+
+
+# Examples per NumPy batch while a split is read into arrays.
+_ITERATION_BATCH = 1024
+
+
+def numpy_batches(ds, limit):
+    """The ``(x, y)`` NumPy batches of a supervised ``tf.data.Dataset``, its first ``limit`` examples
+    (None: all), read in batches (never ``batch_size=-1``, which would hold the split twice)."""
+    if limit is not None:
+        ds = ds.take(limit)
+    return ds.batch(_ITERATION_BATCH).as_numpy_iterator()
 
 
 def _data_dir(data_dir):

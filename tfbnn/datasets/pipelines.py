@@ -324,6 +324,31 @@ def _offline_arrays(name, seed):
     return x[:, None], y[:, None], x_test[:, None], y_test[:, None], None
 
 
+def _settings(batch_size, validation_fraction, shuffle_buffer, seed, cache, drop_remainder):
+    """The checked batching, hold-out and shuffle arguments every pipeline takes."""
+    return {
+        "batch_size": _check_int("batch_size", batch_size, 1),
+        "validation_fraction": _check_fraction(validation_fraction),
+        "shuffle_buffer": _check_int("shuffle_buffer", shuffle_buffer, 1),
+        "seed": _check_int("seed", seed, 0),
+        "cache": bool(cache),
+        "drop_remainder": bool(drop_remainder),
+    }
+
+
+def _labels_transform(num_classes):
+    """Labels cast to int32 for a classification dataset; the examples as they are otherwise."""
+    return _label_transform if num_classes is not None else (lambda x, y: (x, y))
+
+
+def _pipeline(name, train_raw, test_raw, transform, settings, num_classes, input_shape):
+    """The :class:`DataPipeline` of the raw splits: transformed, held out, shuffled, batched."""
+    (train, validation, test), n, num_validation, num_test = _build(name, train_raw, test_raw, transform, settings)
+    return DataPipeline(train=train, validation=validation, test=test, num_examples=n, num_validation=num_validation,
+                        num_test=num_test, num_classes=num_classes, input_shape=input_shape, name=name,
+                        batch_size=settings["batch_size"])
+
+
 def _cap(arrays, limit):
     return arrays if limit is None else tuple(a[:limit] for a in arrays)
 
@@ -386,14 +411,7 @@ def load_pipeline(
         (1293, 144, (8, 8, 1))
     """
     name = _check_name(name)
-    settings = {
-        "batch_size": _check_int("batch_size", batch_size, 1),
-        "validation_fraction": _check_fraction(validation_fraction),
-        "shuffle_buffer": _check_int("shuffle_buffer", shuffle_buffer, 1),
-        "seed": _check_int("seed", seed, 0),
-        "cache": bool(cache),
-        "drop_remainder": bool(drop_remainder),
-    }
+    settings = _settings(batch_size, validation_fraction, shuffle_buffer, seed, cache, drop_remainder)
     max_examples = _check_int("max_examples", max_examples, 1, allow_none=True)
     max_test_examples = _check_int("max_test_examples", max_test_examples, 1, allow_none=True)
     settings["augment"] = _check_options(name, augment, standardize, flatten)
@@ -415,21 +433,9 @@ def load_pipeline(
         transform = _image_transform(name, flatten, standardize)
         input_shape = (int(np.prod(shape)),) if flatten else tuple(shape)
     else:
-        transform = _label_transform if num_classes is not None else (lambda x, y: (x, y))
+        transform = _labels_transform(num_classes)
         input_shape = tuple(shape)
-    (train, validation, test), n, num_validation, num_test = _build(name, train_raw, test_raw, transform, settings)
-    return DataPipeline(
-        train=train,
-        validation=validation,
-        test=test,
-        num_examples=n,
-        num_validation=num_validation,
-        num_test=num_test,
-        num_classes=num_classes,
-        input_shape=input_shape,
-        name=name,
-        batch_size=settings["batch_size"],
-    )
+    return _pipeline(name, train_raw, test_raw, transform, settings, num_classes, input_shape)
 
 
 def from_arrays(x_train, y_train, x_test, y_test, num_classes=None, name="arrays", batch_size=128,
@@ -452,21 +458,12 @@ def from_arrays(x_train, y_train, x_test, y_test, num_classes=None, name="arrays
             f"len(x_train)={len(x_train)}, len(y_train)={len(y_train)}, "
             f"len(x_test)={len(x_test)}, len(y_test)={len(y_test)}"
         )
-    settings = {
-        "batch_size": _check_int("batch_size", batch_size, 1),
-        "validation_fraction": _check_fraction(validation_fraction),
-        "shuffle_buffer": _check_int("shuffle_buffer", shuffle_buffer, 1),
-        "seed": _check_int("seed", seed, 0),
-        "cache": bool(cache),
-        "drop_remainder": bool(drop_remainder),
-        "augment": False,
-    }
+    settings = {**_settings(batch_size, validation_fraction, shuffle_buffer, seed, cache, drop_remainder),
+                "augment": False}
     train_raw = tf.data.Dataset.from_tensor_slices((x_train, y_train))
     test_raw = tf.data.Dataset.from_tensor_slices((x_test, y_test))
-    transform = _label_transform if num_classes is not None else (lambda x, y: (x, y))
-    (train, validation, test), n, num_validation, num_test = _build(name, train_raw, test_raw, transform, settings)
-    return DataPipeline(train, validation, test, n, num_validation, num_test, num_classes,
-                        tuple(np.shape(x_train)[1:]), name, settings["batch_size"])
+    return _pipeline(name, train_raw, test_raw, _labels_transform(num_classes), settings, num_classes,
+                     tuple(np.shape(x_train)[1:]))
 
 
 # -- text ------------------------------------------------------------------------------

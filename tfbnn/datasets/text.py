@@ -14,14 +14,9 @@ from tfbnn.datasets.base import ArrayDataset
 
 __all__ = ["load_imdb", "make_synthetic_reviews"]
 
-_ITERATION_BATCH = 1024
-
-
 def _texts(ds, limit):
-    if limit is not None:
-        ds = ds.take(limit)
     texts, labels = [], []
-    for x, y in ds.batch(_ITERATION_BATCH).as_numpy_iterator():
+    for x, y in _tfds.numpy_batches(ds, limit):
         texts.extend(t.decode("utf-8", errors="replace") for t in x)
         labels.append(y)
     labels = np.concatenate(labels).astype(np.int32) if labels else np.zeros((0,), np.int32)

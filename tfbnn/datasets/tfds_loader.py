@@ -18,15 +18,10 @@ __all__ = ["load_tfds", "TFDS_DATASETS"]
 #: The tensorflow-datasets sets :func:`load_tfds` takes (grey-scale images) -> classes.
 TFDS_DATASETS = {n: CATALOG[n][2] for n in GRAYSCALE_DATASETS if not CATALOG[n][3]}
 
-_ITERATION_BATCH = 1024
-
-
 def _to_numpy(ds, limit):
-    """Iterates a supervised ``tf.data.Dataset`` (never ``batch_size=-1``)."""
-    if limit is not None:
-        ds = ds.take(limit)
+    """The split as float32 ``(n, features)`` in [0, 1] and int32 labels."""
     xs, ys = [], []
-    for x, y in ds.batch(_ITERATION_BATCH).as_numpy_iterator():
+    for x, y in _tfds.numpy_batches(ds, limit):
         xs.append(x.reshape(len(x), -1))
         ys.append(y)
     if not xs:

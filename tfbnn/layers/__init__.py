@@ -1,6 +1,17 @@
-"""tfbnn layers: Keras 3 layers with distributions over their weights."""
+"""tfbnn layers: Keras 3 layers with distributions over their weights.
+
+A weight layer is a posterior family and a shape family. The bases to build new
+layers on: :class:`StochasticLayer` (seeded noise, the sampling switch, the Monte
+Carlo protocol), :class:`BayesianLayer` (a KL term scaled by ``kl_weight``),
+:class:`MeanFieldGaussian` (the Bayes-by-Backprop posterior over a kernel and a bias:
+a subclass gives its weights' shapes and its operation) and the shape families
+:class:`DenseArguments` and :class:`ConvArguments` (``units``; the arguments of a
+Keras convolution of any rank), which give a posterior its shapes and its operation.
+"""
 
 from tfbnn.layers.base import BayesianLayer, StochasticLayer
+from tfbnn.layers.mean_field import MeanFieldGaussian
+from tfbnn.layers.arguments import ConvArguments, DenseArguments
 from tfbnn.likelihoods import GaussianHead
 from tfbnn.layers.mc_dropout import MCDropout, MCSpatialDropout2D
 from tfbnn.layers.conv import (
@@ -21,6 +32,9 @@ from tfbnn.layers.variational_dropout import (
 __all__ = [
     "StochasticLayer",
     "BayesianLayer",
+    "MeanFieldGaussian",
+    "DenseArguments",
+    "ConvArguments",
     "GaussianHead",
     "MCDropout",
     "MCSpatialDropout2D",

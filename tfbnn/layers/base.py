@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from tfbnn._internal import checks
 
-__all__ = ["StochasticLayer", "BayesianLayer", "INFERENCE_MODES", "validate_kl_weight", "input_features"]
+__all__ = ["StochasticLayer", "BayesianLayer", "KernelArguments", "INFERENCE_MODES", "validate_kl_weight",
+           "input_features"]
 
 INFERENCE_MODES = ("sample", "mean")
 _SEED_KEY = "seed_state"
@@ -338,3 +339,45 @@ class BayesianLayer(StochasticLayer):
         config = super().get_config()
         config["kl_weight"] = self._kl_weight_value
         return config
+
+
+class KernelArguments:
+    """What every Bayesian layer with a kernel and a bias shares (mixed into a :class:`BayesianLayer`).
+
+    The arguments of ``keras.layers.Dense`` that every family has, ``activation``,
+    ``use_bias``, ``kernel_initializer`` (of the kernel, or of its posterior mean) and
+    ``bias_initializer``: their checks (:meth:`init_kernel_arguments`) and config
+    (:meth:`kernel_config`); and how a call ends (:meth:`_finish`): the bias, the KL
+    loss, the activation.
+    """
+
+    def init_kernel_arguments(self, activation, use_bias, kernel_initializer, bias_initializer):
+        self.activation = checks.activation(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
+
+    def kernel_config(self):
+        return {
+            "activation": keras.activations.serialize(self.activation),
+            "use_bias": self.use_bias,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+        }
+
+    def _apply_bias(self, outputs, bias):
+        return self.add_bias(outputs, bias)
+
+    def _finish(self, outputs, bias, training, kl=None):
+        """``outputs`` with ``bias`` added (None: no bias), the KL loss and the activation.
+
+        The KL loss is ``kl`` or, when None, :meth:`kl_divergence`, computed only when
+        the call adds one (not in Monte Carlo prediction).
+        """
+        if bias is not None:
+            outputs = self._apply_bias(outputs, bias)
+        if self._adds_kl:
+            self._add_kl_loss(self.kl_divergence() if kl is None else kl, training)
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs

@@ -33,310 +33,46 @@ the KL is a Monte Carlo estimate at a weight sample, so local reparameterization
 then also draws one weight-sized sample for the KL.
 
 The KL (closed form for a Normal prior, Monte Carlo for the scale mixture) is
-added to ``layer.losses`` as ``kl_weight * KL``; see :class:`BayesianLayer`.
+added to ``layer.losses`` as ``kl_weight * KL``; see :class:`tfbnn.layers.BayesianLayer`.
+The posterior and the reparameterization and Flipout estimators are those of
+:mod:`tfbnn.layers.mean_field`; these layers add the dense shapes
+(:class:`tfbnn.layers.DenseArguments`) and exact per-example samples in Monte Carlo
+prediction.
 """
-
 
 import keras
 import tensorflow as tf
 
-from tfbnn._internal import checks
-from tfbnn import kl as kl_lib
-from tfbnn import priors as priors_lib
-from tfbnn.layers.base import BayesianLayer, input_features
+from tfbnn.layers.arguments import DenseArguments
+from tfbnn.layers.mean_field import MeanFieldFlipout, MeanFieldGaussian
 
-__all__ = ["MeanFieldGaussian", "DenseReparameterization", "DenseFlipout", "DenseLocalReparameterization"]
-
-_MIN_SCALE = kl_lib.SOFTPLUS_MIN_SCALE
-PARAMETERIZATIONS = ("softplus", "log_variance")
-# exp(-80) ~ 1.8e-35 is still a normal float32; exp(40) keeps x^2 sigma^2 sums finite.
-_LOG_VARIANCE_RANGE = (-80.0, 40.0)
+__all__ = ["DenseReparameterization", "DenseFlipout", "DenseLocalReparameterization"]
 
 
-def _default_rho_initializer():
-    # softplus(-5) ~= 0.0067: the net starts close to its posterior mean, so early
-    # training behaves like the deterministic net while the KL widens sigma.
-    return keras.initializers.Constant(-5.0)
-
-
-def _softplus_scale(rho):
-    return tf.nn.softplus(rho) + _MIN_SCALE
-
-
-def _log_variance_scale(rho):
-    return tf.exp(0.5 * tf.clip_by_value(rho, *_LOG_VARIANCE_RANGE))
-
-
-def _default_log_variance_initializer():
-    # log sigma^2 = 2 log softplus(-5): the same initial sigma (~0.0067) as the softplus default.
-    return keras.initializers.Constant(-10.0)
-
-
-class MeanFieldGaussian(BayesianLayer):
-    """Mean-field Gaussian posterior over a kernel and a bias: the base of the BbB layers.
-
-    Not a dense layer: it holds the posterior ``q(w) = N(mu, sigma^2)`` per weight
-    (``kernel_loc`` / ``kernel_rho``, ``bias_loc`` / ``bias_rho``; ``sigma =
-    softplus(rho) + 1e-6`` or ``sigma^2 = exp(rho)``, Blundell et al. 2015, sec. 3.2),
-    the priors, the KL (closed form, the fused softplus/Normal op
-    :func:`tfbnn.kl.softplus_scale_and_normal_kl`, or Monte Carlo) and weight
-    sampling under the T-sample Monte Carlo protocol
-    (:meth:`StochasticLayer.set_weight_samples`). A subclass supplies the shapes
-    (calling :meth:`_build_posterior` in ``build``) and the forward pass (``call``,
-    ending in :meth:`_finish`); :class:`DenseBayesian` and the Bayesian convolutions
-    are such subclasses.
-
-    Args:
-        activation: activation name or callable, as in ``keras.layers.Dense``.
-        use_bias: bool. Whether the layer has a bias.
-        kernel_prior: prior name, dict or :class:`tfbnn.priors.Prior` for the
-            kernel. Default ``"normal"`` (N(0, 1)). A :class:`tfbnn.priors.Posterior`
-            (per weight) must have the kernel's shape (checked in ``build``).
-        bias_prior: the same for the bias; ``None`` makes the bias a point
-            estimate (no posterior, no KL), as TFP's layers do by default.
-        kernel_initializer, kernel_scale_initializer, bias_initializer, bias_scale_initializer:
-            Keras initializers for the posterior mean and the untransformed scale
-            ``rho`` (``sigma = softplus(rho)``, or
-            ``sigma^2 = exp(rho)`` with the log-variance parameterization).
-            Default ``rho = -5`` (softplus) / ``rho = -10`` (log variance): sigma ~ 0.0067.
-        parameterization: ``"softplus"`` (default, Blundell et al. 2015:
-            ``sigma = softplus(rho) + 1e-6``) or ``"log_variance"`` (Graves 2011:
-            ``sigma^2 = exp(rho)``, ``rho`` clipped to ``[-80, 40]``). With
-            ``bias_prior=None`` the latter is Graves' variational dense layer
-            (:class:`tfbnn.layers.GravesDense`; ``kernel_prior="graves"`` for his adaptive prior).
-        kl_weight, inference_mode, seed: see :class:`BayesianLayer`.
-
-    Renamed in tfbnn 0.2 (the old names still load and, with a
-    ``DeprecationWarning``, construct): ``kernel_loc_initializer`` ->
-    ``kernel_initializer``, ``bias_loc_initializer`` -> ``bias_initializer``,
-    ``kernel_rho_initializer`` -> ``kernel_scale_initializer``,
-    ``bias_rho_initializer`` -> ``bias_scale_initializer``,
-    ``posterior_parameterization`` -> ``parameterization``.
-
-    """
-
-    renamed_arguments = {
-        "kernel_loc_initializer": "kernel_initializer",
-        "bias_loc_initializer": "bias_initializer",
-        "kernel_rho_initializer": "kernel_scale_initializer",
-        "bias_rho_initializer": "bias_scale_initializer",
-        "posterior_parameterization": "parameterization",
-    }
-
-    def __init__(
-        self,
-        activation=None,
-        use_bias=True,
-        kernel_prior="normal",
-        bias_prior="normal",
-        kernel_initializer="glorot_uniform",
-        kernel_scale_initializer=None,
-        bias_initializer="zeros",
-        bias_scale_initializer=None,
-        kl_weight=None,
-        inference_mode="sample",
-        seed=None,
-        parameterization="softplus",
-        **kwargs,
-    ):
-        super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
-        if parameterization not in PARAMETERIZATIONS:
-            raise ValueError(
-                f"Expected `parameterization` in {PARAMETERIZATIONS}. "
-                f"Received: parameterization={parameterization!r}"
-            )
-        self.parameterization = parameterization
-        default_rho = (
-            _default_rho_initializer if parameterization == "softplus" else _default_log_variance_initializer
-        )
-        self.activation = checks.activation(activation)
-        self.use_bias = bool(use_bias)
-        self.kernel_prior = priors_lib.get(kernel_prior, name="kernel_prior")
-        self.bias_prior = None if bias_prior is None else priors_lib.get(bias_prior, name="bias_prior")
-        self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
-        self.kernel_scale_initializer = checks.initializer(
-            "kernel_scale_initializer", default_rho() if kernel_scale_initializer is None else kernel_scale_initializer
-        )
-        self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
-        self.bias_scale_initializer = checks.initializer(
-            "bias_scale_initializer", default_rho() if bias_scale_initializer is None else bias_scale_initializer
-        )
-
-    @property
-    def bayesian_bias(self):
-        return self.use_bias and self.bias_prior is not None
-
-    def _build_posterior(self, kernel_shape, bias_shape):
-        """Makes the posterior weights of the given shapes (and the KL weight); checks the priors' shapes."""
-        self.kernel_loc = self.add_weight(
-            name="kernel_loc", shape=kernel_shape, initializer=self.kernel_initializer
-        )
-        self.kernel_rho = self.add_weight(
-            name="kernel_rho", shape=kernel_shape, initializer=self.kernel_scale_initializer
-        )
-        self.bias_loc = self.bias_rho = None
-        if self.use_bias:
-            self.bias_loc = self.add_weight(
-                name="bias_loc", shape=bias_shape, initializer=self.bias_initializer
-            )
-            if self.bayesian_bias:
-                self.bias_rho = self.add_weight(
-                    name="bias_rho", shape=bias_shape, initializer=self.bias_scale_initializer
-                )
-        self.kernel_prior.check_shape(self.kernel_loc.shape, "kernel_prior")
-        if self.bayesian_bias:
-            self.bias_prior.check_shape(self.bias_loc.shape, "bias_prior")
-        self._build_kl_weight()
-
-    # -- posterior pieces ------------------------------------------------------
-    def _scale(self, rho):
-        if self.parameterization == "log_variance":
-            return _log_variance_scale(rho)
-        return _softplus_scale(rho)
-
-    def kernel_scale(self):
-        return self._scale(self.kernel_rho)
-
-    def bias_scale(self):
-        return self._scale(self.bias_rho) if self.bayesian_bias else None
-
-    def _scale_and_kl(self, loc, rho, prior):
-        """``(sigma, KL)``: the KL in closed form where the prior has one, else None.
-
-        Softplus sigma with a Normal prior goes through one fused op with a
-        hand-written gradient (:func:`tfbnn.kl.softplus_scale_and_normal_kl`).
-        """
-        if self.parameterization == "softplus" and type(prior) is priors_lib.Normal:
-            return kl_lib.softplus_scale_and_normal_kl(loc, rho, prior)
-        scale = self._scale(rho)
-        return scale, (kl_lib.closed_form_kl(loc, scale, prior) if prior.has_closed_form_kl else None)
-
-    def posterior_as_prior(self):
-        """Freezes the current posterior as the prior: variational continual learning.
-
-        Sets ``kernel_prior`` (and ``bias_prior`` for a Bayesian bias) to a
-        :class:`tfbnn.priors.Posterior` holding the current ``N(mu, sigma^2)`` of every
-        weight as constants, so that further training minimises
-        ``-E_q[log p(D | w)] + KL(q || q_old)`` (Nguyen et al. 2018, eq. 4). The
-        posterior itself is not touched: training continues from it, and right after
-        this call the KL is 0. A point-estimate bias (``bias_prior=None``) stays one.
-        Models whose step functions were already traced must retrace (see
-        :func:`tfbnn.continual.posterior_as_prior`, which does that for a model).
-
-        Returns:
-            ``(kernel_prior, bias_prior)``, the new priors (``bias_prior`` None
-            without a Bayesian bias).
-        """
-        if not self.built:
-            raise ValueError(f"Layer '{self.name}' has no posterior yet: build it (call it on data) first. "
-                             f"Received: a layer with built={self.built}")
-        self.kernel_prior = priors_lib.Posterior(self.kernel_loc, self.kernel_scale())
-        if self.bayesian_bias:
-            self.bias_prior = priors_lib.Posterior(self.bias_loc, self.bias_scale())
-        return self.kernel_prior, (self.bias_prior if self.bayesian_bias else None)
-
-    def _kernel_scale_and_kl(self):
-        return self._scale_and_kl(self.kernel_loc, self.kernel_rho, self.kernel_prior)
-
-    def _sample(self, loc, scale, prior, num_samples=1, kl=None):
-        """Weight sample(s) and the KL: ``kl`` (the closed form of :meth:`_scale_and_kl`)
-        when given, else the Monte Carlo estimate averaged over the samples.
-
-        With ``num_samples = T > 1`` the sample has a leading axis of size T.
-        """
-        shape = tf.shape(loc)
-        if num_samples > 1:
-            shape = tf.concat([[num_samples], shape], axis=0)
-        eps = self._normal(shape, loc.dtype)
-        sample = loc + scale * eps
-        if kl is not None:
-            return sample, kl
-        return sample, kl_lib.monte_carlo_kl(sample, eps, scale, prior) / num_samples
-
-    def _num_samples(self, sampling):
-        return self._weight_samples if sampling else 1
-
-    def _kl(self, loc, scale, prior, kl, num_samples=1):
-        """``kl`` (the closed form from :meth:`_scale_and_kl`), or if None a Monte Carlo
-        estimate averaged over ``num_samples`` weight samples."""
-        return self._sample(loc, scale, prior, num_samples)[1] if kl is None else kl
-
-    def kl_divergence(self):
-        """``KL(q || p)`` of kernel and bias, summed, unscaled (MC for the scale mixture)."""
-        scale, kl = self._kernel_scale_and_kl()
-        total = self._kl(self.kernel_loc, scale, self.kernel_prior, kl)
-        if self.bayesian_bias:
-            scale, kl = self._bias_scale_and_kl()
-            total = total + self._kl(self.bias_loc, scale, self.bias_prior, kl)
-        return total
-
-    def _bias_scale_and_kl(self):
-        """``(sigma, KL)`` of a Bayesian bias (KL None for a Monte Carlo prior)."""
-        return self._scale_and_kl(self.bias_loc, self.bias_rho, self.bias_prior)
-
-    def _bias(self, sampling):
-        """Bias sample(s) (or mean) and its KL."""
-        if not self.use_bias:
-            return None, 0.0
-        if not self.bayesian_bias:
-            return self.bias_loc, 0.0
-        scale, kl = self._bias_scale_and_kl()
-        if sampling:
-            return self._sample(self.bias_loc, scale, self.bias_prior, self._num_samples(sampling), kl)
-        return self.bias_loc, self._kl(self.bias_loc, scale, self.bias_prior, kl)
-
-    def _finish(self, outputs, bias, kl, training):
-        if bias is not None:
-            outputs = self._add_bias(outputs, bias)
-        if self._adds_kl:
-            self._add_kl_loss(kl, training)
-        if self.activation is not None:
-            outputs = self.activation(outputs)
-        return outputs
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "activation": keras.activations.serialize(self.activation),
-                "use_bias": self.use_bias,
-                "kernel_prior": priors_lib.serialize(self.kernel_prior),
-                "bias_prior": None if self.bias_prior is None else priors_lib.serialize(self.bias_prior),
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "kernel_scale_initializer": keras.initializers.serialize(self.kernel_scale_initializer),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-                "bias_scale_initializer": keras.initializers.serialize(self.bias_scale_initializer),
-                "parameterization": self.parameterization,
-            }
-        )
-        return config
-
-
-class DenseBayesian(MeanFieldGaussian):
-    """The dense Bayes-by-Backprop layers' shapes and forward-pass pieces.
+class DenseBayesian(DenseArguments, MeanFieldGaussian):
+    """The dense Bayes-by-Backprop layers' shapes and their exact per-example Monte Carlo samples.
 
     Args:
         units: int > 0, output dimension.
-        activation, use_bias, kernel_prior, bias_prior, kernel_initializer,
-            kernel_scale_initializer, bias_initializer, bias_scale_initializer,
-            kl_weight, inference_mode, seed, parameterization: see
-            :class:`MeanFieldGaussian` (the same order after ``units``).
+        *args: the arguments of :class:`tfbnn.layers.MeanFieldGaussian` in its order
+            (``activation``, ``use_bias``, ``kernel_prior``, ``bias_prior``,
+            ``kernel_initializer``, ``kernel_scale_initializer``, ``bias_initializer``,
+            ``bias_scale_initializer``, ``kl_weight``, ``inference_mode``, ``seed``,
+            ``parameterization``), after ``units``.
+        **kwargs: the same, by name.
 
     Input shape: ``(batch, ..., input_dim)``, rank >= 2.
     Output shape: ``(batch, ..., units)``.
     """
 
-    def __init__(self, units, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.units = checks.integer("units", units, 1)
+    #: Inside :func:`tfbnn.weight_samples`, whether a batch tiled ``T`` times gets the moments of
+    #: :meth:`preactivation_moments` computed on one block (True, the default) or on every row.
+    share_tiled_moments = True
 
-    def build(self, input_shape):
-        input_dim = input_features(self, input_shape)
-        self._build_posterior(self._kernel_shape(input_dim), (self.units,))
-        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
-
-    def _kernel_shape(self, input_dim):
-        return (input_dim, self.units)
+    def call(self, inputs, training=None):
+        if self._per_row_sampling(self._sampling(training)):
+            return self._finish(self._local_reparameterization(inputs), None, training, 0.0)
+        return super().call(inputs, training)
 
     def _per_row_sampling(self, sampling):
         """Monte Carlo prediction with an independent weight sample per row."""
@@ -363,20 +99,30 @@ class DenseBayesian(MeanFieldGaussian):
         blocks = self._weight_samples
         rows = inputs.shape[0]
         # Prediction only: the data-dependent branch does not compile under XLA (a train step).
-        shared = self._mc_prediction and not self._samples_add_kl and self._share_tiled_moments
+        shared = self._mc_prediction and not self._samples_add_kl and self.share_tiled_moments
         if shared and (rows is None or rows % blocks == 0):
             mean, variance = self._moments_of_tiled_rows(inputs, scale, bias_scale, blocks)
         else:
-            mean, variance = self._moments(inputs, scale, bias_scale)
+            mean, variance = self.preactivation_moments(inputs, scale, bias_scale)
         eps = self._normal(tf.shape(mean), mean.dtype)
         # The floor keeps d sqrt(v)/dv finite where a ReLU zeroes a whole input row.
         return mean + tf.sqrt(variance + 1e-12) * eps
 
-    # Set False to always compute the moments of every row (for tests and benchmarks).
-    _share_tiled_moments = True
+    def preactivation_moments(self, inputs, scale=None, bias_scale=None):
+        """The posterior mean and variance of the pre-activations, ``x mu + b_mu`` and ``x^2 sigma^2 + b_sigma^2``.
 
-    def _moments(self, inputs, scale, bias_scale):
-        """Mean and variance of the pre-activations, ``x mu + b_mu`` and ``x^2 sigma^2 + b_sigma^2``."""
+        Args:
+            inputs: ``(batch, ..., input_dim)``.
+            scale, bias_scale: sigma of the kernel and of a Bayesian bias when already
+                computed (default: :meth:`kernel_scale`, :meth:`bias_scale`).
+
+        Returns:
+            ``(mean, variance)``, each ``(batch, ..., units)``.
+        """
+        if scale is None:
+            scale = self.kernel_scale()
+        if self.bayesian_bias and bias_scale is None:
+            bias_scale = self.bias_scale()
         mean = keras.ops.matmul(inputs, self.kernel_loc)
         variance = keras.ops.matmul(tf.square(inputs), tf.square(scale))
         if self.use_bias:
@@ -386,7 +132,7 @@ class DenseBayesian(MeanFieldGaussian):
         return mean, variance
 
     def _moments_of_tiled_rows(self, inputs, scale, bias_scale, blocks):
-        """:meth:`_moments`, computed once when the ``blocks`` row blocks of ``inputs`` are equal."""
+        """:meth:`preactivation_moments`, computed once when the ``blocks`` row blocks of ``inputs`` are equal."""
         shape = tf.shape(inputs)
         rows = shape[0]
         per_block = rows // blocks
@@ -396,35 +142,27 @@ class DenseBayesian(MeanFieldGaussian):
             return tf.reduce_all(tf.equal(flat, flat[:1]))
 
         def once():
-            mean, variance = self._moments(inputs[:per_block], scale, bias_scale)
+            mean, variance = self.preactivation_moments(inputs[:per_block], scale, bias_scale)
             reps = tf.concat([[blocks], tf.ones([tf.rank(mean) - 1], tf.int32)], axis=0)
             return tf.tile(mean, reps), tf.tile(variance, reps)
 
         tiled = tf.cond(tf.equal(rows % blocks, 0), blocks_equal, lambda: tf.constant(False))
-        return tf.cond(tiled, once, lambda: self._moments(inputs, scale, bias_scale))
+        return tf.cond(tiled, once, lambda: self.preactivation_moments(inputs, scale, bias_scale))
 
-    def _matmul(self, inputs, kernel):
-        """``inputs @ kernel``; a kernel of rank 3 holds one sample per block of rows."""
+    def _apply_kernel(self, inputs, kernel):
+        """``inputs @ kernel``; a kernel of rank 3 holds one sample per block of rows (one batched matmul)."""
         if kernel.shape.rank == 2:
             return keras.ops.matmul(inputs, kernel)
         shape = tf.shape(inputs)
         x = tf.reshape(inputs, tf.stack([tf.shape(kernel)[0], -1, shape[-1]]))
         return tf.reshape(tf.matmul(x, kernel), tf.concat([shape[:-1], [self.units]], axis=0))
 
-    def _add_bias(self, outputs, bias):
+    def _apply_bias(self, outputs, bias):
         if bias.shape.rank == 1:
             return outputs + bias
         shape = tf.shape(outputs)
         per_sample = tf.reshape(outputs, tf.stack([tf.shape(bias)[0], -1, self.units]))
         return tf.reshape(per_sample + bias[:, None, :], shape)
-
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape[:-1]) + (self.units,)
-
-    def get_config(self):
-        config = super().get_config()
-        config["units"] = self.units
-        return config
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
@@ -456,23 +194,9 @@ class DenseReparameterization(DenseBayesian):
         Blundell et al. Weight Uncertainty in Neural Networks. ICML 2015.
     """
 
-    def call(self, inputs, training=None):
-        sampling = self._sampling(training)
-        if self._per_row_sampling(sampling):
-            return self._finish(self._local_reparameterization(inputs), None, 0.0, training)
-        loc = self.kernel_loc
-        scale, kl = self._kernel_scale_and_kl()
-        if sampling:
-            kernel, kl = self._sample(loc, scale, self.kernel_prior, self._num_samples(sampling), kl)
-        else:
-            kernel, kl = loc, self._kl(loc, scale, self.kernel_prior, kl)
-        bias, bias_kl = self._bias(sampling)
-        outputs = self._matmul(inputs, kernel)
-        return self._finish(outputs, bias, kl + bias_kl, training)
-
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class DenseFlipout(DenseBayesian):
+class DenseFlipout(DenseBayesian, MeanFieldFlipout):
     """Bayes-by-Backprop dense layer with the Flipout estimator.
 
     One weight perturbation ``dW = sigma * eps`` per call is decorrelated across
@@ -491,44 +215,14 @@ class DenseFlipout(DenseBayesian):
     Example:
         >>> import numpy as np, tfbnn
         >>> layer = tfbnn.layers.DenseFlipout(3, seed=1, kl_weight=0.01)
-        >>> layer(np.ones((2, 4), "float32")).shape
-        TensorShape([2, 3])
+        >>> y = layer(np.ones((2, 4), "float32")).numpy()   # two equal examples
+        >>> y.shape, bool(np.allclose(y[0], y[1]))             # see two different kernels
+        ((2, 3), False)
 
     Reference:
         Wen, Vicol, Ba, Tran, Grosse. Flipout: Efficient Pseudo-Independent Weight
         Perturbations on Mini-Batches. ICLR 2018.
     """
-
-    def call(self, inputs, training=None):
-        sampling = self._sampling(training)
-        if self._per_row_sampling(sampling):
-            return self._finish(self._local_reparameterization(inputs), None, 0.0, training)
-        loc = self.kernel_loc
-        scale, kl = self._kernel_scale_and_kl()
-        outputs = keras.ops.matmul(inputs, loc)
-        if sampling:
-            num_samples = self._num_samples(sampling)
-            shape = tf.shape(loc) if num_samples == 1 else tf.concat([[num_samples], tf.shape(loc)], 0)
-            eps = self._normal(shape, loc.dtype)
-            delta = scale * eps
-            signs = self._signs(inputs)
-            perturbation = self._matmul(inputs * signs[0], delta) * signs[1]
-            outputs = outputs + perturbation
-            if kl is None:
-                kl = kl_lib.monte_carlo_kl(loc + delta, eps, scale, self.kernel_prior) / num_samples
-        else:
-            kl = self._kl(loc, scale, self.kernel_prior, kl)
-        bias, bias_kl = self._bias(sampling)
-        return self._finish(outputs, bias, kl + bias_kl, training)
-
-    def _signs(self, inputs):
-        in_shape = tf.shape(inputs)
-        out_shape = tf.concat([in_shape[:-1], [self.units]], axis=0)
-        seeds = tf.random.experimental.stateless_split(self._next_seed(), 2)
-        return (
-            self._rademacher(in_shape, inputs.dtype, seeds[0]),
-            self._rademacher(out_shape, inputs.dtype, seeds[1]),
-        )
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
@@ -552,9 +246,12 @@ class DenseLocalReparameterization(DenseBayesian):
 
     Example:
         >>> import numpy as np, tfbnn
+        >>> x = np.ones((2, 4), "float32")
         >>> layer = tfbnn.layers.DenseLocalReparameterization(3, seed=1, kl_weight=0.01)
-        >>> layer(np.ones((2, 4), "float32")).shape
-        TensorShape([2, 3])
+        >>> y = layer(x)
+        >>> mean, variance = layer.preactivation_moments(x)   # y is drawn from N(mean, variance)
+        >>> y.shape == mean.shape == variance.shape
+        True
 
     Reference:
         Kingma, Salimans, Welling. Variational Dropout and the Local
@@ -579,4 +276,4 @@ class DenseLocalReparameterization(DenseBayesian):
             outputs = keras.ops.matmul(inputs, self.kernel_loc)
             if self.use_bias:
                 outputs = outputs + self.bias_loc
-        return self._finish(outputs, None, kl, training)
+        return self._finish(outputs, None, training, kl)

@@ -78,8 +78,8 @@ import keras
 import tensorflow as tf
 
 from tfbnn._internal import checks
-from tfbnn.layers._conv_utils import ConvArguments
-from tfbnn.layers.base import BayesianLayer
+from tfbnn.layers.arguments import ConvArguments, DenseArguments
+from tfbnn.layers.base import BayesianLayer, KernelArguments
 
 __all__ = [
     "NodeDense",
@@ -215,6 +215,28 @@ class NodeLayer(BayesianLayer):
         """The mixture mean ``E_q[z] = (1/K) sum_k mu_k``, shape ``(d,)``."""
         return tf.reduce_mean(self.node_loc, axis=0)
 
+    def set_train_samples(self, num_samples=1):
+        """Sets ``S``, the noise samples per example in training; returns the previous ``S``.
+
+        With ``S > 1`` a training call's rows are the batch tiled ``S`` times,
+        sample-major (``(S * B, ...)``), and row ``s * B + i`` uses the component of
+        example ``i`` (see the module table). :class:`tfbnn.ibnn.IBNNModel` sets it on
+        every node layer while it traces its train step; set it back after use.
+
+        Example:
+            >>> import tfbnn
+            >>> layer = tfbnn.layers.NodeNoise(num_components=2)
+            >>> layer.set_train_samples(3), layer.train_samples
+            (1, 3)
+        """
+        previous, self._train_samples = self._train_samples, checks.integer("num_samples", num_samples, 1)
+        return previous
+
+    @property
+    def train_samples(self):
+        """``S``, the noise samples per example in training (1 outside :class:`tfbnn.ibnn.IBNNModel`)."""
+        return self._train_samples
+
     # -- which component each row uses ---------------------------------------------
     def component_index(self, num_rows):
         """The component each of ``num_rows`` rows uses now (int32 ``(num_rows,)``; see the module table).
@@ -330,10 +352,6 @@ class NodeLayer(BayesianLayer):
         )
         return tf.reduce_mean(log_q - log_p)
 
-    def _add_node_kl(self, training):
-        if self._adds_kl:
-            self._add_kl_loss(self.kl_divergence(), training)
-
     def get_config(self):
         config = super().get_config()
         config.update(
@@ -365,8 +383,47 @@ def _known_dim(layer, input_shape, axis, what):
 # -- the layers --------------------------------------------------------------------------
 
 
+class NodeKernelLayer(KernelArguments, NodeLayer):
+    """A layer with a deterministic kernel ``U`` and bias ``b`` whose inputs carry node noise.
+
+    ``activation(f(z o x, U) + b)`` with the shape family's operation ``f`` (a matmul,
+    a convolution), one ``z`` entry per input feature or channel. The base of
+    :class:`NodeDense` and the node convolutions, with a shape family
+    (:class:`tfbnn.layers.DenseArguments`, :class:`tfbnn.layers.ConvArguments`)
+    listed first.
+
+    Args:
+        activation: activation name or callable.
+        use_bias: bool. Default True.
+        kernel_initializer, bias_initializer: Keras initializers of ``U`` and ``b``.
+        **kwargs: the arguments of :class:`NodeLayer`.
+    """
+
+    def __init__(self, activation=None, use_bias=True, kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.init_kernel_arguments(activation, use_bias, kernel_initializer, bias_initializer)
+
+    def build_posterior(self, kernel_shape, bias_shape):
+        """Makes ``kernel``, ``bias`` (with ``use_bias``) and the node noise of the kernel's input axis."""
+        self.kernel = self.add_weight(name="kernel", shape=kernel_shape, initializer=self.kernel_initializer)
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(name="bias", shape=bias_shape, initializer=self.bias_initializer)
+        self._build_node_weights(kernel_shape[-2])
+
+    def call(self, inputs, training=None):
+        outputs = self.forward(inputs * self._noise(inputs, training, self.channel_axis), self.kernel)
+        return self._finish(outputs, self.bias, training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(self.kernel_config())
+        return config
+
+
 @keras.saving.register_keras_serializable(package="tfbnn")
-class NodeDense(NodeLayer):
+class NodeDense(DenseArguments, NodeKernelLayer):
     """Dense layer with iBNN node noise: ``activation((z o x) U + b)``, ``z ~ q(z)``.
 
     ``U`` (``kernel``, ``(d, units)``) and ``b`` (``bias``) are deterministic; ``z``
@@ -377,10 +434,10 @@ class NodeDense(NodeLayer):
 
     Args:
         units: int > 0, output dimension.
-        activation: activation name or callable.
-        use_bias: bool. Default True.
-        kernel_initializer, bias_initializer: Keras initializers of ``U`` and ``b``.
-        **kwargs: the arguments of :class:`NodeLayer` (``num_components``,
+        *args: ``activation`` (name or callable), ``use_bias`` (default True),
+            ``kernel_initializer`` and ``bias_initializer`` (of ``U`` and ``b``), in this
+            order after ``units`` (:class:`NodeKernelLayer`).
+        **kwargs: those four by name, and the arguments of :class:`NodeLayer` (``num_components``,
             ``prior_mean``, ``prior_stddev``, ``init_mean``, ``init_stddev``,
             ``init_scale_mean``, ``init_scale_stddev``, ``kl_estimator``, ``num_kl_samples``,
             ``kl_weight``, ``inference_mode``, ``seed``; K = 4, prior N(1, 0.1^2), means
@@ -407,119 +464,6 @@ class NodeDense(NodeLayer):
         Trinh, Heinonen, Acerbi, Kaski. Tackling Covariate Shift with Node-based
         Bayesian Neural Networks. ICML 2022 (eqs. 19-24).
     """
-
-    def __init__(
-        self,
-        units,
-        activation=None,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.units = _check_int("units", units, 1)
-        self.activation = checks.activation(activation)
-        self.use_bias = bool(use_bias)
-        self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
-        self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
-
-    def build(self, input_shape):
-        if len(input_shape) < 2:
-            raise ValueError(
-                f"Layer '{self.name}' expects inputs of rank >= 2 (batch, ..., features). "
-                f"Received: input_shape={tuple(input_shape)}"
-            )
-        input_dim = _known_dim(self, input_shape, -1, "last")
-        self.kernel = self.add_weight(name="kernel", shape=(input_dim, self.units), initializer=self.kernel_initializer)
-        self.bias = None
-        if self.use_bias:
-            self.bias = self.add_weight(name="bias", shape=(self.units,), initializer=self.bias_initializer)
-        self._build_node_weights(input_dim)
-        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
-
-    def call(self, inputs, training=None):
-        outputs = keras.ops.matmul(inputs * self._noise(inputs, training, -1), self.kernel)
-        if self.use_bias:
-            outputs = outputs + self.bias
-        self._add_node_kl(training)
-        if self.activation is not None:
-            outputs = self.activation(outputs)
-        return outputs
-
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape[:-1]) + (self.units,)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "units": self.units,
-                "activation": keras.activations.serialize(self.activation),
-                "use_bias": self.use_bias,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            }
-        )
-        return config
-
-
-class _NodeConv(ConvArguments, NodeLayer):
-    """The node-noise convolutions: :class:`ConvArguments` plus a deterministic kernel and bias."""
-
-    def __init__(
-        self,
-        filters,
-        kernel_size,
-        strides=1,
-        padding="valid",
-        data_format="channels_last",
-        dilation_rate=1,
-        activation=None,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.init_conv_arguments(filters, kernel_size, strides, padding, data_format, dilation_rate)
-        self.activation = checks.activation(activation)
-        self.use_bias = bool(use_bias)
-        self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
-        self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
-
-    def build(self, input_shape):
-        channels = self.input_channels(input_shape)
-        self.kernel = self.add_weight(
-            name="kernel", shape=self.kernel_size + (channels, self.filters), initializer=self.kernel_initializer
-        )
-        self.bias = None
-        if self.use_bias:
-            self.bias = self.add_weight(name="bias", shape=(self.filters,), initializer=self.bias_initializer)
-        self._build_node_weights(channels)
-        self.input_spec = self.conv_input_spec(channels)
-
-    def call(self, inputs, training=None):
-        outputs = self.convolution(inputs * self._noise(inputs, training, self.channel_axis), self.kernel)
-        if self.use_bias:
-            outputs = self.add_channel_bias(outputs, self.bias)
-        self._add_node_kl(training)
-        if self.activation is not None:
-            outputs = self.activation(outputs)
-        return outputs
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(self.conv_config())
-        config.update(
-            {
-                "activation": keras.activations.serialize(self.activation),
-                "use_bias": self.use_bias,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            }
-        )
-        return config
 
 
 _CONV_DOC = """{rank}-D convolution with iBNN node noise per input channel: ``activation(conv(z o x, U) + b)``.
@@ -560,13 +504,13 @@ _CONV_DOC = """{rank}-D convolution with iBNN node noise per input channel: ``ac
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class NodeConv1D(_NodeConv):
+class NodeConv1D(ConvArguments, NodeKernelLayer):
     __doc__ = _CONV_DOC.format(rank=1, spatial="length", example="8, ")
     rank = 1
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class NodeConv2D(_NodeConv):
+class NodeConv2D(ConvArguments, NodeKernelLayer):
     __doc__ = _CONV_DOC.format(rank=2, spatial="rows, cols", example="8, 8, ")
     rank = 2
 
@@ -618,7 +562,8 @@ class NodeNoise(NodeLayer):
 
     def call(self, inputs, training=None):
         outputs = inputs * self._noise(inputs, training, self.axis)
-        self._add_node_kl(training)
+        if self._adds_kl:
+            self._add_kl_loss(self.kl_divergence(), training)
         return outputs
 
     def compute_output_shape(self, input_shape):

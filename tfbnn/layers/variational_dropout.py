@@ -58,8 +58,8 @@ import tensorflow as tf
 
 from tfbnn._internal import checks
 from tfbnn import kl as kl_lib
-from tfbnn.layers.base import BayesianLayer, input_features
-from tfbnn.layers._conv_utils import ConvArguments
+from tfbnn.layers.arguments import ConvArguments, DenseArguments
+from tfbnn.layers.base import BayesianLayer, KernelArguments
 
 __all__ = [
     "DenseVariationalDropout",
@@ -94,7 +94,7 @@ def resolve_parameterization(value):
     return name
 
 
-class VariationalDropoutLayer(BayesianLayer):
+class VariationalDropoutLayer(KernelArguments, BayesianLayer):
     """Shared arguments, posterior, KL and noise of the variational-dropout layers.
 
     Args:
@@ -139,10 +139,7 @@ class VariationalDropoutLayer(BayesianLayer):
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
         self.parameterization = resolve_parameterization(parameterization)
-        self.activation = checks.activation(activation)
-        self.use_bias = bool(use_bias)
-        self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
-        self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
+        self.init_kernel_arguments(activation, use_bias, kernel_initializer, bias_initializer)
         default_scale = -10.0 if self.parameterization == "additive" else -8.0
         self.kernel_scale_initializer = checks.initializer(
             "kernel_scale_initializer",
@@ -174,10 +171,9 @@ class VariationalDropoutLayer(BayesianLayer):
         return {**super().renamed_argument_names(arguments), used: "kernel_scale_initializer", unused: None}
 
     # -- weights ---------------------------------------------------------------
-    def _kernel_shape(self, input_shape):
-        raise NotImplementedError
-
-    def _build_weights(self, kernel_shape, bias_shape):
+    def build_posterior(self, kernel_shape, bias_shape):
+        """Makes ``kernel_loc`` (theta), the kernel's scale (``kernel_log_sigma2`` or
+        ``kernel_log_alpha``), the point-estimate ``bias_loc`` and the KL weight."""
         self.kernel_loc = self.add_weight(name="kernel_loc", shape=kernel_shape, initializer=self.kernel_initializer)
         if self.parameterization == "additive":
             self.kernel_log_sigma2 = self.add_weight(
@@ -217,15 +213,9 @@ class VariationalDropoutLayer(BayesianLayer):
         return tf.reduce_sum(kl_fn(self.log_alpha()))
 
     # -- forward pass ------------------------------------------------------------
-    def _op(self, inputs, kernel):
-        raise NotImplementedError
-
-    def _add_bias(self, outputs):
-        raise NotImplementedError
-
     def _local_reparameterization(self, inputs):
-        mean = self._op(inputs, self.kernel_loc)
-        variance = self._op(tf.square(inputs), self.kernel_variance())
+        mean = self.forward(inputs, self.kernel_loc)
+        variance = self.forward(tf.square(inputs), self.kernel_variance())
         eps = self._normal(tf.shape(mean), mean.dtype)
         return mean + tf.sqrt(variance + _VARIANCE_EPS) * eps
 
@@ -241,24 +231,15 @@ class VariationalDropoutLayer(BayesianLayer):
             if sampling:
                 outputs = self._local_reparameterization(inputs)
             else:
-                outputs = self._op(inputs, self.kernel_loc)
-        if self.use_bias:
-            outputs = self._add_bias(outputs)
-        if self._adds_kl:
-            self._add_kl_loss(self.kl_divergence(), training)
-        if self.activation is not None:
-            outputs = self.activation(outputs)
-        return outputs
+                outputs = self.forward(inputs, self.kernel_loc)
+        return self._finish(outputs, self.bias_loc, training)
 
     def get_config(self):
         config = super().get_config()
+        config.update(self.kernel_config())
         config.update(
             {
                 "parameterization": self.parameterization,
-                "activation": keras.activations.serialize(self.activation),
-                "use_bias": self.use_bias,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
                 "kernel_scale_initializer": keras.initializers.serialize(self.kernel_scale_initializer),
                 "min_log_alpha": self.min_log_alpha,
                 "max_log_alpha": self._max_log_alpha_arg,
@@ -268,7 +249,7 @@ class VariationalDropoutLayer(BayesianLayer):
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class DenseVariationalDropout(VariationalDropoutLayer):
+class DenseVariationalDropout(DenseArguments, VariationalDropoutLayer):
     """Dense layer with variational dropout: sparse VD (Molchanov 2017) or Gaussian VD (Kingma 2015).
 
     Posterior ``q(w_ij) = N(theta_ij, alpha_ij theta_ij^2)``, log-uniform prior,
@@ -314,21 +295,6 @@ class DenseVariationalDropout(VariationalDropoutLayer):
         Reparameterization Trick. NeurIPS 2015 (eq. 6, 7, appendix C).
     """
 
-    def __init__(self, units, **kwargs):
-        super().__init__(**kwargs)
-        self.units = checks.integer("units", units, 1)
-
-    def build(self, input_shape):
-        input_dim = input_features(self, input_shape)
-        self._build_weights((input_dim, self.units), (self.units,))
-        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
-
-    def _op(self, inputs, kernel):
-        return keras.ops.matmul(inputs, kernel)
-
-    def _add_bias(self, outputs):
-        return outputs + self.bias_loc
-
     def _joint_sample_outputs(self, inputs):
         """One weight sample per block of rows, T in all: ``W_t = theta + sqrt(alpha theta^2) eps_t``."""
         num_samples = self._weight_samples
@@ -338,46 +304,6 @@ class DenseVariationalDropout(VariationalDropoutLayer):
         shape = tf.shape(inputs)
         x = tf.reshape(inputs, tf.stack([num_samples, -1, shape[-1]]))
         return tf.reshape(tf.matmul(x, kernels), tf.concat([shape[:-1], [self.units]], axis=0))
-
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape[:-1]) + (self.units,)
-
-    def get_config(self):
-        config = super().get_config()
-        config["units"] = self.units
-        return config
-
-
-class _ConvVariationalDropout(ConvArguments, VariationalDropoutLayer):
-    """The variational-dropout convolutions: :class:`ConvArguments` plus the posterior.
-
-    Args:
-        filters, kernel_size, strides, padding, data_format, dilation_rate: as
-            ``keras.layers.Conv{rank}D``.
-        **kwargs: ``parameterization`` and the other arguments of
-            :class:`VariationalDropoutLayer`.
-    """
-
-    def __init__(self, filters, kernel_size, strides=1, padding="valid", data_format="channels_last",
-                 dilation_rate=1, **kwargs):
-        super().__init__(**kwargs)
-        self.init_conv_arguments(filters, kernel_size, strides, padding, data_format, dilation_rate)
-
-    def build(self, input_shape):
-        channels = self.input_channels(input_shape)
-        self._build_weights(self.kernel_size + (channels, self.filters), (self.filters,))
-        self.input_spec = self.conv_input_spec(channels)
-
-    def _op(self, inputs, kernel):
-        return self.convolution(inputs, kernel)
-
-    def _add_bias(self, outputs):
-        return self.add_channel_bias(outputs, self.bias_loc)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(self.conv_config())
-        return config
 
 
 _CONV_DOC = """{rank}-D convolution with variational dropout (Molchanov 2017 sparse VD, or Kingma 2015).
@@ -416,12 +342,12 @@ _CONV_DOC = """{rank}-D convolution with variational dropout (Molchanov 2017 spa
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class Conv1DVariationalDropout(_ConvVariationalDropout):
+class Conv1DVariationalDropout(ConvArguments, VariationalDropoutLayer):
     __doc__ = _CONV_DOC.format(rank=1, spatial="length", example="8, ")
     rank = 1
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class Conv2DVariationalDropout(_ConvVariationalDropout):
+class Conv2DVariationalDropout(ConvArguments, VariationalDropoutLayer):
     __doc__ = _CONV_DOC.format(rank=2, spatial="rows, cols", example="8, 8, ")
     rank = 2

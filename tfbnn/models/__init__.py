@@ -69,6 +69,7 @@ from tfbnn.models.alexnet import alexnet
 from tfbnn.models.convnext import CONFIGS as CONVNEXT_CONFIGS
 from tfbnn.models.convnext import LayerScale, StochasticDepth, convnext
 from tfbnn.models.lenet import lenet5
+from tfbnn.models import methods
 from tfbnn.models.methods import (
     BAYESIAN_LAYERS,
     BAYESIAN_METHODS,
@@ -89,13 +90,7 @@ __all__ = [
     "MODELS",
     "TEXT_MODELS",
     "PRESETS",
-    "ZOO_METHODS",
-    "BAYESIAN_METHODS",
-    "ESTIMATORS",
-    "METHOD_OPTIONS",
-    "BAYESIAN_LAYERS",
-    "LayerFactory",
-    "get_factory",
+    *methods.__all__,
     "build",
     "get_builder",
     "mlp",
@@ -165,15 +160,29 @@ def get_builder(name):
 def build(name, method="deterministic", **kwargs):
     """Builds the zoo model ``name`` for ``method``.
 
+    Every builder takes ``method``, its family's own arguments (``stem``, ``variant``,
+    ``hidden_units``, ...) and, as ``**kwargs``, the zoo's common arguments, documented
+    here once, and the method's options.
+
     Args:
         name: a model name of :data:`MODELS` or a preset of :data:`PRESETS`.
         method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
             or a :class:`LayerFactory`.
-        **kwargs: the builder's arguments (``num_classes``, ``input_shape``,
-            ``num_examples``, ``seed``, ``bayesian_layers``, family options such as
-            ``stem``) and the method's options (``rate``, ``estimator``, ``prior``,
-            ``parameterization``, ``num_components``, ``prior_mean``, ``prior_stddev``,
-            ``init_mean``, ``init_stddev``, ``init_scale_mean``, ``init_scale_stddev``).
+        **kwargs: the family's own arguments, the common arguments and the method's options.
+            The common arguments:
+            ``num_classes`` (int >= 2, softmax outputs; default 10, the transformer's 2);
+            ``input_shape`` (one example, no batch axis; default ``(32, 32, 3)``, the MLP's
+            ``(784,)``; the transformer takes ``max_length`` instead);
+            ``num_examples`` (int, N, required for bbb, vd and ibnn: every Bayesian layer
+            gets ``kl_weight = 1 / N``);
+            ``seed`` (int >= 0 or None, the base seed of the stochastic layers, see
+            :mod:`tfbnn.models.methods`);
+            ``bayesian_layers`` (``"all"``, default, or ``"last"``: a deterministic body and a
+            Bayesian head);
+            ``name`` (the model's name; default ``"<builder>_<method>"``).
+            The method's options (:data:`METHOD_OPTIONS`): ``rate``; ``estimator``, ``prior``;
+            ``parameterization``; ``num_components``, ``prior_mean``, ``prior_stddev``,
+            ``init_mean``, ``init_stddev``, ``init_scale_mean``, ``init_scale_stddev``.
 
     Returns:
         An uncompiled functional ``keras.Model`` with softmax outputs.

@@ -1,11 +1,19 @@
-"""What every zoo builder shares: argument checks, the classification head, the prologue."""
+"""What every zoo builder shares: its common arguments, their checks, the input, the head and the model.
+
+A builder's signature holds ``method`` and its family's own arguments; everything else
+comes as ``**kwargs`` and goes to :func:`start`, which takes the common arguments out
+(``num_classes``, ``input_shape``, ``num_examples``, ``seed``, ``bayesian_layers``, ``name``;
+documented once, in :func:`tfbnn.models.build`), treats the rest as the method's options,
+checks them all and returns a :class:`Build`: the :class:`~tfbnn.models.LayerFactory`, the
+``keras.Input`` and :meth:`Build.classifier` / :meth:`Build.model`, which end every builder.
+"""
 
 import keras
 
 from tfbnn._internal import checks
 from tfbnn.models.methods import get_factory
 
-__all__ = ["check_num_classes", "check_input_shape", "classifier_head", "prologue"]
+__all__ = ["Build", "start", "check_num_classes", "check_input_shape", "classifier_head", "hidden_dense"]
 
 
 def check_num_classes(num_classes):
@@ -41,14 +49,56 @@ def classifier_head(x, factory, num_classes, name="predictions"):
     return factory.head(check_num_classes(num_classes), activation="softmax", name=name)(x)
 
 
-def prologue(method, options, num_examples, seed, num_classes, input_shape, rank, min_side, model,
-             bayesian_layers="all", dtype=None):
-    """Validates the common arguments; returns ``(factory, keras.Input)``."""
-    check_num_classes(num_classes)
-    shape = check_input_shape(input_shape, rank, min_side, model)
-    factory = get_factory(method, options, num_examples, seed, bayesian_layers)
-    return factory, keras.Input(shape, dtype=dtype, name="inputs")
+def hidden_dense(x, factory, units, activation, name, dropout_name):
+    """A hidden dense layer of the body and, for ``mc_dropout``, the MC dropout after it."""
+    x = factory.dense(units, activation=activation, name=name)(x)
+    return factory.dropout(x, name=dropout_name)
 
 
-def model_name(name, default, factory):
-    return name or f"{default}_{factory.method}"
+class Build:
+    """One zoo model being built: its method's factory, its input and its common arguments.
+
+    Made by :func:`start`. Attributes: ``factory`` (a :class:`~tfbnn.models.LayerFactory`),
+    ``inputs`` (the ``keras.Input``), ``num_classes`` and ``name`` (as given).
+    """
+
+    def __init__(self, factory, inputs, num_classes, name):
+        self.factory, self.inputs, self.num_classes, self.name = factory, inputs, num_classes, name
+
+    def classifier(self, x, default_name):
+        """The softmax head on ``x`` (:func:`classifier_head`) and the model (:meth:`model`)."""
+        return self.model(classifier_head(x, self.factory, self.num_classes), default_name)
+
+    def model(self, outputs, default_name):
+        """The functional ``keras.Model``, named ``name`` or ``<default_name>_<method>``."""
+        return keras.Model(self.inputs, outputs, name=self.name or f"{default_name}_{self.factory.method}")
+
+
+def start(method, kwargs, model, *, rank=3, min_side=1, num_classes=10, input_shape=(32, 32, 3), fixed_shape=None,
+          classifier=True, dtype=None):
+    """Checks a builder's common arguments and the method's options; returns a :class:`Build`.
+
+    Args:
+        method: the builder's ``method``.
+        kwargs: the builder's ``**kwargs``: the common arguments and the method's options.
+        model: the model's name in error messages.
+        rank, min_side: the rank ``input_shape`` must have (None: any) and, for images, the
+            smallest side.
+        num_classes, input_shape: the family's defaults of these common arguments.
+        fixed_shape: the input shape of a family that takes no ``input_shape`` (then an
+            ``input_shape`` argument is an unknown option).
+        classifier: False when the model has no ``num_classes`` outputs (a regression MLP):
+            ``num_classes`` is then not checked.
+        dtype: the input's dtype (None: float).
+    """
+    common = {"num_classes": num_classes, "input_shape": input_shape, "num_examples": None, "seed": None,
+              "bayesian_layers": "all", "name": None}
+    if fixed_shape is not None:
+        del common["input_shape"]
+    options = {k: v for k, v in kwargs.items() if k not in common}
+    common.update((k, v) for k, v in kwargs.items() if k in common)
+    if classifier:
+        check_num_classes(common["num_classes"])
+    shape = check_input_shape(common.get("input_shape", fixed_shape), rank, min_side, model)
+    factory = get_factory(method, options, common["num_examples"], common["seed"], common["bayesian_layers"])
+    return Build(factory, keras.Input(shape, dtype=dtype, name="inputs"), common["num_classes"], common["name"])

@@ -49,56 +49,37 @@ def _resolve_layout(layout, input_shape):
     return layout
 
 
-def alexnet(
-    method="deterministic",
-    *,
-    num_classes=10,
-    input_shape=(32, 32, 3),
-    num_examples=None,
-    seed=None,
-    layout=None,
-    bayesian_layers="all",
-    name=None,
-    **method_options,
-):
+def alexnet(method="deterministic", *, layout=None, **kwargs):
     """AlexNet for ``method``; softmax outputs.
 
+    Inputs ``(height, width, channels)`` (default ``input_shape`` ``(32, 32, 3)``), at
+    least 8x8 in the CIFAR layout and 67x67 in the ImageNet one.
+
     Args:
-        method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
-            or a :class:`tfbnn.models.LayerFactory`.
-        num_classes: int >= 2.
-        input_shape: ``(height, width, channels)``. Default ``(32, 32, 3)``.
-        num_examples: int, N (required for bbb, vd, ibnn).
-        seed: int or None.
+        method: a name of :data:`tfbnn.models.ZOO_METHODS` or a :class:`tfbnn.models.LayerFactory`.
         layout: ``"cifar"``, ``"imagenet"`` or None (default: ``"imagenet"`` for
             inputs of at least 67x67, ``"cifar"`` below); see the module table.
-        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
-            Bayesian head (:mod:`tfbnn.models.methods`).
-        name: model name; default ``"alexnet_<method>"``.
-        **method_options: the method's options.
+        **kwargs: the zoo's common arguments and the method's options (:func:`tfbnn.models.build`).
 
     Returns:
-        An uncompiled functional ``keras.Model``.
+        An uncompiled functional ``keras.Model``, by default named ``"alexnet_<method>"``.
     """
-    layout = _resolve_layout(layout, input_shape)
+    layout = _resolve_layout(layout, kwargs.get("input_shape", (32, 32, 3)))
     min_side = 8 if layout == "cifar" else _IMAGENET_MIN_SIDE
-    factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
-                                       input_shape, 3, min_side, f"alexnet (layout={layout!r})",
-                                       bayesian_layers=bayesian_layers)
+    build = _common.start(method, kwargs, f"alexnet (layout={layout!r})", min_side=min_side)
     pool_padding = "same" if layout == "cifar" else "valid"
-    x = inputs
+    x = build.inputs
     for i, filters in enumerate(_FILTERS, 1):
         if i == 1:
             kernel, strides, padding = (5, 1, "same") if layout == "cifar" else (11, 4, "valid")
         else:
             kernel, strides, padding = (5 if i == 2 else 3), 1, "same"
-        x = factory.conv2d(filters, kernel, strides=strides, padding=padding, activation="relu", name=f"conv{i}")(x)
+        x = build.factory.conv2d(filters, kernel, strides=strides, padding=padding, activation="relu",
+                                 name=f"conv{i}")(x)
         if i in _POOL_AFTER:
             x = keras.layers.MaxPooling2D(3, strides=2, padding=pool_padding, name=f"pool{i}")(x)
-            x = factory.spatial_dropout(x, name=f"dropout_conv{i}")
+            x = build.factory.spatial_dropout(x, name=f"dropout_conv{i}")
     x = keras.layers.Flatten(name="flatten")(x)
     for i in (6, 7):
-        x = factory.dense(4096, activation="relu", name=f"fc{i}")(x)
-        x = factory.dropout(x, name=f"dropout_fc{i}")
-    outputs = _common.classifier_head(x, factory, num_classes)
-    return keras.Model(inputs, outputs, name=_common.model_name(name, "alexnet", factory))
+        x = _common.hidden_dense(x, build.factory, 4096, "relu", f"fc{i}", f"dropout_fc{i}")
+    return build.classifier(x, "alexnet")

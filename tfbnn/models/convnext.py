@@ -165,8 +165,7 @@ def _check_stages(depths, dims):
 def _block(x, factory, dim, drop_rate, layer_scale_init, name):
     y = keras.layers.DepthwiseConv2D(7, padding="same", name=f"{name}_depthwise_conv")(x)
     y = keras.layers.LayerNormalization(epsilon=_LN_EPSILON, name=f"{name}_layernorm")(y)
-    y = factory.dense(4 * dim, activation="gelu", name=f"{name}_pointwise_conv_1")(y)
-    y = factory.dropout(y, name=f"{name}_dropout")
+    y = _common.hidden_dense(y, factory, 4 * dim, "gelu", f"{name}_pointwise_conv_1", f"{name}_dropout")
     y = factory.dense(dim, name=f"{name}_pointwise_conv_2")(y)
     if layer_scale_init:
         y = LayerScale(layer_scale_init, name=f"{name}_layer_scale")(y)
@@ -175,32 +174,16 @@ def _block(x, factory, dim, drop_rate, layer_scale_init, name):
     return keras.layers.Add(name=f"{name}_add")([x, y])
 
 
-def convnext(
-    method="deterministic",
-    *,
-    num_classes=10,
-    input_shape=(32, 32, 3),
-    num_examples=None,
-    seed=None,
-    depths=CONFIGS["tiny"]["depths"],
-    dims=CONFIGS["tiny"]["dims"],
-    patch_size=4,
-    drop_path_rate=0.0,
-    layer_scale_init=1e-6,
-    bayesian_layers="all",
-    name=None,
-    **method_options,
-):
+def convnext(method="deterministic", *, depths=CONFIGS["tiny"]["depths"], dims=CONFIGS["tiny"]["dims"], patch_size=4,
+             drop_path_rate=0.0, layer_scale_init=1e-6, **kwargs):
     """ConvNeXt for ``method``; softmax outputs.
 
+    Inputs ``(height, width, channels)`` with sides of at least
+    ``patch_size * 2^(len(depths) - 1)`` (32 for the defaults; default ``input_shape``
+    ``(32, 32, 3)``). Stochastic-depth layers take derived seeds after the method's.
+
     Args:
-        method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
-            or a :class:`tfbnn.models.LayerFactory`.
-        num_classes: int >= 2.
-        input_shape: ``(height, width, channels)``, sides at least
-            ``patch_size * 2^(len(depths) - 1)`` (32 for the defaults). Default ``(32, 32, 3)``.
-        num_examples: int, N (required for bbb, vd, ibnn).
-        seed: int or None; stochastic-depth layers take derived seeds after the method's.
+        method: a name of :data:`tfbnn.models.ZOO_METHODS` or a :class:`tfbnn.models.LayerFactory`.
         depths: blocks per stage. Default ``(3, 3, 9, 3)`` (ConvNeXt-T).
         dims: channels per stage, one per entry of ``depths``. Default ``(96, 192, 384, 768)``.
         patch_size: int >= 1, the stem's kernel and stride. Default 4 (the paper's);
@@ -209,13 +192,10 @@ def convnext(
             (linear from 0). Default 0.
         layer_scale_init: float >= 0, the initial layer scale; 0 or None: no layer scale.
             Default 1e-6.
-        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
-            Bayesian head (:mod:`tfbnn.models.methods`).
-        name: model name; default ``"convnext_<method>"``.
-        **method_options: the method's options.
+        **kwargs: the zoo's common arguments and the method's options (:func:`tfbnn.models.build`).
 
     Returns:
-        An uncompiled functional ``keras.Model``.
+        An uncompiled functional ``keras.Model``, by default named ``"convnext_<method>"``.
 
     Example:
         >>> import tfbnn
@@ -228,11 +208,10 @@ def convnext(
     patch_size = checks.integer("patch_size", patch_size, 1)
     drop_path_rate = checks.number("drop_path_rate", drop_path_rate, low=0, high=1, high_open=True)
     layer_scale_init = checks.number("layer_scale_init", layer_scale_init or 0.0, low=0)
-    min_side = patch_size * 2 ** (len(depths) - 1)
-    factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes, input_shape, 3,
-                                       min_side, f"convnext (patch_size={patch_size}, {len(depths)} stages)",
-                                       bayesian_layers=bayesian_layers)
-    x = factory.conv2d(dims[0], patch_size, strides=patch_size, name="stem_conv")(inputs)
+    build = _common.start(method, kwargs, f"convnext (patch_size={patch_size}, {len(depths)} stages)",
+                          min_side=patch_size * 2 ** (len(depths) - 1))
+    factory = build.factory
+    x = factory.conv2d(dims[0], patch_size, strides=patch_size, name="stem_conv")(build.inputs)
     x = keras.layers.LayerNormalization(epsilon=_LN_EPSILON, name="stem_layernorm")(x)
     total, index = sum(depths), 0
     for s, (depth, dim) in enumerate(zip(depths, dims), 1):
@@ -245,5 +224,4 @@ def convnext(
             index += 1
     x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
     x = keras.layers.LayerNormalization(epsilon=_LN_EPSILON, name="head_layernorm")(x)
-    outputs = _common.classifier_head(x, factory, num_classes)
-    return keras.Model(inputs, outputs, name=_common.model_name(name, "convnext", factory))
+    return build.classifier(x, "convnext")

@@ -22,6 +22,7 @@ Ghahramani's "LeNet-all").
 
 import keras
 
+from tfbnn._internal import checks
 from tfbnn.models import _common
 
 __all__ = ["lenet5"]
@@ -31,31 +32,14 @@ _POOLING = {"average": keras.layers.AveragePooling2D, "max": keras.layers.MaxPoo
 _WIDTHS = (6, 16, 120, 84)
 
 
-def lenet5(
-    method="deterministic",
-    *,
-    num_classes=10,
-    input_shape=(32, 32, 3),
-    num_examples=None,
-    seed=None,
-    padding="valid",
-    activation="sigmoid",
-    width_multiplier=1,
-    kernel_size=5,
-    pooling="average",
-    bayesian_layers="all",
-    name=None,
-    **method_options,
-):
+def lenet5(method="deterministic", *, padding="valid", activation="sigmoid", width_multiplier=1, kernel_size=5,
+           pooling="average", **kwargs):
     """LeNet-5 for ``method``; softmax outputs.
 
+    Inputs ``(height, width, channels)`` (default ``input_shape`` ``(32, 32, 3)``).
+
     Args:
-        method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
-            or a :class:`tfbnn.models.LayerFactory`.
-        num_classes: int >= 2.
-        input_shape: ``(height, width, channels)``. Default ``(32, 32, 3)``.
-        num_examples: int, N (required for bbb, vd, ibnn).
-        seed: int or None.
+        method: a name of :data:`tfbnn.models.ZOO_METHODS` or a :class:`tfbnn.models.LayerFactory`.
         padding: ``"valid"`` (default, the original; needs >= 16x16 inputs) or
             ``"same"`` (keeps the size through the convolutions; for tiny inputs).
         activation: activation of the conv and hidden dense layers. Default
@@ -64,13 +48,10 @@ def lenet5(
             filters / units (the dense weights grow with its square). Default 1.
         kernel_size: int >= 1, the convolutions' kernel side. Default 5.
         pooling: ``"average"`` (default, LeCun's subsampling) or ``"max"``.
-        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
-            Bayesian head (:mod:`tfbnn.models.methods`).
-        name: model name; default ``"lenet5_<method>"``.
-        **method_options: the method's options.
+        **kwargs: the zoo's common arguments and the method's options (:func:`tfbnn.models.build`).
 
     Returns:
-        An uncompiled functional ``keras.Model``.
+        An uncompiled functional ``keras.Model``, by default named ``"lenet5_<method>"``.
 
     Example:
         >>> import tfbnn
@@ -82,21 +63,16 @@ def lenet5(
         raise ValueError(f"Expected `padding` in {_PADDINGS}. Received: padding={padding!r}")
     if pooling not in _POOLING:
         raise ValueError(f"Expected `pooling` in {tuple(_POOLING)}. Received: pooling={pooling!r}")
-    for arg, value in (("width_multiplier", width_multiplier), ("kernel_size", kernel_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"Expected `{arg}` to be a positive integer. Received: {arg}={value!r}")
+    width_multiplier = checks.integer("width_multiplier", width_multiplier, 1)
+    kernel_size = checks.integer("kernel_size", kernel_size, 1)
     c1, c2, f1, f2 = (w * width_multiplier for w in _WIDTHS)
-    min_side = 4 * kernel_size - 4 if padding == "valid" else 4
-    factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
-                                       input_shape, 3, min_side, "lenet5", bayesian_layers=bayesian_layers)
-    x = inputs
+    build = _common.start(method, kwargs, "lenet5", min_side=4 * kernel_size - 4 if padding == "valid" else 4)
+    x = build.inputs
     for i, filters in enumerate((c1, c2), 1):
-        x = factory.conv2d(filters, kernel_size, padding=padding, activation=activation, name=f"conv{i}")(x)
+        x = build.factory.conv2d(filters, kernel_size, padding=padding, activation=activation, name=f"conv{i}")(x)
         x = _POOLING[pooling](2, name=f"pool{i}")(x)
-        x = factory.spatial_dropout(x, name=f"dropout_conv{i}")
+        x = build.factory.spatial_dropout(x, name=f"dropout_conv{i}")
     x = keras.layers.Flatten(name="flatten")(x)
     for i, units in enumerate((f1, f2), 1):
-        x = factory.dense(units, activation=activation, name=f"fc{i}")(x)
-        x = factory.dropout(x, name=f"dropout_fc{i}")
-    outputs = _common.classifier_head(x, factory, num_classes)
-    return keras.Model(inputs, outputs, name=_common.model_name(name, "lenet5", factory))
+        x = _common.hidden_dense(x, build.factory, units, activation, f"fc{i}", f"dropout_fc{i}")
+    return build.classifier(x, "lenet5")

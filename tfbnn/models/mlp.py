@@ -22,6 +22,7 @@ name               hidden units  parameters (784 inputs, 10 classes)  source
 
 import keras
 
+from tfbnn._internal import checks
 from tfbnn.models import _common
 
 __all__ = ["mlp", "PRESETS"]
@@ -52,46 +53,26 @@ def _check_hidden_units(hidden_units):
     return units
 
 
-def mlp(
-    method="deterministic",
-    *,
-    hidden_units=(1200, 1200),
-    num_classes=10,
-    input_shape=(784,),
-    num_examples=None,
-    seed=None,
-    activation="relu",
-    outputs=None,
-    normalization=None,
-    bayesian_layers="all",
-    name=None,
-    **method_options,
-):
+def mlp(method="deterministic", *, hidden_units=(1200, 1200), activation="relu", outputs=None, normalization=None,
+        **kwargs):
     """A classifier MLP for ``method``; softmax outputs (or a regression MLP: ``outputs``).
 
+    Inputs of any shape (default ``input_shape`` ``(784,)``); inputs of rank > 1 are flattened.
+
     Args:
-        method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
-            or a :class:`tfbnn.models.LayerFactory`.
+        method: a name of :data:`tfbnn.models.ZOO_METHODS` or a :class:`tfbnn.models.LayerFactory`.
         hidden_units: tuple of ints, or a preset name of :data:`PRESETS`. Default
             ``(1200, 1200)`` (Blundell et al. 2015).
-        num_classes: int >= 2.
-        input_shape: shape of one example; inputs of rank > 1 are flattened.
-        num_examples: int, N (required for bbb, vd, ibnn: ``kl_weight = 1 / N``).
-        seed: int or None, the base seed of the stochastic layers.
         activation: hidden activation. Default ``"relu"``.
-        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
-            Bayesian head (:mod:`tfbnn.models.methods`).
         outputs: None (a classifier: ``num_classes`` softmax units) or an int >= 1:
             a regression net with that many linear outputs (``num_classes`` unused).
         normalization: None, or ``(mean, variance)`` of the inputs: a
             ``keras.layers.Normalization`` standardizes them first (deterministic).
-        name: model name; default ``"mlp_<method>"``.
-        **method_options: the method's options (``rate``; ``estimator``, ``prior``;
-            ``parameterization``; ``num_components``, ``prior_mean``, ``prior_stddev``, ``init_*``).
+        **kwargs: the zoo's common arguments and the method's options (:func:`tfbnn.models.build`).
 
     Returns:
-        An uncompiled functional ``keras.Model`` (compile with
-        ``"sparse_categorical_crossentropy"``).
+        An uncompiled functional ``keras.Model``, by default named ``"mlp_<method>"``
+        (compile with ``"sparse_categorical_crossentropy"``).
 
     Example:
         >>> import numpy as np, tfbnn
@@ -102,21 +83,15 @@ def mlp(
         True
     """
     units = _check_hidden_units(hidden_units)
-    if outputs is not None and (isinstance(outputs, bool) or not isinstance(outputs, int) or outputs < 1):
-        raise ValueError(f"Expected `outputs` to be None or a positive integer. Received: outputs={outputs!r}")
-    factory, inputs = _common.prologue(method, method_options, num_examples, seed,
-                                       num_classes if outputs is None else 2, input_shape, None, 1, "mlp",
-                                       bayesian_layers=bayesian_layers)
-    x = keras.layers.Flatten(name="flatten")(inputs) if len(inputs.shape) > 2 else inputs
+    outputs = checks.integer("outputs", outputs, 1, allow_none=True)
+    build = _common.start(method, kwargs, "mlp", rank=None, input_shape=(784,), classifier=outputs is None)
+    x = keras.layers.Flatten(name="flatten")(build.inputs) if len(build.inputs.shape) > 2 else build.inputs
     if normalization is not None:
         mean, variance = normalization
         x = keras.layers.Normalization(mean=float(mean), variance=float(variance), name="standardize")(x)
     for i, u in enumerate(units, 1):
-        x = factory.dense(u, activation=activation, name=f"dense_{i}")(x)
-        x = factory.dropout(x, name=f"dropout_{i}")
+        x = _common.hidden_dense(x, build.factory, u, activation, f"dense_{i}", f"dropout_{i}")
     if outputs is None:
-        y = _common.classifier_head(x, factory, num_classes)
-    else:
-        y = factory.head_dropout(x, name="predictions_dropout")
-        y = factory.head(outputs, activation=None, name="predictions")(y)
-    return keras.Model(inputs, y, name=_common.model_name(name, "mlp", factory))
+        return build.classifier(x, "mlp")
+    y = build.factory.head_dropout(x, name="predictions_dropout")
+    return build.model(build.factory.head(outputs, activation=None, name="predictions")(y), "mlp")

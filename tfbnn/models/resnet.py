@@ -70,48 +70,27 @@ def _stem(x, factory, stem):
     return x
 
 
-def resnet50(
-    method="deterministic",
-    *,
-    num_classes=10,
-    input_shape=(32, 32, 3),
-    num_examples=None,
-    seed=None,
-    stem="imagenet",
-    bayesian_layers="all",
-    name=None,
-    **method_options,
-):
+def resnet50(method="deterministic", *, stem="imagenet", **kwargs):
     """ResNet-50 for ``method``; softmax outputs.
 
+    Inputs ``(height, width, channels)`` of at least 32x32 with the ImageNet stem, 8x8
+    with the CIFAR stem (default ``input_shape`` ``(32, 32, 3)``).
+
     Args:
-        method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
-            or a :class:`tfbnn.models.LayerFactory`.
-        num_classes: int >= 2.
-        input_shape: ``(height, width, channels)``, at least 32x32 with the ImageNet
-            stem, 8x8 with the CIFAR stem. Default ``(32, 32, 3)``.
-        num_examples: int, N (required for bbb, vd, ibnn).
-        seed: int or None.
+        method: a name of :data:`tfbnn.models.ZOO_METHODS` or a :class:`tfbnn.models.LayerFactory`.
         stem: ``"imagenet"`` (default, 7x7 / 2 + max pool, as keras.applications) or
             ``"cifar"`` (3x3 / 1, no pooling).
-        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
-            Bayesian head (:mod:`tfbnn.models.methods`).
-        name: model name; default ``"resnet50_<method>"``.
-        **method_options: the method's options.
+        **kwargs: the zoo's common arguments and the method's options (:func:`tfbnn.models.build`).
 
     Returns:
-        An uncompiled functional ``keras.Model``.
+        An uncompiled functional ``keras.Model``, by default named ``"resnet50_<method>"``.
     """
     if stem not in STEMS:
         raise ValueError(f"Expected `stem` in {STEMS}. Received: stem={stem!r}")
-    min_side = 32 if stem == "imagenet" else 8
-    factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
-                                       input_shape, 3, min_side, f"resnet50 (stem={stem!r})",
-                                       bayesian_layers=bayesian_layers)
-    x = _stem(inputs, factory, stem)
+    build = _common.start(method, kwargs, f"resnet50 (stem={stem!r})", min_side=32 if stem == "imagenet" else 8)
+    x = _stem(build.inputs, build.factory, stem)
     for stage, filters, blocks, stride in STAGES:
         for b in range(1, blocks + 1):
-            x = _bottleneck(x, factory, filters, stride if b == 1 else 1, b == 1, name=f"{stage}_block{b}")
+            x = _bottleneck(x, build.factory, filters, stride if b == 1 else 1, b == 1, name=f"{stage}_block{b}")
     x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
-    outputs = _common.classifier_head(x, factory, num_classes)
-    return keras.Model(inputs, outputs, name=_common.model_name(name, "resnet50", factory))
+    return build.classifier(x, "resnet50")

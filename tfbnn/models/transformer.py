@@ -34,15 +34,10 @@ References:
 
 import keras
 
+from tfbnn._internal import checks
 from tfbnn.models import _common
 
 __all__ = ["transformer", "TokenAndPositionEmbedding"]
-
-
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Expected `{name}` to be a positive integer. Received: {name}={value!r}")
-    return value
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
@@ -70,9 +65,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     def __init__(self, vocab_size, max_length, embed_dim, **kwargs):
         super().__init__(**kwargs)
-        self.vocab_size = _check_positive_int("vocab_size", vocab_size)
-        self.max_length = _check_positive_int("max_length", max_length)
-        self.embed_dim = _check_positive_int("embed_dim", embed_dim)
+        self.vocab_size = checks.integer("vocab_size", vocab_size, 1)
+        self.max_length = checks.integer("max_length", max_length, 1)
+        self.embed_dim = checks.integer("embed_dim", embed_dim, 1)
         self.token = keras.layers.Embedding(vocab_size, embed_dim, name="token")
         self.position = keras.layers.Embedding(max_length, embed_dim, name="position")
 
@@ -93,49 +88,28 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         return config
 
 
-def transformer(
-    method="deterministic",
-    *,
-    vocab_size=None,
-    max_length=120,
-    embed_dim=32,
-    num_heads=2,
-    ff_dim=32,
-    num_classes=2,
-    num_examples=None,
-    seed=None,
-    dropout=0.1,
-    bayesian_layers="all",
-    name=None,
-    **method_options,
-):
+def transformer(method="deterministic", *, vocab_size=None, max_length=120, embed_dim=32, num_heads=2, ff_dim=32,
+                dropout=0.1, **kwargs):
     """The Transformer-encoder classifier for ``method``; softmax outputs.
 
     Args:
-        method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
-            or a :class:`tfbnn.models.LayerFactory`.
+        method: a name of :data:`tfbnn.models.ZOO_METHODS` or a :class:`tfbnn.models.LayerFactory`.
         vocab_size: int > 0, token ids ``0..vocab_size-1`` (required).
         max_length: int > 0, tokens per example. Default 120.
         embed_dim: int > 0, embedding (and attention key) size. Default 32.
         num_heads: int > 0, attention heads. Default 2.
         ff_dim: int > 0, hidden units of the feed-forward block (``ff1``). Default 32.
-        num_classes: int >= 2. Default 2.
-        num_examples: int, N (required for bbb, vd, ibnn: ``kl_weight = 1 / N``).
-        seed: int or None, the base seed of the stochastic layers.
         dropout: float in [0, 1), the encoder's ``keras.layers.Dropout`` after
             attention, feed-forward and pooling (training only). Default 0.1.
-        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
-            Bayesian head (:mod:`tfbnn.models.methods`).
-        name: model name; default ``"transformer_<method>"``.
-        **method_options: the method's options (``rate``; ``estimator``, ``prior``;
-            ``parameterization``; ``num_components``, ``prior_mean``, ``prior_stddev``, ``init_*``).
+        **kwargs: the zoo's common arguments but ``input_shape`` (``num_classes`` defaults
+            to 2 here) and the method's options (:func:`tfbnn.models.build`).
 
     Input shape: ``(batch, max_length)`` int token ids.
     Output shape: ``(batch, num_classes)`` class probabilities.
 
     Returns:
-        An uncompiled functional ``keras.Model`` (compile with
-        ``"sparse_categorical_crossentropy"``).
+        An uncompiled functional ``keras.Model``, by default named ``"transformer_<method>"``
+        (compile with ``"sparse_categorical_crossentropy"``).
 
     Example:
         >>> import numpy as np, tfbnn
@@ -155,21 +129,19 @@ def transformer(
         )
     for arg, value in (("vocab_size", vocab_size), ("max_length", max_length), ("embed_dim", embed_dim),
                        ("num_heads", num_heads), ("ff_dim", ff_dim)):
-        _check_positive_int(arg, value)
+        checks.integer(arg, value, 1)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
         raise ValueError(f"Expected `dropout` in [0, 1). Received: dropout={dropout!r}")
-    factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes, (max_length,),
-                                       1, 1, "transformer", bayesian_layers=bayesian_layers, dtype="int32")
-    x = TokenAndPositionEmbedding(vocab_size, max_length, embed_dim, name="embedding")(inputs)
+    build = _common.start(method, kwargs, "transformer", rank=1, num_classes=2, fixed_shape=(max_length,),
+                          dtype="int32")
+    x = TokenAndPositionEmbedding(vocab_size, max_length, embed_dim, name="embedding")(build.inputs)
     attention = keras.layers.MultiHeadAttention(num_heads, key_dim=embed_dim, name="attention")(x, x)
     attention = keras.layers.Dropout(dropout, name="attention_dropout")(attention)
     x = keras.layers.LayerNormalization(epsilon=1e-6, name="norm1")(keras.layers.Add(name="residual1")([x, attention]))
-    h = factory.dense(ff_dim, activation="relu", name="ff1")(x)
-    h = factory.dropout(h, name="ff1_mc_dropout")
-    h = factory.dense(embed_dim, name="ff2")(h)
+    h = _common.hidden_dense(x, build.factory, ff_dim, "relu", "ff1", "ff1_mc_dropout")
+    h = build.factory.dense(embed_dim, name="ff2")(h)
     h = keras.layers.Dropout(dropout, name="ff_dropout")(h)
     x = keras.layers.LayerNormalization(epsilon=1e-6, name="norm2")(keras.layers.Add(name="residual2")([x, h]))
     x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
     x = keras.layers.Dropout(dropout, name="pool_dropout")(x)
-    outputs = _common.classifier_head(x, factory, num_classes)
-    return keras.Model(inputs, outputs, name=_common.model_name(name, "transformer", factory))
+    return build.classifier(x, "transformer")

@@ -38,37 +38,21 @@ BLOCKS = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512
 VARIANTS = {"imagenet": 4096, "small": 512}
 
 
-def vgg16(
-    method="deterministic",
-    *,
-    num_classes=10,
-    input_shape=(32, 32, 3),
-    num_examples=None,
-    seed=None,
-    variant="imagenet",
-    bayesian_layers="all",
-    name=None,
-    **method_options,
-):
+def vgg16(method="deterministic", *, variant="imagenet", **kwargs):
     """VGG-16 for ``method``; softmax outputs.
 
+    Inputs ``(height, width, channels)`` of at least 32x32 (five 2x2 pools; default
+    ``input_shape`` ``(32, 32, 3)``).
+
     Args:
-        method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
-            or a :class:`tfbnn.models.LayerFactory`.
-        num_classes: int >= 2.
-        input_shape: ``(height, width, channels)``, at least 32x32 (five 2x2 pools).
-            Default ``(32, 32, 3)``.
-        num_examples: int, N (required for bbb, vd, ibnn).
-        seed: int or None.
+        method: a name of :data:`tfbnn.models.ZOO_METHODS` or a :class:`tfbnn.models.LayerFactory`.
         variant: ``"imagenet"`` (default; fc1 and fc2 of 4096 units, 33.6M parameters
             at 32x32x10) or ``"small"`` (512 units, VGG16-small, 15.2M).
-        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
-            Bayesian head (:mod:`tfbnn.models.methods`).
-        name: model name; default ``"vgg16_<method>"`` (``"vgg16_small_<method>"``).
-        **method_options: the method's options.
+        **kwargs: the zoo's common arguments and the method's options (:func:`tfbnn.models.build`).
 
     Returns:
-        An uncompiled functional ``keras.Model``.
+        An uncompiled functional ``keras.Model``, by default named ``"vgg16_<method>"``
+        (``"vgg16_small_<method>"``).
 
     Example:
         >>> import tfbnn
@@ -77,22 +61,17 @@ def vgg16(
     """
     if not isinstance(variant, str) or variant not in VARIANTS:
         raise ValueError(f"Expected `variant` in {list(VARIANTS)}. Received: variant={variant!r}")
-    units = VARIANTS[variant]
-    default_name = "vgg16" if variant == "imagenet" else f"vgg16_{variant}"
-    factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
-                                       input_shape, 3, 32, "vgg16", bayesian_layers=bayesian_layers)
-    x = inputs
+    build = _common.start(method, kwargs, "vgg16", min_side=32)
+    x = build.inputs
     for b, filters in enumerate(BLOCKS, 1):
         for c, f in enumerate(filters, 1):
-            x = factory.conv2d(f, 3, padding="same", activation="relu", name=f"block{b}_conv{c}")(x)
+            x = build.factory.conv2d(f, 3, padding="same", activation="relu", name=f"block{b}_conv{c}")(x)
         x = keras.layers.MaxPooling2D(2, strides=2, name=f"block{b}_pool")(x)
-        x = factory.spatial_dropout(x, name=f"block{b}_dropout")
+        x = build.factory.spatial_dropout(x, name=f"block{b}_dropout")
     x = keras.layers.Flatten(name="flatten")(x)
     for i in (1, 2):
-        x = factory.dense(units, activation="relu", name=f"fc{i}")(x)
-        x = factory.dropout(x, name=f"fc{i}_dropout")
-    outputs = _common.classifier_head(x, factory, num_classes)
-    return keras.Model(inputs, outputs, name=_common.model_name(name, default_name, factory))
+        x = _common.hidden_dense(x, build.factory, VARIANTS[variant], "relu", f"fc{i}", f"fc{i}_dropout")
+    return build.classifier(x, "vgg16" if variant == "imagenet" else f"vgg16_{variant}")
 
 
 def vgg16_small(method="deterministic", **kwargs):

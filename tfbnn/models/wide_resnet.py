@@ -23,15 +23,10 @@ the position of the paper's dropout (sec. 2.4), channel-wise.
 
 import keras
 
+from tfbnn._internal import checks
 from tfbnn.models import _common
 
 __all__ = ["wide_resnet", "wide_resnet28_10"]
-
-
-def _check_int(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"Expected `{name}` to be an integer >= {low}. Received: {name}={value!r}")
-    return value
 
 
 def _block(x, factory, width, stride, name):
@@ -49,54 +44,35 @@ def _block(x, factory, width, stride, name):
     return keras.layers.Add(name=f"{name}_add")([shortcut, y])
 
 
-def wide_resnet(
-    method="deterministic",
-    *,
-    depth=28,
-    widen_factor=10,
-    num_classes=10,
-    input_shape=(32, 32, 3),
-    num_examples=None,
-    seed=None,
-    bayesian_layers="all",
-    name=None,
-    **method_options,
-):
+def wide_resnet(method="deterministic", *, depth=28, widen_factor=10, **kwargs):
     """WRN-``depth``-``widen_factor`` for ``method``; softmax outputs.
 
+    Inputs ``(height, width, channels)`` of at least 8x8 (default ``input_shape``
+    ``(32, 32, 3)``).
+
     Args:
-        method: ``"deterministic"``, ``"mc_dropout"``, ``"bbb"``, ``"vd"``, ``"ibnn"``,
-            or a :class:`tfbnn.models.LayerFactory`.
+        method: a name of :data:`tfbnn.models.ZOO_METHODS` or a :class:`tfbnn.models.LayerFactory`.
         depth: int, ``6 n + 4`` (``n`` blocks per group). Default 28.
         widen_factor: int >= 1. Default 10.
-        num_classes: int >= 2.
-        input_shape: ``(height, width, channels)``, at least 8x8. Default ``(32, 32, 3)``.
-        num_examples: int, N (required for bbb, vd, ibnn).
-        seed: int or None.
-        bayesian_layers: ``"all"`` (default) or ``"last"``: a deterministic body and a
-            Bayesian head (:mod:`tfbnn.models.methods`).
-        name: model name; default ``"wide_resnet<depth>_<widen_factor>_<method>"``.
-        **method_options: the method's options.
+        **kwargs: the zoo's common arguments and the method's options (:func:`tfbnn.models.build`).
 
     Returns:
-        An uncompiled functional ``keras.Model``.
+        An uncompiled functional ``keras.Model``, by default named
+        ``"wide_resnet<depth>_<widen_factor>_<method>"``.
     """
-    _check_int("depth", depth, 10)
+    depth = checks.integer("depth", depth, 10)
     if (depth - 4) % 6:
         raise ValueError(f"Expected `depth` = 6 n + 4 (10, 16, 22, 28, ...). Received: depth={depth!r}")
-    _check_int("widen_factor", widen_factor, 1)
-    factory, inputs = _common.prologue(method, method_options, num_examples, seed, num_classes,
-                                       input_shape, 3, 8, "wide_resnet", bayesian_layers=bayesian_layers)
-    x = factory.conv2d(16, 3, padding="same", use_bias=False, name="conv1")(inputs)
+    widen_factor = checks.integer("widen_factor", widen_factor, 1)
+    build = _common.start(method, kwargs, "wide_resnet", min_side=8)
+    x = build.factory.conv2d(16, 3, padding="same", use_bias=False, name="conv1")(build.inputs)
     for g, (width, stride) in enumerate(zip((16, 32, 64), (1, 2, 2)), 1):
         for b in range(1, (depth - 4) // 6 + 1):
-            x = _block(x, factory, width * widen_factor, stride if b == 1 else 1, name=f"group{g}_block{b}")
-    x = factory.batch_norm(name="final_bn")(x)
+            x = _block(x, build.factory, width * widen_factor, stride if b == 1 else 1, name=f"group{g}_block{b}")
+    x = build.factory.batch_norm(name="final_bn")(x)
     x = keras.layers.Activation("relu", name="final_relu")(x)
     x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
-    outputs = _common.classifier_head(x, factory, num_classes)
-    default = f"wide_resnet{depth}_{widen_factor}"
-    return keras.Model(inputs, outputs, name=_common.model_name(name, default, factory))
+    return build.classifier(x, f"wide_resnet{depth}_{widen_factor}")
 
 
 def wide_resnet28_10(method="deterministic", **kwargs):
