@@ -16,60 +16,80 @@ from tfbnn.inference._summaries import (
 from tfbnn.likelihoods import split_gaussian
 
 
+SAMPLING_PER = ("example", "batch")
+_DEFAULT_MAX_SAMPLES = 1000
+_NUM_SAMPLES = "a positive integer, 'auto' or a tfbnn.inference.AdaptiveSampling"
+
+
 @dataclasses.dataclass(frozen=True)
 class AdaptiveSampling:
-    """The stopping rule of ``tfbnn.predict(..., num_samples="auto")`` (see :func:`predict`).
+    """Adaptive Monte Carlo sampling: ``tfbnn.predict(model, x, num_samples=AdaptiveSampling(...))``.
 
-    Attributes:
+    Samples are added in vectorized chunks until the Monte Carlo standard error of each
+    example's predictive mean is at most ``tolerance``: with ``n`` samples per member,
+    ``S`` members (1 for an ordinary model) and ``s_{m,c}^2`` the sample variance of
+    component ``c`` of member ``m``'s outputs, an example stops at the end of the first
+    chunk with ``n >= min_samples`` and::
+
+        max_c se_c <= tolerance,       se_c = sqrt( (sum_m s_{m,c}^2 / S  +  f / n) / (S n) )
+
+    (``f = 1`` for class probabilities, the Chow and Robbins 1965 term; ``f = 0`` for
+    regression), or at ``max_samples``. :func:`predict` has the details; its
+    ``num_samples="auto"`` is ``AdaptiveSampling()``. The fields are checked, and the
+    defaults that depend on other fields filled in, on construction.
+
+    Args:
         tolerance: float > 0, the largest Monte Carlo standard error allowed on any
             component of the predictive mean (a probability for classification, an
-            output value for regression).
-        max_samples: int, the most samples per example (per member of an ensemble).
-        min_samples: int >= 2, the fewest (a sample variance needs two).
-        chunk_size: int >= 1, the smallest chunk of samples per vectorized call.
-        per: ``"example"`` (stop each example when it meets the rule) or ``"batch"``
-            (sample a batch until all its examples meet it).
+            output value for regression). Default 0.01.
+        max_samples: int >= ``min_samples``, the most samples per example (per member of
+            an ensemble). Default (None): ``max(1000, min_samples)``.
+        min_samples: int >= 2, the fewest (a sample variance needs two). Default (None):
+            ``max(chunk_size, 2)``.
+        chunk_size: int >= 1, the smallest chunk of samples per example and vectorized
+            call. Default 16.
+        per: ``"example"`` (default: stop each example when it meets the rule) or
+            ``"batch"`` (sample a batch until all its examples meet it).
+
+    Example:
+        >>> import tfbnn
+        >>> tfbnn.inference.AdaptiveSampling(tolerance=0.005, chunk_size=32)
+        AdaptiveSampling(tolerance=0.005, max_samples=1000, min_samples=32, chunk_size=32, per='example')
+        >>> tfbnn.inference.AdaptiveSampling(min_samples=1)
+        Traceback (most recent call last):
+        ...
+        ValueError: Expected `min_samples` to be an integer >= 2 (a variance needs two samples). Received: min_samples=1
     """
 
     tolerance: float = 1e-2
-    max_samples: int = 1000
-    min_samples: int = 16
+    max_samples: int = None
+    min_samples: int = None
     chunk_size: int = 16
     per: str = "example"
 
+    def __post_init__(self):
+        tolerance = checks.number("tolerance", self.tolerance, low=0, low_open=True)
+        chunk_size = checks.integer("chunk_size", self.chunk_size, 1)
+        min_samples = max(chunk_size, 2) if self.min_samples is None else self.min_samples
+        min_samples = checks.integer("min_samples", min_samples, 2,
+                                     what="an integer >= 2 (a variance needs two samples)")
+        max_samples = max(_DEFAULT_MAX_SAMPLES, min_samples) if self.max_samples is None else self.max_samples
+        max_samples = checks.integer("max_samples", max_samples, min_samples,
+                                     what=f"an integer >= min_samples={min_samples}")
+        if self.per not in SAMPLING_PER:
+            raise ValueError(f"Expected `per` in {SAMPLING_PER}. Received: per={self.per!r}")
+        for name, value in (("tolerance", tolerance), ("max_samples", max_samples), ("min_samples", min_samples),
+                            ("chunk_size", chunk_size)):
+            object.__setattr__(self, name, value)  # frozen: the checked values replace the given ones
 
-SAMPLING_PER = ("example", "batch")
 
-
-def check_sampling(num_samples, tolerance, max_samples, min_samples, chunk_size, per):
-    """``(T, None)`` for a fixed number of samples, ``(None, AdaptiveSampling)`` for ``"auto"``."""
-    if not (isinstance(num_samples, str) and num_samples == "auto"):
-        if isinstance(num_samples, str):
-            raise ValueError(f"Expected `num_samples` to be a positive integer or 'auto'. "
-                             f"Received: num_samples={num_samples!r}")
-        given = {k: v for k, v in (("tolerance", tolerance), ("max_samples", max_samples),
-                                   ("min_samples", min_samples), ("chunk_size", chunk_size), ("per", per))
-                 if v is not None}
-        if given:
-            name, value = next(iter(given.items()))
-            raise ValueError(f"`{name}` applies to num_samples='auto' (adaptive sampling). "
-                             f"Received: num_samples={num_samples!r}, {name}={value!r}")
-        return checks.integer("num_samples", num_samples, 1), None
-    default = AdaptiveSampling()
-    tolerance = checks.number("tolerance", default.tolerance if tolerance is None else tolerance, low=0,
-                              low_open=True)
-    chunk_size = checks.integer("chunk_size", default.chunk_size if chunk_size is None else chunk_size, 1)
-    if min_samples is None:
-        min_samples = max(chunk_size, 2)
-    min_samples = checks.integer("min_samples", min_samples, 2, what="an integer >= 2 (a variance needs two samples)")
-    if max_samples is None:
-        max_samples = max(default.max_samples, min_samples)
-    max_samples = checks.integer("max_samples", max_samples, min_samples,
-                                 what=f"an integer >= min_samples={min_samples}")
-    per = "example" if per is None else per
-    if per not in SAMPLING_PER:
-        raise ValueError(f"Expected `per` in {SAMPLING_PER}. Received: per={per!r}")
-    return None, AdaptiveSampling(tolerance, max_samples, min_samples, chunk_size, per)
+def sampling_rule(num_samples):
+    """``(T, None)`` for a fixed number of samples; ``(None, rule)`` for an :class:`AdaptiveSampling` or ``"auto"``."""
+    if isinstance(num_samples, AdaptiveSampling):
+        return None, num_samples
+    if isinstance(num_samples, str) and num_samples == "auto":
+        return None, AdaptiveSampling()
+    return checks.integer("num_samples", num_samples, 1, what=_NUM_SAMPLES), None
 
 
 def _expand(values, ndim):

@@ -6,9 +6,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, deprecation
 from tfbnn.ensembles import DeepEnsemble
-from tfbnn.inference._adaptive import AdaptiveBatch, check_sampling, sample_adaptively
+from tfbnn.inference._adaptive import AdaptiveBatch, AdaptiveSampling, sample_adaptively, sampling_rule
 from tfbnn.inference._sampling import (
     check_dropout,
     check_finite,
@@ -25,6 +25,8 @@ from tfbnn.utils import stochastic_layers, weight_samples
 TASKS = ("auto", "classification", "regression")
 
 
+# Until the next release predict also takes AdaptiveSampling's fields as keywords (with num_samples="auto").
+@deprecation.keywords_moved("num_samples", AdaptiveSampling, "tfbnn.inference.AdaptiveSampling", when="auto")
 def predict(
     model,
     x,
@@ -36,11 +38,6 @@ def predict(
     gaussian_head=None,
     mc_dropout=False,
     joint=False,
-    tolerance=None,
-    max_samples=None,
-    min_samples=None,
-    chunk_size=None,
-    per=None,
 ):
     """Monte Carlo prediction: T posterior predictive samples per example, summarised.
 
@@ -58,14 +55,15 @@ def predict(
     **Deep ensembles.** For a :class:`tfbnn.DeepEnsemble` of M members the members
     are posterior samples: every member is run with T samples in the same vectorized
     call, ``M * T`` samples in all, member-major (``samples[m * T + t]``), each member
-    weighted ``1 / M``. ``num_samples`` (and ``chunk_size``, ``min_samples``,
-    ``max_samples``) count samples *per member*; the result's ``num_samples`` and
+    weighted ``1 / M``. ``num_samples`` (and the ``chunk_size``, ``min_samples`` and
+    ``max_samples`` of an :class:`AdaptiveSampling`) count samples *per member*; the result's ``num_samples`` and
     ``samples_used`` count all ``M * T``. An ensemble without stochastic layers (the
     usual deep ensemble of deterministic networks) is run with ``T = 1``: its
     predictive is exact with M samples, whatever ``num_samples`` says.
 
-    **Adaptive sampling** (``num_samples="auto"``). Samples are added in vectorized chunks
-    until the Monte Carlo standard error of the predictive mean is at most ``tolerance``.
+    **Adaptive sampling** (``num_samples=AdaptiveSampling(tolerance=..., ...)``, or
+    ``"auto"`` for ``AdaptiveSampling()``). Samples are added in vectorized chunks until
+    the Monte Carlo standard error of the predictive mean is at most ``tolerance``.
     With ``n`` samples per member, ``S`` members (1 for an ordinary model) and
     ``s_{m,c}^2`` the sample variance (``n - 1`` in the denominator) of component ``c``
     of member ``m``'s outputs (class probabilities, or regression means), the estimate
@@ -97,7 +95,9 @@ def predict(
     ``(T, N, C)`` array is kept unless ``return_samples``). A model without stochastic
     layers has no Monte Carlo error: it is run once with ``min_samples`` (a deep
     ensemble of such models with one sample per member) and reports
-    ``standard_error = 0``.
+    ``standard_error = 0``. (Until the next release the fields of
+    :class:`AdaptiveSampling` are still taken as keywords with ``num_samples="auto"``,
+    as they were before, with a ``DeprecationWarning``.)
 
     Args:
         model: a Keras model with one output, or a :class:`tfbnn.DeepEnsemble`.
@@ -105,12 +105,13 @@ def predict(
             models), or a batched ``tf.data.Dataset`` yielding ``x`` or
             ``(x, y, ...)``. Floating-point inputs must be finite (NaN or
             infinite values raise a ValueError naming the rows).
-        num_samples: int >= 1, T, or ``"auto"`` (adaptive, above). Default 100.
-            Memory grows as ``T * batch_size`` (``chunk_size * batch_size`` for "auto").
+        num_samples: int >= 1, T; an :class:`AdaptiveSampling` (adaptive, above); or
+            ``"auto"``, the same as ``AdaptiveSampling()``. Default 100. Memory grows
+            as ``T * batch_size`` (the chunk size times ``batch_size`` when adaptive).
         batch_size: int or None, examples per vectorized call (default 32; must be
             None for a dataset).
         return_samples: bool, keep the ``(T, N, ...)`` samples in the result (NaN-padded
-            past each example's ``samples_used`` with ``"auto"``).
+            past each example's ``samples_used`` when adaptive).
         task: ``"auto"`` (default), ``"classification"`` or ``"regression"``.
             ``"auto"`` reads the model, not the data: classification when
             ``from_logits=True`` or when the output layer ends in a softmax
@@ -139,12 +140,6 @@ def predict(
             samples, so ``samples[t]`` is one function draw over the batch (see
             :func:`tfbnn.utils.weight_samples`). The summaries have the same
             distribution either way.
-        tolerance: float > 0, ``"auto"`` only: the target standard error. Default 0.01.
-        max_samples: int >= min_samples, ``"auto"`` only: the most samples. Default 1000.
-        min_samples: int >= 2, ``"auto"`` only: the fewest samples. Default ``chunk_size``.
-        chunk_size: int >= 1, ``"auto"`` only: the smallest chunk (samples per example and
-            vectorized call). Default 16.
-        per: ``"example"`` (default) or ``"batch"``, ``"auto"`` only: see above.
 
     Returns:
         A :class:`ClassificationPrediction` (``mean_probs (N, C)``, entropies
@@ -162,7 +157,8 @@ def predict(
         >>> res = tfbnn.predict(model, x, num_samples=50)
         >>> res.mean_probs.shape, res.mutual_information.shape
         ((10, 3), (10,))
-        >>> auto = tfbnn.predict(model, x, num_samples="auto", tolerance=0.01, max_samples=400)
+        >>> rule = tfbnn.inference.AdaptiveSampling(tolerance=0.01, max_samples=400)
+        >>> auto = tfbnn.predict(model, x, num_samples=rule)
         >>> bool(np.all((auto.standard_error <= 0.01) | (auto.samples_used == 400)))
         True
 
@@ -175,7 +171,7 @@ def predict(
         Computing Sample Variances. Stanford CS report STAN-CS-79-773, 1979.
     """
     batch_size = _check_args(model, batch_size, task, from_logits, gaussian_head)
-    num_samples, rule = check_sampling(num_samples, tolerance, max_samples, min_samples, chunk_size, per)
+    num_samples, rule = sampling_rule(num_samples)
     adaptive = rule is not None
     if gaussian_head is None:
         gaussian_head = isinstance(_output_layer(model), GaussianHead)

@@ -75,7 +75,7 @@ class ClassificationPrediction:
             eq. 26-27), >= 0: differences below ``1e-9`` nats are float round-off
             and set to 0, so identical samples (a deterministic model) give exactly 0.
         samples: ``(T, B, C)`` per-sample probabilities, or None when
-            ``return_samples=False``. With adaptive sampling (``num_samples="auto"``)
+            ``return_samples=False``. With adaptive sampling (:class:`AdaptiveSampling`)
             ``T`` is the most samples any example got and example ``b``'s rows past its
             ``samples_used[b]`` are NaN (see :func:`predict` for the order).
         num_samples: T, the length of the samples axis.
