@@ -1,11 +1,11 @@
-"""Adaptive Monte Carlo sampling (``num_samples="auto"``) against a fixed T at equal error.
+"""Adaptive Monte Carlo sampling (``num_samples=AdaptiveSampling(...)``) against a fixed T at equal error.
 
 A Bayes-by-Backprop MLP is trained on the offline digits with the main job's recipe
 (``digits-bbb-mlp``, whatever it holds at the time; ``--epochs`` to shorten it). On its 360 test examples:
 
 1. a reference predictive mean ``p_ref`` from ``--reference`` samples per example (its
    own Monte Carlo standard error is reported: it must be small next to the tolerances);
-2. for each tolerance, ``tfbnn.predict(model, x, num_samples="auto", tolerance=tol)``
+2. for each tolerance, ``tfbnn.predict(model, x, num_samples=AdaptiveSampling(tolerance=tol))``
    and, in the same interleaved rounds, ``tfbnn.predict(model, x, num_samples=T)`` for a
    grid of fixed T; per example the error ``e_i = max_c |p_hat_ic - p_ref_ic|``,
    summarised as the worst example (``max``), the 99th percentile and the mean, each
@@ -87,8 +87,8 @@ def main():
     p_ref, ref_se = _reference(model, x, args.reference)
     print(f"reference: T = {args.reference} in {time.perf_counter() - t0:.0f} s, largest standard error {ref_se:.2e}")
 
-    calls = {f"auto {tol:g}": dict(num_samples="auto", tolerance=tol, chunk_size=args.chunk_size, max_samples=8192)
-             for tol in args.tolerances}
+    calls = {f"auto {tol:g}": dict(num_samples=tfbnn.inference.AdaptiveSampling(
+        tolerance=tol, chunk_size=args.chunk_size, max_samples=8192)) for tol in args.tolerances}
     calls.update({f"T={t}": dict(num_samples=t) for t in args.grid})
     for kwargs in calls.values():  # warm-up: tracing
         tfbnn.predict(model, x, batch_size=args.batch_size, **kwargs)

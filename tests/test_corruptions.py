@@ -97,3 +97,26 @@ def test_shift_sweep_on_a_trained_bayesian_classifier():
 
     sp = evaluation.shift_sweep(model, x[:150], y[:150], "salt_and_pepper", num_samples=10, seed=1)
     assert [r["level"] for r in sp] == list(corruptions.DEFAULT_LEVELS["salt_and_pepper"])
+
+
+def test_shift_sweep_takes_an_adaptive_sampling_and_the_old_keywords_with_a_warning():
+    y = np.zeros(20, int)
+
+    def model():
+        keras.utils.set_random_seed(0)  # the initial posterior; the layer's seed drives the noise
+        return keras.Sequential([keras.Input((6,)), tfbnn.DenseFlipout(3, activation="softmax", seed=1)])
+
+    def sweep(**kwargs):
+        return evaluation.shift_sweep(model(), X, y, levels=(0.0, 0.5), seed=0, **kwargs)
+
+    rule = tfbnn.inference.AdaptiveSampling(tolerance=0.05, max_samples=64)
+    new = sweep(num_samples=rule)
+    assert all(16 <= r["mean_samples_used"] <= 64 for r in new)
+    with pytest.warns(DeprecationWarning, match=r"`tolerance=` is deprecated; pass num_samples="
+                                                r"tfbnn.inference.AdaptiveSampling\(tolerance=...\)"):
+        old = sweep(num_samples="auto", tolerance=0.05, max_samples=64)
+    assert old == new
+    with pytest.raises(ValueError, match=r"`max_samples` applies to num_samples='auto'"):
+        sweep(num_samples=5, max_samples=64)
+    numbers = evaluation.evaluate_classifier(model(), X, y, num_samples=rule, sweep_levels=()).numbers
+    assert numbers["num_samples"] == "auto" and numbers["tolerance"] == 0.05

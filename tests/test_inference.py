@@ -1,3 +1,4 @@
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -12,6 +13,7 @@ import tensorflow_probability as tfp
 
 import tfbnn
 from tfbnn import inference
+from tfbnn.inference import AdaptiveSampling
 
 DENSE = [tfbnn.DenseReparameterization, tfbnn.DenseFlipout, tfbnn.DenseLocalReparameterization]
 
@@ -218,13 +220,29 @@ def test_a_dropout_warning_only_when_no_stochastic_layer_samples():
         tfbnn.predict(mixed, x, num_samples=4)
 
 
+class _CountingLayer(keras.layers.Layer):
+    """The identity, counting its calls: Python runs ``call`` once per trace of the sampler."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    def call(self, inputs):
+        self.calls += 1
+        return inputs
+
+
 def test_one_trace_serves_all_batch_sizes():
     x = _x(10)
-    model = _classifier(tfbnn.DenseLocalReparameterization)
+    counter = _CountingLayer()
+    model = keras.Sequential([keras.Input((5,)), counter, tfbnn.DenseLocalReparameterization(8, seed=1),
+                              tfbnn.DenseLocalReparameterization(3, activation="softmax", seed=2)])
+    built = counter.calls
     tfbnn.predict(model, x, num_samples=4, batch_size=4)  # batches of 4, 4, 2
     tfbnn.predict(model, x[:3], num_samples=4, batch_size=4)
-    fns = [fn for key, fn in inference._COMPILED[model].items() if key != "mc_view"]
-    assert len(fns) == 1 and fns[0].experimental_get_tracing_count() == 1
+    assert counter.calls - built == 1
+    tfbnn.predict(model, x[:3], num_samples=5)  # another T: a second trace (the counter sees traces)
+    assert counter.calls - built == 2
     assert all(layer.weight_samples[0] == 1 for layer in tfbnn.bayesian_layers(model))
 
 
@@ -404,7 +422,7 @@ def test_bayesian_gaussian_head_has_both_uncertainties():
     np.testing.assert_allclose(res.mean[:, 0], res.samples[:, :, 0].mean(0), rtol=1e-5, atol=1e-6)
 
 
-# -- adaptive sampling (num_samples="auto") ---------------------------------------------------------
+# -- adaptive sampling (num_samples=AdaptiveSampling(...) or "auto") ----------------------------------
 def _wide_posterior(seed=1, rho=1.0):
     """One Flipout softmax layer with a deterministic bias: x = 0 has no epistemic variance, large x a lot."""
     model = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(3, activation="softmax", bias_prior=None,
@@ -431,8 +449,8 @@ def test_adaptive_stopping_rule_holds_on_the_returned_samples():
     x = _easy_and_hard()
     model = _wide_posterior()
     tol, chunk, low, high = 0.02, 8, 16, 400
-    res = tfbnn.predict(model, x, num_samples="auto", tolerance=tol, chunk_size=chunk, min_samples=low,
-                        max_samples=high, return_samples=True, batch_size=5)
+    rule = AdaptiveSampling(tolerance=tol, chunk_size=chunk, min_samples=low, max_samples=high)
+    res = tfbnn.predict(model, x, num_samples=rule, return_samples=True, batch_size=5)
     assert res.samples.shape == (res.num_samples, 12, 3) and res.num_samples == res.samples_used.max()
     se, n = _numpy_standard_error(res.samples)
     np.testing.assert_array_equal(n, res.samples_used)
@@ -454,10 +472,11 @@ def test_adaptive_stopping_rule_holds_on_the_returned_samples():
 def test_adaptive_counts_differ_between_easy_and_hard_inputs_and_per_batch_shares_them():
     x = _easy_and_hard()
     model = _wide_posterior()
-    res = tfbnn.predict(model, x, num_samples="auto", tolerance=0.01, max_samples=4000)
+    res = tfbnn.predict(model, x, num_samples=AdaptiveSampling(tolerance=0.01, max_samples=4000))
     assert np.all(res.samples_used[:6] <= 256)  # x = 0: no variance, 1 / tol samples and a chunk
     assert np.all(res.samples_used[6:] >= 4 * res.samples_used[:6].max())
-    batch = tfbnn.predict(model, x, num_samples="auto", tolerance=0.01, max_samples=4000, per="batch", batch_size=4)
+    batch = tfbnn.predict(model, x, num_samples=AdaptiveSampling(tolerance=0.01, max_samples=4000, per="batch"),
+                          batch_size=4)
     counts = batch.samples_used.reshape(3, 4)
     assert np.all(counts == counts[:, :1]) and counts[0, 0] <= 256 and counts[2, 0] >= 4 * counts[0, 0]
     assert np.all(batch.standard_error[batch.samples_used < 4000] <= 0.01)
@@ -465,7 +484,7 @@ def test_adaptive_counts_differ_between_easy_and_hard_inputs_and_per_batch_share
 
 def test_adaptive_sampling_of_a_deterministic_model_stops_at_the_minimum():
     det = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3, activation="softmax")])
-    res = tfbnn.predict(det, _x(), num_samples="auto", min_samples=5, chunk_size=2, return_samples=True)
+    res = tfbnn.predict(det, _x(), num_samples=AdaptiveSampling(min_samples=5, chunk_size=2), return_samples=True)
     np.testing.assert_array_equal(res.samples_used, np.full(10, 5))
     np.testing.assert_array_equal(res.standard_error, np.zeros(10))  # no noise, no Monte Carlo error
     np.testing.assert_array_equal(res.mutual_information, np.zeros(10))  # exactly, not round-off
@@ -476,7 +495,7 @@ def test_adaptive_sampling_of_a_deterministic_model_stops_at_the_minimum():
     # Bayesian layers in posterior-mean mode: identical samples, zero variance; regression has no floor.
     linear = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(2, seed=1)])
     with tfbnn.posterior_mean(linear):
-        same = tfbnn.predict(linear, _x(), num_samples="auto", min_samples=3, chunk_size=2)
+        same = tfbnn.predict(linear, _x(), num_samples=AdaptiveSampling(min_samples=3, chunk_size=2))
     np.testing.assert_array_equal(same.samples_used, np.full(10, 3))
 
 
@@ -484,8 +503,8 @@ def test_adaptive_regression_and_ensembles_follow_the_numpy_computation():
     x = _easy_and_hard(4)
     linear = keras.Sequential([keras.Input((5,)), tfbnn.DenseFlipout(2, bias_prior=None, seed=3)])
     linear.layers[0].kernel_rho.assign(np.full((5, 2), -1.0, "float32"))
-    res = tfbnn.predict(linear, x, num_samples="auto", tolerance=0.02, chunk_size=4, min_samples=4,
-                        max_samples=4000, return_samples=True)
+    rule = AdaptiveSampling(tolerance=0.02, chunk_size=4, min_samples=4, max_samples=4000)
+    res = tfbnn.predict(linear, x, num_samples=rule, return_samples=True)
     se, n = _numpy_standard_error(res.samples, floor=0.0)  # regression: no variance floor
     np.testing.assert_allclose(res.standard_error, se, rtol=1e-5, atol=1e-9)
     assert np.all(se <= 0.02) and np.all(n[:4] == 4) and np.all(n[4:] > 4)
@@ -495,7 +514,7 @@ def test_adaptive_regression_and_ensembles_follow_the_numpy_computation():
         np.testing.assert_allclose(res.epistemic_std[b], s[: n[b], b].std(0), rtol=1e-4, atol=1e-6)
     # An ensemble of Bayesian members: the members are strata, between-member spread is no Monte Carlo error.
     ensemble = tfbnn.DeepEnsemble([_wide_posterior(seed=s, rho=-1.0) for s in (1, 1001, 2001)])
-    ens = tfbnn.predict(ensemble, x, num_samples="auto", tolerance=0.01, chunk_size=4, min_samples=4,
+    ens = tfbnn.predict(ensemble, x, num_samples=AdaptiveSampling(tolerance=0.01, chunk_size=4, min_samples=4),
                         return_samples=True)
     se, n = _numpy_standard_error(ens.samples, strata=3)
     np.testing.assert_array_equal(3 * n, ens.samples_used)
@@ -510,7 +529,7 @@ def test_adaptive_sampling_is_seeded():
 
     def run(seed):
         keras.utils.set_random_seed(0)  # the initial posterior means; the layer seed drives the noise
-        return tfbnn.predict(_wide_posterior(seed=seed), x, num_samples="auto", tolerance=0.02)
+        return tfbnn.predict(_wide_posterior(seed=seed), x, num_samples=AdaptiveSampling(tolerance=0.02))
 
     first, second, other = run(7), run(7), run(8)
     np.testing.assert_array_equal(first.samples_used, second.samples_used)
@@ -519,7 +538,6 @@ def test_adaptive_sampling_is_seeded():
 
 
 def test_adaptive_sampling_rejects_bad_settings_by_name():
-    model = _wide_posterior()
     for kwargs, match in [
         ({"tolerance": 0}, "tolerance=0"),
         ({"tolerance": -0.1}, "tolerance=-0.1"),
@@ -532,11 +550,76 @@ def test_adaptive_sampling_rejects_bad_settings_by_name():
         ({"chunk_size": 0}, "chunk_size=0"),
         ({"per": "dataset"}, "per='dataset'"),
     ]:
-        with pytest.raises(ValueError, match=match):
-            tfbnn.predict(model, _x(), num_samples="auto", **kwargs)
+        with pytest.raises(ValueError, match=match):  # on construction, before any model runs
+            AdaptiveSampling(**kwargs)
+    model = _wide_posterior()
     with pytest.raises(ValueError, match="num_samples='many'"):
         tfbnn.predict(model, _x(), num_samples="many")
-    with pytest.raises(ValueError, match=r"`tolerance` applies to num_samples='auto'.*tolerance=0.1"):
-        tfbnn.predict(model, _x(), num_samples=10, tolerance=0.1)
-    with pytest.raises(ValueError, match="`max_samples` applies"):
-        tfbnn.predict(model, _x(), num_samples=10, max_samples=100)
+    with pytest.raises(ValueError, match=r"positive integer, 'auto' or a tfbnn.inference.AdaptiveSampling.*num_samples=0"):
+        tfbnn.predict(model, _x(), num_samples=0)
+
+
+def test_adaptive_sampling_defaults_depend_on_the_chunk_size():
+    assert AdaptiveSampling() == AdaptiveSampling(0.01, 1000, 16, 16, "example")
+    assert AdaptiveSampling(chunk_size=1).min_samples == 2  # a variance needs two samples
+    assert AdaptiveSampling(chunk_size=64).min_samples == 64
+    assert AdaptiveSampling(min_samples=2000).max_samples == 2000
+    rule = AdaptiveSampling(tolerance=1, max_samples=np.int64(50))  # checked values come back as Python numbers
+    assert type(rule.tolerance) is float and type(rule.max_samples) is int
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rule.tolerance = 0.5
+
+
+def test_auto_is_the_default_adaptive_sampling():
+    x = _easy_and_hard()
+
+    def run(num_samples):
+        keras.utils.set_random_seed(0)
+        return tfbnn.predict(_wide_posterior(seed=7), x, num_samples=num_samples, return_samples=True)
+
+    auto, default = run("auto"), run(AdaptiveSampling())
+    np.testing.assert_array_equal(auto.samples_used, default.samples_used)
+    np.testing.assert_array_equal(auto.mean_probs, default.mean_probs)
+    np.testing.assert_array_equal(auto.samples, default.samples)
+
+
+def test_the_old_adaptive_keywords_still_work_with_a_deprecation_warning():
+    x = _easy_and_hard()
+    settings = {"tolerance": 0.02, "max_samples": 400, "min_samples": 8, "chunk_size": 8, "per": "batch"}
+
+    def run(**kwargs):
+        keras.utils.set_random_seed(0)
+        return tfbnn.predict(_wide_posterior(seed=7), x, batch_size=4, return_samples=True, **kwargs)
+
+    with pytest.warns(DeprecationWarning) as caught:
+        old = run(num_samples="auto", **settings)
+    assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [
+        f"`{name}=` is deprecated; pass num_samples=tfbnn.inference.AdaptiveSampling({name}=...)" for name in settings]
+    assert all(w.filename == __file__ for w in caught if w.category is DeprecationWarning)  # at the caller
+    new = run(num_samples=AdaptiveSampling(**settings))
+    np.testing.assert_array_equal(old.samples_used, new.samples_used)
+    np.testing.assert_array_equal(old.mean_probs, new.mean_probs)
+    np.testing.assert_array_equal(old.standard_error, new.standard_error)
+    np.testing.assert_array_equal(old.samples, new.samples)
+    with pytest.warns(DeprecationWarning, match="`tolerance=` is deprecated"):
+        regression = tfbnn.predict(keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)]), _x(),
+                                   num_samples="auto", tolerance=0.5)
+    assert regression.standard_error.shape == (10,)
+    # Bad values are AdaptiveSampling's errors; None is "not given", as it was.
+    with pytest.raises(ValueError, match="tolerance=0"):
+        tfbnn.predict(_wide_posterior(), _x(), num_samples="auto", tolerance=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tfbnn.predict(_wide_posterior(), _x(), num_samples="auto", tolerance=None, per=None)
+    # With a fixed T, or beside an AdaptiveSampling, they are an error (no warning) as before.
+    model = _wide_posterior()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"`tolerance` applies to num_samples='auto'.*tolerance=0.1"):
+            tfbnn.predict(model, _x(), num_samples=10, tolerance=0.1)
+        with pytest.raises(ValueError, match="`max_samples` applies"):
+            tfbnn.predict(model, _x(), num_samples=10, max_samples=100)
+        with pytest.raises(ValueError, match=r"`per` applies to num_samples='auto'.*num_samples=AdaptiveSampling"):
+            tfbnn.predict(model, _x(), num_samples=AdaptiveSampling(), per="batch")
+    with pytest.raises(TypeError, match="tolerence"):  # a misspelt keyword is still a TypeError
+        tfbnn.predict(model, _x(), num_samples="auto", tolerence=0.1)

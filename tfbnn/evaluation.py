@@ -26,7 +26,7 @@ import os
 import numpy as np
 
 from tfbnn import calibration, inference, metrics, plots
-from tfbnn._internal import files
+from tfbnn._internal import deprecation, files
 from tfbnn._internal.files import markdown_table  # public here: results tables for reports and notebooks
 from tfbnn.datasets import corruptions
 from tfbnn.utils import bayesian_layers, posterior_mean
@@ -82,18 +82,26 @@ def _numbers(clean, shifted, labels, num_bins):
             "shift_detection": shift_detection(clean, shifted)}
 
 
+# Until the next release evaluate_classifier and shift_sweep also take tolerance= and max_samples=
+# (with num_samples="auto"), as they did before num_samples took an AdaptiveSampling.
+_ADAPTIVE_KEYWORDS = deprecation.keywords_moved("num_samples", inference.AdaptiveSampling,
+                                                "tfbnn.inference.AdaptiveSampling", when="auto",
+                                                names=("tolerance", "max_samples"))
+
+
+@_ADAPTIVE_KEYWORDS
 def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.5,
-                        sweep_levels=(0.0, 0.25, 0.5, 0.75, 1.0), seed=0, batch_size=256, temperature=None,
-                        tolerance=None, max_samples=None):
+                        sweep_levels=(0.0, 0.25, 0.5, 0.75, 1.0), seed=0, batch_size=256, temperature=None):
     """Monte Carlo evaluation of a classifier on clean and shifted inputs.
 
     Args:
         model: a Keras classifier with softmax outputs (tfbnn layers sample; a model
             with no Bayesian layer gives zero epistemic uncertainty).
         x: ``(N, ...)`` inputs; y: ``(N,)`` integer labels.
-        num_samples: int, T, or ``"auto"``: adaptive sampling to ``tolerance`` (at most
-            ``max_samples``), see :func:`tfbnn.inference.predict`; the summaries then
-            add ``mean_samples_used``.
+        num_samples: int, T, or a :class:`tfbnn.inference.AdaptiveSampling` (or
+            ``"auto"``, its defaults): adaptive sampling, see
+            :func:`tfbnn.inference.predict`; the summaries then add
+            ``mean_samples_used``, and ``numbers`` the ``tolerance``.
         num_bins: int, ECE bins (default 15).
         shift_gamma: float in [0, 1], the shift of the clean-vs-shifted comparison.
         sweep_levels: Gaussian-shift intensities of the sweep (empty: no sweep).
@@ -118,14 +126,12 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
     levels = tuple(sorted({0.0, float(shift_gamma), *map(float, sweep_levels)}))
     rows, predictions = shift_sweep(model, x, labels, "gaussian", levels=levels, num_samples=num_samples,
                                     seed=seed, batch_size=batch_size, return_predictions=True,
-                                    return_samples=scaling is not None and scaling.method == "samples",
-                                    tolerance=tolerance, max_samples=max_samples)
+                                    return_samples=scaling is not None and scaling.method == "samples")
     clean, shifted = predictions[levels.index(0.0)], predictions[levels.index(float(shift_gamma))]
     sweep = [row for row in rows if row["level"] in set(map(float, sweep_levels))]
     numbers = {
         "num_examples": int(len(labels)),
-        "num_samples": num_samples if num_samples == "auto" else int(num_samples),
-        **({"tolerance": float(tolerance)} if tolerance is not None else {}),
+        **_sampling_numbers(num_samples),
         "num_bins": int(num_bins),
         "shift_gamma": float(shift_gamma),
         **_numbers(clean, shifted, labels, num_bins),
@@ -143,6 +149,15 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
             **_numbers(scaling.transform_prediction(clean), scaling.transform_prediction(shifted), labels, num_bins),
         }
     return Evaluation(numbers=numbers, labels=labels, clean=clean, shifted=shifted, sweep=sweep)
+
+
+def _sampling_numbers(num_samples):
+    """``num_samples`` (``"auto"`` when adaptive) and, when adaptive, the ``tolerance``, for the JSON."""
+    if isinstance(num_samples, str) and num_samples == "auto":
+        num_samples = inference.AdaptiveSampling()
+    if isinstance(num_samples, inference.AdaptiveSampling):
+        return {"num_samples": "auto", "tolerance": num_samples.tolerance}
+    return {"num_samples": int(num_samples)}
 
 
 def _scaling(temperature):
@@ -175,6 +190,7 @@ def write_report(evaluation, folder, name="model"):
     return [json_path] + paths
 
 
+@_ADAPTIVE_KEYWORDS
 def shift_sweep(
     model,
     x,
@@ -188,8 +204,6 @@ def shift_sweep(
     mc_dropout=False,
     return_predictions=False,
     return_samples=False,
-    tolerance=None,
-    max_samples=None,
 ):
     """Accuracy and uncertainty of a classifier under corruptions of growing intensity.
 
@@ -206,8 +220,8 @@ def shift_sweep(
             ``"salt_and_pepper"`` (:func:`salt_and_pepper`, level = p).
         levels: sequence of intensities in [0, 1]; default
             ``DEFAULT_LEVELS[corruption]``.
-        num_samples: int >= 1, T, or ``"auto"`` (adaptive, to ``tolerance`` with at most
-            ``max_samples``; :func:`tfbnn.inference.predict`). Default 30.
+        num_samples: int >= 1, T, or a :class:`tfbnn.inference.AdaptiveSampling` (or
+            ``"auto"``, its defaults; :func:`tfbnn.inference.predict`). Default 30.
         seed: int or None, seed of the corruption noise.
         batch_size, from_logits, mc_dropout: passed to :func:`tfbnn.inference.predict`.
         return_predictions: bool; also return each level's
@@ -251,8 +265,6 @@ def shift_sweep(
             from_logits=from_logits,
             mc_dropout=mc_dropout,
             return_samples=return_samples,
-            tolerance=tolerance,
-            max_samples=max_samples,
         )
         predictions.append(res)
         rows.append(

@@ -1,5 +1,13 @@
-"""Old public names that still resolve, with a ``DeprecationWarning``: a module's ``__getattr__``."""
+"""Deprecated public names and keyword arguments that still work for a release, with a ``DeprecationWarning``.
 
+:func:`renamed` serves old module attributes (a module's ``__getattr__``);
+:func:`keywords_moved` keeps old keyword arguments of a function that became the
+fields of an object passed as one argument.
+"""
+
+import dataclasses
+import functools
+import inspect
 import sys
 import warnings
 
@@ -23,3 +31,48 @@ def renamed(module_name, renames, fallback=None):
         raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+def keywords_moved(argument, target, path, when, names=None):
+    """A decorator: the function's keyword arguments ``names`` became the fields of ``target``, passed as ``argument``.
+
+    The decorated function's signature no longer has them. For one release a call may
+    still pass them (a None counts as not passed) together with ``argument=when``: each
+    one warns ``"`name=` is deprecated; pass argument=path(name=...)"`` and the function
+    is called with ``argument=target(**them)``, so ``target`` checks them. With any other
+    value of ``argument`` they are a ``ValueError``, as before they moved.
+
+    Args:
+        argument: str, the argument that takes a ``target``.
+        target: the class the keywords became the fields of (a dataclass when ``names`` is None).
+        path: str, the public dotted name of ``target`` (for the messages).
+        when: the value of ``argument`` the old keywords went with (e.g. ``"auto"``).
+        names: sequence of str, the old keywords, in the order they are reported;
+            default: the fields of ``target``.
+    """
+    names = tuple(f.name for f in dataclasses.fields(target)) if names is None else tuple(names)
+
+    def decorate(function):
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            moved = {name: kwargs.pop(name) for name in names if name in kwargs}
+            moved = {name: value for name, value in moved.items() if value is not None}
+            if not moved:
+                return function(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            value = bound.arguments.get(argument, signature.parameters[argument].default)
+            if not (isinstance(value, type(when)) and value == when):
+                name, given = next(iter(moved.items()))
+                raise ValueError(f"`{name}` applies to {argument}={when!r} (it is a field of {path}). "
+                                 f"Received: {argument}={value!r}, {name}={given!r}")
+            for name in moved:
+                warnings.warn(f"`{name}=` is deprecated; pass {argument}={path}({name}=...)",
+                              DeprecationWarning, stacklevel=2)
+            bound.arguments[argument] = target(**moved)
+            return function(*bound.args, **bound.kwargs)
+
+        return wrapper
+
+    return decorate

@@ -103,7 +103,23 @@ def _splits(args, model):
     return data.name, training.arrays(data.test), validation
 
 
-def _temperature(args, model, validation):
+def _num_samples(args):
+    """``num_samples`` for :func:`tfbnn.predict`: ``--num-samples T``, or for ``auto`` an
+    :class:`tfbnn.inference.AdaptiveSampling` of ``--tolerance`` and ``--max-samples``."""
+    from tfbnn.inference import AdaptiveSampling
+
+    options = {name: getattr(args, name) for name in ("tolerance", "max_samples")}
+    given = {name: value for name, value in options.items() if value is not None}
+    if args.num_samples == "auto":
+        return AdaptiveSampling(**given)
+    if given:
+        name, value = next(iter(given.items()))
+        raise ValueError(f"`{name}` applies to num_samples='auto' (adaptive sampling). "
+                         f"Received: num_samples={args.num_samples!r}, {name}={value!r}")
+    return args.num_samples
+
+
+def _temperature(args, model, validation, num_samples):
     """The :class:`tfbnn.TemperatureScaling` to apply, or None."""
     from tfbnn import calibration, inference
 
@@ -112,8 +128,7 @@ def _temperature(args, model, validation):
     if validation is None:
         return None
     x_val, y_val = validation
-    prediction = inference.predict(model, x_val, num_samples=args.num_samples, task="classification",
-                                   tolerance=args.tolerance, max_samples=args.max_samples)
+    prediction = inference.predict(model, x_val, num_samples=num_samples, task="classification")
     return calibration.TemperatureScaling().fit_prediction(prediction, y_val)
 
 
@@ -137,23 +152,17 @@ def _detection_rows(numbers):
     return rows
 
 
-def _tolerance(args):
-    from tfbnn.inference import AdaptiveSampling
-
-    return args.tolerance if args.tolerance is not None else AdaptiveSampling().tolerance
-
-
 def run(args):
     """``tfbnn evaluate``: returns the exit status."""
     from tfbnn.evaluation import evaluate_classifier, write_report
 
     folder = args.output_dir or args.model[: -len(".keras")] + "_evaluation"
+    num_samples = _num_samples(args)
     model = load_model(args.model)
     name, (x_test, y_test), validation = _splits(args, model)
-    result = evaluate_classifier(model, x_test, y_test, num_samples=args.num_samples, num_bins=args.num_bins,
+    result = evaluate_classifier(model, x_test, y_test, num_samples=num_samples, num_bins=args.num_bins,
                                  shift_gamma=SHIFT_GAMMA, seed=args.seed,
-                                 temperature=_temperature(args, model, validation), tolerance=args.tolerance,
-                                 max_samples=args.max_samples)
+                                 temperature=_temperature(args, model, validation, num_samples))
     paths = write_report(result, folder, name=os.path.basename(args.model))
     adaptive = ("mean_samples_used",) if "mean_samples_used" in result.numbers["clean"] else ()
     blocks = [_metric_rows("metric", result.numbers, ("accuracy", "nll", "brier", "ece", "predictive_entropy",
@@ -168,7 +177,7 @@ def run(args):
                f"{r['expected_entropy']:.4f}", f"{r['mutual_information']:.4f}") for r in result.sweep]
     print(files.format_table(f"Evaluation of {args.model} on {name} ({len(y_test)} test examples, "
                           f"T = {args.num_samples}"
-                          + (f", tolerance {_tolerance(args):g})" if args.num_samples == "auto" else ")"),
+                          + (f", tolerance {num_samples.tolerance:g})" if args.num_samples == "auto" else ")"),
                           [*blocks, [("accuracy-coverage area", f"{result.numbers['selective_area']:.4f}")], sweep]))
     print(f"\nWrote {len(paths)} files to {folder}/: " + ", ".join(os.path.basename(p) for p in paths))
     return 0

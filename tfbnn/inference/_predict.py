@@ -1,0 +1,301 @@
+"""``predict``: Monte Carlo prediction of a model or deep ensemble, fixed T or adaptive."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfbnn._internal import checks, deprecation
+from tfbnn.ensembles import DeepEnsemble
+from tfbnn.inference._adaptive import AdaptiveBatch, AdaptiveSampling, sample_adaptively, sampling_rule
+from tfbnn.inference._sampling import (
+    check_dropout,
+    check_finite,
+    check_input_shapes,
+    compiled_sampler,
+    input_batches,
+    input_signature,
+    reference_model,
+)
+from tfbnn.inference._summaries import concat, summarize_classification, summarize_regression
+from tfbnn.likelihoods import GaussianHead
+from tfbnn.utils import stochastic_layers, weight_samples
+
+TASKS = ("auto", "classification", "regression")
+
+
+# Until the next release predict also takes AdaptiveSampling's fields as keywords (with num_samples="auto").
+@deprecation.keywords_moved("num_samples", AdaptiveSampling, "tfbnn.inference.AdaptiveSampling", when="auto")
+def predict(
+    model,
+    x,
+    num_samples=100,
+    batch_size=None,
+    return_samples=False,
+    task="auto",
+    from_logits=False,
+    gaussian_head=None,
+    mc_dropout=False,
+    joint=False,
+):
+    """Monte Carlo prediction: T posterior predictive samples per example, summarised.
+
+    Each batch ``(B, ...)`` is tiled sample-major to ``(T * B, ...)`` and run once,
+    inside :func:`tfbnn.utils.weight_samples`, through a ``tf.function`` cached per
+    model, T and inference modes (``training=False``; the Bayesian layers keep
+    their inference modes, so a model in ``"mean"`` mode gives T identical samples
+    and zero mutual information). Classification returns
+    ``predictive_entropy = H[mean_t p_t]`` (total), ``expected_entropy =
+    mean_t H[p_t]`` (aleatoric) and ``mutual_information`` (epistemic, their
+    difference; Depeweg et al. 2018, Trinh et al. 2022 eq. 26-27). Regression
+    returns the mean, ``epistemic_std = std_t mu_t`` and, for a model ending in a
+    :class:`GaussianHead`, ``aleatoric_std = sqrt(mean_t sigma_t^2)``.
+
+    **Deep ensembles.** For a :class:`tfbnn.DeepEnsemble` of M members the members
+    are posterior samples: every member is run with T samples in the same vectorized
+    call, ``M * T`` samples in all, member-major (``samples[m * T + t]``), each member
+    weighted ``1 / M``. ``num_samples`` (and the ``chunk_size``, ``min_samples`` and
+    ``max_samples`` of an :class:`AdaptiveSampling`) count samples *per member*; the result's ``num_samples`` and
+    ``samples_used`` count all ``M * T``. An ensemble without stochastic layers (the
+    usual deep ensemble of deterministic networks) is run with ``T = 1``: its
+    predictive is exact with M samples, whatever ``num_samples`` says.
+
+    **Adaptive sampling** (``num_samples=AdaptiveSampling(tolerance=..., ...)``, or
+    ``"auto"`` for ``AdaptiveSampling()``). Samples are added in vectorized chunks until
+    the Monte Carlo standard error of the predictive mean is at most ``tolerance``.
+    With ``n`` samples per member, ``S`` members (1 for an ordinary model) and
+    ``s_{m,c}^2`` the sample variance (``n - 1`` in the denominator) of component ``c``
+    of member ``m``'s outputs (class probabilities, or regression means), the estimate
+    ``p_bar_c = (1/S) sum_m mean_t p_{m,t,c}`` has the standard error (stratified
+    sampling, members as strata)::
+
+        se_c = sqrt( (sum_m s_{m,c}^2 / S  +  f / n) / (S n) )
+
+    with ``f = 1`` for class probabilities and ``f = 0`` for regression. For ``S = 1``
+    and ``f = 0`` it is the usual ``s_c / sqrt(n)``. The ``f / n`` term is Chow and
+    Robbins' (1965) ``s_n^2 + 1/n`` in their fixed-width sequential rule: a probability
+    whose samples so far are all equal (a class that a few percent of the posterior
+    favours, not drawn yet) has ``s = 0``, and stopping then would miss it; the term
+    asks for at least ``1 / tolerance`` samples before such an example stops, so a class
+    with probability ``q`` is drawn with probability ``1 - exp(-q / tolerance)``. An
+    example stops at the end of the first chunk with ``n >= min_samples`` and ``max_c
+    se_c <= tolerance``, or at ``max_samples``; by the central limit theorem every
+    component of the returned predictive mean is then within ``1.96 * tolerance`` with
+    probability about 95% (asymptotically, as ``tolerance -> 0``). The variance between
+    members is not Monte Carlo error (the members are fixed) and does not count. Chunk
+    sizes follow Stein's two-stage idea, iterated: after each chunk the number of
+    samples the median unfinished example still needs, ``n (se / tolerance)^2 - n``, as
+    ``chunk_size * 2^j``, at least ``chunk_size`` and at most doubling ``n`` (few calls,
+    few traces). ``per="example"`` (default) stops sampling each example when it meets
+    the rule, so confident inputs use few samples and ambiguous ones many;
+    ``per="batch"`` samples a whole batch until all its examples meet it. The result's
+    ``samples_used`` ``(N,)`` and ``standard_error`` ``(N,)`` report each example's
+    count and final ``max_c se_c``; the summaries are computed from running moments (no
+    ``(T, N, C)`` array is kept unless ``return_samples``). A model without stochastic
+    layers has no Monte Carlo error: it is run once with ``min_samples`` (a deep
+    ensemble of such models with one sample per member) and reports
+    ``standard_error = 0``. (Until the next release the fields of
+    :class:`AdaptiveSampling` are still taken as keywords with ``num_samples="auto"``,
+    as they were before, with a ``DeprecationWarning``.)
+
+    Args:
+        model: a Keras model with one output, or a :class:`tfbnn.DeepEnsemble`.
+        x: inputs: an array or tensor ``(N, ...)``, a list/dict of them (multi-input
+            models), or a batched ``tf.data.Dataset`` yielding ``x`` or
+            ``(x, y, ...)``. Floating-point inputs must be finite (NaN or
+            infinite values raise a ValueError naming the rows).
+        num_samples: int >= 1, T; an :class:`AdaptiveSampling` (adaptive, above); or
+            ``"auto"``, the same as ``AdaptiveSampling()``. Default 100. Memory grows
+            as ``T * batch_size`` (the chunk size times ``batch_size`` when adaptive).
+        batch_size: int or None, examples per vectorized call (default 32; must be
+            None for a dataset).
+        return_samples: bool, keep the ``(T, N, ...)`` samples in the result (NaN-padded
+            past each example's ``samples_used`` when adaptive).
+        task: ``"auto"`` (default), ``"classification"`` or ``"regression"``.
+            ``"auto"`` reads the model, not the data: classification when
+            ``from_logits=True`` or when the output layer ends in a softmax
+            (a ``softmax`` activation or a ``keras.layers.Softmax``), regression
+            for a Gaussian head or any other output layer. Only a model without a
+            readable output layer (a subclassed model) falls back to its first
+            batch's outputs (probability vectors: classification). A single
+            sigmoid unit needs ``task="classification"`` (it is expanded to two
+            classes).
+        from_logits: bool, the outputs are logits: a softmax (sigmoid for one
+            unit) is applied per sample before averaging.
+        gaussian_head: bool or None. Whether the outputs are ``(mean, scale)`` of a
+            :class:`GaussianHead`; None detects a ``GaussianHead`` output layer of a
+            Sequential or functional model.
+        mc_dropout: bool. MC dropout (Gal & Ghahramani 2016): keep the Keras
+            ``Dropout`` / ``GaussianDropout`` / ``AlphaDropout`` layers on. The model
+            is run through a cached view sharing all its layers with only those
+            dropout layers switched on, so ``BatchNormalization`` keeps its moving
+            statistics (calling the model with ``training=True`` would not, and
+            would make Bayesian layers demand a KL scale). Needs a Sequential or
+            functional model; dropout masks come from each dropout layer's seed
+            generator.
+        joint: bool. False (default): every example gets its own independent
+            weight sample (per-example summaries need no more, and it is the
+            cheapest). True: the examples of a batch share each of the T weight
+            samples, so ``samples[t]`` is one function draw over the batch (see
+            :func:`tfbnn.utils.weight_samples`). The summaries have the same
+            distribution either way.
+
+    Returns:
+        A :class:`ClassificationPrediction` (``mean_probs (N, C)``, entropies
+        ``(N,)``, ``samples (T, N, C)``, ``samples_used (N,)``) or a
+        :class:`RegressionPrediction` (``mean (N, ...)``, stds, ``interval(level)``).
+
+    Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> model = keras.Sequential([
+        ...     keras.Input((4,)),
+        ...     tfbnn.layers.DenseFlipout(16, activation="relu", seed=1),
+        ...     tfbnn.layers.DenseFlipout(3, activation="softmax", seed=2),
+        ... ])
+        >>> x = np.random.default_rng(0).random((10, 4)).astype("float32")
+        >>> res = tfbnn.predict(model, x, num_samples=50)
+        >>> res.mean_probs.shape, res.mutual_information.shape
+        ((10, 3), (10,))
+        >>> rule = tfbnn.inference.AdaptiveSampling(tolerance=0.01, max_samples=400)
+        >>> auto = tfbnn.predict(model, x, num_samples=rule)
+        >>> bool(np.all((auto.standard_error <= 0.01) | (auto.samples_used == 400)))
+        True
+
+    References:
+        Chow, Robbins. On the Asymptotic Theory of Fixed-Width Sequential Confidence
+        Intervals for the Mean. Ann. Math. Statist. 36, 1965.
+        Stein. A Two-Sample Test for a Linear Hypothesis Whose Power is Independent
+        of the Variance. Ann. Math. Statist. 16, 1945.
+        Chan, Golub, LeVeque. Updating Formulae and a Pairwise Algorithm for
+        Computing Sample Variances. Stanford CS report STAN-CS-79-773, 1979.
+    """
+    batch_size = _check_args(model, batch_size, task, from_logits, gaussian_head)
+    num_samples, rule = sampling_rule(num_samples)
+    adaptive = rule is not None
+    if gaussian_head is None:
+        gaussian_head = isinstance(_output_layer(model), GaussianHead)
+    check_dropout(model, mc_dropout)
+    batches = iter(input_batches(x, batch_size))
+    first = next(batches, None)
+    if first is None:
+        raise ValueError("Expected at least one batch of inputs. Received: an empty dataset")
+    check_input_shapes(model, first)
+    if not model.built:  # build outside the tf.function, with one sample per row
+        check_finite(first, 0)
+        model(first, training=False)
+    strata = model.num_members if isinstance(model, DeepEnsemble) else 1
+    exact = not stochastic_layers(model) and not mc_dropout
+    if exact and (strata > 1 or adaptive):  # no noise: one sample per member is the exact predictive
+        num_samples, rule = (1 if strata > 1 else rule.min_samples), None
+    signature = input_signature(first)
+    resolved = _task_from_model(task, model, from_logits, gaussian_head)
+
+    def resolve(samples):
+        nonlocal resolved
+        if resolved is None:
+            resolved = _task_from_outputs(samples)
+        if gaussian_head and samples.shape[-1] % 2:
+            raise ValueError(
+                "Expected an even last output dimension (means, then scales) with `gaussian_head`. "
+                f"Received: gaussian_head={gaussian_head!r}, outputs of shape {samples.shape[1:]}"
+            )
+        return resolved
+
+    parts, seen = [], 0
+    if rule is not None:
+        def draw(batch, k):
+            with weight_samples(model, k, joint=joint):
+                return compiled_sampler(model, k, joint, mc_dropout, signature)(batch).numpy()
+
+        def make_batch(size):
+            return lambda task_: AdaptiveBatch(task_, strata, size, from_logits, gaussian_head, return_samples)
+
+        for batch in _chain(first, batches):
+            check_finite(batch, seen)
+            size = int(tf.nest.flatten(batch)[0].shape[0])
+            seen += size
+            parts.append(sample_adaptively(draw, batch, rule, resolve, make_batch(size)))
+        return concat(parts, strata)
+    sampler = compiled_sampler(model, num_samples, joint, mc_dropout, signature)
+    with weight_samples(model, num_samples, joint=joint):
+        for batch in _chain(first, batches):
+            check_finite(batch, seen)
+            seen += int(tf.nest.flatten(batch)[0].shape[0])
+            samples = sampler(batch).numpy()
+            if resolve(samples) == "classification":
+                parts.append(summarize_classification(samples, from_logits, keep_samples=return_samples))
+            else:
+                parts.append(summarize_regression(samples, gaussian_head, keep_samples=return_samples))
+    result = concat(parts, strata)
+    if exact and adaptive:  # no Monte Carlo error to report
+        result = dataclasses.replace(result, standard_error=np.zeros(len(result.samples_used), np.float32))
+    return result
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+# -- task resolution -------------------------------------------------------------------
+def _output_layer(model):
+    model = reference_model(model)
+    outputs = getattr(model, "outputs", None)
+    if not outputs:
+        return None
+    layer = outputs[0]._keras_history.operation
+    if isinstance(layer, keras.Model) and layer is not model:
+        return _output_layer(layer) or layer
+    return layer
+
+
+def _ends_in_softmax(layer):
+    if isinstance(layer, keras.layers.Softmax):
+        return True
+    activation = getattr(layer, "activation", None)
+    return activation is not None and getattr(activation, "__name__", None) == "softmax"
+
+
+def _looks_like_probabilities(samples):
+    if samples.ndim < 3 or samples.shape[-1] < 2:
+        return False
+    return bool(np.all(samples >= -1e-6) and np.allclose(samples.sum(axis=-1), 1.0, atol=1e-3))
+
+
+def _task_from_model(task, model, from_logits, gaussian_head):
+    """The task ``"auto"`` stands for, read from the model; None if it cannot tell."""
+    if task != "auto":
+        return task
+    if gaussian_head:
+        return "regression"
+    if from_logits:
+        return "classification"
+    layer = _output_layer(model)
+    if layer is None:  # a subclassed model: no output layer to read
+        return None
+    return "classification" if _ends_in_softmax(layer) else "regression"
+
+
+def _task_from_outputs(samples):
+    """Last resort for a model without a readable output layer (a subclassed model)."""
+    return "classification" if _looks_like_probabilities(samples) else "regression"
+
+
+# -- argument checks -------------------------------------------------------------------
+def _check_args(model, batch_size, task, from_logits, gaussian_head):
+    if not isinstance(model, keras.layers.Layer):
+        raise ValueError(f"Expected a Keras model. Received: model={type(model).__name__}")
+    batch_size = checks.integer("batch_size", batch_size, 1, allow_none=True)
+    if task not in TASKS:
+        raise ValueError(f"Expected `task` in {TASKS}. Received: task={task!r}")
+    if from_logits and (task == "regression" or gaussian_head):
+        raise ValueError(
+            "`from_logits=True` applies a softmax: it is for classification, not regression. "
+            f"Received: task={task!r}, from_logits=True, gaussian_head={gaussian_head}"
+        )
+    if gaussian_head and task == "classification":
+        raise ValueError(
+            "A Gaussian head is a regression likelihood. Received: task='classification', gaussian_head=True"
+        )
+    return batch_size
