@@ -409,6 +409,7 @@ def test_a_builder_returning_the_wrong_thing_raises_at_build(builder, match):
 @pytest.mark.parametrize("make,match", [
     (lambda: posteriors.MeanFieldNormal(init_scale=-1.0), "Received: init_scale=-1.0"),
     (lambda: posteriors.LowRankNormal(rank=0), "Received: rank=0"),
+    (lambda: posteriors.LowRankNormal(rank=9)(6, 2), r"in \[1, event_size=8\].*Received: rank=9"),
     (lambda: posteriors.NormalPrior(scale=0.0), "Received: scale=0.0"),
     (lambda: posteriors.TrainableNormalPrior(trainable_scale=1), "Received: trainable_scale=1"),
     (lambda: posteriors.FullCovarianceNormal(loc_initializer="nope"), "Received: loc_initializer='nope'"),

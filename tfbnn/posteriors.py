@@ -224,7 +224,7 @@ class LowRankNormalWeights(MeanFieldNormalWeights):
 
     Args:
         event_size: int > 0.
-        rank: int > 0, the columns of ``L``. Default 2.
+        rank: int in ``[1, event_size]``, the columns of ``L``. Default 2.
         init_scale: float > 0, the initial ``d``. Default 0.01.
         loc_initializer: Keras initializer of ``mu``. Default ``"random_normal"``.
         factor_initializer: Keras initializer of ``L``, or None (default): entries
@@ -235,7 +235,8 @@ class LowRankNormalWeights(MeanFieldNormalWeights):
     def __init__(self, event_size, rank=2, init_scale=0.01, loc_initializer="random_normal",
                  factor_initializer=None, **kwargs):
         super().__init__(event_size, init_scale=init_scale, loc_initializer=loc_initializer, **kwargs)
-        self.rank = checks.integer("rank", rank, 1)
+        self.rank = checks.integer("rank", rank, 1, self.event_size,
+                                   what=f"an integer in [1, event_size={self.event_size}] (a higher rank adds nothing)")
         if factor_initializer is None:
             factor_initializer = keras.initializers.RandomNormal(stddev=0.1 * self.init_scale / math.sqrt(self.rank))
         self.factor_initializer = checks.initializer("factor_initializer", factor_initializer)
@@ -471,7 +472,7 @@ class LowRankNormal(_GaussianBuilder):
     """Builds a :class:`LowRankNormalWeights` posterior: ``N(mu, L L^T + diag(d^2))``.
 
     Args:
-        rank: int > 0, the columns of ``L``. Default 2.
+        rank: int > 0, the columns of ``L``, at most ``kernel_size + bias_size``. Default 2.
         init_scale: float > 0, the initial ``d``. Default 0.01.
         loc_initializer: Keras initializer of ``mu``. Default ``"random_normal"``.
         factor_initializer: Keras initializer of ``L`` or None (the default of
@@ -566,7 +567,11 @@ def get(identifier, name="make_posterior_fn"):
                              f"Received: {name}={identifier!r}")
         return _NAMED[identifier]()
     if isinstance(identifier, dict):
-        identifier = keras.saving.deserialize_keras_object(identifier)
+        try:
+            identifier = keras.saving.deserialize_keras_object(identifier)
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"Expected `{name}` to be a builder's config ({e}). Received: {name}={identifier!r}") \
+                from None
     if not callable(identifier) or isinstance(identifier, type):
         raise ValueError(f"Expected `{name}` to be a builder (kernel_size, bias_size, dtype) -> "
                          f"tfbnn.posteriors.WeightDistribution: a name in {sorted(_NAMED)}, a builder object or a "
