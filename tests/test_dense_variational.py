@@ -88,6 +88,15 @@ def test_rank_3_inputs_and_no_bias():
     np.testing.assert_allclose(layer(x), x @ kernel.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_mixed_precision_keeps_the_distribution_in_float32(family):
+    layer = tfbnn.layers.DenseVariational(2, FAMILIES[family], "trainable_normal", kl_weight=0.1,
+                                          dtype="mixed_float16", seed=0)
+    assert layer(np.ones((3, 4), "float32")).dtype == tf.float16
+    assert layer.posterior.distribution().dtype == tf.float32 and layer.losses[0].dtype == tf.float32
+    np.testing.assert_allclose(layer.losses[0], 0.1 * layer.kl_divergence(), rtol=1e-6)
+
+
 # -- the KL --------------------------------------------------------------------------
 
 

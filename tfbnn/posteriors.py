@@ -125,7 +125,8 @@ class WeightDistribution(keras.layers.Layer):
     """A distribution over a layer's flattened weights: a Keras layer holding its variables.
 
     Subclasses create their variables in ``build`` (the owning layer calls
-    ``build(None)`` when it builds) and return the TFP distribution, of event
+    ``build(None)`` when it builds; make them with ``add_weight(..., autocast=False)``
+    so that a mixed-precision model does not cast them to float16) and return the TFP distribution, of event
     shape ``[kernel_size + bias_size]`` and batch shape ``[]``, from
     :meth:`distribution`. It is made anew at each call of the owning layer
     (cheap: a few tensor ops), so it reads the variables' current values.
@@ -142,7 +143,9 @@ class WeightDistribution(keras.layers.Layer):
         raise NotImplementedError
 
     def _variable(self, name, shape, initializer, trainable=True):
-        return self.add_weight(name=name, shape=shape, initializer=initializer, trainable=trainable)
+        """``add_weight``, never autocast: under a mixed policy (float16 compute) the
+        distribution stays in the variable dtype, and the owning layer casts its sample."""
+        return self.add_weight(name=name, shape=shape, initializer=initializer, trainable=trainable, autocast=False)
 
 
 class _SizedWeights(WeightDistribution):
