@@ -22,6 +22,7 @@ GUIDES = {
     "tfbnn.multisample": ("The ELBO convention", "elbo"),
     "tfbnn.layers": ("Getting started", "getting-started"),
     "tfbnn.priors": ("Getting started", "getting-started"),
+    "tfbnn.posteriors": ("Getting started", "getting-started"),
     "tfbnn.datasets": ("Getting started", "getting-started"),
     "tfbnn.distribute": ("Getting started", "getting-started"),
     "tfbnn.inference": ("Predictive uncertainty and calibration", "uncertainty"),

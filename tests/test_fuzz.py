@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tfbnn
-from tfbnn import calibration, metrics, priors, schedules
+from tfbnn import calibration, metrics, posteriors, priors, schedules
 
 # -- values ---------------------------------------------------------------------------
 
@@ -84,6 +84,8 @@ CONSTRUCTORS = list(dict.fromkeys([
     *(getattr(tfbnn.layers, name) for name in tfbnn.layers.__all__
       if inspect.isclass(getattr(tfbnn.layers, name)) and name not in ("StochasticLayer", "BayesianLayer")),
     priors.Normal, priors.ScaleMixture, priors.Graves,
+    posteriors.MeanFieldNormal, posteriors.LowRankNormal, posteriors.FullCovarianceNormal, posteriors.NormalPrior,
+    posteriors.TrainableNormalPrior,
     schedules.Constant, schedules.Linear, schedules.WarmUp, schedules.Cosine, schedules.Cyclic,
     tfbnn.KLAnnealing, tfbnn.SparsityMonitor,
     tfbnn.ExpectedCalibrationError, tfbnn.NegativeLogLikelihood, tfbnn.BrierScore,

@@ -24,7 +24,7 @@ import sys
 # it parses its arguments before TensorFlow starts.
 # tests/test_public_names.py checks that every name resolves and that the
 # submodules are the ones the API reference documents.
-_CORE = ("priors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
+_CORE = ("priors", "posteriors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
          "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample",
          "ensembles", "continual", "models", "datasets")
 _LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
@@ -40,7 +40,7 @@ _NAMES = {
                "NodeConv1D", "NodeConv2D", "NodeDense", "NodeNoise", "Conv1DFlipout", "Conv1DReparameterization",
                "Conv2DFlipout", "Conv2DReparameterization",
                "BayesianLayer", "DenseFlipout", "DenseLocalReparameterization", "DenseReparameterization",
-               "MCDropout", "MCSpatialDropout2D", "StochasticLayer"),
+               "MCDropout", "MCSpatialDropout2D", "StochasticLayer", "DenseVariational"),
     "multisample": ("MultiSampleModel",),
     "ensembles": ("DeepEnsemble",),
     "utils": ("bayesian_layers", "kl_divergence", "posterior_mean", "set_inference_mode", "set_kl_weight",

@@ -41,6 +41,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from tfbnn._internal import checks
+from tfbnn._internal.configurable import Configurable
 
 tfd = tfp.distributions
 
@@ -69,7 +70,7 @@ def _check_loc(value, allow_none=False):
     )
 
 
-class Prior:
+class Prior(Configurable):
     """Base class of tfbnn priors.
 
     Subclasses implement :meth:`distribution` (a scalar TFP distribution that
@@ -87,28 +88,11 @@ class Prior:
         """Elementwise ``log p(x)``; same shape as ``x``."""
         return self.distribution(x.dtype).log_prob(x)
 
-    def get_config(self):
-        raise NotImplementedError
-
     def check_shape(self, shape, name="prior"):
         """Raises a ValueError naming ``name`` if the prior cannot cover weights of ``shape``.
 
         Scalar priors broadcast over any weight tensor; :class:`Posterior` has one shape.
         """
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
-
-    def __eq__(self, other):
-        return type(self) is type(other) and self.get_config() == other.get_config()
-
-    def __hash__(self):
-        return hash((type(self).__name__, tuple(sorted(self.get_config().items()))))
-
-    def __repr__(self):
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
-        return f"{type(self).__name__}({args})"
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")

@@ -8,6 +8,7 @@ module             what it holds
 ``checks``         argument validation that names the argument and the value
 ``errors``         :class:`RunError` (re-exported as ``tfbnn.RunError``)
 ``files``          atomic writes, JSON/CSV/text output, plain-value conversion, tables
+``configurable``   the base of the small config objects (priors, posterior builders)
 =================  ==============================================================
 
 Any tfbnn module may import from here; users and tests use the public modules.

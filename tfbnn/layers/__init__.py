@@ -23,6 +23,7 @@ from tfbnn.layers.conv import (
 from tfbnn.layers.dense import DenseFlipout, DenseLocalReparameterization, DenseReparameterization
 from tfbnn.layers.graves import GravesDense
 from tfbnn.layers.node import NodeConv1D, NodeConv2D, NodeDense, NodeNoise
+from tfbnn.layers.variational import DenseVariational
 from tfbnn.layers.variational_dropout import (
     Conv1DVariationalDropout,
     Conv2DVariationalDropout,
@@ -53,4 +54,5 @@ __all__ = [
     "DenseVariationalDropout",
     "Conv1DVariationalDropout",
     "Conv2DVariationalDropout",
+    "DenseVariational",
 ]

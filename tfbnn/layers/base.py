@@ -292,12 +292,15 @@ class BayesianLayer(StochasticLayer):
         self._kl_weight_value = validate_kl_weight(kl_weight)
 
     def _build_kl_weight(self):
+        # Never autocast: under a mixed policy beta / N read as float16 loses digits
+        # (1 / 60000 is subnormal there) or underflows to 0.
         self._kl_weight = self.add_weight(
             name="kl_weight",
             shape=(),
             initializer=keras.initializers.Constant(self._kl_weight_value or 0.0),
             trainable=False,
             dtype="float32",
+            autocast=False,
         )
 
     @property
