@@ -287,6 +287,19 @@ def test_to_model_saves_and_loads(tmp_path):
         np.testing.assert_allclose(loaded(x[:4]), model(x[:4]), atol=1e-6)  # the MAP network
 
 
+def test_to_model_exports_a_saved_model(tmp_path):
+    model = _mlp(3, "softmax")
+    x, y = _data(30, 3, classification=True)
+    la = laplace.fit(model, x, y, hessian="kron")
+    path = tfbnn.export.export_saved_model(la.to_model(seed=0), os.path.join(tmp_path, "laplace"), num_samples=2000)
+    served = tf.saved_model.load(path)
+    summary = served.summary(tf.constant(x[:4]))
+    np.testing.assert_allclose(summary["mean_probs"], la.predict(x[:4], link_approx="mc", num_samples=20000, seed=0),
+                               atol=0.03)
+    assert np.all(summary["epistemic"].numpy() > 0)
+    np.testing.assert_allclose(served.mean(tf.constant(x[:4])), model(x[:4]), atol=1e-6)
+
+
 def test_seeded_sampling_repeats():
     model = _mlp(3, "softmax")
     x, y = _data(30, 3, classification=True)

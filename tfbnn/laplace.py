@@ -1,12 +1,12 @@
 """The Laplace approximation of a trained Keras model: post-hoc weight uncertainty.
 
 A network trained to a MAP estimate ``theta*`` (cross-entropy or squared error plus
-weight decay) gets a Gaussian posterior ``q(theta) = N(theta*, P^-1)`` from the
+weight decay) gets a Gaussian posterior ``q(theta) = N(theta*, Sigma)`` from the
 curvature of the loss at ``theta*``, without retraining (MacKay 1992; Daxberger et
 al. 2021, "Laplace Redux"). With the prior ``N(0, delta^-1 I)`` (``delta`` the
 prior precision) the posterior precision is::
 
-    P = H + delta I,      H = sum_n J_n^T Lambda_n J_n                   (the GGN)
+    Sigma^-1 = H + delta I,      H = sum_n J_n^T Lambda_n J_n            (the GGN)
 
 ``J_n = d f(x_n) / d theta`` is the Jacobian of the network's outputs (logits, or
 regression means) and ``Lambda_n`` the Hessian of the negative log-likelihood in
@@ -16,22 +16,23 @@ Gauss-Newton ``H`` is the Hessian without its second-order network term: it is
 positive semi-definite, and for the last layer (outputs linear in its weights)
 it *is* the Hessian.
 
-Which weights and which structure (``subset`` x ``hessian``):
+Which weights and which structure (``subset``, ``hessian``):
 
-==============  ==========================================================  =====================
-                ``H`` is                                                    cost
-==============  ==========================================================  =====================
-last layer,     the GGN of the last ``Dense`` layer's kernel and bias,      ``((d+1) K)^2``
-``"full"``      ``sum_n (phi_n phi_n^T) kron Lambda_n`` (``phi_n`` its      memory, cubed time
-                input with a 1 appended for the bias)
-last layer,     KFAC (Ritter et al. 2018): ``A kron G`` with ``A = sum_n    ``(d+1)^2 + K^2``
-``"kron"``      phi_n phi_n^T`` and ``G = (1/N) sum_n Lambda_n``; exact
-                when ``Lambda_n`` is constant (regression) or ``N = 1``
-last layer or   the diagonal of the GGN                                     ``P``
-all, ``"diag"``
-all,            the GGN of every trainable weight (small networks)          ``P^2``, ``P <= 10^4``
-``"full"``
-==============  ==========================================================  =====================
+========================  ==================================================  ========================
+weights, structure        ``H`` is                                            memory
+========================  ==================================================  ========================
+``last_layer``, ``full``  the GGN of the last ``Dense`` layer's kernel and    ``((d + 1) K)^2``
+                          bias, ``sum_n (phi_n phi_n^T) kron Lambda_n``
+                          (``phi_n`` its input with a 1 appended)
+``last_layer``, ``kron``  KFAC (Ritter et al. 2018), ``A kron G`` with        ``(d + 1)^2 + K^2``
+                          ``A = sum_n phi_n phi_n^T`` and ``G = (1/N) sum_n
+                          Lambda_n``: exact when ``Lambda_n`` is constant
+                          (regression) or for one example
+``last_layer``, ``diag``  the diagonal of the last layer's GGN                ``(d + 1) K``
+``all``, ``diag``         the diagonal of the GGN of every trainable weight   ``P``
+``all``, ``full``         the GGN of every trainable weight (small networks,  ``P^2``
+                          ``P <= 10^4``)
+========================  ==================================================  ========================
 
 Parameters are ordered as the model's ``trainable_variables`` flattened (all), or
 as the last layer's ``[kernel; bias]`` matrix ``(d + 1, K)`` flattened row-major
@@ -41,10 +42,10 @@ as the last layer's ``[kernel; bias]`` matrix ``(d + 1, K)`` flattened row-major
 Immer et al. 2021, eq. 4) for ``P`` parameters, at the MAP::
 
     log p(D | delta, sigma) ~ log p(D | theta*) - delta/2 ||theta*||^2
-                              - 1/2 log det P + P/2 log delta
+                              - 1/2 log det Sigma^-1 + P/2 log delta
 
 tuned in ``log delta`` (and ``log sigma`` for regression) by
-:meth:`Laplace.optimize_prior_precision`. ``log det P = sum_i log(lambda_i / s +
+:meth:`Laplace.optimize_prior_precision`. ``log det Sigma^-1 = sum_i log(lambda_i / s +
 delta)`` with ``lambda_i`` the eigenvalues of the GGN at ``sigma = 1`` and ``s =
 sigma^2`` (``s = 1`` for classification), so each evaluation is ``O(P)``.
 
@@ -52,14 +53,14 @@ sigma^2`` (``s = 1`` for classification), so each evaluation is ``O(P)``.
 replaces the network by its first-order Taylor expansion at ``theta*``, so the
 function values are Gaussian::
 
-    f(x) ~ N(f(x; theta*), J(x) P^-1 J(x)^T)
+    f(x) ~ N(f(x; theta*), J(x) Sigma J(x)^T)
 
 exact for the last-layer approximation. For regression ``y ~ N(f(x; theta*),
-J P^-1 J^T + sigma^2 I)``. For classification the softmax of that Gaussian is
+J Sigma J^T + sigma^2 I)``. For classification the softmax of that Gaussian is
 approximated by Monte Carlo, or by the probit approximation (MacKay 1992; Daxberger
 et al. 2021, sec. 3.4)::
 
-    p(y | x) ~ softmax(kappa * f(x; theta*)),   kappa_k = 1 / sqrt(1 + pi/8 * [J P^-1 J^T]_kk)
+    p(y | x) ~ softmax(kappa * f(x; theta*)),   kappa_k = 1 / sqrt(1 + pi/8 * [J Sigma J^T]_kk)
 
 The ``"nn"`` predictive samples weights from ``q`` and runs the network.
 :meth:`Laplace.to_model` gives a Keras model whose last layer (:class:`LaplaceDense`)
@@ -348,7 +349,7 @@ def _add(a, b):
     return tuple(u + v for u, v in zip(a, b)) if isinstance(a, tuple) else a + b
 
 
-# -- posterior bases: P^-1 = B diag(1 / (lambda / s + delta)) B^T --------------------------
+# -- posterior bases: Sigma = B diag(1 / (lambda / s + delta)) B^T -------------------------
 class _DenseBasis:
     """Eigenvectors ``U`` (P, P) of a full GGN."""
 
@@ -749,7 +750,7 @@ class Laplace:
         return values if self.hessian == "diag" else self._matrix(values)
 
     def sample(self, num_samples=100, seed=None):
-        """Draws weights ``theta ~ N(theta*, P^-1)``.
+        """Draws weights ``theta ~ N(theta*, Sigma)``.
 
         Args:
             num_samples: int >= 1, T.
@@ -765,7 +766,7 @@ class Laplace:
         return self.mean + self._basis.rotate(eps * scale)
 
     def function_moments(self, x, batch_size=None):
-        """Mean and covariance of the linearized function values, ``f(x; theta*)`` and ``J P^-1 J^T``.
+        """Mean and covariance of the linearized function values, ``f(x; theta*)`` and ``J Sigma J^T``.
 
         Args:
             x: inputs (arrays) or a dataset yielding ``x`` or ``(x, y)``.
