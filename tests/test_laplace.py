@@ -327,6 +327,15 @@ def test_dataset_input_and_saved_state(tmp_path):
     assert loaded.log_marginal_likelihood() == la.log_marginal_likelihood()
 
 
+def test_one_hot_targets_and_default_structures():
+    model = _mlp(3, "softmax")
+    x, y = _data(20, 3, classification=True)
+    la = laplace.fit(model, x, y)
+    assert (la.hessian, laplace.fit(model, x, y, subset="all").hessian) == ("kron", "diag")
+    one_hot = laplace.fit(model, x, np.eye(3, dtype="int32")[y])
+    np.testing.assert_allclose(one_hot.log_marginal_likelihood(), la.log_marginal_likelihood(), rtol=1e-12)
+
+
 # -- bad arguments -----------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs,match", [
     ({"likelihood": "poisson"}, "likelihood='poisson'"),

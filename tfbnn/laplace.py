@@ -298,7 +298,7 @@ def _targets(y, f, likelihood):
     y = np.asarray(y)
     units = f.shape[-1]
     if likelihood == "classification":
-        if y.ndim == 2 and y.shape[-1] == units and np.issubdtype(y.dtype, np.floating):
+        if y.ndim == 2 and y.shape[-1] == units:  # one-hot or label probabilities (K >= 2)
             return y.astype(np.float64)
         labels = y.reshape(len(y))
         if not np.issubdtype(labels.dtype, np.number) or np.any(labels < 0) or np.any(labels >= units) or np.any(
@@ -410,7 +410,7 @@ class _Projection:
         self.r = r
 
     def variance(self, w):
-        return np.einsum("nkp,p,nlp->nkl", self.r, w, self.r)
+        return np.matmul(self.r * w, np.swapaxes(self.r, 1, 2))
 
 
 class _KroneckerProjection:
@@ -444,7 +444,8 @@ class Laplace:
         likelihood: ``"classification"`` (softmax cross-entropy) or ``"regression"``
             (Gaussian with noise std ``sigma_noise``).
         subset: ``"last_layer"`` (default) or ``"all"`` (every trainable weight).
-        hessian: ``"full"``, ``"kron"`` (default; last layer only) or ``"diag"``.
+        hessian: ``"full"``, ``"kron"`` (last layer only) or ``"diag"``; None (default)
+            is ``"kron"`` for the last layer and ``"diag"`` for all weights.
             ``subset="all"`` takes ``"diag"``, or ``"full"`` for at most
             :data:`MAX_FULL_PARAMETERS` weights.
         prior_precision: float > 0, ``delta`` of the prior ``N(0, delta^-1 I)``. Default 1.
@@ -460,10 +461,12 @@ class Laplace:
             ``A`` ``(d+1, d+1)`` and ``G`` ``(K, K)`` (kron), ``(P,)`` (diag).
     """
 
-    def __init__(self, model, likelihood="classification", subset="last_layer", hessian="kron",
+    def __init__(self, model, likelihood="classification", subset="last_layer", hessian=None,
                  prior_precision=1.0, sigma_noise=1.0):
         self.likelihood = _choice("likelihood", likelihood, LIKELIHOODS)
         self.subset = _choice("subset", subset, SUBSETS)
+        if hessian is None:
+            hessian = "kron" if subset == "last_layer" else "diag"
         self.hessian = _choice("hessian", hessian, HESSIANS)
         if subset == "all" and hessian == "kron":
             raise ValueError("Expected `hessian` in ('full', 'diag') with subset='all' (KFAC is implemented for "
@@ -530,7 +533,7 @@ class Laplace:
                 if self.hessian == "diag":
                     part = np.square(root).sum(axis=(0, 1))
                 else:
-                    part = np.einsum("bkp,bkq->pq", root, root)
+                    part = np.tensordot(root, root, axes=([0, 1], [0, 1]))
             curvature = part if curvature is None else _add(curvature, part)
             self._add_loss_terms(terms, f, _targets(yb, f, self.likelihood))
             num += len(f)
@@ -939,7 +942,7 @@ def load(path, model):
     return la
 
 
-def fit(model, x, y=None, likelihood="classification", subset="last_layer", hessian="kron", prior_precision=1.0,
+def fit(model, x, y=None, likelihood="classification", subset="last_layer", hessian=None, prior_precision=1.0,
         sigma_noise=1.0, batch_size=None):
     """Fits the Laplace approximation of a trained model: ``Laplace(model, ...).fit(x, y)``.
 
@@ -949,7 +952,8 @@ def fit(model, x, y=None, likelihood="classification", subset="last_layer", hess
         y: training targets (None with a dataset).
         likelihood: ``"classification"`` or ``"regression"``.
         subset: ``"last_layer"`` or ``"all"``.
-        hessian: ``"full"``, ``"kron"`` or ``"diag"``.
+        hessian: ``"full"``, ``"kron"``, ``"diag"`` or None (``"kron"`` for the last layer,
+            ``"diag"`` for all weights).
         prior_precision: float > 0. Default 1.
         sigma_noise: float > 0, regression only. Default 1.
         batch_size: int or None.
