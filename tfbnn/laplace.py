@@ -505,7 +505,7 @@ class Laplace:
         Returns:
             ``self``.
         """
-        batch_size = checks.integer("batch_size", batch_size, 1, allow_none=True) or _DEFAULT_BATCH[self.subset]
+        batch_size = self._batch_size(batch_size)
         if self.subset == "all" and self.hessian == "full" and self.num_parameters > MAX_FULL_PARAMETERS:
             raise ValueError(
                 f"Expected at most {MAX_FULL_PARAMETERS} weights with subset='all', hessian='full' (a P x P "
