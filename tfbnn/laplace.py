@@ -1,0 +1,1115 @@
+"""The Laplace approximation of a trained Keras model: post-hoc weight uncertainty.
+
+A network trained to a MAP estimate ``theta*`` (cross-entropy or squared error plus
+weight decay) gets a Gaussian posterior ``q(theta) = N(theta*, Sigma)`` from the
+curvature of the loss at ``theta*``, without retraining (MacKay 1992; Daxberger et
+al. 2021, "Laplace Redux"). With the prior ``N(0, delta^-1 I)`` (``delta`` the
+prior precision) the posterior precision is::
+
+    Sigma^-1 = H + delta I,      H = sum_n J_n^T Lambda_n J_n            (the GGN)
+
+``J_n = d f(x_n) / d theta`` is the Jacobian of the network's outputs (logits, or
+regression means) and ``Lambda_n`` the Hessian of the negative log-likelihood in
+those outputs: ``diag(p_n) - p_n p_n^T`` for a softmax (classification), ``I /
+sigma^2`` for a Gaussian with noise std ``sigma`` (regression). The generalized
+Gauss-Newton ``H`` is the Hessian without its second-order network term: it is
+positive semi-definite, and for the last layer (outputs linear in its weights)
+it *is* the Hessian.
+
+Which weights and which structure (``subset``, ``hessian``):
+
+========================  ==================================================  ========================
+weights, structure        ``H`` is                                            memory
+========================  ==================================================  ========================
+``last_layer``, ``full``  the GGN of the last ``Dense`` layer's kernel and    ``((d + 1) K)^2``
+                          bias, ``sum_n (phi_n phi_n^T) kron Lambda_n``
+                          (``phi_n`` its input with a 1 appended)
+``last_layer``, ``kron``  KFAC (Ritter et al. 2018), ``A kron G`` with        ``(d + 1)^2 + K^2``
+                          ``A = sum_n phi_n phi_n^T`` and ``G = (1/N) sum_n
+                          Lambda_n``: exact when ``Lambda_n`` is constant
+                          (regression) or for one example
+``last_layer``, ``diag``  the diagonal of the last layer's GGN                ``(d + 1) K``
+``all``, ``diag``         the diagonal of the GGN of every trainable weight   ``P``
+``all``, ``full``         the GGN of every trainable weight (small networks,  ``P^2``
+                          ``P <= 10^4``)
+========================  ==================================================  ========================
+
+Parameters are ordered as the model's ``trainable_variables`` flattened (all), or
+as the last layer's ``[kernel; bias]`` matrix ``(d + 1, K)`` flattened row-major
+(last layer), so that ``J_n = phi_n^T kron I_K`` and ``H`` is a Kronecker sum.
+
+**Marginal likelihood.** The Laplace approximation of the evidence (MacKay 1992;
+Immer et al. 2021, eq. 4) for ``P`` parameters, at the MAP::
+
+    log p(D | delta, sigma) ~ log p(D | theta*) - delta/2 ||theta*||^2
+                              - 1/2 log det Sigma^-1 + P/2 log delta
+
+tuned in ``log delta`` (and ``log sigma`` for regression) by
+:meth:`Laplace.optimize_prior_precision`. ``log det Sigma^-1 = sum_i log(lambda_i / s +
+delta)`` with ``lambda_i`` the eigenvalues of the GGN at ``sigma = 1`` and ``s =
+sigma^2`` (``s = 1`` for classification), so each evaluation is ``O(P)``.
+
+**Predictive.** The linearized (GLM) predictive (Immer, Korzepa, Bauer 2021)
+replaces the network by its first-order Taylor expansion at ``theta*``, so the
+function values are Gaussian::
+
+    f(x) ~ N(f(x; theta*), J(x) Sigma J(x)^T)
+
+exact for the last-layer approximation. For regression ``y ~ N(f(x; theta*),
+J Sigma J^T + sigma^2 I)``. For classification the softmax of that Gaussian is
+approximated by Monte Carlo, or by the probit approximation (MacKay 1992; Daxberger
+et al. 2021, sec. 3.4)::
+
+    p(y | x) ~ softmax(kappa * f(x; theta*)),   kappa_k = 1 / sqrt(1 + pi/8 * [J Sigma J^T]_kk)
+
+The ``"nn"`` predictive samples weights from ``q`` and runs the network.
+:meth:`Laplace.to_model` gives a Keras model whose last layer (:class:`LaplaceDense`)
+samples from the posterior, so :func:`tfbnn.predict` reports the aleatoric and
+epistemic split, and the model saves as ``.keras`` and exports.
+
+Example:
+    >>> import keras, numpy as np, tfbnn
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.normal(size=(64, 2)).astype("float32")
+    >>> y = (x[:, 0] > 0).astype("int32")
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(8, activation="tanh"),
+    ...                           keras.layers.Dense(2, activation="softmax")])
+    >>> model.compile("adam", "sparse_categorical_crossentropy")
+    >>> _ = model.fit(x, y, epochs=5, verbose=0)
+    >>> la = tfbnn.laplace.fit(model, x, y, likelihood="classification", hessian="kron")
+    >>> la = la.optimize_prior_precision(method="marglik")
+    >>> la.predict(x[:3]).shape                          # probit predictive
+    (3, 2)
+    >>> res = tfbnn.predict(la.to_model(seed=1), x[:3], num_samples=50)
+    >>> res.mutual_information.shape                     # the epistemic part
+    (3,)
+
+References:
+    MacKay. A Practical Bayesian Framework for Backpropagation Networks. Neural
+    Computation 4(3), 1992 (the Laplace evidence, the probit predictive).
+    Ritter, Botev, Barber. A Scalable Laplace Approximation for Neural Networks.
+    ICLR 2018 (Kronecker-factored curvature).
+    Immer, Korzepa, Bauer. Improving Predictions of Bayesian Neural Nets via Local
+    Linearization. AISTATS 2021 (the GLM predictive).
+    Immer, Bauer, Fortuin, Ratsch, Khan. Scalable Marginal Likelihood Estimation for
+    Model Selection in Deep Learning. ICML 2021.
+    Daxberger, Kristiadi, Immer, Eschenhagen, Bauer, Hennig. Laplace Redux --
+    Effortless Bayesian Deep Learning. NeurIPS 2021.
+"""
+
+import json
+import math
+
+import keras
+import numpy as np
+import scipy.optimize
+import tensorflow as tf
+
+from tfbnn._internal import checks
+from tfbnn.inference import RegressionPrediction
+from tfbnn.layers.base import StochasticLayer, input_features
+from tfbnn.likelihoods import GaussianHead
+
+__all__ = [
+    "Laplace",
+    "LaplaceDense",
+    "fit",
+    "load",
+    "LIKELIHOODS",
+    "SUBSETS",
+    "HESSIANS",
+    "PRED_TYPES",
+    "LINK_APPROXIMATIONS",
+    "PRIOR_METHODS",
+]
+
+LIKELIHOODS = ("classification", "regression")
+SUBSETS = ("last_layer", "all")
+HESSIANS = ("full", "kron", "diag")
+PRED_TYPES = ("glm", "nn")
+LINK_APPROXIMATIONS = ("probit", "mc")
+PRIOR_METHODS = ("marglik", "val_nll")
+STRUCTURES = ("full", "kron", "diag")
+#: The largest number of weights ``subset="all", hessian="full"`` accepts (a P x P matrix).
+MAX_FULL_PARAMETERS = 10_000
+# The raw scale a LaplaceDense outputs for a following GaussianHead: softplus(-1e4) is 0.
+_RAW_SCALE = -1e4
+_DEFAULT_BATCH = {"last_layer": 256, "all": 32}
+
+
+def _choice(name, value, options):
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"Expected `{name}` in {options}. Received: {name}={value!r}")
+    return value
+
+
+def _positive(name, value):
+    return checks.number(name, value, low=0, low_open=True)
+
+
+# -- the network: features, last layer, parameters ------------------------------------
+class _Network:
+    """A trained model seen as ``f(x) = phi(x) @ kernel + bias``: its last ``Dense`` layer's
+    pre-activation (logits or regression means) on top of a feature model sharing its layers."""
+
+    def __init__(self, model, likelihood, subset):
+        if not isinstance(model, keras.Model):
+            raise ValueError(f"Expected a Keras model. Received: model of type {type(model).__name__}")
+        try:
+            outputs = model.outputs
+        except (AttributeError, ValueError):
+            outputs = None
+        if not outputs:
+            raise ValueError(
+                "Expected a built Sequential or functional model (its last layer is read from its graph; a "
+                f"subclassed model has none). Received: model={model.name!r}")
+        if len(outputs) != 1:
+            raise ValueError(f"Expected a model with one output. Received: {len(outputs)} outputs")
+        last = outputs[0]._keras_history.operation
+        if not isinstance(last, keras.layers.Dense):
+            raise ValueError(
+                "Expected the model to end in a keras.layers.Dense layer (its weights are the last layer "
+                f"of the Laplace approximation). Received: last layer {last.name!r} of type {type(last).__name__}")
+        activation = getattr(last.activation, "__name__", None)
+        allowed = ("linear", "softmax") if likelihood == "classification" else ("linear",)
+        if activation not in allowed:
+            raise ValueError(
+                f"Expected the last layer's activation in {allowed} for likelihood={likelihood!r} (the "
+                f"approximation works on its pre-activation). Received: activation={activation!r}")
+        if likelihood == "classification" and last.units < 2:
+            raise ValueError(
+                "Expected at least 2 output units for classification (a softmax over K >= 2 classes; for a "
+                f"binary task use Dense(2, 'softmax')). Received: units={last.units}")
+        if len(last.input.shape) != 2:
+            raise ValueError(
+                f"Expected the last Dense layer's input to be (batch, features). Received: shape {last.input.shape}")
+        self.model, self.last, self.subset = model, last, subset
+        # One input as a tensor, not a one-element list: calls then pass a bare array.
+        self.inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+        self.features = keras.Model(self.inputs, last.input)
+        self.units = last.units
+        self.use_bias = last.use_bias
+        self.variables = list(model.trainable_variables) if subset == "all" else None
+        self._jacobian = None
+
+    @property
+    def input_dim(self):
+        return self.last.kernel.shape[0] + int(self.use_bias)
+
+    def last_layer_weights(self):
+        """The last layer's ``[kernel; bias]`` ``(d + 1, K)`` (float64)."""
+        kernel = np.asarray(self.last.kernel.numpy(), np.float64)
+        if not self.use_bias:
+            return kernel
+        return np.concatenate([kernel, np.asarray(self.last.bias.numpy(), np.float64)[None]], axis=0)
+
+    def parameters(self):
+        """``theta*`` (P,) float64, in the order of the module docstring."""
+        if self.subset == "last_layer":
+            return self.last_layer_weights().ravel()
+        return np.concatenate([np.asarray(v.numpy(), np.float64).ravel() for v in self.variables])
+
+    def phi(self, x):
+        """Last-layer inputs with a 1 appended for the bias, ``(B, d + 1)`` float64."""
+        phi = np.asarray(self.features(x, training=False), np.float64)
+        if self.use_bias:
+            phi = np.concatenate([phi, np.ones((phi.shape[0], 1))], axis=1)
+        return phi
+
+    def outputs(self, x):
+        """``f (B, K)``, float64."""
+        f = keras.ops.matmul(self.features(x, training=False), self.last.kernel)
+        return np.asarray(f + self.last.bias if self.use_bias else f, np.float64)
+
+    def outputs_and_jacobian(self, x):
+        """``f (B, K)`` and ``J = df/dtheta (B, K, P)`` over all trainable weights, float64."""
+        leaves = [tf.cast(v, t.dtype) for v, t in zip(tf.nest.flatten(x), tf.nest.flatten(self.inputs))]
+        x = tf.nest.pack_sequence_as(x, leaves)
+        if self._jacobian is None:  # one trace: the batch axis is left unknown
+            self._jacobian = self._make_jacobian(
+                tf.nest.map_structure(lambda v: tf.TensorSpec([None, *v.shape[1:]], v.dtype), x))
+        f, jac = self._jacobian(x)
+        return np.asarray(f, np.float64), np.asarray(jac, np.float64)
+
+    def _make_jacobian(self, signature):
+        variables, last, features = self.variables, self.last, self.features
+
+        @tf.function(input_signature=[signature])
+        def jacobian(x):
+            with tf.GradientTape() as tape:
+                f = keras.ops.matmul(features(x, training=False), last.kernel)
+                if last.use_bias:
+                    f = f + last.bias
+            parts = tape.jacobian(f, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            rows = tf.shape(f)[0]
+            return f, tf.concat([tf.reshape(j, [rows, last.units, -1]) for j in parts], axis=-1)
+
+        return jacobian
+
+    def assign(self, theta):
+        """Writes the flat ``theta`` (P,) into the weights it came from."""
+        if self.subset == "last_layer":
+            w = theta.reshape(self.input_dim, self.units)
+            self.last.kernel.assign(w[: self.last.kernel.shape[0]].astype(self.last.kernel.dtype))
+            if self.use_bias:
+                self.last.bias.assign(w[-1].astype(self.last.bias.dtype))
+            return
+        start = 0
+        for v in self.variables:
+            size = int(np.prod(v.shape))
+            v.assign(theta[start: start + size].reshape(v.shape).astype(v.dtype))
+            start += size
+
+
+# -- data ------------------------------------------------------------------------------
+def _num_rows(x):
+    return int(tf.nest.flatten(x)[0].shape[0])
+
+
+def _batches(x, y, batch_size, need_targets=True):
+    """``(x, y)`` batches from arrays, or from a batched ``tf.data.Dataset`` of ``(x, y)``."""
+    if isinstance(x, tf.data.Dataset):
+        if y is not None:
+            raise ValueError(f"A tf.data.Dataset yields (x, y): do not pass `y`. Received: y of type {type(y).__name__}")
+        for element in x:
+            if need_targets and not (isinstance(element, (tuple, list)) and len(element) >= 2):
+                raise ValueError("Expected a dataset of (x, y) batches. Received: elements without targets")
+            yield (element[0], element[1]) if isinstance(element, (tuple, list)) else (element, None)
+        return
+    if x is None:
+        raise ValueError("Expected inputs `x`. Received: x=None")
+    x = tf.nest.map_structure(lambda v: np.asarray(v), x)
+    num = _num_rows(x)
+    if num == 0:
+        raise ValueError("Expected at least one example. Received: x with 0 examples")
+    if need_targets:
+        if y is None:
+            raise ValueError("Expected targets `y` with array inputs. Received: y=None")
+        y = np.asarray(y)
+        if len(y) != num:
+            raise ValueError(f"Expected as many targets as inputs. Received: {num} inputs, y of shape {y.shape}")
+    for start in range(0, num, batch_size):
+        xb = tf.nest.map_structure(lambda v, s=start: v[s: s + batch_size], x)
+        yield xb, (None if y is None else y[start: start + batch_size])
+
+
+def _targets(y, f, likelihood):
+    """``y`` as (B,) int labels or (B, K) label probabilities (classification), (B, K) floats (regression)."""
+    y = np.asarray(y)
+    units = f.shape[-1]
+    if likelihood == "classification":
+        if y.ndim == 2 and y.shape[-1] == units:  # one-hot or label probabilities (K >= 2)
+            return y.astype(np.float64)
+        labels = y.reshape(len(y))
+        if not np.issubdtype(labels.dtype, np.number) or np.any(labels < 0) or np.any(labels >= units) or np.any(
+                labels != np.round(labels)):
+            raise ValueError(f"Expected integer labels in [0, {units}) or one-hot targets (N, {units}). "
+                             f"Received: y of shape {y.shape} and dtype {y.dtype}")
+        return labels.astype(np.int64)
+    if y.size != f.size:
+        raise ValueError(f"Expected regression targets shaped like the outputs {f.shape}. Received: y of shape {y.shape}")
+    return y.reshape(f.shape).astype(np.float64)
+
+
+def _log_softmax(f):
+    f = f - f.max(axis=-1, keepdims=True)
+    return f - np.log(np.exp(f).sum(axis=-1, keepdims=True))
+
+
+def _softmax(f):
+    return np.exp(_log_softmax(f))
+
+
+def _label_log_probs(log_p, y):
+    """Per-example ``log p(y | x)`` for int labels (B,) or label probabilities (B, K)."""
+    if y.ndim == 2:
+        return (y * log_p).sum(axis=-1)
+    return log_p[np.arange(len(y)), y]
+
+
+def _output_hessian(f, likelihood):
+    """``Lambda_n`` (B, K, K): ``diag(p) - p p^T`` for a softmax, ``I`` for a Gaussian at sigma = 1."""
+    if likelihood == "regression":
+        return np.broadcast_to(np.eye(f.shape[-1]), (len(f), f.shape[-1], f.shape[-1]))
+    p = _softmax(f)
+    return np.einsum("bk,kl->bkl", p, np.eye(p.shape[-1])) - np.einsum("bk,bl->bkl", p, p)
+
+
+def _output_hessian_root(f, likelihood, jac):
+    """``L_n^T J_n`` (B, K, P) with ``L_n L_n^T = Lambda_n``; for a softmax ``L = diag(sqrt p) - p sqrt(p)^T``,
+    so row ``k`` is ``sqrt(p_k) (J_k - p^T J)``."""
+    if likelihood == "regression":
+        return jac
+    p = _softmax(f)
+    return np.sqrt(p)[..., None] * (jac - np.einsum("bk,bkp->bp", p, jac)[:, None, :])
+
+
+def _add(a, b):
+    """``a + b`` for arrays, elementwise for tuples of arrays (Kronecker factors)."""
+    return tuple(u + v for u, v in zip(a, b)) if isinstance(a, tuple) else a + b
+
+
+# -- posterior bases: Sigma = B diag(1 / (lambda / s + delta)) B^T -------------------------
+class _DenseBasis:
+    """Eigenvectors ``U`` (P, P) of a full GGN."""
+
+    def __init__(self, hessian):
+        self.values, self.vectors = np.linalg.eigh(hessian)
+        self.values = np.maximum(self.values, 0.0)  # a PSD matrix; round-off can make tiny negatives
+
+    def rotate(self, e):
+        return e @ self.vectors.T
+
+    def project_jacobian(self, jac):
+        return _Projection(jac @ self.vectors)
+
+    def project_features(self, phi, units):
+        u = self.vectors.reshape(phi.shape[1], units, -1)
+        return _Projection(np.einsum("ni,ijm->njm", phi, u))
+
+
+class _KroneckerBasis:
+    """Eigenvectors ``Q_A kron Q_G`` with eigenvalues ``values`` (P,), ordered ``(i, j)`` row-major:
+    KFAC's ``A kron G`` (``values = a_i g_j``), or the last layer's diagonal (identity rotations)."""
+
+    def __init__(self, qa, qg, values):
+        self.qa, self.qg = qa, qg
+        self.values = np.maximum(values, 0.0)
+
+    @classmethod
+    def of_factors(cls, a, g):
+        (a_values, qa), (g_values, qg) = np.linalg.eigh(a), np.linalg.eigh(g)
+        return cls(qa, qg, np.outer(a_values, g_values).ravel())
+
+    def rotate(self, e):
+        shape = e.shape[:-1] + self.values.shape
+        m = e.reshape(e.shape[:-1] + (len(self.qa), len(self.qg)))
+        return (self.qa @ m @ self.qg.T).reshape(shape)
+
+    def project_features(self, phi, units):
+        return _KroneckerProjection(np.square(phi @ self.qa), self.qg)
+
+
+class _DiagonalBasis:
+    """The identity: a diagonal GGN over all weights."""
+
+    def __init__(self, diagonal):
+        self.values = np.maximum(diagonal, 0.0)
+
+    def rotate(self, e):
+        return e
+
+    def project_jacobian(self, jac):
+        return _Projection(jac)
+
+
+class _Projection:
+    """``R = J B`` (N, K, P): the function covariance is ``R diag(w) R^T``."""
+
+    def __init__(self, r):
+        self.r = r
+
+    def variance(self, w):
+        return np.matmul(self.r * w, np.swapaxes(self.r, 1, 2))
+
+
+class _KroneckerProjection:
+    """``(phi^T Q_A)^2`` (N, d+1) and ``Q_G``: the covariance ``Q_G diag((phi^T Q_A)^2 W) Q_G^T``."""
+
+    def __init__(self, u2, qg):
+        self.u2, self.qg = u2, qg
+
+    def variance(self, w):
+        c = self.u2 @ w.reshape(self.u2.shape[1], -1)
+        return np.einsum("jk,nk,lk->njl", self.qg, c, self.qg)
+
+
+# -- the approximation -------------------------------------------------------------------
+class Laplace:
+    """The Laplace approximation ``N(theta*, (H + delta I)^-1)`` of a trained Keras model.
+
+    The model is a Sequential or functional Keras model that ends in a
+    ``keras.layers.Dense`` layer: its pre-activation ``f(x)`` is the logits (a softmax
+    or linear output, classification) or the regression means (linear output).
+    The math, the structures and the references are in the module docstring
+    (:mod:`tfbnn.laplace`). Shaped like the PyTorch Laplace library's
+    ``Laplace(model, likelihood, subset_of_weights, hessian_structure)``: construct,
+    :meth:`fit` on the training data, optionally :meth:`optimize_prior_precision`,
+    then :meth:`predict` or :meth:`to_model`. :func:`fit` does the first two steps.
+
+    Args:
+        model: the trained ``keras.Model`` (its weights are the MAP ``theta*``; they are
+            read, never changed, except transiently by ``predict(pred_type="nn")`` with
+            ``subset="all"``).
+        likelihood: ``"classification"`` (softmax cross-entropy) or ``"regression"``
+            (Gaussian with noise std ``sigma_noise``).
+        subset: ``"last_layer"`` (default) or ``"all"`` (every trainable weight).
+        hessian: ``"full"``, ``"kron"`` (last layer only) or ``"diag"``; None (default)
+            is ``"kron"`` for the last layer and ``"diag"`` for all weights.
+            ``subset="all"`` takes ``"diag"``, or ``"full"`` for at most
+            :data:`MAX_FULL_PARAMETERS` weights.
+        prior_precision: float > 0, ``delta`` of the prior ``N(0, delta^-1 I)``. Default 1.
+        sigma_noise: float > 0, the regression noise std ``sigma``. Default 1 (it must
+            stay 1 for classification).
+
+    Attributes:
+        mean: ``(P,)`` float64, ``theta*`` (after :meth:`fit`).
+        num_parameters: P.
+        num_data: N, the training examples seen by :meth:`fit`.
+        prior_precision, sigma_noise: the current hyperparameters (floats).
+        hessian_factors: the GGN at ``sigma = 1``: ``(P, P)`` (full), ``(A, G)`` with
+            ``A`` ``(d+1, d+1)`` and ``G`` ``(K, K)`` (kron), ``(P,)`` (diag).
+    """
+
+    def __init__(self, model, likelihood="classification", subset="last_layer", hessian=None,
+                 prior_precision=1.0, sigma_noise=1.0):
+        self.likelihood = _choice("likelihood", likelihood, LIKELIHOODS)
+        self.subset = _choice("subset", subset, SUBSETS)
+        if hessian is None:
+            hessian = "kron" if subset == "last_layer" else "diag"
+        self.hessian = _choice("hessian", hessian, HESSIANS)
+        if subset == "all" and hessian == "kron":
+            raise ValueError("Expected `hessian` in ('full', 'diag') with subset='all' (KFAC is implemented for "
+                             "the last layer). Received: hessian='kron'")
+        self.prior_precision = _positive("prior_precision", prior_precision)
+        self.sigma_noise = _positive("sigma_noise", sigma_noise)
+        if likelihood == "classification" and self.sigma_noise != 1.0:
+            raise ValueError("`sigma_noise` is the regression noise std; classification has none. "
+                             f"Received: likelihood='classification', sigma_noise={sigma_noise!r}")
+        self.model = model
+        self._net = _Network(model, likelihood, subset)
+        self.mean = None
+        self.num_data = 0
+        self.hessian_factors = None
+        self._fit_terms = None  # classification: summed NLL; regression: SSE and output count
+        self._basis = None
+
+    # -- fitting ------------------------------------------------------------------
+    @property
+    def num_parameters(self):
+        if self.subset == "last_layer":
+            return self._net.input_dim * self._net.units
+        return int(sum(np.prod(v.shape) for v in self._net.variables))
+
+    def fit(self, x, y=None, batch_size=None):
+        """Computes ``theta*``, the GGN and the training loss at ``theta*``.
+
+        Args:
+            x: training inputs (an array, or a list/dict of them), or a batched
+                ``tf.data.Dataset`` of ``(x, y)``.
+            y: targets: int labels ``(N,)`` or one-hot ``(N, K)`` for classification,
+                ``(N, K)`` (or ``(N,)`` for ``K = 1``) for regression; None with a dataset.
+            batch_size: int or None, examples per step (default 256 for the last layer,
+                32 for all weights: the Jacobian is ``(batch, K, P)``).
+
+        Returns:
+            ``self``.
+        """
+        batch_size = self._batch_size(batch_size)
+        if self.subset == "all" and self.hessian == "full" and self.num_parameters > MAX_FULL_PARAMETERS:
+            raise ValueError(
+                f"Expected at most {MAX_FULL_PARAMETERS} weights with subset='all', hessian='full' (a P x P "
+                f"matrix); use hessian='diag' or subset='last_layer'. Received: a model with {self.num_parameters} "
+                "trainable weights")
+        curvature, terms, num = self._accumulate(_batches(x, y, batch_size))
+        if num == 0:
+            raise ValueError("Expected at least one training batch. Received: an empty dataset")
+        self.mean, self.num_data, self._fit_terms = self._net.parameters(), num, terms
+        self.hessian_factors = curvature
+        self._basis = self._make_basis(curvature)
+        return self
+
+    def _accumulate(self, batches):
+        terms = {"nll": 0.0, "sse": 0.0, "outputs": 0}
+        curvature, num = None, 0
+        for xb, yb in batches:
+            if self.subset == "last_layer":
+                phi = self._net.phi(xb)
+                f = phi @ self._net.last_layer_weights()
+                part = self._last_layer_curvature(phi, _output_hessian(f, self.likelihood))
+            else:
+                f, jac = self._net.outputs_and_jacobian(xb)
+                root = _output_hessian_root(f, self.likelihood, jac)
+                if self.hessian == "diag":
+                    part = np.square(root).sum(axis=(0, 1))
+                else:
+                    part = np.tensordot(root, root, axes=([0, 1], [0, 1]))
+            curvature = part if curvature is None else _add(curvature, part)
+            self._add_loss_terms(terms, f, _targets(yb, f, self.likelihood))
+            num += len(f)
+        if self.hessian == "kron" and curvature is not None:
+            curvature = (curvature[0], curvature[1] / num)
+        return curvature, terms, num
+
+    def _last_layer_curvature(self, phi, lam):
+        if self.hessian == "kron":
+            return phi.T @ phi, lam.sum(axis=0)
+        if self.hessian == "diag":
+            return (np.square(phi).T @ np.diagonal(lam, axis1=1, axis2=2)).ravel()
+        # sum_n (phi_n phi_n^T) kron Lambda_n, indexed [(i, j), (l, k)]: one GEMM over the batch
+        weighted = phi[:, :, None, None] * lam[:, None]  # (B, d+1, K, K)
+        h = np.tensordot(weighted, phi, axes=([0], [0]))  # (d+1, K, K, d+1)
+        size = phi.shape[1] * lam.shape[1]
+        return h.transpose(0, 1, 3, 2).reshape(size, size)
+
+    def _add_loss_terms(self, terms, f, y):
+        if self.likelihood == "classification":
+            terms["nll"] -= float(_label_log_probs(_log_softmax(f), y).sum())
+        else:
+            terms["sse"] += float(np.square(y - f).sum())
+            terms["outputs"] += int(f.size)
+
+    def _make_basis(self, curvature):
+        if self.hessian == "full":
+            return _DenseBasis(curvature)
+        if self.hessian == "kron":
+            return _KroneckerBasis.of_factors(*curvature)
+        if self.subset == "last_layer":  # the diagonal as a Kronecker basis with identities
+            return _KroneckerBasis(np.eye(self._net.input_dim), np.eye(self._net.units), curvature)
+        return _DiagonalBasis(curvature)
+
+    def _check_fitted(self):
+        if self._basis is None:
+            raise ValueError("The Laplace approximation is not fitted yet: call `fit(x, y)` first. "
+                             "Received: an unfitted Laplace object")
+
+    # -- hyperparameters ----------------------------------------------------------
+    def _resolve(self, prior_precision, sigma_noise):
+        delta = self.prior_precision if prior_precision is None else _positive("prior_precision", prior_precision)
+        sigma = self.sigma_noise if sigma_noise is None else _positive("sigma_noise", sigma_noise)
+        if self.likelihood == "classification" and sigma != 1.0:
+            raise ValueError("`sigma_noise` is the regression noise std; classification has none. "
+                             f"Received: likelihood='classification', sigma_noise={sigma_noise!r}")
+        return delta, sigma
+
+    def _precision_values(self, delta, sigma):
+        """Eigenvalues of the posterior precision, ``lambda / sigma^2 + delta`` (P,)."""
+        return self._basis.values / sigma**2 + delta
+
+    def _log_likelihood(self, sigma):
+        t = self._fit_terms
+        if self.likelihood == "classification":
+            return -t["nll"]
+        return -0.5 * t["outputs"] * math.log(2 * math.pi * sigma**2) - 0.5 * t["sse"] / sigma**2
+
+    def log_marginal_likelihood(self, prior_precision=None, sigma_noise=None):
+        """The Laplace approximation of the log evidence ``log p(D | delta, sigma)``.
+
+        ::
+
+            log p(D | theta*) - delta/2 ||theta*||^2 - 1/2 sum_i log(lambda_i / sigma^2 + delta) + P/2 log delta
+
+        (module docstring; MacKay 1992, Immer et al. 2021 eq. 4). For a linear-Gaussian
+        model at its MAP it is the exact evidence.
+
+        Args:
+            prior_precision: float > 0 or None (the current ``prior_precision``).
+            sigma_noise: float > 0 or None (the current ``sigma_noise``; regression).
+
+        Returns:
+            float.
+        """
+        self._check_fitted()
+        delta, sigma = self._resolve(prior_precision, sigma_noise)
+        logdet = np.log(self._precision_values(delta, sigma)).sum()
+        p = self.num_parameters
+        return float(self._log_likelihood(sigma) - 0.5 * delta * self.mean @ self.mean - 0.5 * logdet
+                     + 0.5 * p * math.log(delta))
+
+    def log_marginal_likelihood_gradient(self, prior_precision=None, sigma_noise=None):
+        """The gradient of :meth:`log_marginal_likelihood` in ``log delta`` and ``log sigma``.
+
+        ::
+
+            d/d log delta = 1/2 (P - delta ||theta*||^2 - sum_i delta / (lambda_i / sigma^2 + delta))
+            d/d log sigma = sum_i (lambda_i / sigma^2) / (lambda_i / sigma^2 + delta) - N K + SSE / sigma^2
+
+        (the second for regression; 0 for classification).
+
+        Returns:
+            ``(d/d log delta, d/d log sigma)``, floats.
+        """
+        self._check_fitted()
+        delta, sigma = self._resolve(prior_precision, sigma_noise)
+        precision = self._precision_values(delta, sigma)
+        d_delta = 0.5 * (self.num_parameters - delta * self.mean @ self.mean - (delta / precision).sum())
+        if self.likelihood == "classification":
+            return float(d_delta), 0.0
+        t = self._fit_terms
+        d_sigma = ((self._basis.values / sigma**2) / precision).sum() - t["outputs"] + t["sse"] / sigma**2
+        return float(d_delta), float(d_sigma)
+
+    def optimize_prior_precision(self, method="marglik", x_val=None, y_val=None, tune_sigma_noise=None,
+                                 grid=None, link_approx="probit", num_samples=100, seed=None, batch_size=None):
+        """Tunes ``prior_precision`` (and, by the evidence, ``sigma_noise`` for regression).
+
+        ``"marglik"`` maximises :meth:`log_marginal_likelihood` over ``log delta`` (and
+        ``log sigma``) with L-BFGS-B and the analytic gradient, ``delta`` in
+        ``[1e-8, 1e8]``, ``sigma`` in ``[1e-6, 1e6]``. ``"val_nll"`` picks from ``grid``
+        the ``delta`` whose GLM predictive has the lowest NLL on ``(x_val, y_val)``
+        (``sigma`` stays).
+
+        Args:
+            method: ``"marglik"`` (default) or ``"val_nll"``.
+            x_val: validation inputs (or a dataset of ``(x, y)``), ``"val_nll"`` only.
+            y_val: validation targets, ``"val_nll"`` only.
+            tune_sigma_noise: bool or None. Tune ``sigma_noise`` with the evidence
+                (None: yes for regression with ``"marglik"``).
+            grid: ``"val_nll"``: the candidate prior precisions, default
+                ``np.logspace(-4, 4, 33)``.
+            link_approx: ``"val_nll"`` for classification: ``"probit"`` or ``"mc"``.
+            num_samples: int, samples of ``link_approx="mc"``.
+            seed: int or None, seed of ``link_approx="mc"``.
+            batch_size: int or None, as in :meth:`fit`.
+
+        Returns:
+            ``self``, with the new ``prior_precision`` (and ``sigma_noise``).
+        """
+        self._check_fitted()
+        method = _choice("method", method, PRIOR_METHODS)
+        if tune_sigma_noise is None:
+            tune_sigma_noise = self.likelihood == "regression" and method == "marglik"
+        if tune_sigma_noise and (self.likelihood != "regression" or method != "marglik"):
+            raise ValueError("`tune_sigma_noise=True` needs likelihood='regression' and method='marglik'. "
+                             f"Received: likelihood={self.likelihood!r}, method={method!r}")
+        if method == "marglik":
+            if x_val is not None or y_val is not None:
+                raise ValueError("`x_val`/`y_val` are for method='val_nll'. Received: method='marglik' with x_val")
+            self._maximize_evidence(bool(tune_sigma_noise))
+            return self
+        if x_val is None:
+            raise ValueError("method='val_nll' needs validation data. Received: x_val=None")
+        grid = np.logspace(-4, 4, 33) if grid is None else np.asarray(grid, np.float64).ravel()
+        for value in grid:
+            _positive("grid", value)
+        link_approx = _choice("link_approx", link_approx, LINK_APPROXIMATIONS)
+        nll = self._validation_nll(x_val, y_val, grid, link_approx, num_samples, seed, batch_size)
+        self.prior_precision = float(grid[int(np.argmin(nll))])
+        return self
+
+    def _maximize_evidence(self, tune_sigma):
+        def objective(z):
+            delta, sigma = math.exp(z[0]), (math.exp(z[1]) if tune_sigma else self.sigma_noise)
+            value = self.log_marginal_likelihood(delta, sigma)
+            grad = self.log_marginal_likelihood_gradient(delta, sigma)
+            return -value, -np.asarray(grad[: len(z)])
+
+        start = [math.log(self.prior_precision)] + ([math.log(self.sigma_noise)] if tune_sigma else [])
+        bounds = [(math.log(1e-8), math.log(1e8))] + ([(math.log(1e-6), math.log(1e6))] if tune_sigma else [])
+        result = scipy.optimize.minimize(objective, np.asarray(start), jac=True, method="L-BFGS-B", bounds=bounds)
+        self.prior_precision = float(math.exp(result.x[0]))
+        if tune_sigma:
+            self.sigma_noise = float(math.exp(result.x[1]))
+
+    def _validation_nll(self, x, y, grid, link_approx, num_samples, seed, batch_size):
+        """The summed NLL of the GLM predictive on ``(x, y)`` for each prior precision of ``grid``."""
+        nll = np.zeros(len(grid))
+        rng = np.random.default_rng(checks.seed(seed))
+        for xb, yb in _batches(x, y, self._batch_size(batch_size)):
+            f_mu, projection = self._project(xb)
+            targets = _targets(yb, f_mu, self.likelihood)
+            for g, delta in enumerate(grid):
+                f_var = projection.variance(1.0 / self._precision_values(delta, self.sigma_noise))
+                nll[g] -= self._log_predictive(f_mu, f_var, targets, link_approx, num_samples, rng).sum()
+        return nll
+
+    def _log_predictive(self, f_mu, f_var, y, link_approx, num_samples, rng):
+        if self.likelihood == "regression":
+            var = np.diagonal(f_var, axis1=1, axis2=2) + self.sigma_noise**2
+            return (-0.5 * np.log(2 * np.pi * var) - 0.5 * np.square(y - f_mu) / var).sum(axis=-1)
+        probs = self._classify(f_mu, f_var, link_approx, num_samples, rng)
+        return _label_log_probs(np.log(np.maximum(probs, 1e-300)), y)
+
+    # -- the posterior --------------------------------------------------------------
+    def _batch_size(self, batch_size):
+        return checks.integer("batch_size", batch_size, 1, allow_none=True) or _DEFAULT_BATCH[self.subset]
+
+    def _project(self, x):
+        """``f(x; theta*)`` (B, K) and the projection whose ``variance(w)`` is ``J B diag(w) B^T J^T``."""
+        if self.subset == "last_layer":
+            phi = self._net.phi(x)
+            return phi @ self.mean.reshape(phi.shape[1], -1), self._basis.project_features(phi, self._net.units)
+        f, jac = self._net.outputs_and_jacobian(x)
+        return f, self._basis.project_jacobian(jac)
+
+    def _matrix(self, values):
+        """``B diag(values) B^T`` as a dense (P, P) array."""
+        half = self._basis.rotate(np.diag(values))  # diag(v) B^T
+        return self._basis.rotate(np.ascontiguousarray(half.T))
+
+    @property
+    def posterior_precision(self):
+        """``H / sigma^2 + delta I``: ``(P,)`` for ``"diag"``, else a dense ``(P, P)`` array
+        (for ``"kron"`` built from its factors, see ``hessian_factors``)."""
+        self._check_fitted()
+        values = self._precision_values(self.prior_precision, self.sigma_noise)
+        return values if self.hessian == "diag" else self._matrix(values)
+
+    @property
+    def posterior_covariance(self):
+        """The inverse of :attr:`posterior_precision`, in the same layout."""
+        self._check_fitted()
+        values = 1.0 / self._precision_values(self.prior_precision, self.sigma_noise)
+        return values if self.hessian == "diag" else self._matrix(values)
+
+    def sample(self, num_samples=100, seed=None):
+        """Draws weights ``theta ~ N(theta*, Sigma)``.
+
+        Args:
+            num_samples: int >= 1, T.
+            seed: int or None, seed of a NumPy generator.
+
+        Returns:
+            ``(T, P)`` float64 array (parameter order: see the module docstring).
+        """
+        self._check_fitted()
+        num_samples = checks.integer("num_samples", num_samples, 1)
+        eps = np.random.default_rng(checks.seed(seed)).standard_normal((num_samples, self.num_parameters))
+        scale = 1.0 / np.sqrt(self._precision_values(self.prior_precision, self.sigma_noise))
+        return self.mean + self._basis.rotate(eps * scale)
+
+    def function_moments(self, x, batch_size=None):
+        """Mean and covariance of the linearized function values, ``f(x; theta*)`` and ``J Sigma J^T``.
+
+        Args:
+            x: inputs (arrays) or a dataset yielding ``x`` or ``(x, y)``.
+            batch_size: int or None.
+
+        Returns:
+            ``(f_mu, f_var)``: ``(N, K)`` and ``(N, K, K)`` float64 arrays.
+        """
+        self._check_fitted()
+        w = 1.0 / self._precision_values(self.prior_precision, self.sigma_noise)
+        means, variances = [], []
+        for xb, _ in _batches(x, None, self._batch_size(batch_size), need_targets=False):
+            f_mu, projection = self._project(xb)
+            means.append(f_mu)
+            variances.append(projection.variance(w))
+        return np.concatenate(means), np.concatenate(variances)
+
+    # -- prediction -----------------------------------------------------------------
+    def predict(self, x, pred_type="glm", link_approx="probit", num_samples=100, seed=None, batch_size=None):
+        """The posterior predictive at ``x``.
+
+        Args:
+            x: inputs (arrays) or a dataset yielding ``x`` or ``(x, y)``.
+            pred_type: ``"glm"`` (default: the linearized predictive, module docstring)
+                or ``"nn"`` (Monte Carlo over weights ``theta ~ q``, run through the
+                network; for ``subset="all"`` one forward pass per sample).
+            link_approx: classification with ``"glm"``: ``"probit"`` (default,
+                ``softmax(kappa f)``) or ``"mc"`` (softmax averaged over ``num_samples``
+                Gaussian function draws).
+            num_samples: int >= 1, samples of ``"mc"`` / ``"nn"``. Default 100.
+            seed: int or None, seed of the NumPy generator of the samples.
+            batch_size: int or None.
+
+        Returns:
+            Classification: ``(N, K)`` class probabilities. Regression: a
+            :class:`tfbnn.inference.RegressionPrediction` with ``mean (N, K)``,
+            ``epistemic_std`` (the std of ``f``) and ``aleatoric_std = sigma_noise``,
+            so ``total_std`` and ``interval(level)`` are the predictive's.
+        """
+        self._check_fitted()
+        pred_type = _choice("pred_type", pred_type, PRED_TYPES)
+        link_approx = _choice("link_approx", link_approx, LINK_APPROXIMATIONS)
+        num_samples = checks.integer("num_samples", num_samples, 1)
+        rng = np.random.default_rng(checks.seed(seed))
+        if pred_type == "nn":
+            samples = self._sampled_outputs(x, num_samples, rng, batch_size)  # (T, N, K)
+            if self.likelihood == "classification":
+                return _softmax(samples).mean(axis=0)
+            return self._regression_prediction(samples.mean(axis=0), samples.std(axis=0), num_samples)
+        f_mu, f_var = self.function_moments(x, batch_size)
+        if self.likelihood == "classification":
+            return self._classify(f_mu, f_var, link_approx, num_samples, rng)
+        return self._regression_prediction(f_mu, np.sqrt(np.diagonal(f_var, axis1=1, axis2=2)), 1)
+
+    def _regression_prediction(self, mean, epistemic_std, num_samples):
+        return RegressionPrediction(
+            mean=mean.astype(np.float32), epistemic_std=epistemic_std.astype(np.float32),
+            aleatoric_std=np.full(mean.shape, self.sigma_noise, np.float32), num_samples=num_samples,
+            samples_used=np.full(len(mean), num_samples))
+
+    def _classify(self, f_mu, f_var, link_approx, num_samples, rng):
+        if link_approx == "probit":
+            kappa = 1.0 / np.sqrt(1.0 + np.pi / 8.0 * np.diagonal(f_var, axis1=1, axis2=2))
+            return _softmax(kappa * f_mu)
+        w, v = np.linalg.eigh(f_var)
+        root = v * np.sqrt(np.maximum(w, 0.0))[:, None, :]  # root root^T = f_var
+        eps = rng.standard_normal((num_samples,) + f_mu.shape)
+        return _softmax(f_mu + np.einsum("nkl,tnl->tnk", root, eps)).mean(axis=0)
+
+    def _sampled_outputs(self, x, num_samples, rng, batch_size):
+        thetas = self.sample(num_samples, seed=int(rng.integers(2**31)))
+        if self.subset == "last_layer":
+            phi = np.concatenate([self._net.phi(xb) for xb, _ in _batches(
+                x, None, self._batch_size(batch_size), need_targets=False)])
+            return np.einsum("ni,tik->tnk", phi, thetas.reshape(num_samples, phi.shape[1], -1))
+        outputs = []
+        try:
+            for theta in thetas:
+                self._net.assign(theta)
+                outputs.append(np.concatenate([self._net.outputs(xb) for xb, _ in _batches(
+                    x, None, self._batch_size(batch_size), need_targets=False)]))
+        finally:
+            self._net.assign(self.mean)
+        return np.stack(outputs)
+
+    # -- a Keras model that samples -------------------------------------------------
+    def to_model(self, seed=None, name=None):
+        """A Keras model whose last layer samples from this posterior (last layer only).
+
+        The model shares every layer of ``model`` but the last, which becomes a
+        :class:`LaplaceDense` holding ``theta*`` and a square root of the posterior
+        covariance (``"full"``: ``(P, P)``; ``"kron"``: the factors' eigenvectors and
+        ``(d+1, K)`` scales; ``"diag"``: ``(d+1, K)`` scales) at the current
+        hyperparameters, with the last layer's activation. Its outputs are the
+        linearized (here exact) predictive's samples, so ``tfbnn.predict(model, x,
+        num_samples=T)`` gives the Monte Carlo predictive with the aleatoric/epistemic
+        split; for regression the model ends in a :class:`tfbnn.GaussianHead` whose
+        scale is ``sigma_noise`` (the aleatoric part). It saves as ``.keras``
+        (the seed state included) and exports with :mod:`tfbnn.export`.
+
+        Args:
+            seed: int or None, seed of the layer's ``keras.random.SeedGenerator``.
+            name: str or None, the model's name.
+
+        Returns:
+            A functional ``keras.Model``.
+        """
+        self._check_fitted()
+        if self.subset != "last_layer":
+            raise ValueError("`to_model` samples the last layer: it needs subset='last_layer' (for all weights "
+                             "use `predict(x, pred_type='nn')`). Received: subset='all'")
+        net = self._net
+        regression = self.likelihood == "regression"
+        layer = LaplaceDense(net.units, structure=self.hessian, activation=net.last.activation,
+                             use_bias=net.use_bias, noise_scale=self.sigma_noise if regression else None,
+                             seed=seed, name=f"{net.last.name}_laplace")
+        outputs = layer(net.last.input)
+        layer.set_posterior(self.mean.reshape(net.input_dim, net.units), **self._layer_scale())
+        if regression:
+            outputs = GaussianHead(min_scale=self.sigma_noise, name=f"{net.last.name}_noise")(outputs)
+        return keras.Model(net.inputs, outputs, name=name or f"{net.model.name}_laplace")
+
+    def _layer_scale(self):
+        std = 1.0 / np.sqrt(self._precision_values(self.prior_precision, self.sigma_noise))
+        if self.hessian == "full":
+            return {"scale": self._basis.vectors * std}
+        shape = (self._net.input_dim, self._net.units)
+        if self.hessian == "kron":
+            return {"scale": std.reshape(shape), "input_rotation": self._basis.qa, "output_rotation": self._basis.qg}
+        return {"scale": std.reshape(shape)}
+
+    # -- saving ----------------------------------------------------------------------
+    def save(self, path):
+        """Writes the fitted state (``theta*``, the GGN factors, hyperparameters) to an ``.npz`` file.
+
+        The model itself is saved separately (``model.save("model.keras")``); :func:`load`
+        takes both.
+        """
+        self._check_fitted()
+        config = {"likelihood": self.likelihood, "subset": self.subset, "hessian": self.hessian,
+                  "prior_precision": self.prior_precision, "sigma_noise": self.sigma_noise,
+                  "num_data": self.num_data, "fit_terms": self._fit_terms}
+        factors = self.hessian_factors if isinstance(self.hessian_factors, tuple) else (self.hessian_factors,)
+        arrays = {f"factor_{i}": f for i, f in enumerate(factors)}
+        np.savez(path, config=np.asarray(json.dumps(config)), mean=self.mean, **arrays)
+
+
+def load(path, model):
+    """A :class:`Laplace` saved by :meth:`Laplace.save`, for ``model`` (the same trained model).
+
+    Args:
+        path: the ``.npz`` file.
+        model: the Keras model the approximation was fitted to.
+
+    Returns:
+        A fitted :class:`Laplace`.
+    """
+    with np.load(path, allow_pickle=False) as data:
+        config = json.loads(str(data["config"]))
+        factors = [data[f"factor_{i}"] for i in range(sum(k.startswith("factor_") for k in data.files))]
+        mean = data["mean"]
+    la = Laplace(model, config["likelihood"], config["subset"], config["hessian"], config["prior_precision"],
+                 config["sigma_noise"])
+    if mean.shape != (la.num_parameters,):
+        raise ValueError(f"Expected a state for a model with {la.num_parameters} parameters in the approximation. "
+                         f"Received: a state with {mean.shape[0]}")
+    la.mean, la.num_data, la._fit_terms = mean, config["num_data"], config["fit_terms"]
+    la.hessian_factors = tuple(factors) if config["hessian"] == "kron" else factors[0]
+    la._basis = la._make_basis(la.hessian_factors)
+    return la
+
+
+def fit(model, x, y=None, likelihood="classification", subset="last_layer", hessian=None, prior_precision=1.0,
+        sigma_noise=1.0, batch_size=None):
+    """Fits the Laplace approximation of a trained model: ``Laplace(model, ...).fit(x, y)``.
+
+    Args:
+        model: the trained Sequential or functional ``keras.Model``, ending in a ``Dense``.
+        x: training inputs, or a batched ``tf.data.Dataset`` of ``(x, y)``.
+        y: training targets (None with a dataset).
+        likelihood: ``"classification"`` or ``"regression"``.
+        subset: ``"last_layer"`` or ``"all"``.
+        hessian: ``"full"``, ``"kron"``, ``"diag"`` or None (``"kron"`` for the last layer,
+            ``"diag"`` for all weights).
+        prior_precision: float > 0. Default 1.
+        sigma_noise: float > 0, regression only. Default 1.
+        batch_size: int or None.
+
+    Returns:
+        A fitted :class:`Laplace`; see it for the arguments in full.
+    """
+    la = Laplace(model, likelihood=likelihood, subset=subset, hessian=hessian, prior_precision=prior_precision,
+                 sigma_noise=sigma_noise)
+    return la.fit(x, y, batch_size=batch_size)
+
+
+# -- the sampling layer -----------------------------------------------------------------
+@keras.saving.register_keras_serializable(package="tfbnn")
+class LaplaceDense(StochasticLayer):
+    """A dense layer whose weights are drawn from a Laplace posterior ``N(W*, Sigma)``.
+
+    ``y = activation(x W + b)`` with ``vec([W; b]) ~ N(vec([W*; b*]), Sigma)``, the
+    parameters ordered row-major over the ``(d + 1, K)`` matrix ``[W; b]``. ``Sigma
+    = S S^T`` is held as a square root in one of three structures:
+
+    * ``"full"``: ``scale`` ``(P, P)``, ``Sigma = scale scale^T``, ``P = (d + 1) K``;
+    * ``"kron"``: ``Sigma = (Q_A kron Q_G) diag(scale^2) (Q_A kron Q_G)^T`` with
+      ``input_rotation`` ``Q_A`` ``(d+1, d+1)``, ``output_rotation`` ``Q_G`` ``(K, K)``
+      and ``scale`` ``(d+1, K)`` (KFAC's eigendecomposition);
+    * ``"diag"``: ``Sigma = diag(scale^2)``, ``scale`` ``(d+1, K)``.
+
+    Made by :meth:`tfbnn.laplace.Laplace.to_model` (the weights are non-trainable,
+    set by :meth:`set_posterior`). It follows the Monte Carlo protocol of
+    :class:`tfbnn.layers.StochasticLayer`: in a call with ``T`` samples
+    (:func:`tfbnn.utils.weight_samples`) jointly it draws ``T`` weight matrices and
+    applies them with one batched matmul; per row it draws each row's output from its
+    exact distribution ``N(x W*, J Sigma J^T)``, ``J = [x, 1] kron I_K`` (``"kron"`` and
+    ``"diag"``: ``Q_G (sqrt(c) * eps)`` with ``c = ((x Q_A)^2) scale^2``, no weight-sized
+    draw). An ordinary call draws one weight sample for the batch; ``inference_mode
+    ="mean"`` gives ``x W* + b*``.
+
+    Args:
+        units: int >= 1, K.
+        structure: ``"full"``, ``"kron"`` (default) or ``"diag"``.
+        activation: the activation (name or callable), default None (linear).
+        use_bias: bool, default True.
+        noise_scale: float > 0 or None. For a regression posterior predictive: the
+            layer outputs ``2 K`` values, the ``K`` sampled outputs and ``K`` raw scales
+            of ``-1e4``, which a following ``tfbnn.GaussianHead(min_scale=noise_scale)``
+            turns into the noise std (``softplus(-1e4) = 0``), so that
+            :func:`tfbnn.predict` reports it as the aleatoric std.
+        inference_mode: ``"sample"`` (default) or ``"mean"``.
+        seed: int or None.
+
+    Input shape: ``(batch, d)``. Output shape: ``(batch, K)`` (``(batch, 2 K)`` with
+    ``noise_scale``).
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> layer = tfbnn.laplace.LaplaceDense(2, structure="diag", seed=0)
+        >>> layer.build((None, 3))
+        >>> layer.set_posterior(np.ones((4, 2)), scale=np.full((4, 2), 0.1))
+        >>> x = np.ones((5, 3), "float32")
+        >>> bool(np.allclose(layer(x), 4.0, atol=1.0)), layer(x).shape
+        (True, TensorShape([5, 2]))
+
+    Reference:
+        Daxberger et al. Laplace Redux -- Effortless Bayesian Deep Learning. NeurIPS 2021.
+    """
+
+    def __init__(self, units, structure="kron", activation=None, use_bias=True, noise_scale=None,
+                 inference_mode="sample", seed=None, **kwargs):
+        super().__init__(inference_mode=inference_mode, seed=seed, **kwargs)
+        self.units = checks.integer("units", units, 1)
+        self.structure = _choice("structure", structure, STRUCTURES)
+        self.activation = checks.activation(activation)
+        self.use_bias = bool(use_bias)
+        self.noise_scale = None if noise_scale is None else _positive("noise_scale", noise_scale)
+
+    def build(self, input_shape):
+        if len(input_shape) != 2:
+            raise ValueError(f"Layer '{self.name}' expects inputs (batch, features). "
+                             f"Received: input_shape={tuple(input_shape)}")
+        dim = input_features(self, input_shape)
+        rows = dim + int(self.use_bias)
+
+        def weight(name, shape):
+            return self.add_weight(name=name, shape=shape, initializer="zeros", trainable=False)
+
+        self.kernel = weight("kernel", (dim, self.units))
+        self.bias = weight("bias", (self.units,)) if self.use_bias else None
+        size = rows * self.units
+        self.scale = weight("scale", (size, size) if self.structure == "full" else (rows, self.units))
+        if self.structure == "kron":
+            self.input_rotation = weight("input_rotation", (rows, rows))
+            self.output_rotation = weight("output_rotation", (self.units, self.units))
+        self.input_spec = keras.layers.InputSpec(ndim=2, axes={-1: dim})
+
+    def set_posterior(self, weights, scale, input_rotation=None, output_rotation=None):
+        """Sets the posterior: ``weights`` ``(d + 1, K)`` (``[W; b]``, ``(d, K)`` without a
+        bias) and the square root of the covariance in this layer's structure."""
+        weights = np.asarray(weights)
+        dim = self.kernel.shape[0]
+        self.kernel.assign(weights[:dim])
+        if self.use_bias:
+            self.bias.assign(weights[dim])
+        self.scale.assign(np.asarray(scale))
+        if self.structure == "kron":
+            self.input_rotation.assign(np.asarray(input_rotation))
+            self.output_rotation.assign(np.asarray(output_rotation))
+
+    def _augmented(self, inputs):
+        if not self.use_bias:
+            return inputs
+        return tf.concat([inputs, tf.ones_like(inputs[:, :1])], axis=1)
+
+    def _weight_noise(self, eps):
+        """``eps`` (T, P) standard normal -> weight perturbations ``(T, d + 1, K)`` with covariance Sigma."""
+        rows = self.kernel.shape[0] + int(self.use_bias)
+        if self.structure == "full":
+            return tf.reshape(tf.matmul(eps, self.scale, transpose_b=True), [-1, rows, self.units])
+        noise = tf.reshape(eps, [-1, rows, self.units]) * self.scale
+        if self.structure == "kron":
+            noise = tf.matmul(tf.matmul(self.input_rotation, noise), self.output_rotation, transpose_b=True)
+        return noise
+
+    def _noise(self, inputs):
+        x = self._augmented(inputs)
+        size = (self.kernel.shape[0] + int(self.use_bias)) * self.units
+        samples = self._weight_samples
+        if self._joint_samples or samples == 1:  # T weight matrices, each shared by a block of rows
+            noise = self._weight_noise(self._normal([samples, size], x.dtype))
+            blocks = tf.reshape(x, [samples, -1, x.shape[-1]])
+            return tf.reshape(tf.matmul(blocks, noise), [-1, self.units])
+        rows = tf.shape(x)[0]
+        if self.structure == "full":  # every row its own weight sample
+            noise = self._weight_noise(self._normal([rows, size], x.dtype))
+            return tf.einsum("ri,rik->rk", x, noise)
+        u = tf.matmul(x, self.input_rotation) if self.structure == "kron" else x
+        std = tf.sqrt(tf.matmul(tf.square(u), tf.square(self.scale)))
+        z = std * self._normal([rows, self.units], x.dtype)
+        return tf.matmul(z, self.output_rotation, transpose_b=True) if self.structure == "kron" else z
+
+    def call(self, inputs, training=None):
+        outputs = tf.matmul(inputs, self.kernel)
+        if self.use_bias:
+            outputs = outputs + self.bias
+        if self._sampling(training):
+            outputs = outputs + self._noise(inputs)
+        outputs = self.activation(outputs)
+        if self.noise_scale is not None:
+            outputs = tf.concat([outputs, tf.fill(tf.shape(outputs), tf.cast(_RAW_SCALE, outputs.dtype))], axis=-1)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.units * (2 if self.noise_scale is not None else 1),)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"units": self.units, "structure": self.structure,
+                       "activation": keras.activations.serialize(self.activation), "use_bias": self.use_bias,
+                       "noise_scale": self.noise_scale})
+        return config
