@@ -78,7 +78,7 @@ FUNCTION_LOCAL_IMPORTS = {
     ("tfbnn/cli/evaluate.py", "load_model"): _command("evaluate"),
     ("tfbnn/cli/evaluate.py", "_splits"): _command("evaluate"),
     ("tfbnn/cli/evaluate.py", "_temperature"): _command("evaluate"),
-    ("tfbnn/cli/evaluate.py", "_tolerance"): _command("evaluate"),
+    ("tfbnn/cli/evaluate.py", "_num_samples"): _command("evaluate"),
     ("tfbnn/cli/evaluate.py", "run"): _command("evaluate"),
     ("tfbnn/cli/export.py", "_output_layer"): _command("export"),
     ("tfbnn/cli/export.py", "model_task"): _command("export"),

@@ -129,10 +129,8 @@ class WeightDistribution(keras.layers.Layer):
     so that a mixed-precision model does not cast them to float16) and return the TFP distribution, of event
     shape ``[kernel_size + bias_size]`` and batch shape ``[]``, from
     :meth:`distribution`. It is made anew at each call of the owning layer
-    (cheap: a few tensor ops), so it reads the variables' current values.
-
-    Args:
-        **kwargs: ``keras.layers.Layer`` arguments (``dtype``, ``name``).
+    (cheap: a few tensor ops), so it reads the variables' current values. It takes
+    ``keras.layers.Layer``'s arguments (``dtype``, ``name``).
     """
 
     def build(self, input_shape=None):
