@@ -14,6 +14,10 @@ Flat public API::
 import importlib
 import sys
 
+from tfbnn._internal import backend as _backend
+
+_backend.check()  # one clear error on the JAX or PyTorch backend, before TensorFlow loads
+
 # The one list of public names: every submodule (loaded by `import tfbnn` when in
 # _CORE, on first use when in _LAZY_MODULES) and every name re-exported from one
 # (_NAMES); ``__all__`` is built from them. `import tfbnn` loads the core
@@ -30,6 +34,7 @@ _CORE = ("priors", "posteriors", "kl", "layers", "schedules", "utils", "callback
 _LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
 _NAMES = {
     "_internal.errors": ("RunError",),
+    "_internal.backend": ("BackendError",),
     "callbacks": ("KLAnnealing", "SparsityMonitor"),
     "calibration": ("TemperatureScaling",),
     "inference": ("ClassificationPrediction", "RegressionPrediction", "predict"),

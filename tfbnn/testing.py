@@ -9,7 +9,12 @@
 4. ``.keras`` save/load inside a ``Sequential``: identical weights, identical
    posterior-mean outputs and, because the seed state is saved, identical sampled
    outputs on the next call;
-5. it trains: one compiled ``fit`` epoch keeps the loss finite and moves the weights.
+5. it trains: one compiled ``fit`` epoch keeps the loss finite and moves the weights;
+6. mixed precision, as Keras' own harness checks it (``run_mixed_precision_check``), and
+   more: under ``"mixed_float16"`` and ``"mixed_bfloat16"`` the outputs are in the compute
+   dtype, every float weight is float32, the KL is float32 and equals the float32 layer's
+   (same weights, same seed state), the posterior-mean outputs are close to float32's, and
+   one ``fit`` epoch under the first of them keeps the loss finite.
 
 Example:
     >>> from tfbnn import testing, layers
@@ -24,6 +29,7 @@ import tempfile
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from tfbnn.layers.base import BayesianLayer
 from tfbnn.utils import posterior_mean
@@ -77,6 +83,48 @@ def _check_training(layer_cls, init_kwargs, x, expected_output_shape, seed):
         raise AssertionError(f"Some trainable weights did not move in training: {moved}")
 
 
+#: Policies of the mixed-precision check and the tolerance of their posterior-mean outputs,
+#: relative to ``1 + max |float32 output|`` (float16 keeps 11 significant bits, bfloat16 8).
+MIXED_PRECISION_TOLERANCE = {"mixed_float16": 1e-2, "mixed_bfloat16": 4e-2}
+
+
+def _check_mixed_precision(layer_cls, init_kwargs, x, expected_output_shape, seed):
+    reference = layer_cls(**init_kwargs)
+    reference(x)
+    with posterior_mean(reference):
+        reference_mean = np.asarray(reference(x))
+    trained = False
+    for policy, tolerance in MIXED_PRECISION_TOLERANCE.items():
+        if policy == "mixed_float16" and init_kwargs.get("data_format") == "channels_first" and not (
+                tf.config.list_physical_devices("GPU")):
+            continue  # TensorFlow's CPU kernels have no float16 NCHW convolution (keras.layers.Conv2D fails too)
+        layer = layer_cls(**{**init_kwargs, "dtype": policy})
+        layer(x)
+        layer.set_weights(reference.get_weights())
+        for weight in layer.weights:
+            if "float" in str(weight.dtype) and str(weight.dtype) != "float32":
+                raise AssertionError(f"{policy}: weight {weight.path} is {weight.dtype}, expected float32")
+        if isinstance(layer, BayesianLayer):
+            layer.seed_generator.state.assign(reference.seed_generator.state)
+            kl, expected = layer.kl_divergence(), reference.kl_divergence()
+            if kl.dtype != "float32" or not np.isfinite(kl):
+                raise AssertionError(f"{policy}: the KL is {kl.dtype} {float(kl)}, expected a finite float32")
+            _assert_allclose(kl, expected, f"{policy}: KL and float32 KL", atol=1e-5 * (1 + abs(float(expected))))
+        outputs = layer(x)
+        if outputs.dtype != layer.compute_dtype:
+            raise AssertionError(f"{policy}: outputs are {outputs.dtype}, expected {layer.compute_dtype}")
+        for loss in layer.losses:
+            if loss.dtype != "float32":
+                raise AssertionError(f"{policy}: a layer loss is {loss.dtype}, expected float32")
+        with posterior_mean(layer):
+            mean = np.asarray(layer(x), "float32")
+        _assert_allclose(mean, reference_mean, f"{policy}: posterior-mean outputs and float32's",
+                         atol=tolerance * (1 + float(np.max(np.abs(reference_mean)))))
+        if not trained:  # one fit epoch, under the first policy checked (each costs a compile)
+            _check_training(layer_cls, {**init_kwargs, "dtype": policy}, x, expected_output_shape, seed)
+            trained = True
+
+
 def run_layer_test(
     layer_cls,
     init_kwargs,
@@ -87,6 +135,7 @@ def run_layer_test(
     expected_num_trainable_weights=None,
     run_save_load=True,
     run_training=True,
+    run_mixed_precision=True,
     seed=0,
 ):
     """Runs the basic checks of a tfbnn layer; raises ``AssertionError`` on failure.
@@ -102,6 +151,8 @@ def run_layer_test(
         expected_num_trainable_weights: int or None (not checked).
         run_save_load: bool, check the ``.keras`` round trip.
         run_training: bool, check one epoch of ``fit``.
+        run_mixed_precision: bool, check the layer under ``"mixed_float16"`` and
+            ``"mixed_bfloat16"`` against float32 (item 6 above).
         seed: int, seed of the generated data.
 
     Returns:
@@ -134,6 +185,8 @@ def run_layer_test(
         _check_save_load(layer_cls, init_kwargs, x)
     if run_training:
         _check_training(layer_cls, init_kwargs, x, expected_output_shape, seed)
+    if run_mixed_precision:
+        _check_mixed_precision(layer_cls, init_kwargs, x, expected_output_shape, seed)
     return layer
 
 

@@ -9,6 +9,7 @@ module             what it holds
 ``errors``         :class:`RunError` (re-exported as ``tfbnn.RunError``)
 ``files``          atomic writes, JSON/CSV/text output, plain-value conversion, tables
 ``configurable``   the base of the small config objects (priors, posterior builders)
+``backend``        the backend contract: one clear error on a Keras backend other than TensorFlow
 =================  ==============================================================
 
 Any tfbnn module may import from here; users and tests use the public modules.

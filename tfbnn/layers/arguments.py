@@ -114,12 +114,12 @@ class DenseArguments:
         self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
 
     def forward(self, inputs, kernel):
-        """``inputs @ kernel``."""
-        return keras.ops.matmul(inputs, kernel)
+        """``inputs @ kernel``, in the dtype of the inputs (the compute dtype under mixed precision)."""
+        return keras.ops.matmul(inputs, tf.cast(kernel, inputs.dtype))
 
     def add_bias(self, outputs, bias):
-        """``outputs + bias``, a bias of shape ``(units,)``."""
-        return outputs + bias
+        """``outputs + bias``, a bias of shape ``(units,)``, in the dtype of the outputs."""
+        return outputs + tf.cast(bias, outputs.dtype)
 
     def _flipout_signs(self, inputs):
         """Flipout's random signs: one per input element and one per output unit of each row."""
@@ -221,7 +221,7 @@ class ConvArguments:
     def forward(self, inputs, kernel):
         """``conv(inputs, kernel)`` with the layer's arguments (kernel ``kernel_size + (in, filters)``)."""
         self.compute_output_shape(inputs.shape)  # rejects inputs smaller than the kernel
-        return keras.ops.conv(inputs, kernel, strides=self.strides, padding=self.padding,
+        return keras.ops.conv(inputs, tf.cast(kernel, inputs.dtype), strides=self.strides, padding=self.padding,
                               dilation_rate=self.dilation_rate, data_format=self.data_format)
 
     def channel_shape(self, leading=()):
@@ -232,7 +232,8 @@ class ConvArguments:
         return [*leading, self.filters, *ones]
 
     def add_bias(self, outputs, bias):
-        """``outputs`` plus a per-filter ``bias`` of shape ``(filters,)``."""
+        """``outputs`` plus a per-filter ``bias`` of shape ``(filters,)``, in the dtype of the outputs."""
+        bias = tf.cast(bias, outputs.dtype)
         if self.data_format == "channels_last":
             return outputs + bias
         return outputs + tf.reshape(bias, self.channel_shape())

@@ -291,6 +291,22 @@ class BayesianLayer(StochasticLayer):
         super().__init__(inference_mode=inference_mode, seed=seed, **kwargs)
         self._kl_weight_value = validate_kl_weight(kl_weight)
 
+    def add_weight(self, *args, autocast=False, **kwargs):
+        """``keras.layers.Layer.add_weight``, with ``autocast=False`` by default.
+
+        Mixed precision (``keras.mixed_precision.set_global_policy("mixed_float16")``
+        or ``"mixed_bfloat16"``): a Bayesian layer's variables are float32 (the
+        policy's variable dtype) and are read as float32 inside ``call`` too, so the
+        posterior's scales, its samples and the KL are computed in float32: the KL
+        of a 1200 x 1200 layer (about 1e6) is beyond float16's largest value, 65504,
+        and scales of 1e-4 are subnormal there. The shape families cast the
+        kernel and bias to the compute dtype where they meet the inputs
+        (:meth:`tfbnn.layers.DenseArguments.forward`), so the matmuls and
+        convolutions run in float16 or bfloat16; the KL is added to ``layer.losses``
+        as a float32 scalar, as Keras' own regularization losses are.
+        """
+        return super().add_weight(*args, autocast=autocast, **kwargs)
+
     def _build_kl_weight(self):
         # Never autocast: under a mixed policy beta / N read as float16 loses digits
         # (1 / 60000 is subnormal there) or underflows to 0.

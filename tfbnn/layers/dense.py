@@ -104,9 +104,9 @@ class DenseBayesian(DenseArguments, MeanFieldGaussian):
             mean, variance = self._moments_of_tiled_rows(inputs, scale, bias_scale, blocks)
         else:
             mean, variance = self.preactivation_moments(inputs, scale, bias_scale)
-        eps = self._normal(tf.shape(mean), mean.dtype)
+        eps = self._normal(tf.shape(variance), variance.dtype)
         # The floor keeps d sqrt(v)/dv finite where a ReLU zeroes a whole input row.
-        return mean + tf.sqrt(variance + 1e-12) * eps
+        return mean + tf.cast(tf.sqrt(variance + 1e-12) * eps, mean.dtype)
 
     def preactivation_moments(self, inputs, scale=None, bias_scale=None):
         """The posterior mean and variance of the pre-activations, ``x mu + b_mu`` and ``x^2 sigma^2 + b_sigma^2``.
@@ -117,16 +117,18 @@ class DenseBayesian(DenseArguments, MeanFieldGaussian):
                 computed (default: :meth:`kernel_scale`, :meth:`bias_scale`).
 
         Returns:
-            ``(mean, variance)``, each ``(batch, ..., units)``.
+            ``(mean, variance)``, each ``(batch, ..., units)``. The mean is in the dtype
+            of the inputs; the variance is float32 (the variables' dtype) under mixed
+            precision too, where ``sigma^2`` of 1e-8 would be 0 in float16.
         """
         if scale is None:
             scale = self.kernel_scale()
         if self.bayesian_bias and bias_scale is None:
             bias_scale = self.bias_scale()
-        mean = keras.ops.matmul(inputs, self.kernel_loc)
-        variance = keras.ops.matmul(tf.square(inputs), tf.square(scale))
+        mean = keras.ops.matmul(inputs, tf.cast(self.kernel_loc, inputs.dtype))
+        variance = keras.ops.matmul(tf.square(tf.cast(inputs, scale.dtype)), tf.square(scale))
         if self.use_bias:
-            mean = mean + self.bias_loc
+            mean = mean + tf.cast(self.bias_loc, mean.dtype)
             if self.bayesian_bias:
                 variance = variance + tf.square(bias_scale)
         return mean, variance
@@ -150,7 +152,11 @@ class DenseBayesian(DenseArguments, MeanFieldGaussian):
         return tf.cond(tiled, once, lambda: self.preactivation_moments(inputs, scale, bias_scale))
 
     def _apply_kernel(self, inputs, kernel):
-        """``inputs @ kernel``; a kernel of rank 3 holds one sample per block of rows (one batched matmul)."""
+        """``inputs @ kernel``; a kernel of rank 3 holds one sample per block of rows (one batched matmul).
+
+        The kernel is cast to the dtype of the inputs (the compute dtype under mixed precision).
+        """
+        kernel = tf.cast(kernel, inputs.dtype)
         if kernel.shape.rank == 2:
             return keras.ops.matmul(inputs, kernel)
         shape = tf.shape(inputs)
@@ -158,6 +164,7 @@ class DenseBayesian(DenseArguments, MeanFieldGaussian):
         return tf.reshape(tf.matmul(x, kernel), tf.concat([shape[:-1], [self.units]], axis=0))
 
     def _apply_bias(self, outputs, bias):
+        bias = tf.cast(bias, outputs.dtype)
         if bias.shape.rank == 1:
             return outputs + bias
         shape = tf.shape(outputs)

@@ -309,7 +309,7 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
 
     def add_bias(self, outputs, bias):
         """``outputs + bias``; a subclass whose bias does not broadcast against its outputs overrides it."""
-        return outputs + bias
+        return outputs + tf.cast(bias, outputs.dtype)
 
     def call(self, inputs, training=None):
         sampling = self._sampling(training)
@@ -323,7 +323,12 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         return self._finish(self._apply_kernel(inputs, kernel), bias, training, kl + bias_kl)
 
     def _apply_kernel(self, inputs, kernel):
-        """:meth:`forward`; a kernel with a leading axis of T samples is applied to T blocks of rows."""
+        """:meth:`forward`; a kernel with a leading axis of T samples is applied to T blocks of rows.
+
+        The kernel (float32, see :meth:`tfbnn.layers.BayesianLayer.add_weight`) is cast to
+        the dtype of the inputs, the compute dtype under mixed precision.
+        """
+        kernel = tf.cast(kernel, inputs.dtype)
         if len(kernel.shape) == len(self.kernel_loc.shape):
             return self.forward(inputs, kernel)
         return self._per_block(self.forward, inputs, kernel)
@@ -387,7 +392,7 @@ class MeanFieldFlipout(MeanFieldGaussian):
         sampling = self._sampling(training)
         loc = self.kernel_loc
         scale, kl = self._kernel_scale_and_kl()
-        outputs = self.forward(inputs, loc)
+        outputs = self.forward(inputs, tf.cast(loc, inputs.dtype))
         if sampling:
             num_samples = self._num_samples(sampling)
             eps = self._normal(self._kernel_noise_shape(num_samples), loc.dtype)

@@ -215,9 +215,12 @@ class VariationalDropoutLayer(KernelArguments, BayesianLayer):
     # -- forward pass ------------------------------------------------------------
     def _local_reparameterization(self, inputs):
         mean = self.forward(inputs, self.kernel_loc)
-        variance = self.forward(tf.square(inputs), self.kernel_variance())
-        eps = self._normal(tf.shape(mean), mean.dtype)
-        return mean + tf.sqrt(variance + _VARIANCE_EPS) * eps
+        # The variance in float32 (the variables' dtype), also under mixed precision:
+        # alpha theta^2 of 1e-8 is 0 in float16.
+        variance_of_weights = self.kernel_variance()
+        variance = self.forward(tf.square(tf.cast(inputs, variance_of_weights.dtype)), variance_of_weights)
+        eps = self._normal(tf.shape(variance), variance.dtype)
+        return mean + tf.cast(tf.sqrt(variance + _VARIANCE_EPS) * eps, mean.dtype)
 
     def _joint_sample_outputs(self, inputs):
         return None  # layers that support joint weight samples override this
@@ -300,7 +303,7 @@ class DenseVariationalDropout(DenseArguments, VariationalDropoutLayer):
         num_samples = self._weight_samples
         loc = self.kernel_loc
         eps = self._normal(tf.concat([[num_samples], tf.shape(loc)], axis=0), loc.dtype)
-        kernels = loc + self.kernel_scale() * eps
+        kernels = tf.cast(loc + self.kernel_scale() * eps, inputs.dtype)
         shape = tf.shape(inputs)
         x = tf.reshape(inputs, tf.stack([num_samples, -1, shape[-1]]))
         return tf.reshape(tf.matmul(x, kernels), tf.concat([shape[:-1], [self.units]], axis=0))
