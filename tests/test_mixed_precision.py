@@ -81,8 +81,8 @@ def test_a_model_of_every_family_trains_under_the_policy_with_a_float32_kl(name)
     with policy(name):
         model = _classifier()
         model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
-        history = model.fit(x, y, batch_size=32, epochs=3, verbose=0,
-                            callbacks=[tfbnn.KLAnnealing(num_examples=len(x))])
+        tfbnn.set_kl_weight(model, 1 / len(x))  # a fixed beta / N: the loss is the negative ELBO throughout
+        history = model.fit(x, y, batch_size=32, epochs=4, verbose=0)
         model(x[:8], training=True)
         assert all(loss.dtype == tf.float32 for loss in model.losses)
         assert len(model.losses) == 5
