@@ -12,6 +12,7 @@ from scipy import special, stats
 
 import tfbnn
 from tfbnn import likelihoods, posteriors
+from tfbnn.cli.export import model_task
 
 tfd = tfp.distributions
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "heads")
@@ -335,3 +336,27 @@ def test_full_covariance_dense_variational_with_a_normal_head_fits_saves_loads_a
     assert np.all(res.epistemic_std > 0) and np.all(res.aleatoric_std > 0)
     dist = likelihoods.to_distribution(loaded, res.samples[0])
     assert isinstance(dist.distribution, tfd.Normal) and dist.event_shape == (1,)
+
+
+# -- SavedModel export ----------------------------------------------------------------------
+
+
+@pytest.mark.heavy
+def test_exported_summary_of_a_mixture_head_is_its_law_of_total_variance(tmp_path):
+    head = tfbnn.MixtureNormalHead(2)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(6), head])  # deterministic: epistemic 0
+    path = tfbnn.export.export_saved_model(model, str(tmp_path / "mdn"), num_samples=3, task="regression")
+    x = _raw(4, 2)
+    served = tf.saved_model.load(path)
+    summary = served.summary_seeded(x, tf.constant(0, tf.int64))
+    log_w, loc, scale = _numpy_mixture(model(x).numpy().astype(np.float64), 2, 1)
+    w = special.softmax(log_w, axis=1)[..., None]
+    mean = (w * loc).sum(axis=1)
+    np.testing.assert_allclose(summary["mean"], mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(summary["aleatoric_std"], np.sqrt((w * (scale ** 2 + loc ** 2)).sum(axis=1) - mean ** 2),
+                               rtol=1e-5)
+    np.testing.assert_allclose(summary["epistemic_std"], 0.0, atol=1e-6)
+    with pytest.raises(ValueError, match="Received: task='classification'"):
+        tfbnn.export.export_saved_model(model, str(tmp_path / "bad"), task="classification")
+    classifier = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), tfbnn.CategoricalHead()])
+    assert model_task(model) == "regression" and model_task(classifier) == "classification"

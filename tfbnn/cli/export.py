@@ -41,11 +41,16 @@ def _output_layer(model):
 
 
 def model_task(model):
-    """``"classification"`` when the model's output layer is a softmax, ``"regression"`` otherwise
-    (for a :class:`tfbnn.DeepEnsemble`, its first member's output layer)."""
+    """A distribution head's task; ``"classification"`` when the model's output layer is a softmax,
+    ``"regression"`` otherwise (for a :class:`tfbnn.DeepEnsemble`, its first member's output layer)."""
     import keras
 
-    activation = getattr(_output_layer(model), "activation", None)
+    from tfbnn.likelihoods import DistributionHead
+
+    layer = _output_layer(model)
+    if isinstance(layer, DistributionHead):
+        return layer.task
+    activation = getattr(layer, "activation", None)
     return "classification" if activation is keras.activations.softmax else "regression"
 
 
