@@ -11,7 +11,7 @@ import tensorflow_probability as tfp
 from scipy import special, stats
 
 import tfbnn
-from tfbnn import likelihoods, posteriors
+from tfbnn import cli, likelihoods, posteriors
 from tfbnn.cli.export import model_task
 
 tfd = tfp.distributions
@@ -342,7 +342,7 @@ def test_full_covariance_dense_variational_with_a_normal_head_fits_saves_loads_a
 
 
 @pytest.mark.heavy
-def test_exported_summary_of_a_mixture_head_is_its_law_of_total_variance(tmp_path):
+def test_exported_summary_of_a_mixture_head_is_its_law_of_total_variance(tmp_path, capsys):
     head = tfbnn.MixtureNormalHead(2)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(6), head])  # deterministic: epistemic 0
     path = tfbnn.export.export_saved_model(model, str(tmp_path / "mdn"), num_samples=3, task="regression")
@@ -360,3 +360,7 @@ def test_exported_summary_of_a_mixture_head_is_its_law_of_total_variance(tmp_pat
         tfbnn.export.export_saved_model(model, str(tmp_path / "bad"), task="classification")
     classifier = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), tfbnn.CategoricalHead()])
     assert model_task(model) == "regression" and model_task(classifier) == "classification"
+    model.save(str(tmp_path / "mdn.keras"))
+    assert cli.main(["export", str(tmp_path / "mdn.keras"), "--task", "classification"]) == 2
+    err = capsys.readouterr().err
+    assert "ends in a MixtureNormalHead" in err and "--task=classification" in err
