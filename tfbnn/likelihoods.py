@@ -602,6 +602,18 @@ class DistributionLambdaHead(DistributionHead):
 
     Input shape: ``(batch, ..., P)``.
     Output shape: the same.
+
+    Example:
+        >>> import keras, numpy as np, tensorflow as tf, tensorflow_probability as tfp, tfbnn
+        >>> @keras.saving.register_keras_serializable(package="doctest")
+        ... def poisson(t):
+        ...     return tfp.distributions.Independent(tfp.distributions.Poisson(log_rate=t), 1)
+        >>> head = tfbnn.likelihoods.DistributionLambdaHead(poisson)
+        >>> loss = tfbnn.likelihoods.DistributionNLL(head)
+        >>> round(float(loss(np.array([[2.0]]), np.zeros((1, 1)))), 4)   # -log(e^-1 / 2!)
+        1.6931
+        >>> head.get_config()["make_distribution"]["config"]
+        'doctest>poisson'
     """
 
     def __init__(self, make_distribution, task="regression", **kwargs):
