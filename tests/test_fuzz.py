@@ -16,6 +16,7 @@ import re
 
 import keras
 import numpy as np
+import tensorflow_probability as tfp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -79,7 +80,14 @@ def _init_arguments(cls):
     return [n for n in names if n not in ("name", "dtype")]
 
 
-_LAYER_REQUIRED = {"units": 3, "filters": 2, "kernel_size": 3, "rate": 0.5}
+_LAYER_REQUIRED = {"units": 3, "filters": 2, "kernel_size": 3, "rate": 0.5, "num_components": 2}
+
+
+@keras.saving.register_keras_serializable(package="tests_fuzz")
+def _normal(t):
+    """A registered distribution function for DistributionLambdaHead."""
+    return tfp.distributions.Normal(t, 1.0)
+
 CONSTRUCTORS = list(dict.fromkeys([
     *(getattr(tfbnn.layers, name) for name in tfbnn.layers.__all__
       if inspect.isclass(getattr(tfbnn.layers, name)) and name not in ("StochasticLayer", "BayesianLayer")),
@@ -91,14 +99,17 @@ CONSTRUCTORS = list(dict.fromkeys([
     tfbnn.ExpectedCalibrationError, tfbnn.NegativeLogLikelihood, tfbnn.BrierScore,
     calibration.TemperatureScaling, tfbnn.GaussianHead,
 ]))
-REQUIRED = {**{cls: _LAYER_REQUIRED for cls in CONSTRUCTORS}, tfbnn.KLAnnealing: {"num_examples": 10}}
+REQUIRED = {**{cls: _LAYER_REQUIRED for cls in CONSTRUCTORS}, tfbnn.KLAnnealing: {"num_examples": 10},
+            tfbnn.DistributionLambdaHead: {"make_distribution": _normal}}
 CASES = [(cls, arg) for cls in CONSTRUCTORS for arg in _init_arguments(cls)]
 
 
 def test_every_constructor_is_fuzzed():
     fuzzed = {cls.__name__ for cls, _ in CASES}
     layers = {n for n in tfbnn.layers.__all__ if inspect.isclass(getattr(tfbnn.layers, n))}
-    assert layers - {"StochasticLayer", "BayesianLayer"} <= fuzzed
+    no_arguments = {n for n in layers if not _init_arguments(getattr(tfbnn.layers, n))}  # e.g. CategoricalHead
+    assert no_arguments <= {"BernoulliHead", "CategoricalHead"}
+    assert layers - {"StochasticLayer", "BayesianLayer"} - no_arguments <= fuzzed
     assert len(CASES) > 150
 
 
@@ -185,7 +196,8 @@ def test_functions(case, scalar, array):
 
 
 PREDICT_ARGS = {"model": None, "x": X, "num_samples": 2, "batch_size": None, "return_samples": False,
-                "task": "auto", "from_logits": False, "gaussian_head": None, "mc_dropout": False, "joint": False}
+                "task": "auto", "from_logits": False, "gaussian_head": None, "mc_dropout": False, "joint": False,
+                "head": None}
 
 
 @FEW

@@ -14,7 +14,8 @@ seed)``                any process
                        ``predictive_entropy`` (total), ``aleatoric`` (expected
                        entropy), ``epistemic`` (mutual information), Depeweg et al.
                        2018 / Trinh et al. eqs. 26-27; for regression ``mean``,
-                       ``epistemic_std``
+                       ``epistemic_std`` (and ``aleatoric_std`` for a model ending
+                       in a regression distribution head)
 ``summary_seeded(x,    the same, reproducible
 seed)``
 =====================  =========================================================
@@ -48,6 +49,7 @@ import tensorflow as tf
 
 from tfbnn._internal import checks
 from tfbnn.ensembles import DeepEnsemble
+from tfbnn.likelihoods import DistributionHead, output_layer
 from tfbnn.utils import posterior_mean, stochastic_layers, weight_samples
 
 __all__ = ["export_saved_model", "seed_generators"]
@@ -109,8 +111,24 @@ def _member_draw(model, x, seed):
     return tf.switch_case(member, [lambda m=m: m(x, training=False) for m in model.members])
 
 
-def _regression_summary(samples):
-    return {"mean": tf.reduce_mean(samples, axis=0), "epistemic_std": tf.math.reduce_std(samples, axis=0)}
+def _regression_summary(samples, head=None):
+    """Mean and epistemic std of the samples' means; with a head, the law of total variance as in
+    :func:`tfbnn.predict` (``aleatoric_std = sqrt(mean_t Var[y | theta_t])``)."""
+    if head is None:
+        return {"mean": tf.reduce_mean(samples, axis=0), "epistemic_std": tf.math.reduce_std(samples, axis=0)}
+    means, variances = head.moments(samples)
+    return {"mean": tf.reduce_mean(means, axis=0), "epistemic_std": tf.math.reduce_std(means, axis=0),
+            "aleatoric_std": tf.sqrt(tf.reduce_mean(variances, axis=0))}
+
+
+def _output_head(model, task):
+    """The model's output distribution head (an ensemble's first member's), or None."""
+    layer = output_layer(model.members[0] if isinstance(model, DeepEnsemble) else model)
+    if not isinstance(layer, DistributionHead):
+        return None
+    if task != layer.task:
+        raise ValueError(f"The model ends in a {type(layer).__name__}, a {layer.task} head. Received: task={task!r}")
+    return layer
 
 
 def export_saved_model(model, filepath, num_samples=100, task="classification", from_logits=False,
@@ -126,7 +144,9 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
             ensemble of stochastic members; an ensemble of deterministic members
             uses its M members as the samples).
         task: ``"classification"`` (outputs are probabilities, or logits with
-            ``from_logits=True``) or ``"regression"``.
+            ``from_logits=True``) or ``"regression"``. A model ending in a
+            distribution head (:mod:`tfbnn.likelihoods`) is summarised through it,
+            as :func:`tfbnn.predict` does, and ``task`` must be the head's.
         from_logits: bool, whether classification outputs are logits.
         input_signature: a ``tf.TensorSpec`` for ``x``; default from ``model.inputs``.
         overwrite: bool. If False and ``filepath`` exists, raise instead of replacing it.
@@ -164,6 +184,7 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
         inp = model_inputs[0]
         input_signature = tf.TensorSpec(inp.shape, inp.dtype)
     generators = seed_generators(model)
+    head = _output_head(model, task)
     if ensemble and not stochastic_layers(model):
         num_samples = 1  # the M members are the samples; more draws would repeat them
 
@@ -180,12 +201,16 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
             outputs = model.call_members(tiled, training=False)
             samples = tf.reshape(outputs, tf.concat([[model.num_members * num_samples, batch],
                                                      tf.shape(outputs)[2:]], axis=0))
+            samples.set_shape([None, None, *outputs.shape[2:]])
         else:
             outputs = model(tiled, training=False)
             samples = tf.reshape(outputs, tf.concat([[num_samples, batch], tf.shape(outputs)[1:]], axis=0))
+            samples.set_shape([None, None, *outputs.shape[1:]])
         if task == "classification":
+            if head is not None:
+                return _classification_summary(head.class_probabilities(samples), False)
             return _classification_summary(samples, from_logits)
-        return _regression_summary(samples)
+        return _regression_summary(samples, head)
 
     def draw(x, seed):
         _reseed(generators, seed)

@@ -67,7 +67,6 @@ References:
 """
 
 import math
-import types
 
 import keras
 import numpy as np
@@ -593,14 +592,7 @@ def serialize(builder, name="make_posterior_fn"):
         (a lambda, a local function) cannot be found again when a model loads: it
         raises a ValueError naming ``name``.
     """
-    if isinstance(builder, types.FunctionType) and (
-            keras.saving.get_registered_object(keras.saving.get_registered_name(builder)) is not builder):
-        raise ValueError(
-            f"Expected `{name}` to be a builder object or a function registered with "
-            "`@keras.saving.register_keras_serializable(package=...)`, so that a saved model can find it again. "
-            f"Received: {name}={builder!r}"
-        )
-    return keras.saving.serialize_keras_object(builder)
+    return checks.registered(name, builder, "a builder object")
 
 
 # -- the KL that TFP 0.25 does not register -------------------------------------

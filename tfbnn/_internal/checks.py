@@ -9,6 +9,7 @@ values, eagerly or inside a compiled step.
 
 import math
 import numbers
+import types
 
 import keras
 import numpy as np
@@ -16,7 +17,7 @@ import tensorflow as tf
 
 __all__ = [
     "is_integer", "is_number", "integer", "number", "seed", "array", "float_tensor", "value_range", "initializer",
-    "activation", "checked",
+    "activation", "checked", "registered",
 ]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -167,3 +168,17 @@ def checked(tensor, condition, message, received):
         return tensor
     with tf.control_dependencies([tf.debugging.Assert(condition(), [message])]):
         return tf.identity(tensor)
+
+
+def registered(name, value, what):
+    """``keras.saving.serialize_keras_object(value)``; a ValueError naming ``name`` for a function that
+    ``keras.saving.register_keras_serializable`` has not registered (a lambda, a local function), which
+    a saved model could not find again. ``what`` says what else ``value`` may be."""
+    if isinstance(value, types.FunctionType) and (
+            keras.saving.get_registered_object(keras.saving.get_registered_name(value)) is not value):
+        raise ValueError(
+            f"Expected `{name}` to be {what} or a function registered with "
+            "`@keras.saving.register_keras_serializable(package=...)`, so that a saved model can find it again. "
+            f"Received: {name}={value!r}"
+        )
+    return keras.saving.serialize_keras_object(value)

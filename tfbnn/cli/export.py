@@ -28,8 +28,9 @@ def add_arguments(parser):
                         help="samples of the summary endpoints")
     parser.add_argument("--task", choices=("auto", "classification", "regression"), default="auto",
                         help="what the summary endpoints compute: classification (the model outputs "
-                        "probabilities: a softmax head), regression (a tfbnn.GaussianHead or a point "
-                        "output); auto decides from the model's output layer")
+                        "probabilities: a softmax head, or a tfbnn Bernoulli / categorical head), regression (a "
+                        "tfbnn.GaussianHead or another regression distribution head, or a point output); auto "
+                        "decides from the model's output layer")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing export folder")
 
 
@@ -41,11 +42,16 @@ def _output_layer(model):
 
 
 def model_task(model):
-    """``"classification"`` when the model's output layer is a softmax, ``"regression"`` otherwise
-    (for a :class:`tfbnn.DeepEnsemble`, its first member's output layer)."""
+    """A distribution head's task; ``"classification"`` when the model's output layer is a softmax,
+    ``"regression"`` otherwise (for a :class:`tfbnn.DeepEnsemble`, its first member's output layer)."""
     import keras
 
-    activation = getattr(_output_layer(model), "activation", None)
+    from tfbnn.likelihoods import DistributionHead
+
+    layer = _output_layer(model)
+    if isinstance(layer, DistributionHead):
+        return layer.task
+    activation = getattr(layer, "activation", None)
     return "classification" if activation is keras.activations.softmax else "regression"
 
 
@@ -59,8 +65,10 @@ def run(args):
     model = load_model(args.model)
     task = model_task(model)
     if args.task != "auto" and args.task != task:
-        raise ValueError(f"the model's output layer makes it a {task} model (its activation is "
-                         f"{getattr(_output_layer(model), 'activation', None).__name__}). Received: --task={args.task}")
+        layer = _output_layer(model)
+        activation = getattr(getattr(layer, "activation", None), "__name__", None)
+        reason = f"its activation is {activation}" if activation else f"it ends in a {type(layer).__name__}"
+        raise ValueError(f"the model's output layer makes it a {task} model ({reason}). Received: --task={args.task}")
     if os.path.exists(output) and not args.overwrite:
         raise ValueError(f"the export folder {output!r} exists; pass --overwrite to replace it. Received: "
                          f"--output={output}")

@@ -10,11 +10,13 @@ eq. 26-27), in nats::
     aleatoric  E_w H[p(y | x, w)] ~ mean_t H[p_t]                          (expected entropy)
     epistemic  I[y; w | x]        = total - aleatoric                     (mutual information)
 
-For regression, with per-sample means ``mu_t`` and (for a :class:`GaussianHead`)
-scales ``sigma_t``, the law of total variance splits the predictive variance::
+For regression, with per-sample means ``mu_t`` and (for a model ending in a
+distribution head of :mod:`tfbnn.likelihoods`: :class:`GaussianHead`, Student-t,
+mixture density) per-sample variances ``v_t = Var[y | theta_t]``, the law of total
+variance splits the predictive variance::
 
-    var[y] = var_t mu_t  +  mean_t sigma_t^2
-             (epistemic)     (aleatoric)
+    var[y] = var_t mu_t  +  mean_t v_t
+             (epistemic)    (aleatoric)
 
 How the T samples are drawn: the batch ``(B, ...)`` is tiled sample-major to
 ``(T * B, ...)`` and the model runs once inside :func:`tfbnn.utils.weight_samples`,

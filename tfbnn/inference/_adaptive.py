@@ -10,10 +10,10 @@ from tfbnn.inference._summaries import (
     ROUNDOFF_NATS,
     ClassificationPrediction,
     RegressionPrediction,
-    as_probs,
+    class_probabilities,
     entropy,
+    head_moments,
 )
-from tfbnn.likelihoods import split_gaussian
 
 
 SAMPLING_PER = ("example", "batch")
@@ -151,11 +151,11 @@ def _split_strata(samples, strata):
 class AdaptiveBatch:
     """The running summary of one batch under adaptive sampling (classification or regression)."""
 
-    def __init__(self, task, strata, batch_size, from_logits, gaussian_head, keep_samples):
+    def __init__(self, task, strata, batch_size, from_logits, head, keep_samples):
         self.task, self.strata, self.size = task, strata, batch_size
-        self.from_logits, self.gaussian_head, self.keep = from_logits, gaussian_head, keep_samples
+        self.from_logits, self.head, self.keep = from_logits, head, keep_samples
         self.moments = None
-        self.extra = None  # classification: summed sample entropies; Gaussian head: summed variances
+        self.extra = None  # classification: summed sample entropies; regression head: summed variances
         # Probabilities lie in [0, 1]: a variance floor 1 / n keeps a run of identical samples (a rare class
         # not drawn yet) from stopping early. Regression outputs have no known range: no floor.
         self.variance_floor = 1.0 if task == "classification" else 0.0
@@ -164,14 +164,13 @@ class AdaptiveBatch:
     def add(self, rows, samples):
         """``samples`` ``(S * k, b, ...)`` of the examples ``rows``."""
         if self.task == "classification":
-            values = as_probs(samples, self.from_logits)
+            values = class_probabilities(samples, self.from_logits, self.head)
             extra = entropy(values)
         else:
             values = np.asarray(samples, dtype=np.float64)
             extra = None
-            if self.gaussian_head:
-                means, scales = (np.asarray(v, dtype=np.float64) for v in split_gaussian(values))
-                values, extra = means, np.square(scales)
+            if self.head is not None:
+                values, extra = head_moments(self.head, values)
         chunk = _split_strata(values, self.strata)
         if self.moments is None:
             self.moments = _RunningMoments(self.strata, (self.size, *chunk.shape[3:]))
@@ -215,7 +214,7 @@ class AdaptiveBatch:
                 **common)
         mean, variance = m.pooled()
         aleatoric = None
-        if self.gaussian_head:
+        if self.head is not None:
             aleatoric = np.sqrt(self.extra / _expand(used.astype(np.float64), self.extra.ndim)).astype(np.float32)
         return RegressionPrediction(mean=mean.astype(np.float32), epistemic_std=np.sqrt(variance).astype(np.float32),
                                     aleatoric_std=aleatoric, **common)

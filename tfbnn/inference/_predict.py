@@ -18,8 +18,8 @@ from tfbnn.inference._sampling import (
     input_signature,
     reference_model,
 )
-from tfbnn.inference._summaries import concat, summarize_classification, summarize_regression
-from tfbnn.likelihoods import GaussianHead
+from tfbnn.inference._summaries import class_probabilities, concat, summarize_classification, summarize_regression
+from tfbnn.likelihoods import DistributionHead, GaussianHead, output_layer
 from tfbnn.utils import stochastic_layers, weight_samples
 
 TASKS = ("auto", "classification", "regression")
@@ -38,6 +38,7 @@ def predict(
     gaussian_head=None,
     mc_dropout=False,
     joint=False,
+    head=None,
 ):
     """Monte Carlo prediction: T posterior predictive samples per example, summarised.
 
@@ -50,7 +51,20 @@ def predict(
     mean_t H[p_t]`` (aleatoric) and ``mutual_information`` (epistemic, their
     difference; Depeweg et al. 2018, Trinh et al. 2022 eq. 26-27). Regression
     returns the mean, ``epistemic_std = std_t mu_t`` and, for a model ending in a
-    :class:`GaussianHead`, ``aleatoric_std = sqrt(mean_t sigma_t^2)``.
+    regression distribution head, ``aleatoric_std = sqrt(mean_t v_t)``.
+
+    **Distribution heads** (:mod:`tfbnn.likelihoods`). A model whose output layer is
+    a distribution head is summarised through the distribution of each sample's
+    output ``theta_t``: a regression head (:class:`GaussianHead`, ``StudentTHead``,
+    ``MixtureNormalHead``, a regression ``DistributionLambdaHead``) by the law of total
+    variance, ``mu_t = E[y | theta_t]``, ``v_t = Var[y | theta_t]`` (the mixture's own
+    mean and variance for a mixture density network)::
+
+        mean = mean_t mu_t,   epistemic_std^2 = var_t mu_t,   aleatoric_std^2 = mean_t v_t
+
+    and a classification head (``BernoulliHead``, ``CategoricalHead``) by the entropy
+    split above, on the head's class probabilities (``BernoulliHead``: one binary
+    classification per label, results ``(N, d)`` and ``mean_probs (N, d, 2)``).
 
     **Deep ensembles.** For a :class:`tfbnn.DeepEnsemble` of M members the members
     are posterior samples: every member is run with T samples in the same vectorized
@@ -113,19 +127,20 @@ def predict(
         return_samples: bool, keep the ``(T, N, ...)`` samples in the result (NaN-padded
             past each example's ``samples_used`` when adaptive).
         task: ``"auto"`` (default), ``"classification"`` or ``"regression"``.
-            ``"auto"`` reads the model, not the data: classification when
-            ``from_logits=True`` or when the output layer ends in a softmax
-            (a ``softmax`` activation or a ``keras.layers.Softmax``), regression
-            for a Gaussian head or any other output layer. Only a model without a
+            ``"auto"`` reads the model, not the data: a distribution head's
+            task; classification when ``from_logits=True`` or when the output
+            layer ends in a softmax (a ``softmax`` activation or a
+            ``keras.layers.Softmax``); regression for any other output layer. Only a model without a
             readable output layer (a subclassed model) falls back to its first
             batch's outputs (probability vectors: classification). A single
             sigmoid unit needs ``task="classification"`` (it is expanded to two
             classes).
         from_logits: bool, the outputs are logits: a softmax (sigmoid for one
             unit) is applied per sample before averaging.
-        gaussian_head: bool or None. Whether the outputs are ``(mean, scale)`` of a
-            :class:`GaussianHead`; None detects a ``GaussianHead`` output layer of a
-            Sequential or functional model.
+        gaussian_head: bool or None. True: the outputs are ``(mean, scale)`` of a
+            :class:`GaussianHead` (the same as ``head=GaussianHead()``); False: the
+            outputs are not a head's, whatever the output layer; None (default):
+            detect a head (see ``head``).
         mc_dropout: bool. MC dropout (Gal & Ghahramani 2016): keep the Keras
             ``Dropout`` / ``GaussianDropout`` / ``AlphaDropout`` layers on. The model
             is run through a cached view sharing all its layers with only those
@@ -140,6 +155,9 @@ def predict(
             samples, so ``samples[t]`` is one function draw over the batch (see
             :func:`tfbnn.utils.weight_samples`). The summaries have the same
             distribution either way.
+        head: a :class:`tfbnn.likelihoods.DistributionHead` whose parameters the
+            outputs are, or None (default): the output layer of a Sequential or
+            functional model when it is a head (a subclassed model needs ``head``).
 
     Returns:
         A :class:`ClassificationPrediction` (``mean_probs (N, C)``, entropies
@@ -173,8 +191,7 @@ def predict(
     batch_size = _check_args(model, batch_size, task, from_logits, gaussian_head)
     num_samples, rule = sampling_rule(num_samples)
     adaptive = rule is not None
-    if gaussian_head is None:
-        gaussian_head = isinstance(_output_layer(model), GaussianHead)
+    head = _resolve_head(model, head, gaussian_head, task, from_logits)
     check_dropout(model, mc_dropout)
     batches = iter(input_batches(x, batch_size))
     first = next(batches, None)
@@ -189,17 +206,14 @@ def predict(
     if exact and (strata > 1 or adaptive):  # no noise: one sample per member is the exact predictive
         num_samples, rule = (1 if strata > 1 else rule.min_samples), None
     signature = input_signature(first)
-    resolved = _task_from_model(task, model, from_logits, gaussian_head)
+    resolved = _task_from_model(task, model, from_logits, head)
 
     def resolve(samples):
         nonlocal resolved
         if resolved is None:
             resolved = _task_from_outputs(samples)
-        if gaussian_head and samples.shape[-1] % 2:
-            raise ValueError(
-                "Expected an even last output dimension (means, then scales) with `gaussian_head`. "
-                f"Received: gaussian_head={gaussian_head!r}, outputs of shape {samples.shape[1:]}"
-            )
+        if head is not None:
+            _check_head_outputs(head, samples, gaussian_head)
         return resolved
 
     parts, seen = [], 0
@@ -209,7 +223,7 @@ def predict(
                 return compiled_sampler(model, k, joint, mc_dropout, signature)(batch).numpy()
 
         def make_batch(size):
-            return lambda task_: AdaptiveBatch(task_, strata, size, from_logits, gaussian_head, return_samples)
+            return lambda task_: AdaptiveBatch(task_, strata, size, from_logits, head, return_samples)
 
         for batch in _chain(first, batches):
             check_finite(batch, seen)
@@ -224,9 +238,10 @@ def predict(
             seen += int(tf.nest.flatten(batch)[0].shape[0])
             samples = sampler(batch).numpy()
             if resolve(samples) == "classification":
-                parts.append(summarize_classification(samples, from_logits, keep_samples=return_samples))
+                probs = samples if head is None else class_probabilities(samples, head=head)
+                parts.append(summarize_classification(probs, from_logits, keep_samples=return_samples))
             else:
-                parts.append(summarize_regression(samples, gaussian_head, keep_samples=return_samples))
+                parts.append(summarize_regression(samples, keep_samples=return_samples, head=head))
     result = concat(parts, strata)
     if exact and adaptive:  # no Monte Carlo error to report
         result = dataclasses.replace(result, standard_error=np.zeros(len(result.samples_used), np.float32))
@@ -240,14 +255,44 @@ def _chain(first, rest):
 
 # -- task resolution -------------------------------------------------------------------
 def _output_layer(model):
-    model = reference_model(model)
-    outputs = getattr(model, "outputs", None)
-    if not outputs:
+    return output_layer(reference_model(model))
+
+
+def _resolve_head(model, head, gaussian_head, task, from_logits):
+    """The distribution head whose parameters the outputs are, or None."""
+    if head is not None and not isinstance(head, DistributionHead):
+        raise ValueError("Expected `head` to be a tfbnn.likelihoods distribution head or None. "
+                         f"Received: head={head!r}")
+    if head is not None and gaussian_head is not None:
+        raise ValueError("Pass `head` or `gaussian_head`, not both. "
+                         f"Received: head={head!r}, gaussian_head={gaussian_head!r}")
+    if gaussian_head is not None:
+        head = GaussianHead() if gaussian_head else None
+    elif head is None:
+        layer = _output_layer(model)
+        head = layer if isinstance(layer, DistributionHead) else None
+    if head is None:
         return None
-    layer = outputs[0]._keras_history.operation
-    if isinstance(layer, keras.Model) and layer is not model:
-        return _output_layer(layer) or layer
-    return layer
+    if task not in ("auto", head.task):
+        raise ValueError(f"The model's {type(head).__name__} is a {head.task} head. Received: task={task!r}")
+    if from_logits:
+        raise ValueError(f"A {type(head).__name__} output is read by the head, not as logits. "
+                         "Received: from_logits=True")
+    return head
+
+
+def _check_head_outputs(head, samples, gaussian_head):
+    """The outputs' last dimension fits the head: a clear error before the summary."""
+    try:
+        head._event_size(samples.shape[-1], "outputs", tuple(samples.shape[1:]))
+    except ValueError as e:
+        if gaussian_head:
+            raise ValueError(
+                "Expected an even last output dimension (means, then scales) with `gaussian_head`. "
+                f"Received: gaussian_head={gaussian_head!r}, outputs of shape {samples.shape[1:]}"
+            ) from None
+        raise ValueError(f"Expected the model's outputs to be the parameters of its {type(head).__name__} "
+                         f"({e}). Received: head={head.name!r}") from None
 
 
 def _ends_in_softmax(layer):
@@ -263,12 +308,12 @@ def _looks_like_probabilities(samples):
     return bool(np.all(samples >= -1e-6) and np.allclose(samples.sum(axis=-1), 1.0, atol=1e-3))
 
 
-def _task_from_model(task, model, from_logits, gaussian_head):
+def _task_from_model(task, model, from_logits, head):
     """The task ``"auto"`` stands for, read from the model; None if it cannot tell."""
     if task != "auto":
         return task
-    if gaussian_head:
-        return "regression"
+    if head is not None:
+        return head.task
     if from_logits:
         return "classification"
     layer = _output_layer(model)

@@ -6,7 +6,7 @@ import statistics
 import numpy as np
 
 from tfbnn._internal import checks
-from tfbnn.likelihoods import split_gaussian
+from tfbnn.likelihoods import GaussianHead
 
 # H[mean_t p_t] - mean_t H[p_t] of identical samples is not exactly 0 in float64
 # (about 1e-15): below this it is round-off, not disagreement between samples.
@@ -128,8 +128,10 @@ class RegressionPrediction:
     Attributes:
         mean: ``(B, ..., d)``, the predictive mean ``mean_t mu_t``.
         epistemic_std: ``(B, ..., d)``, ``std_t mu_t`` (population std over samples).
-        aleatoric_std: ``(B, ..., d)``, ``sqrt(mean_t sigma_t^2)`` when the model
-            ends in a :class:`GaussianHead`, else None.
+        aleatoric_std: ``(B, ..., d)``, ``sqrt(mean_t v_t)`` (``v_t`` the variance of
+            sample ``t``'s predictive distribution) when the model ends in a regression
+            distribution head (:class:`GaussianHead`, :class:`tfbnn.likelihoods.StudentTHead`,
+            :class:`tfbnn.likelihoods.MixtureNormalHead`, ...), else None.
         samples: ``(T, B, ...)`` the model's outputs per sample (for a Gaussian
             head: means then scales on the last axis), or None. NaN-padded with
             adaptive sampling, as for :class:`ClassificationPrediction`.
@@ -192,6 +194,13 @@ def as_probs(samples, from_logits):
     return x
 
 
+def class_probabilities(samples, from_logits=False, head=None):
+    """Per-sample class probabilities: a classification head's, or ``samples`` as :func:`as_probs` reads them."""
+    if head is None:
+        return as_probs(samples, from_logits)
+    return np.asarray(head.class_probabilities(np.asarray(samples, dtype=np.float64)), dtype=np.float64)
+
+
 def summarize_classification(samples, from_logits=False, keep_samples=True):
     """Predictive entropy, expected entropy and mutual information of T samples.
 
@@ -238,19 +247,31 @@ def summarize_classification(samples, from_logits=False, keep_samples=True):
     )
 
 
-def summarize_regression(samples, gaussian_head=False, keep_samples=True):
+def head_moments(head, samples):
+    """``(means, variances)`` of a regression head's per-sample distributions, float64 NumPy arrays."""
+    mean, variance = head.moments(np.asarray(samples, dtype=np.float64))
+    return np.asarray(mean, dtype=np.float64), np.asarray(variance, dtype=np.float64)
+
+
+def summarize_regression(samples, gaussian_head=False, keep_samples=True, head=None):
     """Predictive mean and the epistemic / aleatoric split of T regression samples.
 
-    ``mean = mean_t mu_t``, ``epistemic_std = std_t mu_t`` and, with a Gaussian
-    head, ``aleatoric_std = sqrt(mean_t sigma_t^2)`` (the law of total variance;
-    Depeweg et al. 2018, eq. 5 for the variance form).
+    With ``m_t`` and ``v_t`` the mean and variance of sample ``t``'s predictive
+    distribution (a distribution head's, see :mod:`tfbnn.likelihoods`; ``m_t`` the
+    output itself and ``v_t = 0`` without a head), the law of total variance
+    (Depeweg et al. 2018, eq. 5 for the variance form)::
+
+        mean = mean_t m_t,   epistemic_std = std_t m_t,   aleatoric_std = sqrt(mean_t v_t)
 
     Args:
-        samples: array ``(T, B, ...)`` of outputs; with ``gaussian_head=True`` the
-            last axis holds ``d`` means then ``d`` scales (see
-            :class:`GaussianHead`).
-        gaussian_head: bool, whether the outputs are a Gaussian head's.
+        samples: array ``(T, B, ...)`` of outputs; with a head, its outputs (for
+            ``gaussian_head=True`` the last axis holds ``d`` means then ``d`` scales,
+            see :class:`GaussianHead`).
+        gaussian_head: bool, whether the outputs are a :class:`GaussianHead`'s (the
+            same as ``head=GaussianHead()``).
         keep_samples: bool, keep the raw samples in the result.
+        head: a regression :class:`tfbnn.likelihoods.DistributionHead` or None:
+            the outputs are that head's parameters.
 
     Returns:
         A :class:`RegressionPrediction`.
@@ -265,11 +286,13 @@ def summarize_regression(samples, gaussian_head=False, keep_samples=True):
     raw = np.asarray(samples, dtype=np.float64)
     if raw.ndim < 2:
         raise ValueError(f"Expected samples of shape (T, B, ...). Received: samples.shape={raw.shape}")
+    if gaussian_head and head is None:
+        head = GaussianHead()
     aleatoric = None
     means = raw
-    if gaussian_head:
-        means, scales = (np.asarray(v) for v in split_gaussian(raw))
-        aleatoric = np.sqrt(np.mean(np.square(scales), axis=0)).astype(np.float32)
+    if head is not None:
+        means, variances = head_moments(head, raw)
+        aleatoric = np.sqrt(np.mean(variances, axis=0)).astype(np.float32)
     return RegressionPrediction(
         mean=means.mean(axis=0).astype(np.float32),
         epistemic_std=means.std(axis=0).astype(np.float32),

@@ -12,7 +12,14 @@ Keras convolution of any rank), which give a posterior its shapes and its operat
 from tfbnn.layers.base import BayesianLayer, StochasticLayer
 from tfbnn.layers.mean_field import MeanFieldGaussian
 from tfbnn.layers.arguments import ConvArguments, DenseArguments
-from tfbnn.likelihoods import GaussianHead
+from tfbnn.likelihoods import (
+    BernoulliHead,
+    CategoricalHead,
+    DistributionLambdaHead,
+    GaussianHead,
+    MixtureNormalHead,
+    StudentTHead,
+)
 from tfbnn.layers.mc_dropout import MCDropout, MCSpatialDropout2D
 from tfbnn.layers.conv import (
     Conv1DFlipout,
@@ -37,6 +44,11 @@ __all__ = [
     "DenseArguments",
     "ConvArguments",
     "GaussianHead",
+    "StudentTHead",
+    "MixtureNormalHead",
+    "BernoulliHead",
+    "CategoricalHead",
+    "DistributionLambdaHead",
     "MCDropout",
     "MCSpatialDropout2D",
     "DenseReparameterization",
