@@ -356,8 +356,8 @@ class AffineCouplingFlow(keras.layers.Layer):
     use such masked RealNVP couplings (with a sigmoid-gated update) as the flow on
     the multiplicative noise ``z`` of a Bayesian network.
 
-    Cost per sample of ``D`` values: about ``3 D H`` multiply-adds per coupling
-    (``H = hidden_units``); parameters ``(3 D / 2 + 1) H + 2 D`` per coupling.
+    Cost per sample of ``D`` values: about ``1.5 D H`` multiply-adds per coupling
+    (``H = hidden_units``); parameters ``(1.5 D + 1) H + D`` per coupling.
 
     Args:
         event_size: int > 0, ``D``.

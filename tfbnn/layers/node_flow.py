@@ -14,8 +14,9 @@ normalizing-flow posterior instead, the multiplicative normalizing flow of Louiz
 bijectors (``tfb.RealNVP``) with small trained networks (Dinh et al. 2017,
 eqs. 4-6), alternating which half of the nodes they move. The weights ``U``,
 ``b`` stay deterministic, so the layer has ``2 d`` Gaussian parameters plus the
-flow's ``~ 1.5 d H`` per coupling, never a weight-sized distribution: it scales
-like the iBNN layers (one ``d``-vector per example through the flow).
+flow's ``(1.5 d + 1) H + d`` per coupling (``H = hidden_units``), never a
+weight-sized distribution: it scales like the iBNN layers (one ``d``-vector per
+example through the flow, about ``1.5 d H`` multiply-adds per coupling).
 
 Density by the change of variables (Rezende & Mohamed 2015, eq. 6)::
 
@@ -81,15 +82,17 @@ class NodeFlowLayer(NodeLayer):
     Args:
         num_flows: int >= 1, the coupling bijectors of ``f``. Default 2.
         hidden_units: int >= 1, hidden units of each coupling network. Default 50.
-        prior_mean, prior_stddev: the prior ``N(m_p, s^2 I)``. Default 1 and 0.1.
-        init_mean, init_stddev: ``mu ~ N(init_mean, init_stddev^2)`` at the start.
-            Default 1 and 0.5 (as :class:`tfbnn.layers.NodeDense`).
-        init_scale_mean, init_scale_stddev: ``sigma ~ |N(init_scale_mean,
-            init_scale_stddev^2)|`` at the start. Default 0.05 and 0.02.
-        num_kl_samples: int >= 1, fresh draws of :meth:`kl_divergence` (a call uses
-            its own draws, one per row). Default 1.
-        kl_weight, inference_mode, seed: see :class:`tfbnn.layers.BayesianLayer`.
-            ``seed`` also seeds ``mu``, ``sigma`` and the flow's first weights.
+        **kwargs: the arguments of :class:`tfbnn.layers.node.NodeLayer` but
+            ``num_components`` and ``kl_estimator`` (fixed: one base Gaussian, a
+            Monte Carlo KL): ``prior_mean`` and ``prior_stddev`` (the prior
+            ``N(m_p, s^2 I)``, default 1 and 0.1); ``init_mean``, ``init_stddev``
+            (``mu ~ N(init_mean, init_stddev^2)`` at the start, default 1 and 0.5,
+            as :class:`tfbnn.layers.NodeDense`); ``init_scale_mean``,
+            ``init_scale_stddev`` (``sigma ~ |N(., .^2)|``, default 0.05 and 0.02);
+            ``num_kl_samples`` (fresh draws of :meth:`kl_divergence`; a call uses its
+            own draws, one per row; default 1); ``kl_weight``, ``inference_mode``,
+            ``seed`` (:class:`tfbnn.layers.BayesianLayer`; ``seed`` also seeds ``mu``,
+            ``sigma`` and the flow's first weights).
     """
 
     def __init__(self, num_flows=2, hidden_units=50, **kwargs):
@@ -103,8 +106,8 @@ class NodeFlowLayer(NodeLayer):
         self.num_flows = checks.integer("num_flows", num_flows, 1)
         self.hidden_units = checks.integer("hidden_units", hidden_units, 1)
 
-    def _build_node_weights(self, num_nodes):
-        super()._build_node_weights(num_nodes)
+    def _build_node_weights(self, num_nodes, autocast=False):
+        super()._build_node_weights(num_nodes, autocast=autocast)
         self.flow = AffineCouplingFlow(self.num_nodes, self.num_flows, self.hidden_units, seed=self._init_seed(2),
                                        name="flow", dtype=self.dtype_policy)
         self.flow.build()
@@ -231,10 +234,12 @@ class NodeConv2DFlow(ConvArguments, NodeFlowKernelLayer):
     are deterministic. See :mod:`tfbnn.layers.node_flow`.
 
     Args:
-        filters, kernel_size, strides, padding, data_format, dilation_rate,
-            activation, use_bias, kernel_initializer, bias_initializer: as
-            ``keras.layers.Conv2D``.
-        **kwargs: the arguments of :class:`NodeFlowLayer`.
+        filters: int > 0, output channels.
+        kernel_size: int or tuple of 2 ints.
+        *args: ``strides``, ``padding``, ``data_format``, ``dilation_rate``,
+            ``activation``, ``use_bias``, ``kernel_initializer``,
+            ``bias_initializer``, as ``keras.layers.Conv2D``.
+        **kwargs: those by name and the arguments of :class:`NodeFlowLayer`.
 
     Input shape: ``(batch, rows, cols, C_in)`` (channels_first: ``(batch, C_in, rows, cols)``).
     Output shape: ``(batch, rows', cols', filters)``.
