@@ -236,10 +236,13 @@ class NodeConv2DFlow(ConvArguments, NodeFlowKernelLayer):
     Args:
         filters: int > 0, output channels.
         kernel_size: int or tuple of 2 ints.
-        *args: ``strides``, ``padding``, ``data_format``, ``dilation_rate``,
-            ``activation``, ``use_bias``, ``kernel_initializer``,
-            ``bias_initializer``, as ``keras.layers.Conv2D``.
-        **kwargs: those by name and the arguments of :class:`NodeFlowLayer`.
+        strides: int or tuple. Default 1.
+        padding: ``"valid"`` (default) or ``"same"``.
+        data_format: ``"channels_last"`` (default) or ``"channels_first"``.
+        dilation_rate: int or tuple. Default 1.
+        **kwargs: ``activation``, ``use_bias``, ``kernel_initializer``,
+            ``bias_initializer`` (as ``keras.layers.Conv2D``) and the arguments of
+            :class:`NodeFlowLayer`.
 
     Input shape: ``(batch, rows, cols, C_in)`` (channels_first: ``(batch, C_in, rows, cols)``).
     Output shape: ``(batch, rows', cols', filters)``.
