@@ -6,7 +6,10 @@ variable). This isolates the layers. One 1200 -> 1200 layer at batch 128 (the mi
 layer of the Blundell MLP): the time to compute the loss ``sum(y) + layer losses`` and
 its gradient with respect to the layer's trainable weights, inside one
 ``tf.function`` (XLA off and on). It covers keras ``Dense``, the three tfbnn layers,
-and TFP's three layers (tf_keras), all with an N(0, 1) prior and a closed-form KL.
+and TFP's three layers (tf_keras), all with an N(0, 1) prior and a closed-form KL;
+and the iBNN node layer (``NodeDense``, K = 4, closed-form KL) with its
+normalizing-flow version (``NodeDenseFlow``: 2 RealNVP couplings of 50 hidden units
+on the 1200 node-noise values of each example, Monte Carlo KL).
 
 Every function runs in one process, in ``--rounds`` interleaved rounds of ``--calls``
 calls each, so that slow stretches of a shared machine hit them all. The table
@@ -51,6 +54,8 @@ def _layers():
         "tfbnn_reparam": tfbnn.DenseReparameterization(UNITS, kl_weight=1 / N, seed=1),
         "tfbnn_flipout": tfbnn.DenseFlipout(UNITS, kl_weight=1 / N, seed=2),
         "tfbnn_local": tfbnn.DenseLocalReparameterization(UNITS, kl_weight=1 / N, seed=3),
+        "tfbnn_node": tfbnn.NodeDense(UNITS, kl_weight=1 / N, seed=4),
+        "tfbnn_node_flow": tfbnn.NodeDenseFlow(UNITS, kl_weight=1 / N, seed=5),
         "tfp_reparam": tfp.layers.DenseReparameterization(UNITS, kernel_divergence_fn=divergence),
         "tfp_flipout": tfp.layers.DenseFlipout(UNITS, kernel_divergence_fn=divergence),
         "tfp_local": tfp.layers.DenseLocalReparameterization(UNITS, kernel_divergence_fn=divergence),

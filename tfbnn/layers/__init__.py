@@ -30,6 +30,7 @@ from tfbnn.layers.conv import (
 from tfbnn.layers.dense import DenseFlipout, DenseLocalReparameterization, DenseReparameterization
 from tfbnn.layers.graves import GravesDense
 from tfbnn.layers.node import NodeConv1D, NodeConv2D, NodeDense, NodeNoise
+from tfbnn.layers.node_flow import NodeConv2DFlow, NodeDenseFlow
 from tfbnn.layers.variational import DenseVariational
 from tfbnn.layers.variational_dropout import (
     Conv1DVariationalDropout,
@@ -63,6 +64,8 @@ __all__ = [
     "NodeConv1D",
     "NodeConv2D",
     "NodeNoise",
+    "NodeDenseFlow",
+    "NodeConv2DFlow",
     "DenseVariationalDropout",
     "Conv1DVariationalDropout",
     "Conv2DVariationalDropout",

@@ -43,7 +43,8 @@ class DenseVariational(BayesianLayer):
     (``kernel_size = d * units``, ``bias_size = units`` or 0 without a bias).
     A call draws ``w ~ q`` (reparameterized, shared by the batch, as Blundell et
     al. 2015 and TFP do) and returns ``activation(x W + b)``; in ``"mean"`` mode at
-    inference it uses ``w = E_q[w]`` (``q.mean()``). The layer trains by the ELBO
+    inference it uses ``w = E_q[w]`` (``q.mean()``; for a posterior whose mean has no
+    closed form, its :meth:`tfbnn.posteriors.WeightDistribution.mean_weights`). The layer trains by the ELBO
     (Blundell et al. 2015, eq. 1-2), per example in tfbnn's convention::
 
         loss = mean_batch NLL(y | x, w)  +  kl_weight * KL(q || p),   kl_weight = beta / N
@@ -59,7 +60,8 @@ class DenseVariational(BayesianLayer):
     Posterior families (:mod:`tfbnn.posteriors`): ``"mean_field"`` (diagonal
     Gaussian), ``"low_rank"`` (``Sigma = L L^T + diag(d^2)``, Tomczak et al.
     2020), ``"full_covariance"`` (``MultivariateNormalTriL``, small layers only:
-    ``O(n^2)`` parameters); priors ``"normal"`` (fixed ``N(0, I)``) and
+    ``O(n^2)`` parameters), ``"flow"`` (a mean-field Gaussian through RealNVP
+    coupling bijectors, ``tfd.TransformedDistribution``; Monte Carlo KL); priors ``"normal"`` (fixed ``N(0, I)``) and
     ``"trainable_normal"`` (trained mean, TFP's ``prior_trainable``); or your own.
 
     Monte Carlo prediction (:func:`tfbnn.predict`, :func:`tfbnn.utils.weight_samples`
@@ -114,7 +116,7 @@ class DenseVariational(BayesianLayer):
         units: int > 0, output dimension.
         make_posterior_fn: the posterior's builder, called as
             ``make_posterior_fn(kernel_size, bias_size, dtype)`` in ``build``: a
-            name (``"mean_field"``, ``"low_rank"``, ``"full_covariance"``), a builder
+            name (``"mean_field"``, ``"low_rank"``, ``"full_covariance"``, ``"flow"``), a builder
             of :mod:`tfbnn.posteriors` (``MeanFieldNormal(init_scale=0.05)``), or a
             function returning a :class:`tfbnn.posteriors.WeightDistribution` (register
             it with ``keras.saving.register_keras_serializable`` to save the layer).
@@ -275,7 +277,7 @@ class DenseVariational(BayesianLayer):
             weights = posterior.sample(() if num_samples == 1 else num_samples, seed=self._sample_seed())
             outputs = self._apply(inputs, weights)
         else:
-            outputs = self._apply(inputs, posterior.mean())
+            outputs = self._apply(inputs, self.posterior.mean_weights(posterior))
         if self._adds_kl:
             self._add_kl_loss(self._kl(posterior, weights), training)
         if self.activation is not None:
