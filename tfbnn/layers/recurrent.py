@@ -56,7 +56,9 @@ __all__ = ["LSTMCellReparameterization", "GRUCellReparameterization", "LSTMRepar
 # (get_dropout_mask, then reset_dropout_mask after the loop). The mixin is not public:
 # it is found among the bases of the public keras.layers.LSTMCell. The cells use the
 # hook to draw their weight sample once per sequence.
-_PER_SEQUENCE_HOOK = next(c for c in keras.layers.LSTMCell.__mro__ if c.__name__ == "DropoutRNNCell")
+# Without it (a Keras that drops the mixin), only the convenience layers hold one sample per
+# sequence; tests/test_recurrent_layers.py checks the cell alone in keras.layers.RNN.
+_PER_SEQUENCE_HOOK = next((c for c in keras.layers.LSTMCell.__mro__ if c.__name__ == "DropoutRNNCell"), object)
 
 
 def _batched_matmul(x, kernel):
@@ -133,7 +135,7 @@ class RecurrentCellReparameterization(MeanFieldGaussian, _PER_SEQUENCE_HOOK):
         kernel, bias, kl = self.draw_weights()
         self._sequence_weights = (kernel, bias)
         if self._adds_kl:
-            self.add_loss(tf.cast(self._kl_weight, kl.dtype) * kl)
+            self._add_kl_loss(kl, training=None)  # the scale is checked per step, where `training` is known
 
     def end_sequence(self):
         """Forgets the sequence's weight sample."""
