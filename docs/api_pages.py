@@ -39,6 +39,8 @@ GUIDES = {
     "tfbnn.convert": ("Variational dropout, pruning and conversion", "variational-dropout"),
     "tfbnn.ibnn": ("Node-based implicit BNNs (iBNN)", "ibnn"),
     "tfbnn.layers.node": ("Node-based implicit BNNs (iBNN)", "ibnn"),
+    "tfbnn.layers.recurrent": ("Recurrent layers and the sentiment classifier", "recurrent"),
+    "tfbnn.models.recurrent": ("Recurrent layers and the sentiment classifier", "recurrent"),
     "tfbnn.models": ("Model zoo and recipes", "zoo-and-recipes"),
     "tfbnn.training": ("Model zoo and recipes", "zoo-and-recipes"),
     "tfbnn.experiments": ("Model zoo and recipes", "zoo-and-recipes"),

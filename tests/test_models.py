@@ -505,7 +505,7 @@ def test_last_layer_bayesian_deterministic_is_unchanged_and_factory_carries_it()
 @pytest.mark.parametrize("value", ["first", None, True])
 @pytest.mark.parametrize("name", list(zoo.MODELS))
 def test_bad_bayesian_layers_are_rejected_clearly(name, value):
-    shape = {"vocab_size": 20} if name == "transformer" else {}
+    shape = {"vocab_size": 20} if name in zoo.TEXT_MODELS else {}
     message = re.escape(f"Expected `bayesian_layers` to be one of ['all', 'last']. Received: bayesian_layers={value!r}")
     with pytest.raises(ValueError, match=message):
         zoo.build(name, method="vd", num_examples=N, bayesian_layers=value, **shape)

@@ -91,7 +91,8 @@ _ADAPTIVE_KEYWORDS = deprecation.keywords_moved("num_samples", inference.Adaptiv
 
 @_ADAPTIVE_KEYWORDS
 def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.5,
-                        sweep_levels=(0.0, 0.25, 0.5, 0.75, 1.0), seed=0, batch_size=256, temperature=None):
+                        sweep_levels=(0.0, 0.25, 0.5, 0.75, 1.0), seed=0, batch_size=256, temperature=None,
+                        corruption="gaussian"):
     """Monte Carlo evaluation of a classifier on clean and shifted inputs.
 
     Args:
@@ -110,6 +111,9 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
         temperature: None, a float ``T > 0`` or a :class:`tfbnn.TemperatureScaling`
             (its ``temperature`` and ``method``; a float means ``method="pooled"``):
             also evaluate the tempered predictive.
+        corruption: the shift, a name of :data:`tfbnn.datasets.corruptions.CORRUPTIONS`:
+            ``"gaussian"`` (default; ``shift_gamma`` its intensity) or, for token ids,
+            ``"token_replacement"`` (``shift_gamma`` the replaced fraction).
 
     Returns:
         An :class:`Evaluation`; ``numbers`` holds ``clean`` and ``shifted`` dicts
@@ -124,7 +128,7 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
     labels = np.asarray(y)
     sweep_levels = tuple(sweep_levels or ())
     levels = tuple(sorted({0.0, float(shift_gamma), *map(float, sweep_levels)}))
-    rows, predictions = shift_sweep(model, x, labels, "gaussian", levels=levels, num_samples=num_samples,
+    rows, predictions = shift_sweep(model, x, labels, corruption, levels=levels, num_samples=num_samples,
                                     seed=seed, batch_size=batch_size, return_predictions=True,
                                     return_samples=scaling is not None and scaling.method == "samples")
     clean, shifted = predictions[levels.index(0.0)], predictions[levels.index(float(shift_gamma))]

@@ -30,6 +30,7 @@ from tfbnn.datasets.catalog import (
     IMAGE_DATASETS,
     OFFLINE_DATASETS,
     PIPELINE_DATASETS,
+    TEXT_DATASETS,
     TFDS_PIPELINE_DATASETS,
 )
 
@@ -46,6 +47,7 @@ __all__ = [
     "IMAGE_DATASETS",
     "OFFLINE_DATASETS",
     "TFDS_DATASETS",
+    "TEXT_DATASETS",
     "load",
     "load_images",
     "load_digits",

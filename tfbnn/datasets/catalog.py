@@ -12,6 +12,8 @@ name               kind       one example     classes  source
 ``cifar10``        image      32x32x3         10       tensorflow-datasets
 ``cifar100``       image      32x32x3         100      tensorflow-datasets
 ``imdb_reviews``   text       a string        2        tensorflow-datasets
+``synthetic_reviews`` text    a string        2        generated reviews with a learnable sentiment
+                                                       (offline stand-in for IMDB)
 =================  =========  ==============  =======  ===========================================
 
 The command line takes its choices from here, so ``tfbnn --help`` lists them without
@@ -26,6 +28,7 @@ __all__ = [
     "IMAGE_DATASETS",
     "CLASSIFICATION_DATASETS",
     "CIFAR_DATASETS",
+    "TEXT_DATASETS",
     "ARRAY_DATASETS",
     "GRAYSCALE_DATASETS",
 ]
@@ -41,6 +44,7 @@ CATALOG = {
     "cifar10": ("image", (32, 32, 3), 10, False),
     "cifar100": ("image", (32, 32, 3), 100, False),
     "imdb_reviews": ("text", (), 2, False),
+    "synthetic_reviews": ("text", (), 2, True),
 }
 
 #: Names accepted by :func:`tfbnn.datasets.load_pipeline`.
@@ -53,6 +57,8 @@ TFDS_PIPELINE_DATASETS = {n: spec[:3] for n, spec in CATALOG.items() if not spec
 IMAGE_DATASETS = tuple(n for n, (kind, *_) in CATALOG.items() if kind == "image")
 #: Classification datasets of numeric inputs (what :func:`tfbnn.training.run` trains on).
 CLASSIFICATION_DATASETS = tuple(n for n, (kind, *_) in CATALOG.items() if kind in ("image", "vector"))
+#: Text classification datasets (raw strings; the zoo's text models take them vectorized).
+TEXT_DATASETS = tuple(n for n, (kind, *_) in CATALOG.items() if kind == "text")
 #: CIFAR (standardized per channel, pad-crop-flip augmentation by default).
 CIFAR_DATASETS = ("cifar10", "cifar100")
 #: Grey-scale image datasets (one channel): :func:`tfbnn.datasets.load_images`.

@@ -7,6 +7,8 @@ intensity ``gamma`` (Gaussian noise) or ``p`` (salt and pepper)::
     salt_and_pepper:  x'_j = low  with probability p / 2,
                       x'_j = high with probability p / 2,
                       x'_j = x_j  otherwise                    (eq. 28)
+    token_replacement: x'_j = a uniform token id in 1..V-1 with probability p
+                      (token sequences; padding, id 0, is kept)
 
 :func:`tfbnn.evaluation.shift_sweep` applies increasing intensities to a test set
 and reports, per level, accuracy and the mean total / aleatoric / epistemic
@@ -26,12 +28,13 @@ import math
 
 import numpy as np
 
-__all__ = ["gaussian_noise", "salt_and_pepper", "check_levels", "make_rng", "CORRUPTIONS", "DEFAULT_LEVELS"]
+__all__ = ["gaussian_noise", "salt_and_pepper", "token_replacement", "check_levels", "make_rng", "CORRUPTIONS", "DEFAULT_LEVELS"]
 
 #: Default intensities of :func:`tfbnn.evaluation.shift_sweep` per corruption (0 = clean data).
 DEFAULT_LEVELS = {
     "gaussian": (0.0, 0.2, 0.4, 0.6, 0.8),
     "salt_and_pepper": (0.0, 0.05, 0.1, 0.2, 0.3),
+    "token_replacement": (0.0, 0.1, 0.25, 0.5, 0.75),
 }
 
 
@@ -118,7 +121,45 @@ def salt_and_pepper(x, p, seed=None, low=0.0, high=1.0):
     return np.where(corrupt, np.where(salt, high, low), x).astype(x.dtype)
 
 
-CORRUPTIONS = {"gaussian": gaussian_noise, "salt_and_pepper": salt_and_pepper}
+def token_replacement(x, p, seed=None, vocab_size=None):
+    """Replaces each token id with a uniformly random one with probability ``p``: a shift for text models.
+
+    Integer token sequences cannot take additive noise (a Gaussian shift leaves the
+    vocabulary); instead each non-padding token (id != 0) becomes, with probability
+    ``p``, a token id drawn uniformly from ``1 .. vocab_size - 1``. ``p = 1`` leaves
+    no word of the review: its label is then unpredictable.
+
+    Args:
+        x: int array ``(N, length)`` of token ids, 0 the padding.
+        p: float in [0, 1], the probability that a token is replaced.
+        seed: int, ``numpy.random.Generator`` or None (unseeded).
+        vocab_size: int >= 2 or None: the token ids are ``0 .. vocab_size - 1``;
+            None: ``x.max() + 1``.
+
+    Returns:
+        Array of ``x``'s shape and dtype.
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> x = np.array([[5, 7, 9, 0, 0]])
+        >>> out = tfbnn.datasets.corruptions.token_replacement(x, 1.0, seed=0, vocab_size=100)
+        >>> out.dtype == x.dtype, bool(np.all(out[:, 3:] == 0)), bool(np.all(out[:, :3] >= 1))
+        (True, True, True)
+    """
+    p = _check_fraction(p, "p")
+    x = np.asarray(x)
+    if x.dtype.kind not in "iu":
+        raise ValueError(f"Expected integer token ids `x`. Received: x of dtype {x.dtype}")
+    if vocab_size is None:
+        vocab_size = int(x.max()) + 1 if x.size else 2
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or vocab_size < 2:
+        raise ValueError(f"Expected `vocab_size` to be an integer >= 2. Received: vocab_size={vocab_size!r}")
+    rng = make_rng(seed)
+    replace = (rng.random(x.shape) < p) & (x != 0)
+    return np.where(replace, rng.integers(1, max(2, vocab_size), size=x.shape), x).astype(x.dtype)
+
+
+CORRUPTIONS = {"gaussian": gaussian_noise, "salt_and_pepper": salt_and_pepper, "token_replacement": token_replacement}
 
 
 def check_levels(corruption, levels=None):

@@ -18,6 +18,7 @@ name                x (one example)                     classes     source
 ``cifar10``         float32 (32, 32, 3) in [0, 1]       10          tensorflow-datasets
 ``cifar100``        float32 (32, 32, 3) in [0, 1]       100         tensorflow-datasets
 ``imdb_reviews``    tf.string (the review)              2           tensorflow-datasets
+``synthetic_reviews`` tf.string (a generated review)    2           generated (offline)
 ``digits``          float32 (8, 8, 1) in [0, 1]         10          scikit-learn (offline)
 ``moons``           float32 (2,)                        2           generated (offline)
 ``toy_regression``  float32 (1,); y float32 (1,)        None        generated (offline)
@@ -28,7 +29,8 @@ Labels are int32 (regression targets float32). ``flatten=True`` turns images int
 vectors (``(784,)``, ``(64,)``, ...) for MLPs. CIFAR only: ``standardize=True``
 subtracts the usual per-channel means and divides by the stds, and ``augment``
 (default on for CIFAR) is the standard pad-4 / random-crop-32 / horizontal-flip,
-applied to the training split only. IMDB text becomes integer sequences with
+applied to the training split only. IMDB and the synthetic reviews
+(:func:`tfbnn.datasets.make_synthetic_reviews`) become integer sequences with
 :func:`text_vectorizer` and :func:`vectorize_text`.
 
 How the splits are made:
@@ -70,9 +72,10 @@ __all__ = [
 ]
 
 from tfbnn.datasets import _tfds  # noqa: E402
-from tfbnn.datasets.catalog import CIFAR_DATASETS, PIPELINE_DATASETS, TFDS_PIPELINE_DATASETS  # noqa: E402
+from tfbnn.datasets.catalog import CATALOG, CIFAR_DATASETS, PIPELINE_DATASETS, TFDS_PIPELINE_DATASETS  # noqa: E402
 from tfbnn.datasets.offline import load_digits, make_moons  # noqa: E402
 from tfbnn.datasets.regression import make_cubic, make_toy_regression  # noqa: E402
+from tfbnn.datasets.text import make_synthetic_reviews  # noqa: E402
 
 #: Per-channel (mean, std) of the training images, in [0, 1] units.
 CIFAR_MEAN_STD = {
@@ -162,7 +165,7 @@ def _check_name(name):
 
 
 def _check_options(name, augment, standardize, flatten):
-    kind = TFDS_PIPELINE_DATASETS.get(name, ("image" if name == "digits" else "vector",))[0]
+    kind = CATALOG[name][0]
     if augment is None:
         augment = name in CIFAR_DATASETS
     if augment and name not in CIFAR_DATASETS:
@@ -316,6 +319,9 @@ def _offline_arrays(name, seed):
     if name == "moons":
         ds = make_moons(seed=seed)
         return ds.x_train, ds.y_train, ds.x_test, ds.y_test, ds.num_classes
+    if name == "synthetic_reviews":
+        ds = make_synthetic_reviews(seed=seed)
+        return ds.x_train.astype(str), ds.y_train, ds.x_test.astype(str), ds.y_test, ds.num_classes
     if name == "toy_regression":
         ds = make_toy_regression(seed=seed)
         return ds.x_train, ds.y_train, ds.x_grid, ds.y_grid, None
@@ -423,7 +429,8 @@ def load_pipeline(
         x, y, x_test, y_test, num_classes = _offline_arrays(name, settings["seed"])
         x, y = _cap((x, y), max_examples)
         x_test, y_test = _cap((x_test, y_test), max_test_examples)
-        kind, shape = ("image", (8, 8, 1)) if name == "digits" else ("vector", tuple(x.shape[1:]))
+        kind = CATALOG[name][0]
+        shape = (8, 8, 1) if name == "digits" else tuple(x.shape[1:])
         if name == "digits":  # load_digits flattens and scales by 1/16; keep the 8x8x1 image
             x, x_test = x.reshape((-1, *shape)), x_test.reshape((-1, *shape))
         train_raw = tf.data.Dataset.from_tensor_slices((x, y))

@@ -29,6 +29,12 @@ from tfbnn.layers.conv import (
 )
 from tfbnn.layers.dense import DenseFlipout, DenseLocalReparameterization, DenseReparameterization
 from tfbnn.layers.graves import GravesDense
+from tfbnn.layers.recurrent import (
+    GRUCellReparameterization,
+    GRUReparameterization,
+    LSTMCellReparameterization,
+    LSTMReparameterization,
+)
 from tfbnn.layers.node import NodeConv1D, NodeConv2D, NodeDense, NodeNoise
 from tfbnn.layers.node_flow import NodeConv2DFlow, NodeDenseFlow
 from tfbnn.layers.variational import DenseVariational
@@ -60,6 +66,10 @@ __all__ = [
     "Conv2DReparameterization",
     "Conv2DFlipout",
     "GravesDense",
+    "LSTMCellReparameterization",
+    "GRUCellReparameterization",
+    "LSTMReparameterization",
+    "GRUReparameterization",
     "NodeDense",
     "NodeConv1D",
     "NodeConv2D",

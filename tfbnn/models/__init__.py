@@ -2,7 +2,7 @@
 
 Every builder takes ``method`` (``"deterministic"``, ``"mc_dropout"``, ``"bbb"``,
 ``"vd"``, ``"ibnn"``) with that method's options, ``num_classes``, ``input_shape``
-(the transformer: ``vocab_size`` and ``max_length``), ``num_examples`` (N; required
+(the text models, ``transformer`` and ``rnn_classifier``: ``vocab_size`` and ``max_length``), ``num_examples`` (N; required
 for the methods with a KL term), ``seed`` and ``bayesian_layers``, and returns an
 uncompiled functional ``keras.Model`` that outputs softmax probabilities (compile it
 with ``"sparse_categorical_crossentropy"``; the outputs go straight into
@@ -33,6 +33,9 @@ name                  builder                       deterministic parameters, 10
                                                     1000 classes; CIFAR: ``patch_size`` 1-2)
 ``transformer``       :func:`transformer`           654,562 (vocab 20,000, length 120,
                                                     2 classes)
+``rnn_classifier``    :func:`rnn_classifier`        648,386 (LSTM, vocab 20,000, 2 classes;
+                                                    ``cell="gru"``: a GRU; bbb, mc_dropout,
+                                                    deterministic; vd / ibnn with "last")
 ====================  ============================  =====================================
 
 MLP presets, also accepted by :func:`build`: ``mlp_blundell`` (2 x 1200),
@@ -75,12 +78,14 @@ from tfbnn.models.methods import (
     BAYESIAN_METHODS,
     ESTIMATORS,
     METHOD_OPTIONS,
+    RECURRENT_CELLS,
     ZOO_METHODS,
     LayerFactory,
     get_factory,
 )
 from tfbnn.models.mlp import PRESETS as MLP_PRESETS
 from tfbnn.models.mlp import mlp
+from tfbnn.models.recurrent import rnn_classifier
 from tfbnn.models.resnet import resnet50
 from tfbnn.models.transformer import TokenAndPositionEmbedding, transformer
 from tfbnn.models.vgg import vgg16, vgg16_small
@@ -107,6 +112,7 @@ __all__ = [
     "wide_resnet28_10",
     "transformer",
     "TokenAndPositionEmbedding",
+    "rnn_classifier",
 ]
 
 #: Model name -> builder.
@@ -120,10 +126,11 @@ MODELS = {
     "convnext": convnext,
     "wide_resnet28_10": wide_resnet28_10,
     "transformer": transformer,
+    "rnn_classifier": rnn_classifier,
 }
 
 #: Models on int token ids (``vocab_size``, ``max_length``) instead of ``input_shape``.
-TEXT_MODELS = ("transformer",)
+TEXT_MODELS = ("transformer", "rnn_classifier")
 
 #: Preset name -> (model name, fixed builder arguments).
 PRESETS = {name: ("mlp", {"hidden_units": units}) for name, units in MLP_PRESETS.items()}

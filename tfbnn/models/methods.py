@@ -83,6 +83,7 @@ __all__ = [
     "ESTIMATORS",
     "METHOD_OPTIONS",
     "BAYESIAN_LAYERS",
+    "RECURRENT_CELLS",
     "LayerFactory",
     "get_factory",
 ]
@@ -102,6 +103,8 @@ METHOD_OPTIONS = {
     "ibnn": {"num_components": 4, "prior_mean": 1.0, "prior_stddev": 0.1, "init_mean": 1.0, "init_stddev": 0.5,
              "init_scale_mean": 0.05, "init_scale_stddev": 0.02},
 }
+#: The recurrent cells of :meth:`LayerFactory.recurrent`.
+RECURRENT_CELLS = ("lstm", "gru")
 #: Values of ``bayesian_layers``: the whole network, or the classification head only.
 BAYESIAN_LAYERS = ("all", "last")
 
@@ -279,6 +282,29 @@ class LayerFactory:
             filters, kernel_size, strides=strides, padding=padding, activation=activation, use_bias=use_bias,
             name=name, **self._bayesian_kwargs(),
         )
+
+    def recurrent(self, cell, units, return_sequences=False, name=None):
+        """An LSTM or GRU layer of the body (``cell``: ``"lstm"`` or ``"gru"``).
+
+        ``deterministic`` and ``mc_dropout`` (and any method with ``"last"``): ``keras.layers.LSTM`` /
+        ``keras.layers.GRU``; ``bbb``: :class:`tfbnn.layers.LSTMReparameterization` /
+        :class:`tfbnn.layers.GRUReparameterization` whatever the ``estimator`` (one weight sample
+        per sequence). ``vd`` and ``ibnn`` have no recurrent layer: an error unless ``"last"``.
+        """
+        if cell not in RECURRENT_CELLS:
+            raise ValueError(f"Expected `cell` in {list(RECURRENT_CELLS)}. Received: cell={cell!r}")
+        method = self._body_method
+        if method in ("deterministic", "mc_dropout"):
+            cls = keras.layers.LSTM if cell == "lstm" else keras.layers.GRU
+            return cls(units, return_sequences=return_sequences, name=name)
+        if method != "bbb":
+            raise ValueError(
+                f"No Bayesian recurrent layer for method={method!r}. Expected a method in "
+                "['deterministic', 'mc_dropout', 'bbb'], or bayesian_layers='last' (a deterministic recurrent "
+                f"body and a {method} head). Received: method={method!r}, bayesian_layers={self.bayesian_layers!r}"
+            )
+        cls = layers_lib.LSTMReparameterization if cell == "lstm" else layers_lib.GRUReparameterization
+        return cls(units, return_sequences=return_sequences, name=name, **self._bayesian_kwargs())
 
     # -- dropout after a block (MC dropout only) ---------------------------------------
     def dropout(self, x, name=None):

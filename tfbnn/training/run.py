@@ -5,7 +5,9 @@ What :func:`run` does, in order:
 1. seeds Keras (``keras.utils.set_random_seed(recipe.seed)``) and loads the dataset as
    ``tf.data`` pipelines (:func:`tfbnn.datasets.load_pipeline`: seeded validation
    hold-out, CIFAR standardization and augmentation); ``N`` of the ELBO is the number
-   of training examples actually used;
+   of training examples actually used; text (IMDB, the synthetic reviews) becomes token
+   ids through a ``keras.layers.TextVectorization`` adapted on the training split
+   (``model_options`` ``vocab_size`` and ``max_length``, default 20,000 and 120);
 2. builds the model through the zoo (:func:`tfbnn.models.build`), or builds the
    deterministic zoo model, pre-trains it ``pretrain_epochs`` and converts it
    (:func:`tfbnn.convert.to_bayesian`) for frequentist pre-training and Graves (a
@@ -20,7 +22,8 @@ What :func:`run` does, in order:
 4. evaluates the Monte Carlo predictive on the test split
    (:func:`tfbnn.evaluation.evaluate_classifier`): accuracy, NLL, ECE, Brier score,
    total / aleatoric / epistemic uncertainty on clean and Gaussian-shifted inputs and
-   how well they detect the shift (AUROC); with ``recipe.temperature_scaling`` it fits
+   how well they detect the shift (AUROC; text: a fraction ``SHIFT_GAMMA`` of the tokens
+   replaced at random); with ``recipe.temperature_scaling`` it fits
    a temperature to the predictive on the validation hold-out
    (:meth:`tfbnn.TemperatureScaling.fit_prediction`) and evaluates the tempered
    predictive too;
@@ -113,13 +116,28 @@ def load_data(recipe):
         RunError: tensorflow-datasets could not provide the data.
     """
     try:
-        return datasets.load_pipeline(
+        data = datasets.load_pipeline(
             recipe.dataset, batch_size=recipe.batch_size, validation_fraction=recipe.validation_fraction,
             standardize=recipe.dataset in datasets.CIFAR_DATASETS, flatten=_is_mlp(recipe), seed=recipe.seed,
             max_examples=recipe.max_examples, max_test_examples=recipe.max_test_examples,
         )
     except RuntimeError as e:
         raise RunError(str(e)) from e
+    if recipe.dataset in datasets.TEXT_DATASETS:  # token ids: the vocabulary from the training split only
+        vocab_size, max_length = _text_sizes(recipe)
+        vectorizer = datasets.text_vectorizer(data, max_tokens=vocab_size, output_sequence_length=max_length)
+        data = datasets.vectorize_text(data, vectorizer)
+    return data
+
+
+#: A text recipe's vocabulary size and tokens per review unless its ``model_options`` set
+#: ``vocab_size`` and ``max_length`` (the text vectorizer's ``max_tokens`` and sequence length).
+_TEXT_DEFAULTS = {"vocab_size": 20_000, "max_length": 120}
+
+
+def _text_sizes(recipe):
+    sizes = {**_TEXT_DEFAULTS, **{k: v for k, v in recipe.model_options.items() if k in _TEXT_DEFAULTS}}
+    return sizes["vocab_size"], sizes["max_length"]
 
 
 def _adapted_model_options(recipe, input_shape):
@@ -157,8 +175,9 @@ def build_model(recipe, data):
     options = _adapted_model_options(recipe, data.input_shape)
     seed = options.pop("seed", recipe.seed)  # a study may seed its models apart from the run
     common = dict(num_classes=data.num_classes, input_shape=data.input_shape, seed=seed, **options)
-    if recipe.model == "transformer":  # token ids: the input shape is (max_length,)
+    if recipe.model in models.TEXT_MODELS:  # token ids: the input shape is (max_length,)
         common.pop("input_shape")
+        common["vocab_size"], common["max_length"] = _text_sizes(recipe)
     if _converts(recipe):
         return models.build(recipe.model, method="deterministic", **common)
     return models.build(recipe.model, method=recipe.method, num_examples=data.num_examples,
@@ -348,8 +367,11 @@ def _evaluate(model, recipe, data):
     # An ensemble runs M members with T samples each (T = 1 for deterministic members: exact).
     total = recipe.num_members * (t if utils.stochastic_layers(model) or recipe.method != "ensemble" else 1)
     scaling = fit_temperature(model, recipe, data, t) if recipe.temperature_scaling else None
+    # Token ids take no additive noise: text is shifted by replacing a fraction SHIFT_GAMMA of its tokens.
+    corruption = "token_replacement" if recipe.dataset in datasets.TEXT_DATASETS else "gaussian"
     result = evaluation.evaluate_classifier(model, x_test, y_test, num_samples=t, num_bins=recipe.ece_bins,
                                             shift_gamma=SHIFT_GAMMA, sweep_levels=(), seed=recipe.seed,
+                                            corruption=corruption,
                                             batch_size=max(1, 2048 // total), temperature=scaling)
     numbers = result.numbers
     test = {**numbers["clean"], "shifted": numbers["shifted"], "shift_detection": numbers["shift_detection"],
