@@ -192,20 +192,19 @@ class NodeLayer(BayesianLayer):
     def _init_seed(self, offset):
         return None if self.seed is None else self.seed * 2 + offset
 
-    def _build_node_weights(self, num_nodes, autocast=True):
-        # autocast=False keeps the posterior in float32 under a mixed policy (the flow layers' choice).
+    def _build_node_weights(self, num_nodes):
+        # Float32 under a mixed policy too (BayesianLayer.add_weight never autocasts).
         self.num_nodes = int(num_nodes)
         shape = (self.num_components, self.num_nodes)
         if self.init_stddev == 0:
             loc_init = keras.initializers.Constant(self.init_mean)
         else:
             loc_init = keras.initializers.RandomNormal(self.init_mean, self.init_stddev, seed=self._init_seed(0))
-        self.node_loc = self.add_weight(name="node_loc", shape=shape, initializer=loc_init, autocast=autocast)
+        self.node_loc = self.add_weight(name="node_loc", shape=shape, initializer=loc_init)
         self.node_rho = self.add_weight(
             name="node_rho",
             shape=shape,
             initializer=_InverseSoftplusAbsNormal(self.init_scale_mean, self.init_scale_stddev, self._init_seed(1)),
-            autocast=autocast,
         )
         self._build_kl_weight()
 

@@ -106,8 +106,8 @@ class NodeFlowLayer(NodeLayer):
         self.num_flows = checks.integer("num_flows", num_flows, 1)
         self.hidden_units = checks.integer("hidden_units", hidden_units, 1)
 
-    def _build_node_weights(self, num_nodes, autocast=False):
-        super()._build_node_weights(num_nodes, autocast=autocast)
+    def _build_node_weights(self, num_nodes):
+        super()._build_node_weights(num_nodes)
         self.flow = AffineCouplingFlow(self.num_nodes, self.num_flows, self.hidden_units, seed=self._init_seed(2),
                                        name="flow", dtype=self.dtype_policy)
         self.flow.build()
