@@ -19,6 +19,7 @@ from tfbnn.inference._sampling import (
     reference_model,
 )
 from tfbnn.inference._summaries import class_probabilities, concat, summarize_classification, summarize_regression
+from tfbnn.inference._weights import WeightPosterior
 from tfbnn.likelihoods import DistributionHead, GaussianHead, output_layer
 from tfbnn.utils import stochastic_layers, weight_samples
 
@@ -75,6 +76,14 @@ def predict(
     usual deep ensemble of deterministic networks) is run with ``T = 1``: its
     predictive is exact with M samples, whatever ``num_samples`` says.
 
+    **Weight posteriors.** For a :class:`WeightPosterior` (a
+    :class:`tfbnn.swag.SWAGPosterior`, a :class:`tfbnn.hmc.HMCResult`) the T samples
+    are T draws of the model's flattened weights, each run through the model over
+    the whole batch (one function draw per sample, as ``joint=True``); ``num_samples``
+    must be an int, and the model's output layer decides the task as above. A
+    posterior with a Gaussian noise scale (HMC's ``"normal"`` likelihood) reports it
+    as ``aleatoric_std``.
+
     **Adaptive sampling** (``num_samples=AdaptiveSampling(tolerance=..., ...)``, or
     ``"auto"`` for ``AdaptiveSampling()``). Samples are added in vectorized chunks until
     the Monte Carlo standard error of the predictive mean is at most ``tolerance``.
@@ -114,7 +123,8 @@ def predict(
     as they were before, with a ``DeprecationWarning``.)
 
     Args:
-        model: a Keras model with one output, or a :class:`tfbnn.DeepEnsemble`.
+        model: a Keras model with one output, a :class:`tfbnn.DeepEnsemble`, or a
+            :class:`WeightPosterior` (SWAG, HMC).
         x: inputs: an array or tensor ``(N, ...)``, a list/dict of them (multi-input
             models), or a batched ``tf.data.Dataset`` yielding ``x`` or
             ``(x, y, ...)``. Floating-point inputs must be finite (NaN or
@@ -188,6 +198,9 @@ def predict(
         Chan, Golub, LeVeque. Updating Formulae and a Pairwise Algorithm for
         Computing Sample Variances. Stanford CS report STAN-CS-79-773, 1979.
     """
+    if isinstance(model, WeightPosterior):
+        return _predict_weight_posterior(model, x, num_samples, batch_size, return_samples, task, from_logits,
+                                         gaussian_head, mc_dropout)
     batch_size = _check_args(model, batch_size, task, from_logits, gaussian_head)
     num_samples, rule = sampling_rule(num_samples)
     adaptive = rule is not None
@@ -246,6 +259,29 @@ def predict(
     if exact and adaptive:  # no Monte Carlo error to report
         result = dataclasses.replace(result, standard_error=np.zeros(len(result.samples_used), np.float32))
     return result
+
+
+def _predict_weight_posterior(posterior, x, num_samples, batch_size, return_samples, task, from_logits,
+                              gaussian_head, mc_dropout):
+    """``predict`` for a :class:`WeightPosterior`: T weight draws, each a function draw over ``x``."""
+    if not checks.is_integer(num_samples):
+        raise ValueError("A weight posterior (SWAG, HMC) is sampled with a fixed number of weight draws. "
+                         f"Received: num_samples={num_samples!r}")
+    if mc_dropout:
+        raise ValueError("`mc_dropout` does not apply to a weight posterior (its samples are weight draws). "
+                         "Received: mc_dropout=True")
+    batch_size = _check_args(posterior.model, batch_size, task, from_logits, gaussian_head)
+    samples = posterior.predictive_samples(x, num_samples, batch_size)
+    if posterior.noise_scales(1) is not None or gaussian_head:
+        head = GaussianHead()  # the draws' noise scales are appended to the outputs, a GaussianHead's layout
+    else:
+        head = _resolve_head(posterior.model, None, gaussian_head, task, from_logits)
+    resolved = _task_from_model(task, posterior.model, from_logits, head)
+    if resolved == "classification":
+        probs = samples if head is None else class_probabilities(samples, head=head)
+        return summarize_classification(probs, from_logits=from_logits and head is None,
+                                        keep_samples=return_samples)
+    return summarize_regression(samples, keep_samples=return_samples, head=head)
 
 
 def _chain(first, rest):
