@@ -11,7 +11,7 @@ Keras convolution of any rank), which give a posterior its shapes and its operat
 
 from tfbnn.layers.base import BayesianLayer, StochasticLayer
 from tfbnn.layers.mean_field import MeanFieldGaussian
-from tfbnn.layers.arguments import ConvArguments, DenseArguments
+from tfbnn.layers.arguments import ConvArguments, ConvTransposeArguments, DenseArguments
 from tfbnn.likelihoods import GaussianHead
 from tfbnn.layers.mc_dropout import MCDropout, MCSpatialDropout2D
 from tfbnn.layers.conv import (
@@ -19,11 +19,20 @@ from tfbnn.layers.conv import (
     Conv1DReparameterization,
     Conv2DFlipout,
     Conv2DReparameterization,
+    Conv2DTransposeFlipout,
+    Conv2DTransposeReparameterization,
+    Conv3DFlipout,
+    Conv3DReparameterization,
+    Conv1DTransposeFlipout,
+    Conv1DTransposeReparameterization,
+    Conv3DTransposeFlipout,
+    Conv3DTransposeReparameterization,
 )
 from tfbnn.layers.dense import DenseFlipout, DenseLocalReparameterization, DenseReparameterization
 from tfbnn.layers.graves import GravesDense
 from tfbnn.layers.node import NodeConv1D, NodeConv2D, NodeDense, NodeNoise
 from tfbnn.layers.variational import DenseVariational
+from tfbnn.layers.embedding import EmbeddingReparameterization
 from tfbnn.layers.variational_dropout import (
     Conv1DVariationalDropout,
     Conv2DVariationalDropout,
@@ -36,6 +45,7 @@ __all__ = [
     "MeanFieldGaussian",
     "DenseArguments",
     "ConvArguments",
+    "ConvTransposeArguments",
     "GaussianHead",
     "MCDropout",
     "MCSpatialDropout2D",
@@ -46,6 +56,14 @@ __all__ = [
     "Conv1DFlipout",
     "Conv2DReparameterization",
     "Conv2DFlipout",
+    "Conv3DReparameterization",
+    "Conv3DFlipout",
+    "Conv1DTransposeReparameterization",
+    "Conv1DTransposeFlipout",
+    "Conv2DTransposeReparameterization",
+    "Conv2DTransposeFlipout",
+    "Conv3DTransposeReparameterization",
+    "Conv3DTransposeFlipout",
     "GravesDense",
     "NodeDense",
     "NodeConv1D",
@@ -55,4 +73,5 @@ __all__ = [
     "Conv1DVariationalDropout",
     "Conv2DVariationalDropout",
     "DenseVariational",
+    "EmbeddingReparameterization",
 ]
