@@ -173,7 +173,8 @@ class ConvArguments:
     Input shape: ``(batch, *spatial, channels)`` (channels_first: ``(batch, channels, *spatial)``).
 
     Example:
-        A Bayes-by-Backprop 3-D convolution (register it with
+        A Bayes-by-Backprop 3-D convolution, as :class:`tfbnn.layers.Conv3DReparameterization`
+        is made (register a class of your own with
         ``keras.saving.register_keras_serializable`` to save it in ``.keras`` files):
 
         >>> import numpy as np, tfbnn
