@@ -176,3 +176,16 @@ def test_bad_low_rank_arguments():
     layer = _layer()
     with pytest.raises(ValueError, match="Received: posterior='low_rank'"):
         layer.posterior_as_prior()
+
+
+def test_mixed_precision_keeps_the_factor_and_the_kl_in_float32():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        layer = tfbnn.DenseReparameterization(3, posterior="low_rank", kl_weight=1.0, seed=0)
+        y = layer(np.ones((2, 4), "float32"))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert y.dtype == "float16" and layer.kernel_factor.dtype == "float32"
+    assert layer.losses[0].dtype == "float32"
+    # The float32 KL from the float32 variables, recomputed outside the mixed policy.
+    np.testing.assert_allclose(float(layer.losses[0]), float(layer.kl_divergence()), rtol=1e-3)

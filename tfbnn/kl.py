@@ -175,8 +175,10 @@ def low_rank_kl(loc, scale, factor, prior):
         prior: :class:`tfbnn.priors.Normal` or :class:`tfbnn.priors.Posterior`.
 
     Returns:
-        The KL, a scalar of ``loc``'s dtype.
+        The KL, a float32 scalar (computed in float32 under a mixed-precision policy too).
     """
+    # In float32 whatever the layer computes in (Cholesky has no float16 kernel; beta / N needs the digits).
+    loc, scale, factor = (tf.cast(t, tf.float32) for t in (loc, scale, factor))
     mu, variance, factor = _flat_low_rank(loc, scale, factor)
     m, s = _diagonal_prior(prior, loc)
     inv_var = 1.0 / tf.square(s)
@@ -200,8 +202,9 @@ def low_rank_log_prob(delta, scale, factor):
         factor: ``kernel_shape + (r,)``, ``L``.
 
     Returns:
-        ``[T]`` log-densities.
+        ``[T]`` log-densities, float32.
     """
+    delta, scale, factor = (tf.cast(t, tf.float32) for t in (delta, scale, factor))
     _, variance, factor = _flat_low_rank(scale, scale, factor)
     delta = tf.reshape(delta, tf.stack([tf.shape(delta)[0], -1]))
     chol = _capacitance_cholesky(variance, factor, _blocks(scale))

@@ -131,7 +131,7 @@ class DenseBayesian(DenseArguments, MeanFieldGaussian):
 
     def _factor_projection(self, inputs):
         """``x L``: ``(batch, ..., units, r)``, the inputs through each column of the low-rank factor."""
-        factor = tf.reshape(self.kernel_factor, [-1, self.units * self.posterior_rank])
+        factor = tf.cast(tf.reshape(self.kernel_factor, [-1, self.units * self.posterior_rank]), inputs.dtype)
         projected = keras.ops.matmul(inputs, factor)
         return tf.reshape(projected, tf.concat([tf.shape(inputs)[:-1], [self.units, self.posterior_rank]], 0))
 
@@ -305,7 +305,7 @@ class DenseLocalReparameterization(DenseBayesian):
             draws = self._weight_samples
             kl = self._kernel_kl(scale, kl, draws)
             if self.bayesian_bias:
-                kl = kl + self._kl(self.bias_loc, bias_scale, self.bias_prior, bias_kl, draws)
+                kl = kl + tf.cast(self._kl(self.bias_loc, bias_scale, self.bias_prior, bias_kl, draws), kl.dtype)
         if self._sampling(training):
             outputs = self._local_reparameterization(inputs, scale, bias_scale)
         else:

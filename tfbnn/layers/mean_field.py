@@ -273,7 +273,7 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
                              f"is fitted to a mean-field posterior). Received: kernel_prior={self.kernel_prior!r}")
         self.kernel_factor = self.add_weight(
             name="kernel_factor", shape=tuple(kernel_shape) + (self.posterior_rank,),
-            initializer=self.kernel_factor_initializer,
+            initializer=self.kernel_factor_initializer, autocast=False,
         )
 
     # -- posterior pieces ------------------------------------------------------
@@ -344,7 +344,8 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         if kl is None:
             log_q = kl_lib.low_rank_log_prob(tf.reshape(delta, tf.concat([[num_samples], tf.shape(scale)], 0)),
                                              scale, self.kernel_factor)
-            kl = (tf.reduce_sum(log_q) - tf.reduce_sum(self.kernel_prior.log_prob(sample))) / num_samples
+            log_p = tf.reduce_sum(tf.cast(self.kernel_prior.log_prob(tf.cast(sample, tf.float32)), tf.float32))
+            kl = (tf.reduce_sum(log_q) - log_p) / num_samples
         return sample, kl
 
     def _low_rank_noise(self, scale, num_samples=1):
@@ -354,7 +355,7 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         flat_factor = tf.reshape(factor, [-1, self.posterior_rank])
         z = self._normal([num_samples, self.posterior_rank], factor.dtype)
         correlated = tf.reshape(tf.matmul(z, flat_factor, transpose_b=True), shape)
-        return scale * self._normal(shape, scale.dtype) + correlated
+        return scale * self._normal(shape, scale.dtype) + tf.cast(correlated, scale.dtype)
 
     def _kernel_kl(self, scale, kl, num_samples=1):
         """The kernel's KL: ``kl`` (closed form) or a Monte Carlo estimate over ``num_samples`` samples."""
@@ -389,7 +390,7 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         total = self._kernel_kl(scale, kl)
         if self.bayesian_bias:
             scale, kl = self._bias_scale_and_kl()
-            total = total + self._kl(self.bias_loc, scale, self.bias_prior, kl)
+            total = total + tf.cast(self._kl(self.bias_loc, scale, self.bias_prior, kl), total.dtype)
         return total
 
     def _bias_scale_and_kl(self):
@@ -425,7 +426,7 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         else:
             kernel, kl = loc, self._kernel_kl(scale, kl)
         bias, bias_kl = self._bias(sampling)
-        return self._finish(self._apply_kernel(inputs, kernel), bias, training, kl + bias_kl)
+        return self._finish(self._apply_kernel(inputs, kernel), bias, training, kl + tf.cast(bias_kl, kl.dtype))
 
     def _apply_kernel(self, inputs, kernel):
         """:meth:`forward`; a kernel with a leading axis of T samples is applied to T blocks of rows."""
