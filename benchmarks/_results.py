@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 
 import _readme
 
@@ -28,3 +29,18 @@ def finish(name, table, path, payload, write_readme):
     write_json(path, {**payload, "table": table})
     if write_readme:
         _readme.write_table(name, table)
+
+
+def interleaved_ms(steps, rounds, calls):
+    """``{name: [ms per call of each round]}``: ``rounds`` rounds, each calling every step ``calls`` times in turn.
+
+    Interleaving lets the slow stretches of a shared machine hit every step alike.
+    """
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                step()
+            times[name].append(1000 * (time.perf_counter() - start) / calls)
+    return times

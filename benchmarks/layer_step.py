@@ -24,7 +24,6 @@ Writes benchmarks/results/layer_step.json and prints a table.
 
 import argparse
 import os
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -36,7 +35,7 @@ import tensorflow_probability as tfp  # noqa: E402
 import tfbnn  # noqa: E402
 
 import _readme  # noqa: E402
-from _results import default_path, finish  # noqa: E402
+from _results import default_path, finish, interleaved_ms  # noqa: E402
 
 BATCH, UNITS = 128, 1200
 N = 60_000  # the KL scale 1/N (any positive value: it only scales one term)
@@ -85,13 +84,7 @@ def run(rounds, calls):
                  for name, layer in layers.items()}
         for step in steps.values():
             step()  # trace and compile
-        times = {name: [] for name in steps}
-        for _ in range(rounds):
-            for name, step in steps.items():
-                start = time.perf_counter()
-                for _ in range(calls):
-                    step()
-                times[name].append(1000 * (time.perf_counter() - start) / calls)
+        times = interleaved_ms(steps, rounds, calls)
         for name, values in times.items():
             rows.append({"impl": name, "xla": xla, "ms": min(values), "median_ms": float(np.median(values))})
     return rows

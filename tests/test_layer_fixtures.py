@@ -33,7 +33,8 @@ RENAMED_KEYS = {
 # is kernel_scale_initializer, the other had no effect and is gone.
 VD_SCALE_KEYS = {"additive": "log_sigma2_initializer", "multiplicative": "log_alpha_initializer"}
 # Arguments added since 0.1, with the value that reproduces 0.1.
-ADDED_KEYS = {"data_format": "channels_last"}
+ADDED_KEYS = {"data_format": "channels_last", "posterior": "mean_field", "posterior_rank": 2,
+              "kernel_factor_initializer": None}
 
 
 def current_key(config, key):

@@ -89,6 +89,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+from tfbnn import kl as kl_lib
 from tfbnn._internal import checks
 from tfbnn._internal.configurable import Configurable
 
@@ -870,10 +871,7 @@ def low_rank_normal_kl(q, p, name=None):
         trace = (tf.reduce_sum(tf.square(scale.solve(tf.linalg.diag(tf.sqrt(diag)))), [-2, -1])
                  + tf.reduce_sum(tf.square(scale.solve(factor)), [-2, -1]))
     mahalanobis = tf.reduce_sum(tf.square(scale.solvevec(p.mean() - q.mean())), -1)
-    rank = tf.shape(factor)[-1]
-    capacitance = tf.eye(rank, dtype=factor.dtype) + tf.matmul(factor, factor / diag[..., None], transpose_a=True)
-    log_det_q = tf.reduce_sum(tf.math.log(diag), -1) + 2.0 * tf.reduce_sum(
-        tf.math.log(tf.linalg.diag_part(tf.linalg.cholesky(capacitance))), -1)
+    log_det_q = kl_lib.low_rank_log_det(diag, factor)
     log_det_p = 2.0 * scale.log_abs_determinant()
     n = tf.cast(tf.shape(diag)[-1], diag.dtype)
     return 0.5 * (trace + mahalanobis - n + log_det_p - log_det_q)

@@ -54,7 +54,7 @@ def _assert_allclose(a, b, what, atol=1e-6):
 
 
 def _check_save_load(layer_cls, init_kwargs, x):
-    model = keras.Sequential([keras.Input(x.shape[1:]), layer_cls(**init_kwargs)])
+    model = keras.Sequential([keras.Input(x.shape[1:], dtype=x.dtype), layer_cls(**init_kwargs)])
     model(x)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.keras")
@@ -69,7 +69,7 @@ def _check_save_load(layer_cls, init_kwargs, x):
 
 
 def _check_training(layer_cls, init_kwargs, x, expected_output_shape, seed):
-    model = keras.Sequential([keras.Input(x.shape[1:]), layer_cls(**init_kwargs)])
+    model = keras.Sequential([keras.Input(x.shape[1:], dtype=x.dtype), layer_cls(**init_kwargs)])
     rng = np.random.default_rng(seed)
     y = rng.normal(size=(x.shape[0],) + tuple(expected_output_shape[1:])).astype("float32")
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
@@ -137,6 +137,7 @@ def run_layer_test(
     run_training=True,
     run_mixed_precision=True,
     seed=0,
+    input_data=None,
 ):
     """Runs the basic checks of a tfbnn layer; raises ``AssertionError`` on failure.
 
@@ -154,6 +155,8 @@ def run_layer_test(
         run_mixed_precision: bool, check the layer under ``"mixed_float16"`` and
             ``"mixed_bfloat16"`` against float32 (item 6 above).
         seed: int, seed of the generated data.
+        input_data: array of shape ``input_shape`` to use instead of generated
+            normal floats (integer ids for an embedding, say).
 
     Returns:
         The layer built and called once.
@@ -163,7 +166,13 @@ def run_layer_test(
     layer = layer_cls(**init_kwargs)
     _assert_same_config(layer.get_config(), layer_cls.from_config(layer.get_config()).get_config())
 
-    x = np.random.default_rng(seed).normal(size=input_shape).astype("float32")
+    if input_data is None:
+        x = np.random.default_rng(seed).normal(size=input_shape).astype("float32")
+    else:
+        x = np.asarray(input_data)
+        if x.shape != tuple(input_shape):
+            raise ValueError(f"Expected `input_data` of shape input_shape={tuple(input_shape)}. "
+                             f"Received: input_data of shape {x.shape}")
     y = layer(x)
     if tuple(y.shape) != tuple(expected_output_shape):
         raise AssertionError(f"Output shape {tuple(y.shape)} != expected {tuple(expected_output_shape)}")

@@ -11,7 +11,7 @@ Keras convolution of any rank), which give a posterior its shapes and its operat
 
 from tfbnn.layers.base import BayesianLayer, StochasticLayer
 from tfbnn.layers.mean_field import MeanFieldGaussian
-from tfbnn.layers.arguments import ConvArguments, DenseArguments
+from tfbnn.layers.arguments import ConvArguments, ConvTransposeArguments, DenseArguments
 from tfbnn.likelihoods import (
     BernoulliHead,
     CategoricalHead,
@@ -26,6 +26,14 @@ from tfbnn.layers.conv import (
     Conv1DReparameterization,
     Conv2DFlipout,
     Conv2DReparameterization,
+    Conv2DTransposeFlipout,
+    Conv2DTransposeReparameterization,
+    Conv3DFlipout,
+    Conv3DReparameterization,
+    Conv1DTransposeFlipout,
+    Conv1DTransposeReparameterization,
+    Conv3DTransposeFlipout,
+    Conv3DTransposeReparameterization,
 )
 from tfbnn.layers.dense import DenseFlipout, DenseLocalReparameterization, DenseReparameterization
 from tfbnn.layers.graves import GravesDense
@@ -38,6 +46,7 @@ from tfbnn.layers.recurrent import (
 from tfbnn.layers.node import NodeConv1D, NodeConv2D, NodeDense, NodeNoise
 from tfbnn.layers.node_flow import NodeConv2DFlow, NodeDenseFlow
 from tfbnn.layers.variational import DenseVariational
+from tfbnn.layers.embedding import EmbeddingReparameterization
 from tfbnn.layers.variational_dropout import (
     Conv1DVariationalDropout,
     Conv2DVariationalDropout,
@@ -50,6 +59,7 @@ __all__ = [
     "MeanFieldGaussian",
     "DenseArguments",
     "ConvArguments",
+    "ConvTransposeArguments",
     "GaussianHead",
     "StudentTHead",
     "MixtureNormalHead",
@@ -65,6 +75,14 @@ __all__ = [
     "Conv1DFlipout",
     "Conv2DReparameterization",
     "Conv2DFlipout",
+    "Conv3DReparameterization",
+    "Conv3DFlipout",
+    "Conv1DTransposeReparameterization",
+    "Conv1DTransposeFlipout",
+    "Conv2DTransposeReparameterization",
+    "Conv2DTransposeFlipout",
+    "Conv3DTransposeReparameterization",
+    "Conv3DTransposeFlipout",
     "GravesDense",
     "LSTMCellReparameterization",
     "GRUCellReparameterization",
@@ -80,4 +98,5 @@ __all__ = [
     "Conv1DVariationalDropout",
     "Conv2DVariationalDropout",
     "DenseVariational",
+    "EmbeddingReparameterization",
 ]

@@ -8,6 +8,8 @@ a mixin listed first among the bases:
 * :class:`ConvArguments`: ``filters``, ``kernel_size``, ``strides``, ``padding``,
   ``data_format``, ``dilation_rate`` of ``keras.layers.Conv{rank}D``, for any ``rank``
   the Keras convolution takes (1, 2, 3); kernel ``kernel_size + (channels, filters)``.
+* :class:`ConvTransposeArguments`: those and ``output_padding``, of
+  ``keras.layers.Conv{rank}DTranspose``; kernel ``kernel_size + (filters, channels)``.
 
 The mixin takes its arguments in ``__init__`` (before the posterior's), checks the
 input in ``build`` and asks the posterior for its weights (``build_posterior(kernel_shape,
@@ -21,7 +23,8 @@ import tensorflow as tf
 from tfbnn._internal import checks
 from tfbnn.layers.base import input_features
 
-__all__ = ["DenseArguments", "ConvArguments", "conv_output_length", "conv_output_shape", "positive_ints"]
+__all__ = ["DenseArguments", "ConvArguments", "ConvTransposeArguments", "conv_output_length", "conv_output_shape",
+           "conv_transpose_output_length", "positive_ints"]
 
 
 def conv_output_length(length, kernel, stride, padding, dilation):
@@ -57,13 +60,18 @@ def conv_output_shape(input_shape, filters, kernel_size, strides, padding, dilat
 
 def positive_ints(name, value, rank):
     """``value`` as ``rank`` positive ints (an int ``n`` gives ``(n,) * rank``); else a ValueError naming ``name``."""
+    what = "a positive int or a pair of them" if rank == 2 else f"a positive int or {rank} positive ints"
+    return _ints(name, value, rank, 1, what)
+
+
+def _ints(name, value, rank, minimum, what):
+    """``value`` as ``rank`` ints >= ``minimum`` (an int ``n`` gives ``(n,) * rank``); else a ValueError."""
     values = (value,) * rank if checks.is_integer(value) else value
     if (
         not isinstance(values, (tuple, list))
         or len(values) != rank
-        or not all(checks.is_integer(v) and v > 0 for v in values)
+        or not all(checks.is_integer(v) and v >= minimum for v in values)
     ):
-        what = "a positive int or a pair of them" if rank == 2 else f"a positive int or {rank} positive ints"
         raise ValueError(f"Expected `{name}` to be {what}. Received: {name}={value!r}")
     return tuple(int(v) for v in values)
 
@@ -165,7 +173,8 @@ class ConvArguments:
     Input shape: ``(batch, *spatial, channels)`` (channels_first: ``(batch, channels, *spatial)``).
 
     Example:
-        A Bayes-by-Backprop 3-D convolution (register it with
+        A Bayes-by-Backprop 3-D convolution, as :class:`tfbnn.layers.Conv3DReparameterization`
+        is made (register a class of your own with
         ``keras.saving.register_keras_serializable`` to save it in ``.keras`` files):
 
         >>> import numpy as np, tfbnn
@@ -262,3 +271,96 @@ class ConvArguments:
                        "padding": self.padding, "data_format": self.data_format,
                        "dilation_rate": self.dilation_rate})
         return config
+
+
+def conv_transpose_output_length(length, kernel, stride, padding, output_padding, dilation):
+    """Output length of one spatial axis of a transposed convolution (None stays None), as
+    ``keras.layers.Conv*DTranspose``: with ``k = (kernel - 1) * dilation + 1``,
+    ``length * stride + max(k - stride, 0)`` ("valid") or ``length * stride`` ("same");
+    with an ``output_padding`` ``p``, ``(length - 1) * stride + k - 2 pad + p``, ``pad``
+    ``k // 2`` ("same") or 0 ("valid")."""
+    if length is None:
+        return None
+    dilated = (kernel - 1) * dilation + 1
+    if output_padding is None:
+        return length * stride + (max(dilated - stride, 0) if padding == "valid" else 0)
+    pad = dilated // 2 if padding == "same" else 0
+    return (length - 1) * stride + dilated - 2 * pad + output_padding
+
+
+class ConvTransposeArguments(ConvArguments):
+    """The transposed-convolution shape family: the arguments of ``keras.layers.Conv{rank}DTranspose``.
+
+    :class:`ConvArguments` with ``output_padding`` (None, an int or ``rank`` ints, each
+    smaller than its stride, as Keras requires), the kernel shape of Keras' transposed
+    convolutions, ``kernel_size + (filters, channels)``, and the transposed convolution
+    (``keras.ops.conv_transpose``, the gradient of a convolution with respect to its
+    input) as the operation. Each output position ``o`` gathers ``x[i] W[k]`` over
+    ``o = i * stride + k * dilation - pad``: a convolution run backwards, the
+    upsampling layer of decoders and segmentation nets. ``dilation_rate`` above 1 with
+    ``strides`` above 1 is rejected, as TensorFlow's op rejects it.
+
+    Args:
+        filters, kernel_size, strides, padding, data_format, dilation_rate: as
+            :class:`ConvArguments`.
+        output_padding: None (default: the output length is ``input * stride`` for
+            ``"same"``) or ints in ``[0, stride)``: extra length on one side.
+        **kwargs: the posterior's arguments.
+
+    Input shape: ``(batch, *spatial, channels)`` (channels_first: ``(batch, channels, *spatial)``).
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> class Deconv(tfbnn.layers.ConvTransposeArguments, tfbnn.layers.MeanFieldGaussian):
+        ...     rank = 1
+        >>> layer = Deconv(2, 3, strides=2, output_padding=1, kl_weight=1e-3, seed=0)
+        >>> layer(np.ones((1, 5, 4), "float32")).shape, tuple(layer.kernel_loc.shape)
+        (TensorShape([1, 12, 2]), (3, 2, 4))
+    """
+
+    def __init__(self, filters, kernel_size, strides=1, padding="valid", output_padding=None,
+                 data_format="channels_last", dilation_rate=1, **kwargs):
+        super().__init__(filters, kernel_size, strides=strides, padding=padding, data_format=data_format,
+                         dilation_rate=dilation_rate, **kwargs)
+        if output_padding is not None:
+            output_padding = _ints("output_padding", output_padding, self.rank, 0, f"None, an int >= 0 or {self.rank} of them")
+            if any(p >= s for p, s in zip(output_padding, self.strides)):
+                raise ValueError(
+                    "Expected each `output_padding` smaller than its stride. "
+                    f"Received: output_padding={output_padding}, strides={self.strides}"
+                )
+        if max(self.strides) > 1 and max(self.dilation_rate) > 1:
+            raise ValueError(
+                "Expected `strides` or `dilation_rate` to be 1 in a transposed convolution (TensorFlow "
+                f"supports no other). Received: strides={self.strides}, dilation_rate={self.dilation_rate}"
+            )
+        self.output_padding = output_padding
+
+    def build(self, input_shape):
+        channels = self.input_channels(input_shape)
+        self.build_posterior(self.kernel_size + (self.filters, channels), (self.filters,))
+        self.input_spec = keras.layers.InputSpec(ndim=self.rank + 2, axes={self.channel_axis: channels})
+
+    def forward(self, inputs, kernel):
+        """``conv_transpose(inputs, kernel)`` with the layer's arguments (kernel ``kernel_size + (filters, in)``)."""
+        return keras.ops.conv_transpose(inputs, kernel, strides=self.strides, padding=self.padding,
+                                        output_padding=self.output_padding, data_format=self.data_format,
+                                        dilation_rate=self.dilation_rate)
+
+    def compute_output_shape(self, input_shape):
+        first = 1 if self.data_format == "channels_last" else 2
+        padding = self.output_padding or (None,) * self.rank
+        sizes = [
+            conv_transpose_output_length(input_shape[first + i], self.kernel_size[i], self.strides[i],
+                                         self.padding, padding[i], self.dilation_rate[i])
+            for i in range(self.rank)
+        ]
+        if self.data_format == "channels_last":
+            return (input_shape[0], *sizes, self.filters)
+        return (input_shape[0], self.filters, *sizes)
+
+    def get_config(self):
+        config = super().get_config()
+        config["output_padding"] = self.output_padding
+        return config
+

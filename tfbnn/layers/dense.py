@@ -58,7 +58,12 @@ class DenseBayesian(DenseArguments, MeanFieldGaussian):
             (``activation``, ``use_bias``, ``kernel_prior``, ``bias_prior``,
             ``kernel_initializer``, ``kernel_scale_initializer``, ``bias_initializer``,
             ``bias_scale_initializer``, ``kl_weight``, ``inference_mode``, ``seed``,
-            ``parameterization``), after ``units``.
+            ``parameterization``, ``posterior``, ``posterior_rank``,
+            ``kernel_factor_initializer``), after ``units``. ``posterior="low_rank"``
+            gives the kernel a low-rank plus diagonal covariance; in Monte Carlo
+            prediction per row (and in :class:`DenseLocalReparameterization`) its
+            pre-activations are then sampled exactly as
+            ``x mu + sqrt(x^2 sigma^2) * eps + (x L) z``, ``z ~ N(0, I_r)`` per row.
         **kwargs: the same, by name.
 
     Input shape: ``(batch, ..., input_dim)``, rank >= 2.
@@ -96,6 +101,8 @@ class DenseBayesian(DenseArguments, MeanFieldGaussian):
             scale = self.kernel_scale()
         if self.bayesian_bias and bias_scale is None:
             bias_scale = self.bias_scale()
+        if self.low_rank:
+            return self._low_rank_local_reparameterization(inputs, scale, bias_scale)
         blocks = self._weight_samples
         rows = inputs.shape[0]
         # Prediction only: the data-dependent branch does not compile under XLA (a train step).
@@ -108,6 +115,28 @@ class DenseBayesian(DenseArguments, MeanFieldGaussian):
         # The floor keeps d sqrt(v)/dv finite where a ReLU zeroes a whole input row.
         return mean + tf.cast(tf.sqrt(variance + 1e-12) * eps, mean.dtype)
 
+    def _low_rank_local_reparameterization(self, inputs, scale, bias_scale):
+        """Pre-activations of a low-rank posterior sampled per row, exactly.
+
+        ``y = x W + b`` with ``W = mu + sigma * eps + L z`` is, per row,
+        ``x mu + b_mu + sqrt(x^2 sigma^2 + b_sigma^2) * eps' + (x L) z`` with
+        ``eps' ~ N(0, I_units)`` and ``z ~ N(0, I_r)`` drawn per row: the diagonal
+        part is independent across units, the low-rank part shared through ``z``.
+        """
+        mean, variance = self._diagonal_moments(inputs, scale, bias_scale)
+        projected = self._factor_projection(inputs)
+        z = self._normal(tf.concat([tf.shape(projected)[:-2], [self.posterior_rank]], 0), projected.dtype)
+        eps = self._normal(tf.shape(variance), variance.dtype)
+        noise = tf.sqrt(variance + 1e-12) * eps + tf.einsum("...ur,...r->...u", projected, z)
+        return mean + tf.cast(noise, mean.dtype)
+
+    def _factor_projection(self, inputs):
+        """``x L``: ``(batch, ..., units, r)``, the inputs through each column of the low-rank factor
+        (float32, the factor's dtype, under mixed precision too: it is part of the noise's scale)."""
+        factor = tf.reshape(self.kernel_factor, [-1, self.units * self.posterior_rank])
+        projected = keras.ops.matmul(tf.cast(inputs, factor.dtype), factor)
+        return tf.reshape(projected, tf.concat([tf.shape(inputs)[:-1], [self.units, self.posterior_rank]], 0))
+
     def preactivation_moments(self, inputs, scale=None, bias_scale=None):
         """The posterior mean and variance of the pre-activations, ``x mu + b_mu`` and ``x^2 sigma^2 + b_sigma^2``.
 
@@ -117,10 +146,19 @@ class DenseBayesian(DenseArguments, MeanFieldGaussian):
                 computed (default: :meth:`kernel_scale`, :meth:`bias_scale`).
 
         Returns:
-            ``(mean, variance)``, each ``(batch, ..., units)``. The mean is in the dtype
-            of the inputs; the variance is float32 (the variables' dtype) under mixed
+            ``(mean, variance)``, each ``(batch, ..., units)``. With a low-rank
+            posterior the variance adds ``sum_k ((x L)_jk)^2`` (the marginal
+            variances; the units are then correlated). The mean is in the dtype of
+            the inputs; the variance is float32 (the variables' dtype) under mixed
             precision too, where ``sigma^2`` of 1e-8 would be 0 in float16.
         """
+        mean, variance = self._diagonal_moments(inputs, scale, bias_scale)
+        if self.low_rank:
+            variance = variance + tf.reduce_sum(tf.square(self._factor_projection(inputs)), -1)
+        return mean, variance
+
+    def _diagonal_moments(self, inputs, scale=None, bias_scale=None):
+        """:meth:`preactivation_moments` of the diagonal part of the posterior."""
         if scale is None:
             scale = self.kernel_scale()
         if self.bayesian_bias and bias_scale is None:
@@ -274,9 +312,9 @@ class DenseLocalReparameterization(DenseBayesian):
             # Training with T samples (weight_samples(..., with_kl=True)): a Monte
             # Carlo KL is averaged over T draws, like the other estimators' T samples.
             draws = self._weight_samples
-            kl = self._kl(self.kernel_loc, scale, self.kernel_prior, kl, draws)
+            kl = self._kernel_kl(scale, kl, draws)
             if self.bayesian_bias:
-                kl = kl + self._kl(self.bias_loc, bias_scale, self.bias_prior, bias_kl, draws)
+                kl = kl + tf.cast(self._kl(self.bias_loc, bias_scale, self.bias_prior, bias_kl, draws), kl.dtype)
         if self._sampling(training):
             outputs = self._local_reparameterization(inputs, scale, bias_scale)
         else:

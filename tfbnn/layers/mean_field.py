@@ -17,9 +17,19 @@ batch); :class:`MeanFieldFlipout` samples it with Flipout. The dense layers
 two with a shape family (:class:`tfbnn.layers.DenseArguments`,
 :class:`tfbnn.layers.ConvArguments`); a new layer on the same posterior (a 3-D
 convolution, a recurrent cell, an op of its own) is built the same way.
+
+With ``posterior="low_rank"`` the kernel's posterior (the bias stays mean field)
+has a low-rank plus diagonal covariance over its ``n`` flattened weights,
+
+    q(vec W) = N(mu, diag(sigma^2) + L L^T),   L of shape [n, r],
+
+(Tomczak et al. 2020), sampled as ``W = mu + sigma * eps + L z`` (``eps ~ N(0, I_n)``,
+``z ~ N(0, I_r)``), ``O(n r)``; the KL against a Normal prior is closed form in
+``O(n r^2)`` (:func:`tfbnn.kl.low_rank_kl`), never an ``n x n`` matrix.
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfbnn._internal import checks
@@ -27,11 +37,13 @@ from tfbnn import kl as kl_lib
 from tfbnn import priors as priors_lib
 from tfbnn.layers.base import BayesianLayer, KernelArguments
 
-__all__ = ["MeanFieldGaussian", "MeanFieldFlipout", "PARAMETERIZATIONS"]
+__all__ = ["MeanFieldGaussian", "MeanFieldFlipout", "PARAMETERIZATIONS", "POSTERIORS"]
 
 _MIN_SCALE = kl_lib.SOFTPLUS_MIN_SCALE
 #: Values of ``parameterization``: how ``rho`` gives ``sigma``.
 PARAMETERIZATIONS = ("softplus", "log_variance")
+#: Values of ``posterior``: the covariance of the kernel's Gaussian posterior.
+POSTERIORS = ("mean_field", "low_rank")
 # exp(-80) ~ 1.8e-35 is still a normal float32; exp(40) keeps x^2 sigma^2 sums finite.
 _LOG_VARIANCE_RANGE = (-80.0, 40.0)
 
@@ -101,6 +113,22 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
             ``sigma^2 = exp(rho)``, ``rho`` clipped to ``[-80, 40]``). With
             ``bias_prior=None`` the latter is Graves' variational dense layer
             (:class:`tfbnn.layers.GravesDense`; ``kernel_prior="graves"`` for his adaptive prior).
+        posterior: ``"mean_field"`` (default) or ``"low_rank"``: the kernel's
+            posterior is ``N(mu, diag(sigma^2) + L L^T)`` over its ``n`` flattened
+            weights, with a trained factor ``L`` (weight ``kernel_factor``, of shape
+            ``kernel_shape + (posterior_rank,)``; Tomczak et al. 2020). A sample is
+            ``W = mu + sigma * eps + L z``, ``z ~ N(0, I_r)``: ``O(n r)``; the KL to a
+            Normal (or :class:`tfbnn.priors.Posterior`) prior is closed form in
+            ``O(n r^2)`` through the ``r x r`` capacitance matrix
+            (:func:`tfbnn.kl.low_rank_kl`), to other priors a Monte Carlo estimate
+            with the Woodbury log-density (:func:`tfbnn.kl.low_rank_log_prob`). The
+            bias stays mean field. Flipout rejects it: its random sign flips keep a
+            perturbation's distribution only when the weights are independent.
+        posterior_rank: int >= 1, ``r``, the columns of ``L`` (at most the kernel's
+            size); used with ``posterior="low_rank"``. Default 2.
+        kernel_factor_initializer: Keras initializer of ``L``, or None (default:
+            ``N(0, (1e-3)^2 / r)`` entries, so the covariance starts close to the
+            mean-field one but not exactly diagonal).
         kl_weight, inference_mode, seed: see :class:`tfbnn.layers.BayesianLayer`.
 
     Renamed in tfbnn 0.2 (the old names still load and, with a
@@ -153,9 +181,13 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         inference_mode="sample",
         seed=None,
         parameterization="softplus",
+        posterior="mean_field",
+        posterior_rank=2,
+        kernel_factor_initializer=None,
         **kwargs,
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
+        self._init_posterior(posterior, posterior_rank, kernel_factor_initializer)
         if parameterization not in PARAMETERIZATIONS:
             raise ValueError(
                 f"Expected `parameterization` in {PARAMETERIZATIONS}. "
@@ -174,6 +206,29 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         self.bias_scale_initializer = checks.initializer(
             "bias_scale_initializer", default_rho() if bias_scale_initializer is None else bias_scale_initializer
         )
+
+    #: Whether the layer's estimator takes ``posterior="low_rank"``.
+    supports_low_rank = True
+
+    def _init_posterior(self, posterior, posterior_rank, kernel_factor_initializer):
+        if posterior not in POSTERIORS:
+            raise ValueError(f"Expected `posterior` in {POSTERIORS}. Received: posterior={posterior!r}")
+        if posterior == "low_rank" and not self.supports_low_rank:
+            raise ValueError(
+                f"{type(self).__name__} takes only posterior='mean_field': its estimator needs independent "
+                "weights (use the Reparameterization layer for a low-rank posterior). Received: posterior='low_rank'"
+            )
+        self.posterior = posterior
+        self.posterior_rank = checks.integer("posterior_rank", posterior_rank, 1)
+        self._default_factor_initializer = kernel_factor_initializer is None
+        if kernel_factor_initializer is None:
+            kernel_factor_initializer = keras.initializers.RandomNormal(stddev=1e-3 / self.posterior_rank**0.5)
+        self.kernel_factor_initializer = checks.initializer("kernel_factor_initializer", kernel_factor_initializer)
+
+    @property
+    def low_rank(self):
+        """Whether the kernel's posterior is low rank plus diagonal (``posterior="low_rank"``)."""
+        return self.posterior == "low_rank"
 
     @property
     def bayesian_bias(self):
@@ -201,9 +256,25 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
                     name="bias_rho", shape=bias_shape, initializer=self.bias_scale_initializer
                 )
         self.kernel_prior.check_shape(self.kernel_loc.shape, "kernel_prior")
+        self.kernel_factor = None
+        if self.low_rank:
+            self._build_kernel_factor(kernel_shape)
         if self.bayesian_bias:
             self.bias_prior.check_shape(self.bias_loc.shape, "bias_prior")
         self._build_kl_weight()
+
+    def _build_kernel_factor(self, kernel_shape):
+        size = int(np.prod(kernel_shape))
+        if self.posterior_rank > size:
+            raise ValueError(f"Expected `posterior_rank` at most the kernel's size, {size}. "
+                             f"Received: posterior_rank={self.posterior_rank}")
+        if getattr(self.kernel_prior, "adaptive", False):
+            raise ValueError("Expected a fixed `kernel_prior` with posterior='low_rank' (the adaptive Graves prior "
+                             f"is fitted to a mean-field posterior). Received: kernel_prior={self.kernel_prior!r}")
+        self.kernel_factor = self.add_weight(
+            name="kernel_factor", shape=tuple(kernel_shape) + (self.posterior_rank,),
+            initializer=self.kernel_factor_initializer, autocast=False,
+        )
 
     # -- posterior pieces ------------------------------------------------------
     def _scale(self, rho):
@@ -247,13 +318,48 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         if not self.built:
             raise ValueError(f"Layer '{self.name}' has no posterior yet: build it (call it on data) first. "
                              f"Received: a layer with built={self.built}")
+        if self.low_rank:
+            raise ValueError(f"Layer '{self.name}' has a low-rank posterior, which no per-weight prior holds. "
+                             "Received: posterior='low_rank'")
         self.kernel_prior = priors_lib.Posterior(self.kernel_loc, self.kernel_scale())
         if self.bayesian_bias:
             self.bias_prior = priors_lib.Posterior(self.bias_loc, self.bias_scale())
         return self.kernel_prior, (self.bias_prior if self.bayesian_bias else None)
 
     def _kernel_scale_and_kl(self):
-        return self._scale_and_kl(self.kernel_loc, self.kernel_rho, self.kernel_prior)
+        """``(sigma, KL)`` of the kernel: the KL in closed form where it has one, else None."""
+        if not self.low_rank:
+            return self._scale_and_kl(self.kernel_loc, self.kernel_rho, self.kernel_prior)
+        scale = self.kernel_scale()
+        if not kl_lib.has_low_rank_closed_form(self.kernel_prior):
+            return scale, None
+        return scale, kl_lib.low_rank_kl(self.kernel_loc, scale, self.kernel_factor, self.kernel_prior)
+
+    def _sample_kernel(self, scale, num_samples=1, kl=None):
+        """Kernel sample(s) ``mu + sigma * eps (+ L z)`` and the KL (``kl``, or Monte Carlo over the samples)."""
+        if not self.low_rank:
+            return self._sample(self.kernel_loc, scale, self.kernel_prior, num_samples, kl)
+        delta = self._low_rank_noise(scale, num_samples)
+        sample = self.kernel_loc + delta
+        if kl is None:
+            log_q = kl_lib.low_rank_log_prob(tf.reshape(delta, tf.concat([[num_samples], tf.shape(scale)], 0)),
+                                             scale, self.kernel_factor)
+            log_p = tf.reduce_sum(tf.cast(self.kernel_prior.log_prob(tf.cast(sample, tf.float32)), tf.float32))
+            kl = (tf.reduce_sum(log_q) - log_p) / num_samples
+        return sample, kl
+
+    def _low_rank_noise(self, scale, num_samples=1):
+        """``sigma * eps + L z``, with a leading axis of T samples when ``num_samples = T > 1``."""
+        shape = self._kernel_noise_shape(num_samples)
+        factor = tf.convert_to_tensor(self.kernel_factor)
+        flat_factor = tf.reshape(factor, [-1, self.posterior_rank])
+        z = self._normal([num_samples, self.posterior_rank], factor.dtype)
+        correlated = tf.reshape(tf.matmul(z, flat_factor, transpose_b=True), shape)
+        return scale * self._normal(shape, scale.dtype) + tf.cast(correlated, scale.dtype)
+
+    def _kernel_kl(self, scale, kl, num_samples=1):
+        """The kernel's KL: ``kl`` (closed form) or a Monte Carlo estimate over ``num_samples`` samples."""
+        return self._sample_kernel(scale, num_samples)[1] if kl is None else kl
 
     def _sample(self, loc, scale, prior, num_samples=1, kl=None):
         """Weight sample(s) and the KL: ``kl`` (the closed form of :meth:`_scale_and_kl`)
@@ -281,10 +387,10 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
     def kl_divergence(self):
         """``KL(q || p)`` of kernel and bias, summed, unscaled (MC for the scale mixture)."""
         scale, kl = self._kernel_scale_and_kl()
-        total = self._kl(self.kernel_loc, scale, self.kernel_prior, kl)
+        total = self._kernel_kl(scale, kl)
         if self.bayesian_bias:
             scale, kl = self._bias_scale_and_kl()
-            total = total + self._kl(self.bias_loc, scale, self.bias_prior, kl)
+            total = total + tf.cast(self._kl(self.bias_loc, scale, self.bias_prior, kl), total.dtype)
         return total
 
     def _bias_scale_and_kl(self):
@@ -316,11 +422,11 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         loc = self.kernel_loc
         scale, kl = self._kernel_scale_and_kl()
         if sampling:
-            kernel, kl = self._sample(loc, scale, self.kernel_prior, self._num_samples(sampling), kl)
+            kernel, kl = self._sample_kernel(scale, self._num_samples(sampling), kl)
         else:
-            kernel, kl = loc, self._kl(loc, scale, self.kernel_prior, kl)
+            kernel, kl = loc, self._kernel_kl(scale, kl)
         bias, bias_kl = self._bias(sampling)
-        return self._finish(self._apply_kernel(inputs, kernel), bias, training, kl + bias_kl)
+        return self._finish(self._apply_kernel(inputs, kernel), bias, training, kl + tf.cast(bias_kl, kl.dtype))
 
     def _apply_kernel(self, inputs, kernel):
         """:meth:`forward`; a kernel with a leading axis of T samples is applied to T blocks of rows.
@@ -360,6 +466,10 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
                 "kernel_scale_initializer": keras.initializers.serialize(self.kernel_scale_initializer),
                 "bias_scale_initializer": keras.initializers.serialize(self.bias_scale_initializer),
                 "parameterization": self.parameterization,
+                "posterior": self.posterior,
+                "posterior_rank": self.posterior_rank,
+                "kernel_factor_initializer": None if self._default_factor_initializer else
+                keras.initializers.serialize(self.kernel_factor_initializer),
             }
         )
         return config
@@ -387,6 +497,9 @@ class MeanFieldFlipout(MeanFieldGaussian):
         Wen, Vicol, Ba, Tran, Grosse. Flipout: Efficient Pseudo-Independent Weight
         Perturbations on Mini-Batches. ICLR 2018.
     """
+
+    # Flipping the signs of rows and columns of a correlated perturbation changes its distribution.
+    supports_low_rank = False
 
     def call(self, inputs, training=None):
         sampling = self._sampling(training)
