@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tfbnn._internal import checks, deprecation
 from tfbnn.ensembles import DeepEnsemble
+from tfbnn.layers.rank1 import EnsembleMean, ensemble_size, members_as_samples
 from tfbnn.inference._adaptive import AdaptiveBatch, AdaptiveSampling, sample_adaptively, sampling_rule
 from tfbnn.inference._sampling import (
     check_dropout,
@@ -60,6 +61,15 @@ def predict(
     ``samples_used`` count all ``M * T``. An ensemble without stochastic layers (the
     usual deep ensemble of deterministic networks) is run with ``T = 1``: its
     predictive is exact with M samples, whatever ``num_samples`` says.
+
+    **BatchEnsemble and rank-1 models.** A model ending in
+    :class:`tfbnn.layers.EnsembleMean` (E members sharing their weights,
+    :mod:`tfbnn.layers.rank1`) is read like a deep ensemble of E members: its
+    ``EnsembleMean`` layers pass every member's rows through
+    (:func:`tfbnn.layers.members_as_samples`), the samples are member-major
+    (``samples[k * T + t]``) and ``num_samples`` counts samples per member. A
+    BatchEnsemble model has no noise and is run with ``T = 1`` (E exact samples); a
+    rank-1 model draws T samples from each member's posterior.
 
     **Adaptive sampling** (``num_samples=AdaptiveSampling(tolerance=..., ...)``, or
     ``"auto"`` for ``AdaptiveSampling()``). Samples are added in vectorized chunks until
@@ -184,7 +194,7 @@ def predict(
     if not model.built:  # build outside the tf.function, with one sample per row
         check_finite(first, 0)
         model(first, training=False)
-    strata = model.num_members if isinstance(model, DeepEnsemble) else 1
+    strata = model.num_members if isinstance(model, DeepEnsemble) else ensemble_size(model)
     exact = not stochastic_layers(model) and not mc_dropout
     if exact and (strata > 1 or adaptive):  # no noise: one sample per member is the exact predictive
         num_samples, rule = (1 if strata > 1 else rule.min_samples), None
@@ -205,7 +215,7 @@ def predict(
     parts, seen = [], 0
     if rule is not None:
         def draw(batch, k):
-            with weight_samples(model, k, joint=joint):
+            with weight_samples(model, k, joint=joint), members_as_samples(model):
                 return compiled_sampler(model, k, joint, mc_dropout, signature)(batch).numpy()
 
         def make_batch(size):
@@ -217,8 +227,8 @@ def predict(
             seen += size
             parts.append(sample_adaptively(draw, batch, rule, resolve, make_batch(size)))
         return concat(parts, strata)
-    sampler = compiled_sampler(model, num_samples, joint, mc_dropout, signature)
-    with weight_samples(model, num_samples, joint=joint):
+    with weight_samples(model, num_samples, joint=joint), members_as_samples(model):
+        sampler = compiled_sampler(model, num_samples, joint, mc_dropout, signature)
         for batch in _chain(first, batches):
             check_finite(batch, seen)
             seen += int(tf.nest.flatten(batch)[0].shape[0])
@@ -245,6 +255,8 @@ def _output_layer(model):
     if not outputs:
         return None
     layer = outputs[0]._keras_history.operation
+    while isinstance(layer, EnsembleMean):  # the members' output layer says what they predict
+        layer = layer._inbound_nodes[0].input_tensors[0]._keras_history.operation
     if isinstance(layer, keras.Model) and layer is not model:
         return _output_layer(layer) or layer
     return layer

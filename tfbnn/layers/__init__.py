@@ -24,6 +24,16 @@ from tfbnn.layers.dense import DenseFlipout, DenseLocalReparameterization, Dense
 from tfbnn.layers.graves import GravesDense
 from tfbnn.layers.node import NodeConv1D, NodeConv2D, NodeDense, NodeNoise
 from tfbnn.layers.variational import DenseVariational
+from tfbnn.layers.rank1 import (
+    Conv2DBatchEnsemble,
+    Conv2DRank1,
+    DenseBatchEnsemble,
+    DenseRank1,
+    EnsembleMean,
+    EnsembleTile,
+    ensemble_size,
+    members_as_samples,
+)
 from tfbnn.layers.variational_dropout import (
     Conv1DVariationalDropout,
     Conv2DVariationalDropout,
@@ -55,4 +65,12 @@ __all__ = [
     "Conv1DVariationalDropout",
     "Conv2DVariationalDropout",
     "DenseVariational",
+    "DenseBatchEnsemble",
+    "Conv2DBatchEnsemble",
+    "DenseRank1",
+    "Conv2DRank1",
+    "EnsembleTile",
+    "EnsembleMean",
+    "ensemble_size",
+    "members_as_samples",
 ]
