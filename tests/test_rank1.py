@@ -245,3 +245,60 @@ def test_several_ensemble_sizes_in_one_model_are_rejected():
     model = keras.Sequential([keras.Input((3,)), tfbnn.layers.EnsembleMean(2), tfbnn.layers.EnsembleMean(3)])
     with pytest.raises(ValueError, match=r"EnsembleMean sizes \[2, 3\]"):
         tfbnn.layers.ensemble_size(model)
+
+
+# -- the zoo and the recipe --------------------------------------------------------------------------
+TINY_WRN = {"depth": 10, "widen_factor": 1, "input_shape": (8, 8, 1), "num_classes": 3}
+
+
+@pytest.mark.parametrize("method, ensemble, conv", [
+    ("deterministic", "batch_ensemble", tfbnn.layers.Conv2DBatchEnsemble),
+    ("mc_dropout", "batch_ensemble", tfbnn.layers.Conv2DBatchEnsemble),
+    ("bbb", "rank1", tfbnn.layers.Conv2DRank1),
+])
+def test_zoo_ensemble_variants_hold_the_members_in_every_weight_layer(method, ensemble, conv):
+    model = tfbnn.models.wide_resnet(method, ensemble=ensemble, ensemble_size=2, num_examples=100, seed=3,
+                                     **TINY_WRN)
+    weights = [l for l in model.layers if isinstance(l, (keras.layers.Conv2D, keras.layers.Dense, rank1.FastWeights))]
+    assert weights and all(isinstance(l, (conv, rank1.FastWeights)) and l.ensemble_size == 2 for l in weights)
+    assert isinstance(model.layers[1], tfbnn.layers.EnsembleTile) and isinstance(model.layers[-1],
+                                                                                  tfbnn.layers.EnsembleMean)
+    assert model.name == f"wide_resnet10_1_{ensemble}_{method}"
+    assert bool(tfbnn.utils.stochastic_layers(model)) == (method != "deterministic")
+    if method == "bbb":
+        np.testing.assert_allclose([l.kl_weight.numpy() for l in tfbnn.bayesian_layers(model)], 0.01, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"method": "bbb", "ensemble": "batch_ensemble"}, "method='bbb'"),
+    ({"method": "deterministic", "ensemble": "rank1"}, "method='deterministic'"),
+    ({"method": "deterministic", "ensemble": "bagging"}, "ensemble='bagging'"),
+    ({"method": "deterministic", "ensemble": "batch_ensemble", "ensemble_size": 0}, "ensemble_size=0"),
+    ({"method": "bbb", "ensemble": "rank1", "bayesian_layers": "last"}, "bayesian_layers='last'"),
+])
+def test_zoo_rejects_ensembles_that_do_not_fit_the_method(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        tfbnn.models.LayerFactory(num_examples=10, **kwargs)
+
+
+def test_models_without_the_ensemble_option_reject_it():
+    with pytest.raises(ValueError, match="ensemble"):
+        tfbnn.models.lenet5("deterministic", ensemble="batch_ensemble", input_shape=(8, 8, 1), padding="same")
+
+
+@pytest.mark.heavy  # about 15 s of CPU: two traces (train step, Monte Carlo prediction) of a 10-layer network
+def test_rank1_recipe_trains_a_few_steps_on_tiny_synthetic_data(tmp_path, monkeypatch):
+    monkeypatch.setitem(tfbnn.models.MODELS, "wide_resnet", tfbnn.models.wide_resnet)  # a tiny WRN for the run
+    recipe = tfbnn.training.get_recipe("cifar10-resnet50-rank1")
+    assert recipe.model_options["ensemble"] == "rank1" and recipe.method == "bbb"
+    # The recipe's method and options on a tiny WRN (the ResNet-50 run is tests/test_training.py's, heavy).
+    quick = recipe.quick(max_examples=24, max_test_examples=12, batch_size=8, eval_samples=2).replace(
+        dataset="digits", model="wide_resnet", model_options={"ensemble": "rank1", "ensemble_size": 2, "depth": 10,
+                                                              "widen_factor": 1})
+    result = tfbnn.training.run(quick, output_dir=str(tmp_path / "out"), verbose=0)
+    assert all(np.isfinite(r["loss"]) for r in result.history)
+    test = result.test
+    assert test["predictive_entropy"] == pytest.approx(test["aleatoric"] + test["epistemic"], abs=1e-5)
+    assert test["epistemic"] > 0
+    loaded = keras.saving.load_model(tmp_path / "out" / "model.keras")
+    assert tfbnn.layers.ensemble_size(loaded) == 2
