@@ -30,6 +30,7 @@ GUIDES = {
     "tfbnn.metrics": ("Predictive uncertainty and calibration", "uncertainty"),
     "tfbnn.evaluation": ("Predictive uncertainty and calibration", "uncertainty"),
     "tfbnn.ensembles": ("Deep ensembles", "ensembles"),
+    "tfbnn.layers.rank1": ("Deep ensembles", "ensembles"),
     "tfbnn.laplace": ("The Laplace approximation", "laplace"),
     "tfbnn.continual": ("Continual learning", "continual"),
     "tfbnn.experiments.vcl_split_digits": ("Continual learning", "continual"),
