@@ -219,6 +219,23 @@ def test_predict_draws_t_samples_per_rank1_member_member_major():
     np.testing.assert_allclose(mean.samples.reshape(E, 2, 4, 3), np.repeat(members[:, None], 2, axis=1), atol=1e-6)
 
 
+def test_a_deep_ensemble_of_batch_ensembles_reads_each_member_as_its_mixture():
+    members = [_ensemble_model(tfbnn.layers.DenseBatchEnsemble, size=2, seed=s) for s in (0, 10)]
+    ensemble = tfbnn.DeepEnsemble(members)
+    x = _x((4, 5), 4)
+    res = tfbnn.predict(ensemble, x, num_samples=3, return_samples=True)
+    np.testing.assert_allclose(res.samples, np.stack([m(x).numpy() for m in members]), atol=1e-6)
+
+
+def test_adaptive_prediction_of_a_batch_ensemble_is_exact_with_one_sample_per_member():
+    model = _ensemble_model(tfbnn.layers.DenseBatchEnsemble)
+    x = _x((4, 5), 5)
+    res = tfbnn.predict(model, x, num_samples=tfbnn.inference.AdaptiveSampling(tolerance=0.01), return_samples=True)
+    assert res.samples.shape == (E, 4, 3) and np.all(res.standard_error == 0)
+    with tfbnn.layers.members_as_samples(model):
+        np.testing.assert_allclose(res.samples, model(x).numpy().reshape(E, 4, 3), atol=1e-6)
+
+
 def test_joint_samples_share_one_draw_per_member_and_sample():
     layer = tfbnn.layers.DenseRank1(2, ensemble_size=2, use_bias=False, seed=8)
     model = keras.Sequential([keras.Input((3,)), layer])

@@ -1,5 +1,6 @@
 """``predict``: Monte Carlo prediction of a model or deep ensemble, fixed T or adaptive."""
 
+import contextlib
 import dataclasses
 
 import keras
@@ -195,6 +196,10 @@ def predict(
         check_finite(first, 0)
         model(first, training=False)
     strata = model.num_members if isinstance(model, DeepEnsemble) else ensemble_size(model)
+
+    def as_samples():  # a deep ensemble's members each give their own mixture (EnsembleMean stays on)
+        return contextlib.nullcontext() if isinstance(model, DeepEnsemble) else members_as_samples(model)
+
     exact = not stochastic_layers(model) and not mc_dropout
     if exact and (strata > 1 or adaptive):  # no noise: one sample per member is the exact predictive
         num_samples, rule = (1 if strata > 1 else rule.min_samples), None
@@ -215,7 +220,7 @@ def predict(
     parts, seen = [], 0
     if rule is not None:
         def draw(batch, k):
-            with weight_samples(model, k, joint=joint), members_as_samples(model):
+            with weight_samples(model, k, joint=joint), as_samples():
                 return compiled_sampler(model, k, joint, mc_dropout, signature)(batch).numpy()
 
         def make_batch(size):
@@ -227,7 +232,7 @@ def predict(
             seen += size
             parts.append(sample_adaptively(draw, batch, rule, resolve, make_batch(size)))
         return concat(parts, strata)
-    with weight_samples(model, num_samples, joint=joint), members_as_samples(model):
+    with weight_samples(model, num_samples, joint=joint), as_samples():
         sampler = compiled_sampler(model, num_samples, joint, mc_dropout, signature)
         for batch in _chain(first, batches):
             check_finite(batch, seen)

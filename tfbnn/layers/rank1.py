@@ -81,6 +81,9 @@ __all__ = [
     "members_as_samples",
     "member_of_rows",
     "ensemble_means",
+    "FastWeights",
+    "BatchEnsemble",
+    "Rank1",
 ]
 
 
