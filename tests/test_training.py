@@ -175,6 +175,7 @@ def _quick(name, **changes):
 
 # The big convolutional models take long to build on 2 CPU cores: heavy.
 _HEAVY = {"ibnn-cifar10-vgg16", "cifar10-alexnet-bbb", "cifar10-resnet50-bbb", "cifar10-resnet50-mc_dropout",
+          "cifar10-resnet50-rank1",
           "blundell-mnist-800", "blundell-mnist-1200", "graves-lenet300-100"}
 
 

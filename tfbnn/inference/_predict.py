@@ -1,5 +1,6 @@
 """``predict``: Monte Carlo prediction of a model or deep ensemble, fixed T or adaptive."""
 
+import contextlib
 import dataclasses
 
 import keras
@@ -8,6 +9,7 @@ import tensorflow as tf
 
 from tfbnn._internal import checks, deprecation
 from tfbnn.ensembles import DeepEnsemble
+from tfbnn.layers.rank1 import EnsembleMean, ensemble_size, members_as_samples
 from tfbnn.inference._adaptive import AdaptiveBatch, AdaptiveSampling, sample_adaptively, sampling_rule
 from tfbnn.inference._sampling import (
     check_dropout,
@@ -83,6 +85,15 @@ def predict(
     must be an int, and the model's output layer decides the task as above. A
     posterior with a Gaussian noise scale (HMC's ``"normal"`` likelihood) reports it
     as ``aleatoric_std``.
+
+    **BatchEnsemble and rank-1 models.** A model ending in
+    :class:`tfbnn.layers.EnsembleMean` (E members sharing their weights,
+    :mod:`tfbnn.layers.rank1`) is read like a deep ensemble of E members: its
+    ``EnsembleMean`` layers pass every member's rows through
+    (:func:`tfbnn.layers.members_as_samples`), the samples are member-major
+    (``samples[k * T + t]``) and ``num_samples`` counts samples per member. A
+    BatchEnsemble model has no noise and is run with ``T = 1`` (E exact samples); a
+    rank-1 model draws T samples from each member's posterior.
 
     **Adaptive sampling** (``num_samples=AdaptiveSampling(tolerance=..., ...)``, or
     ``"auto"`` for ``AdaptiveSampling()``). Samples are added in vectorized chunks until
@@ -214,7 +225,11 @@ def predict(
     if not model.built:  # build outside the tf.function, with one sample per row
         check_finite(first, 0)
         model(first, training=False)
-    strata = model.num_members if isinstance(model, DeepEnsemble) else 1
+    strata = model.num_members if isinstance(model, DeepEnsemble) else ensemble_size(model)
+
+    def as_samples():  # a deep ensemble's members each give their own mixture (EnsembleMean stays on)
+        return contextlib.nullcontext() if isinstance(model, DeepEnsemble) else members_as_samples(model)
+
     exact = not stochastic_layers(model) and not mc_dropout
     if exact and (strata > 1 or adaptive):  # no noise: one sample per member is the exact predictive
         num_samples, rule = (1 if strata > 1 else rule.min_samples), None
@@ -232,7 +247,7 @@ def predict(
     parts, seen = [], 0
     if rule is not None:
         def draw(batch, k):
-            with weight_samples(model, k, joint=joint):
+            with weight_samples(model, k, joint=joint), as_samples():
                 return compiled_sampler(model, k, joint, mc_dropout, signature)(batch).numpy()
 
         def make_batch(size):
@@ -244,8 +259,8 @@ def predict(
             seen += size
             parts.append(sample_adaptively(draw, batch, rule, resolve, make_batch(size)))
         return concat(parts, strata)
-    sampler = compiled_sampler(model, num_samples, joint, mc_dropout, signature)
-    with weight_samples(model, num_samples, joint=joint):
+    with weight_samples(model, num_samples, joint=joint), as_samples():
+        sampler = compiled_sampler(model, num_samples, joint, mc_dropout, signature)
         for batch in _chain(first, batches):
             check_finite(batch, seen)
             seen += int(tf.nest.flatten(batch)[0].shape[0])
@@ -291,7 +306,12 @@ def _chain(first, rest):
 
 # -- task resolution -------------------------------------------------------------------
 def _output_layer(model):
-    return output_layer(reference_model(model))
+    layer = output_layer(reference_model(model))
+    while isinstance(layer, EnsembleMean):  # the members' output layer says what they predict
+        layer = layer._inbound_nodes[0].input_tensors[0]._keras_history.operation
+        if isinstance(layer, keras.Model):
+            layer = output_layer(layer) or layer
+    return layer
 
 
 def _resolve_head(model, head, gaussian_head, task, from_logits):

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfbnn.ensembles import DeepEnsemble
+from tfbnn.layers.rank1 import ensemble_means, ensemble_size
 from tfbnn.utils import stochastic_layers
 
 _DEFAULT_BATCH_SIZE = 32
@@ -94,7 +95,8 @@ def compiled_sampler(model, num_samples, joint, mc_dropout, signature):
     entry = _COMPILED.setdefault(model, {})
     modes = tuple(layer.inference_mode for layer in stochastic_layers(model))  # MC dropout's too
     specs = tuple((tuple(s.shape.as_list()), s.dtype.name) for s in tf.nest.flatten(signature))
-    key = (num_samples, bool(joint), bool(mc_dropout), modes, repr(tf.nest.map_structure(lambda _: None, signature)), specs)
+    members = tuple(layer.returns_members for layer in ensemble_means(model))  # EnsembleMean: members as samples
+    key = (num_samples, bool(joint), bool(mc_dropout), modes, members, repr(tf.nest.map_structure(lambda _: None, signature)), specs)
     if key in entry:
         return entry[key]
     if mc_dropout:
@@ -117,7 +119,9 @@ def compiled_sampler(model, num_samples, joint, mc_dropout, signature):
                 "`tfbnn.inference.predict` needs a model with one output tensor. "
                 f"Received: outputs of type {type(outputs).__name__}"
             )
-        return tf.reshape(outputs, tf.concat([[num_samples, -1], tf.shape(outputs)[1:]], axis=0))
+        # (E T B, ...) rows, member-major, when EnsembleMean layers pass every member's rows through
+        groups = num_samples * (ensemble_size(net) if any(members) else 1)
+        return tf.reshape(outputs, tf.concat([[groups, -1], tf.shape(outputs)[1:]], axis=0))
 
     entry[key] = sample
     return sample

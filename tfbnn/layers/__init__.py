@@ -47,6 +47,16 @@ from tfbnn.layers.node import NodeConv1D, NodeConv2D, NodeDense, NodeNoise
 from tfbnn.layers.node_flow import NodeConv2DFlow, NodeDenseFlow
 from tfbnn.layers.variational import DenseVariational
 from tfbnn.layers.embedding import EmbeddingReparameterization
+from tfbnn.layers.rank1 import (
+    Conv2DBatchEnsemble,
+    Conv2DRank1,
+    DenseBatchEnsemble,
+    DenseRank1,
+    EnsembleMean,
+    EnsembleTile,
+    ensemble_size,
+    members_as_samples,
+)
 from tfbnn.layers.variational_dropout import (
     Conv1DVariationalDropout,
     Conv2DVariationalDropout,
@@ -99,4 +109,12 @@ __all__ = [
     "Conv2DVariationalDropout",
     "DenseVariational",
     "EmbeddingReparameterization",
+    "DenseBatchEnsemble",
+    "Conv2DBatchEnsemble",
+    "DenseRank1",
+    "Conv2DRank1",
+    "EnsembleTile",
+    "EnsembleMean",
+    "ensemble_size",
+    "members_as_samples",
 ]

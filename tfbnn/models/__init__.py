@@ -76,6 +76,7 @@ from tfbnn.models import methods
 from tfbnn.models.methods import (
     BAYESIAN_LAYERS,
     BAYESIAN_METHODS,
+    ENSEMBLES,
     ESTIMATORS,
     METHOD_OPTIONS,
     RECURRENT_CELLS,

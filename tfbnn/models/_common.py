@@ -10,6 +10,7 @@ checks them all and returns a :class:`Build`: the :class:`~tfbnn.models.LayerFac
 
 import keras
 
+from tfbnn import layers
 from tfbnn._internal import checks
 from tfbnn.models.methods import get_factory
 
@@ -65,17 +66,29 @@ class Build:
     def __init__(self, factory, inputs, num_classes, name):
         self.factory, self.inputs, self.num_classes, self.name = factory, inputs, num_classes, name
 
+    @property
+    def features(self):
+        """What the body starts from: ``inputs``, repeated for the members of an ensemble
+        (:class:`tfbnn.layers.EnsembleTile`) when the factory has one."""
+        if self.factory.ensemble is None:
+            return self.inputs
+        return layers.EnsembleTile(self.factory.ensemble_size, name="ensemble_tile")(self.inputs)
+
     def classifier(self, x, default_name):
         """The softmax head on ``x`` (:func:`classifier_head`) and the model (:meth:`model`)."""
         return self.model(classifier_head(x, self.factory, self.num_classes), default_name)
 
     def model(self, outputs, default_name):
-        """The functional ``keras.Model``, named ``name`` or ``<default_name>_<method>``."""
+        """The functional ``keras.Model``, named ``name`` or ``<default_name>_<method>``; an ensemble's
+        outputs averaged over its members (:class:`tfbnn.layers.EnsembleMean`)."""
+        if self.factory.ensemble is not None:
+            outputs = layers.EnsembleMean(self.factory.ensemble_size, name="ensemble_mean")(outputs)
+            default_name = f"{default_name}_{self.factory.ensemble}"
         return keras.Model(self.inputs, outputs, name=self.name or f"{default_name}_{self.factory.method}")
 
 
 def start(method, kwargs, model, *, rank=3, min_side=1, num_classes=10, input_shape=(32, 32, 3), fixed_shape=None,
-          classifier=True, dtype=None):
+          classifier=True, dtype=None, ensembles=False):
     """Checks a builder's common arguments and the method's options; returns a :class:`Build`.
 
     Args:
@@ -90,9 +103,13 @@ def start(method, kwargs, model, *, rank=3, min_side=1, num_classes=10, input_sh
         classifier: False when the model has no ``num_classes`` outputs (a regression MLP):
             ``num_classes`` is then not checked.
         dtype: the input's dtype (None: float).
+        ensembles: True for a builder whose body starts from :attr:`Build.features`: it then
+            takes ``ensemble`` and ``ensemble_size`` (:class:`~tfbnn.models.LayerFactory`).
     """
     common = {"num_classes": num_classes, "input_shape": input_shape, "num_examples": None, "seed": None,
               "bayesian_layers": "all", "name": None}
+    if ensembles:
+        common.update(ensemble=None, ensemble_size=4)
     if fixed_shape is not None:
         del common["input_shape"]
     options = {k: v for k, v in kwargs.items() if k not in common}
@@ -100,5 +117,7 @@ def start(method, kwargs, model, *, rank=3, min_side=1, num_classes=10, input_sh
     if classifier:
         check_num_classes(common["num_classes"])
     shape = check_input_shape(common.get("input_shape", fixed_shape), rank, min_side, model)
-    factory = get_factory(method, options, common["num_examples"], common["seed"], common["bayesian_layers"])
+    ensemble = {k: common[k] for k in ("ensemble", "ensemble_size") if k in common}
+    factory = get_factory(method, options, common["num_examples"], common["seed"], common["bayesian_layers"],
+                          **ensemble)
     return Build(factory, keras.Input(shape, dtype=dtype, name="inputs"), common["num_classes"], common["name"])

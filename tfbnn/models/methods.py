@@ -37,6 +37,24 @@ is Bayesian (the stem, the residual shortcuts and the softmax head included), an
 inference where each family's docstring says. Batch normalization is always the
 deterministic ``keras.layers.BatchNormalization``.
 
+Ensembles in one network (``ensemble``, one of :data:`ENSEMBLES`; ``ensemble_size``, E,
+default 4; for the builders that take them, :func:`tfbnn.models.resnet50`): every dense and
+convolution layer holds E members that share one weight matrix
+(:mod:`tfbnn.layers.rank1`), the model repeats its input for the members at inference
+(:class:`~tfbnn.layers.EnsembleTile`) and averages their outputs
+(:class:`~tfbnn.layers.EnsembleMean`); :func:`tfbnn.predict` reads the members as samples.
+
+=====================  ==========================  ==============================================
+ensemble               with method                 dense / conv2d
+=====================  ==========================  ==============================================
+``"batch_ensemble"``   ``deterministic``           DenseBatchEnsemble / Conv2DBatchEnsemble
+``"batch_ensemble"``   ``mc_dropout``              the same, with the method's MC dropout
+``"rank1"``            ``bbb``                     DenseRank1 / Conv2DRank1 (the Bayes-by-Backprop
+                                                   variant: Gaussian posteriors over the members'
+                                                   rank-1 factors, prior ``N(1, 0.1^2)``; the bbb
+                                                   options ``estimator`` and ``prior`` do not apply)
+=====================  ==========================  ==============================================
+
 Which layers are Bayesian (``bayesian_layers``, one of :data:`BAYESIAN_LAYERS`):
 
 * ``"all"`` (default): as above, the method applies to the whole network.
@@ -84,6 +102,7 @@ __all__ = [
     "METHOD_OPTIONS",
     "BAYESIAN_LAYERS",
     "RECURRENT_CELLS",
+    "ENSEMBLES",
     "LayerFactory",
     "get_factory",
 ]
@@ -107,6 +126,10 @@ METHOD_OPTIONS = {
 RECURRENT_CELLS = ("lstm", "gru")
 #: Values of ``bayesian_layers``: the whole network, or the classification head only.
 BAYESIAN_LAYERS = ("all", "last")
+#: Values of ``ensemble`` (besides None) and the method each goes with.
+ENSEMBLES = {"batch_ensemble": ("deterministic", "mc_dropout"), "rank1": ("bbb",)}
+_ENSEMBLE_DENSE = {"batch_ensemble": layers_lib.DenseBatchEnsemble, "rank1": layers_lib.DenseRank1}
+_ENSEMBLE_CONV = {"batch_ensemble": layers_lib.Conv2DBatchEnsemble, "rank1": layers_lib.Conv2DRank1}
 
 _BBB_DENSE = {
     "flipout": layers_lib.DenseFlipout,
@@ -144,6 +167,24 @@ def _check_bayesian_layers(bayesian_layers):
             f"Expected `bayesian_layers` to be one of {list(BAYESIAN_LAYERS)}. Received: bayesian_layers={bayesian_layers!r}"
         )
     return bayesian_layers
+
+
+def _check_ensemble(ensemble, ensemble_size, method, bayesian_layers):
+    """``(ensemble, E)`` checked against the method; ``(None, 1)`` without an ensemble."""
+    if ensemble is None:
+        return None, 1
+    if not isinstance(ensemble, str) or ensemble not in ENSEMBLES:
+        raise ValueError(f"Expected `ensemble` in {[None, *ENSEMBLES]}. Received: ensemble={ensemble!r}")
+    if method not in ENSEMBLES[ensemble]:
+        raise ValueError(
+            f"ensemble={ensemble!r} goes with method in {list(ENSEMBLES[ensemble])}. Received: method={method!r}"
+        )
+    if bayesian_layers != "all":
+        raise ValueError(
+            f"An ensemble holds its members in every layer: it needs bayesian_layers='all'. "
+            f"Received: ensemble={ensemble!r}, bayesian_layers={bayesian_layers!r}"
+        )
+    return ensemble, checks.integer("ensemble_size", ensemble_size, 1, what="an integer >= 1 (E)")
 
 
 def _check_seed(seed):
@@ -204,18 +245,23 @@ class LayerFactory:
         bayesian_layers: ``"all"`` (default, every weight layer follows the method)
             or ``"last"`` (a deterministic body: only :meth:`head` and
             :meth:`head_dropout` follow the method).
+        ensemble: None (default) or one of :data:`ENSEMBLES`: E members in every weight
+            layer (see the module table).
+        ensemble_size: int >= 1, E (with ``ensemble``). Default 4.
 
     Its attributes: ``method``, ``options`` (resolved, defaults filled in),
     ``num_examples``, ``seed``, ``bayesian_layers``, ``kl_weight`` (``1 / N`` or
-    None), ``is_bayesian``.
+    None), ``is_bayesian``, ``ensemble`` and ``ensemble_size`` (1 without an ensemble).
     """
 
-    def __init__(self, method="deterministic", options=None, num_examples=None, seed=None, bayesian_layers="all"):
+    def __init__(self, method="deterministic", options=None, num_examples=None, seed=None, bayesian_layers="all",
+                 ensemble=None, ensemble_size=4):
         self.method = _check_method(method)
         self.options = _check_options(self.method, options)
         self.num_examples = _check_num_examples(self.method, num_examples)
         self.seed = _check_seed(seed)
         self.bayesian_layers = _check_bayesian_layers(bayesian_layers)
+        self.ensemble, self.ensemble_size = _check_ensemble(ensemble, ensemble_size, self.method, self.bayesian_layers)
         self.is_bayesian = self.method in BAYESIAN_METHODS
         self.kl_weight = 1.0 / self.num_examples if self.is_bayesian else None
         self._count = 0
@@ -237,7 +283,12 @@ class LayerFactory:
         return None if self.seed is None else self.seed + self._count
 
     def _bayesian_kwargs(self):
+        if self.ensemble == "batch_ensemble":
+            return {"ensemble_size": self.ensemble_size, "seed": self.next_seed()}
         kwargs = {"kl_weight": self.kl_weight, "seed": self.next_seed()}
+        if self.ensemble == "rank1":
+            kwargs["ensemble_size"] = self.ensemble_size
+            return kwargs
         if self.method == "bbb":
             prior = self.options["prior"]
             kwargs.update(kernel_prior=prior, bias_prior=prior)
@@ -257,6 +308,9 @@ class LayerFactory:
         return self._dense(self.method, units, activation, use_bias, name)
 
     def _dense(self, method, units, activation, use_bias, name):
+        if self.ensemble is not None:
+            return _ENSEMBLE_DENSE[self.ensemble](units, activation=activation, use_bias=use_bias, name=name,
+                                                  **self._bayesian_kwargs())
         if method not in BAYESIAN_METHODS:
             return keras.layers.Dense(units, activation=activation, use_bias=use_bias, name=name)
         cls = {
@@ -268,6 +322,11 @@ class LayerFactory:
 
     def conv2d(self, filters, kernel_size, strides=1, padding="valid", activation=None, use_bias=True, name=None):
         """A 2-D convolution (channels last) of the body: the method's; Keras' with ``"last"``."""
+        if self.ensemble is not None:
+            return _ENSEMBLE_CONV[self.ensemble](
+                filters, kernel_size, strides=strides, padding=padding, activation=activation, use_bias=use_bias,
+                name=name, **self._bayesian_kwargs(),
+            )
         if self._body_method not in BAYESIAN_METHODS:
             return keras.layers.Conv2D(
                 filters, kernel_size, strides=strides, padding=padding, activation=activation,
@@ -332,7 +391,8 @@ class LayerFactory:
         return keras.layers.BatchNormalization(name=name, **kwargs)
 
 
-def get_factory(method, options=None, num_examples=None, seed=None, bayesian_layers="all"):
+def get_factory(method, options=None, num_examples=None, seed=None, bayesian_layers="all", ensemble=None,
+                ensemble_size=4):
     """A :class:`LayerFactory` from a method name, or ``method`` itself when it is one.
 
     Passing a ready factory together with options, ``num_examples``, ``seed`` or a
@@ -343,6 +403,8 @@ def get_factory(method, options=None, num_examples=None, seed=None, bayesian_lay
         extra = {k: v for k, v in (("num_examples", num_examples), ("seed", seed)) if v is not None}
         if bayesian_layers != "all":
             extra["bayesian_layers"] = bayesian_layers
+        if ensemble is not None:
+            extra["ensemble"] = ensemble
         extra.update(options or {})
         if extra:
             raise ValueError(
@@ -350,7 +412,7 @@ def get_factory(method, options=None, num_examples=None, seed=None, bayesian_lay
                 f"Received: method={method!r} with {extra}"
             )
         return method
-    return LayerFactory(method, options, num_examples, seed, bayesian_layers)
+    return LayerFactory(method, options, num_examples, seed, bayesian_layers, ensemble, ensemble_size)
 
 
 __getattr__ = deprecation.renamed(__name__, {"METHODS": "ZOO_METHODS"})

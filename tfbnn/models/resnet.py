@@ -21,6 +21,12 @@ Bayesian layers per method: ``bbb`` / ``vd`` / ``ibnn`` make all 53 convolutions
 (stem, blocks and projection shortcuts) and the head Bayesian, batch norm stays
 deterministic; ``mc_dropout`` adds :class:`tfbnn.layers.MCSpatialDropout2D` after every
 residual block (after the sum and ReLU, 16 in all).
+
+Ensembles (``ensemble``, ``ensemble_size``; Wen et al. 2020, Dusenberry et al. 2020): with
+``"batch_ensemble"`` (methods ``deterministic``, ``mc_dropout``) or ``"rank1"`` (method
+``bbb``) every convolution and the head hold E members sharing one weight
+(:mod:`tfbnn.layers.rank1`); batch norm is shared by the members; the input is repeated
+for the members at inference and their softmax outputs averaged.
 """
 
 import keras
@@ -80,15 +86,19 @@ def resnet50(method="deterministic", *, stem="imagenet", **kwargs):
         method: a name of :data:`tfbnn.models.ZOO_METHODS` or a :class:`tfbnn.models.LayerFactory`.
         stem: ``"imagenet"`` (default, 7x7 / 2 + max pool, as keras.applications) or
             ``"cifar"`` (3x3 / 1, no pooling).
-        **kwargs: the zoo's common arguments and the method's options (:func:`tfbnn.models.build`).
+        **kwargs: the zoo's common arguments and the method's options (:func:`tfbnn.models.build`),
+            and ``ensemble`` (None, ``"batch_ensemble"`` with ``deterministic`` or ``mc_dropout``, or
+            ``"rank1"`` with ``bbb``) and ``ensemble_size`` (E, default 4): a BatchEnsemble or
+            rank-1 Bayesian ResNet (:class:`tfbnn.models.LayerFactory`).
 
     Returns:
         An uncompiled functional ``keras.Model``, by default named ``"resnet50_<method>"``.
     """
     if stem not in STEMS:
         raise ValueError(f"Expected `stem` in {STEMS}. Received: stem={stem!r}")
-    build = _common.start(method, kwargs, f"resnet50 (stem={stem!r})", min_side=32 if stem == "imagenet" else 8)
-    x = _stem(build.inputs, build.factory, stem)
+    build = _common.start(method, kwargs, f"resnet50 (stem={stem!r})", min_side=32 if stem == "imagenet" else 8,
+                          ensembles=True)
+    x = _stem(build.features, build.factory, stem)
     for stage, filters, blocks, stride in STAGES:
         for b in range(1, blocks + 1):
             x = _bottleneck(x, build.factory, filters, stride if b == 1 else 1, b == 1, name=f"{stage}_block{b}")

@@ -54,18 +54,21 @@ def wide_resnet(method="deterministic", *, depth=28, widen_factor=10, **kwargs):
         method: a name of :data:`tfbnn.models.ZOO_METHODS` or a :class:`tfbnn.models.LayerFactory`.
         depth: int, ``6 n + 4`` (``n`` blocks per group). Default 28.
         widen_factor: int >= 1. Default 10.
-        **kwargs: the zoo's common arguments and the method's options (:func:`tfbnn.models.build`).
+        **kwargs: the zoo's common arguments and the method's options (:func:`tfbnn.models.build`),
+            and ``ensemble`` / ``ensemble_size`` (a BatchEnsemble or rank-1 Bayesian WRN, the
+            architecture of Wen et al. 2020 and Dusenberry et al. 2020 on CIFAR; see
+            :class:`tfbnn.models.LayerFactory`).
 
     Returns:
         An uncompiled functional ``keras.Model``, by default named
-        ``"wide_resnet<depth>_<widen_factor>_<method>"``.
+        ``"wide_resnet<depth>_<widen_factor>_<method>"`` (``..._<ensemble>_<method>`` for an ensemble).
     """
     depth = checks.integer("depth", depth, 10)
     if (depth - 4) % 6:
         raise ValueError(f"Expected `depth` = 6 n + 4 (10, 16, 22, 28, ...). Received: depth={depth!r}")
     widen_factor = checks.integer("widen_factor", widen_factor, 1)
-    build = _common.start(method, kwargs, "wide_resnet", min_side=8)
-    x = build.factory.conv2d(16, 3, padding="same", use_bias=False, name="conv1")(build.inputs)
+    build = _common.start(method, kwargs, "wide_resnet", min_side=8, ensembles=True)
+    x = build.factory.conv2d(16, 3, padding="same", use_bias=False, name="conv1")(build.features)
     for g, (width, stride) in enumerate(zip((16, 32, 64), (1, 2, 2)), 1):
         for b in range(1, (depth - 4) // 6 + 1):
             x = _block(x, build.factory, width * widen_factor, stride if b == 1 else 1, name=f"group{g}_block{b}")
