@@ -221,9 +221,11 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         self.posterior = posterior
         self.posterior_rank = checks.integer("posterior_rank", posterior_rank, 1)
         self._default_factor_initializer = kernel_factor_initializer is None
-        if kernel_factor_initializer is None:
-            kernel_factor_initializer = keras.initializers.RandomNormal(stddev=1e-3 / self.posterior_rank**0.5)
-        self.kernel_factor_initializer = checks.initializer("kernel_factor_initializer", kernel_factor_initializer)
+        # The default is made when a low-rank layer builds, not here: an unseeded Keras initializer
+        # draws its seed from Python's `random`, which would shift every later initializer of a
+        # mean-field model whose program seeded it (keras.utils.set_random_seed).
+        self.kernel_factor_initializer = None if kernel_factor_initializer is None else checks.initializer(
+            "kernel_factor_initializer", kernel_factor_initializer)
 
     @property
     def low_rank(self):
@@ -273,7 +275,9 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
                              f"is fitted to a mean-field posterior). Received: kernel_prior={self.kernel_prior!r}")
         self.kernel_factor = self.add_weight(
             name="kernel_factor", shape=tuple(kernel_shape) + (self.posterior_rank,),
-            initializer=self.kernel_factor_initializer, autocast=False,
+            initializer=self.kernel_factor_initializer or keras.initializers.RandomNormal(
+                stddev=1e-3 / self.posterior_rank**0.5, seed=self.seed),
+            autocast=False,
         )
 
     # -- posterior pieces ------------------------------------------------------
