@@ -16,6 +16,9 @@ DATASETS = tuple(n for n, (kind, *_) in CATALOG.items() if kind != "text")
 PREDICTIVES = {"glm": {"pred_type": "glm", "link_approx": "mc"}, "probit": {"pred_type": "glm", "link_approx": "probit"},
                "mc": {"pred_type": "nn"}}
 
+#: Regression: the ECE is the mean |coverage - level| of the central intervals of these levels.
+CALIBRATION_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
 DESCRIPTION = (
     "Fit the Laplace approximation N(theta*, (H + delta I)^-1) of a trained Keras model (its weights are\n"
     "the MAP theta*; H the generalized Gauss-Newton) on the training split of --data, tune the prior\n"
@@ -144,7 +147,6 @@ def _evaluate(la, model, x, y, args, predictive):
     import numpy as np
 
     from tfbnn import metrics
-    from tfbnn.experiments._posterior_study import interval_metrics
 
     options = dict(PREDICTIVES[predictive], num_samples=args.num_samples, seed=args.seed)
     if la.likelihood == "classification":
@@ -168,7 +170,10 @@ def _evaluate(la, model, x, y, args, predictive):
 
     def scores(m, s):
         nll = float(np.mean(np.sum(0.5 * np.log(2 * np.pi * s**2) + 0.5 * ((y - m) / s) ** 2, axis=-1)))
-        return {"nll": nll, **interval_metrics(y, m, s)}
+        covered = np.asarray(metrics.interval_coverage(y, m, s, CALIBRATION_LEVELS))
+        return {"nll": nll, "rmse": float(np.sqrt(np.mean((y - m) ** 2))),
+                "ece": float(np.mean(np.abs(covered - CALIBRATION_LEVELS))),
+                **dict(zip(("coverage_50", "coverage_90"), metrics.interval_coverage(y, m, s, (0.5, 0.9))))}
 
     return scores(mean, std), scores(f_map, sigma)
 

@@ -13,17 +13,21 @@ set of metrics and one distance to the HMC reference apply to all of them:
 * classification: class-probability samples ``(T, N, K)``, the predictive their mean.
 """
 
+import importlib
 import math
 import os
 import time
 
 import keras
 import numpy as np
+import sklearn.datasets
+import tensorflow as tf
+from matplotlib.figure import Figure
 
 import tfbnn
-from tfbnn import laplace, metrics, training
+from tfbnn import laplace, metrics, plots, training
 from tfbnn._internal.errors import RunError
-from tfbnn.experiments import _common
+from tfbnn.datasets import DataPipeline
 
 #: Central-interval levels whose empirical coverage is reported (regression).
 COVERAGE_LEVELS = (0.5, 0.9)
@@ -69,8 +73,6 @@ def tabular_data(name, seed, test_fraction=0.2, max_examples=None):
         ``(x_train, y_train, x_test, y_test)``: regression targets ``(n, 1)`` float32,
         labels ``(n,)`` int32.
     """
-    import sklearn.datasets
-
     bunch = sklearn.datasets.load_diabetes() if name == "diabetes" else sklearn.datasets.load_breast_cancer()
     x, y = bunch.data.astype("float64"), bunch.target
     order = np.random.default_rng(seed).permutation(len(x))
@@ -91,10 +93,6 @@ def tabular_data(name, seed, test_fraction=0.2, max_examples=None):
 def pipeline(x, y, name, batch_size, num_classes, seed):
     """The training arrays as :func:`tfbnn.training.run`'s ``data``: a ``tf.data`` pipeline reshuffled
     every epoch (seeded), so that a deep ensemble's members can each reshuffle it their own way."""
-    import tensorflow as tf
-
-    from tfbnn.datasets import DataPipeline
-
     train = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
              .batch(batch_size))
     return DataPipeline(train=train, validation=None, test=None, num_examples=len(x), num_validation=0, num_test=0,
@@ -251,7 +249,7 @@ def fit_laplace(model, x, y, regression, noise_std, subset, hessian):
 def hmc_module():
     """``tfbnn.hmc`` (the HMC reference, issue 22 item 3), or a RunError saying that it is pending."""
     try:
-        from tfbnn import hmc
+        hmc = importlib.import_module("tfbnn.hmc")
     except ImportError as e:
         raise RunError("the HMC reference is pending: tfbnn.hmc (issue 22, item 3) is not in this "
                                "build; run without the 'hmc' method (--methods)") from e
@@ -261,7 +259,7 @@ def hmc_module():
 def swag_module():
     """``tfbnn.swag`` (SWAG, issue 22 item 2), or a RunError saying that it is pending."""
     try:
-        from tfbnn import swag
+        swag = importlib.import_module("tfbnn.swag")
     except ImportError as e:
         raise RunError("SWAG is pending: tfbnn.swag (issue 22, item 2) is not in this build; run "
                                "without the 'swag' method (--methods)") from e
@@ -279,10 +277,6 @@ def timed(fn, *args, **kwargs):
 
 def band_plot(panels, x, y, grid, noise_std, path, reference=None):
     """One panel per method: its mean and +-2 std predictive band on the grid, HMC's band beside it."""
-    from matplotlib.figure import Figure
-
-    from tfbnn import plots
-
     cols = 4
     rows_ = max(1, math.ceil(len(panels) / cols))
     fig = Figure(figsize=(4 * cols, 3 * rows_))
