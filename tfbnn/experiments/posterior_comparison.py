@@ -113,8 +113,8 @@ DEFAULTS = {
     "noise_std": 0.1,
     "tabular_noise_std": 0.7,
     "prior_scale": 1.0,
-    "gap_epochs": 1500,
-    "epochs": 100,
+    "gap_steps": 1000,
+    "epochs": 60,
     "batch_size": 32,
     "learning_rate": 3e-3,
     "dropout_rate": 0.1,
@@ -138,6 +138,10 @@ DESCRIPTION = (
 )
 
 
+#: Full-batch steps per (logged) epoch on the gap data.
+_GAP_STEPS_PER_EPOCH = 20
+
+
 def _trained_options(s):
     normal = {"prior": {"class_name": "Normal", "config": {"loc": 0.0, "scale": s["prior_scale"]}}}
     return {
@@ -155,7 +159,7 @@ def _trained_options(s):
 def recipes(dataset, s):
     """``{method: Recipe}`` of the trained methods on ``dataset`` (``map`` first: Laplace uses it).
 
-    The same MLP for all; Adam; the gap data full-batch (``gap_epochs`` steps, learning
+    The same MLP for all; Adam; the gap data full-batch (``gap_steps`` steps, learning
     rate 1e-2), the tabular data in minibatches of ``batch_size`` for ``epochs`` epochs;
     the KL weight ramps linearly to the ELBO's ``beta = 1`` over the first half; SWAG
     trains the MAP recipe with plain SGD (momentum 0.9) so that its iterates explore.
@@ -163,7 +167,7 @@ def recipes(dataset, s):
     regression = dataset != "breast_cancer"
     gap = dataset == "gap"
     quick = s["quick"]
-    epochs = (s["gap_epochs"] if gap else s["epochs"]) if not quick else 3
+    epochs = (-(-s["gap_steps"] // _GAP_STEPS_PER_EPOCH) if gap else s["epochs"]) if not quick else 3
     base = training.Recipe(
         name=f"posterior-comparison-{dataset}", description=f"the posterior comparison on {dataset}",
         reference="issue 22 item 4", model="mlp",
@@ -171,6 +175,7 @@ def recipes(dataset, s):
                        "seed": s["seed"]},
         dataset=dataset, optimizer="adam", learning_rate=1e-2 if gap else s["learning_rate"], epochs=epochs,
         batch_size=s["num_points"] if gap else s["batch_size"], kl_schedule="linear",
+        steps_per_epoch=_GAP_STEPS_PER_EPOCH if gap and not quick else None,
         likelihood="gaussian" if regression else "categorical",
         noise_std=(s["noise_std"] if gap else s["tabular_noise_std"]) if regression else None,
         eval_samples=s["num_samples"], seed=s["seed"])
@@ -189,7 +194,7 @@ def _settings(settings):
     s = _common.settings(DEFAULTS, settings, unique=("datasets", "methods"))
     _common.check_names(s, "datasets", DATASETS)
     _common.check_names(s, "methods", tuple(METHODS))
-    _common.check_integers(s, ("hidden_units", "depth", "num_points", "gap_epochs", "epochs", "batch_size",
+    _common.check_integers(s, ("hidden_units", "depth", "num_points", "gap_steps", "epochs", "batch_size",
                                "members", "num_samples", "swag_rank", "hmc_chains", "hmc_results"))
     _common.check_integers(s, ("hmc_burnin", "seed"), minimum=0)
     _common.check_positive_numbers(s, ("noise_std", "tabular_noise_std", "prior_scale", "learning_rate",
@@ -262,7 +267,7 @@ def add_arguments(parser):
                         help=f"methods, from {', '.join(METHODS)}")
     _common.add_options(parser, d, "hidden_units", "depth", "epochs", "batch_size", "learning_rate",
                         epochs="epochs on the tabular data")
-    parser.add_argument("--gap-epochs", type=argtypes.positive_int, default=d["gap_epochs"],
+    parser.add_argument("--gap-steps", type=argtypes.positive_int, default=d["gap_steps"],
                         help="full-batch steps on the 1-D gap data")
     _common.add_options(parser, d, "dropout_rate", "num_samples", "seed")
     parser.add_argument("--members", type=argtypes.positive_int, default=d["members"], help="deep ensemble size")
