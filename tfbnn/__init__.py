@@ -26,7 +26,7 @@ import sys
 # submodules are the ones the API reference documents.
 _CORE = ("priors", "posteriors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
          "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample",
-         "ensembles", "continual", "laplace", "models", "datasets")
+         "ensembles", "continual", "laplace", "swag", "hmc", "models", "datasets")
 _LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
 _NAMES = {
     "_internal.errors": ("RunError",),

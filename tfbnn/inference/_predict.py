@@ -19,6 +19,7 @@ from tfbnn.inference._sampling import (
     reference_model,
 )
 from tfbnn.inference._summaries import concat, summarize_classification, summarize_regression
+from tfbnn.inference._weights import WeightPosterior
 from tfbnn.likelihoods import GaussianHead
 from tfbnn.utils import stochastic_layers, weight_samples
 
@@ -170,6 +171,9 @@ def predict(
         Chan, Golub, LeVeque. Updating Formulae and a Pairwise Algorithm for
         Computing Sample Variances. Stanford CS report STAN-CS-79-773, 1979.
     """
+    if isinstance(model, WeightPosterior):
+        return _predict_weight_posterior(model, x, num_samples, batch_size, return_samples, task, from_logits,
+                                         gaussian_head, mc_dropout)
     batch_size = _check_args(model, batch_size, task, from_logits, gaussian_head)
     num_samples, rule = sampling_rule(num_samples)
     adaptive = rule is not None
@@ -231,6 +235,26 @@ def predict(
     if exact and adaptive:  # no Monte Carlo error to report
         result = dataclasses.replace(result, standard_error=np.zeros(len(result.samples_used), np.float32))
     return result
+
+
+def _predict_weight_posterior(posterior, x, num_samples, batch_size, return_samples, task, from_logits,
+                              gaussian_head, mc_dropout):
+    """``predict`` for a :class:`WeightPosterior`: T weight draws, each a function draw over ``x``."""
+    if not checks.is_integer(num_samples):
+        raise ValueError("A weight posterior (SWAG, HMC) is sampled with a fixed number of weight draws. "
+                         f"Received: num_samples={num_samples!r}")
+    if mc_dropout:
+        raise ValueError("`mc_dropout` does not apply to a weight posterior (its samples are weight draws). "
+                         "Received: mc_dropout=True")
+    batch_size = _check_args(posterior.model, batch_size, task, from_logits, gaussian_head)
+    samples = posterior.predictive_samples(x, num_samples, batch_size)
+    noise = posterior.noise_scales(1) is not None
+    resolved = _task_from_model(task, posterior.model, from_logits, bool(gaussian_head) or noise)
+    if resolved == "classification":
+        return summarize_classification(samples, from_logits=from_logits, keep_samples=return_samples)
+    head = noise or bool(gaussian_head) or (gaussian_head is None and isinstance(_output_layer(posterior.model),
+                                                                                 GaussianHead))
+    return summarize_regression(samples, gaussian_head=head, keep_samples=return_samples)
 
 
 def _chain(first, rest):
