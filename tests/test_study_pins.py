@@ -35,7 +35,9 @@ SHIFTED = {("vd_sparsity", "sparse_npz_bytes"): 3}
 
 
 #: The posterior comparison's tolerance: its float32 predictions (oneDNN matmuls) moved in the 9th digit
-#: between two runs of the same code (38.454979808 vs 38.454979836), so its pins hold to 1e-6.
+#: between two runs of the same code (38.454979808 vs 38.454979836), so its pins hold to 1e-6. Its
+#: stochastic rows (BbB, MC dropout) are not pinned: a second quick run in the same process gave another
+#: BbB-Flipout NLL (36.7356 vs 36.3546; the first run of a fresh process reproduces), which is open.
 POSTERIOR_RTOL = 1e-6
 
 
@@ -117,7 +119,7 @@ def test_transformer_variants_no_longer_depend_on_each_other(tmp_path):
 
 @pytest.mark.heavy
 def test_the_posterior_comparison_reproduces_its_pinned_numbers():
-    """Issue 22's study (MAP, BbB Flipout and last-layer Laplace on the gap data, quick): its
+    """Issue 22's study (MAP and the two Laplace approximations on the gap data, quick): its
     numbers were recorded when it was written; a change to its data, training or metrics must
     reproduce them or say here why they moved."""
     pin = PINS["posterior_comparison"]

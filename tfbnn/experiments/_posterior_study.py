@@ -246,24 +246,19 @@ def fit_laplace(model, x, y, regression, noise_std, subset, hessian):
     return la.optimize_prior_precision(method="marglik", tune_sigma_noise=False)
 
 
-def hmc_module():
-    """``tfbnn.hmc`` (the HMC reference, issue 22 item 3), or a RunError saying that it is pending."""
-    try:
-        hmc = importlib.import_module("tfbnn.hmc")
-    except ImportError as e:
-        raise RunError("the HMC reference is pending: tfbnn.hmc (issue 22, item 3) is not in this "
-                               "build; run without the 'hmc' method (--methods)") from e
-    return hmc
+#: Method -> (module, what it is) of the parts of issue 22 built on another branch (items 2-3).
+PENDING = {"hmc": ("tfbnn.hmc", "the HMC reference (issue 22, item 3)"),
+           "swag": ("tfbnn.swag", "SWAG (issue 22, item 2)")}
 
 
-def swag_module():
-    """``tfbnn.swag`` (SWAG, issue 22 item 2), or a RunError saying that it is pending."""
+def pending_module(method):
+    """The module of ``method`` (``"hmc"``, ``"swag"``), or a RunError saying that it is pending."""
+    module, what = PENDING[method]
     try:
-        swag = importlib.import_module("tfbnn.swag")
+        return importlib.import_module(module)
     except ImportError as e:
-        raise RunError("SWAG is pending: tfbnn.swag (issue 22, item 2) is not in this build; run "
-                               "without the 'swag' method (--methods)") from e
-    return swag
+        raise RunError(f"{what} is pending: {module} is not in this build; run without the {method!r} method "
+                       "(--methods)") from e
 
 
 def timed(fn, *args, **kwargs):
@@ -331,7 +326,8 @@ def run_dataset(dataset, s, recipes, output_dir, verbose):
     """Every method of ``s["methods"]`` on ``dataset``; returns ``(rows, predictives by method)``.
 
     ``recipes``: ``{method: Recipe}`` of the trained methods (the study's :func:`recipes`).
-    The HMC reference runs first, so that each row carries its distance to it.
+    HMC starts its chains at the MAP network's weights; every row carries its distance to
+    HMC's predictive.
     """
     regression = dataset != "breast_cancer"
     noise = s["noise_std"] if dataset == "gap" else s["tabular_noise_std"]
@@ -353,38 +349,38 @@ def run_dataset(dataset, s, recipes, output_dir, verbose):
         say(method)
 
     runs = os.path.join(output_dir, dataset, "runs")
-    if "hmc" in s["methods"]:
-        hmc = hmc_module()
-        keras.utils.set_random_seed(s["seed"])
-        net = tfbnn.models.build("mlp", method="deterministic", input_shape=x.shape[1:],
-                                 **recipes["map"].model_options,
-                                 **({} if regression else {"num_classes": int(y.max()) + 1}))
-        result = hmc.sample(net, x, y, likelihood="normal" if regression else "categorical",
-                            prior_scale=s["prior_scale"], noise_scale=noise if regression else None,
-                            num_chains=s["hmc_chains"], num_results=s["hmc_results"], num_burnin=s["hmc_burnin"],
-                            step_size=s["hmc_step_size"], seed=s["seed"])
-        samples = [model_samples(result, xe, T, regression) for xe in x_eval]
-        r_hat, ess = np.asarray(result.r_hat, np.float64), np.asarray(result.ess, np.float64)
-        from_samples("hmc", samples, result.seconds,
-                     {"max_r_hat": float(np.nanmax(r_hat)), "min_ess": float(np.nanmin(ess))})
     map_result = None
     for method, recipe in recipes.items():
-        if method not in s["methods"] and not (method == "map" and any(m.startswith("laplace") for m in s["methods"])):
+        if method not in s["methods"] and not (method == "map" and ({"hmc", *LAPLACE} & set(s["methods"]))):
             continue
         callbacks = ()
         if method == "swag":
-            swag = swag_module()
+            swag = pending_module("swag")
             callbacks = (swag.SWAG(start_epoch=recipe.epochs // 2, collect_every=1, max_rank=s["swag_rank"]),)
         result, samples = train(recipe, data, os.path.join(runs, method), x_eval, T, regression, callbacks)
-        seconds = result.train_seconds
+        extra = None
         if method == "swag":
-            posterior = callbacks[0]
+            posterior = callbacks[0].posterior(seed=s["seed"])
             samples = [model_samples(posterior, xe, T, regression) for xe in x_eval]
+            extra = {"snapshots": int(callbacks[0].num_snapshots)}
         if method == "map":
             map_result = result
         if method in s["methods"]:
-            from_samples(method, samples, seconds)
-        clear()
+            from_samples(method, samples, result.train_seconds, extra)
+        if method != "map":
+            clear()
+    if "hmc" in s["methods"]:  # started from the MAP weights (plus jitter): a short burn-in
+        hmc = pending_module("hmc")
+        result = hmc.sample(map_result.model, x, y, likelihood="normal" if regression else "categorical",
+                            prior_scale=s["prior_scale"], noise_scale=noise if regression else None,
+                            num_chains=s["hmc_chains"], num_results=s["hmc_results"], num_burnin=s["hmc_burnin"],
+                            step_size=s["hmc_step_size"], seed=s["seed"],
+                            # quick: plain HMC without XLA compilation (seconds); else NUTS under XLA
+                            **({"kernel": "hmc", "num_leapfrog_steps": 5, "jit_compile": False} if s["quick"] else {}))
+        samples = [model_samples(result, xe, T, regression) for xe in x_eval]
+        from_samples("hmc", samples, result.seconds,
+                     {"max_r_hat": float(np.nanmax(result.r_hat)), "min_ess": float(np.nanmin(result.ess)),
+                      "acceptance": float(np.mean(result.acceptance_rate))})
     for method, (subset, hessian) in LAPLACE.items():
         if method not in s["methods"]:
             continue
