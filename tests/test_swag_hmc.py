@@ -172,6 +172,7 @@ def test_nuts_recovers_the_conjugate_linear_regression_posterior():
     expected_corr = cov / np.sqrt(np.outer(np.diag(cov), np.diag(cov)))
     assert np.all(np.abs(corr - expected_corr) < 4 * (1 - expected_corr ** 2) / np.sqrt(res.ess.min()) + 1e-9)
     assert np.all((res.acceptance_rate > 0.5) & (res.acceptance_rate <= 1)) and res.seconds > 0
+    assert np.all(res.r_hat_outputs(x[:5]) < 1.05)
     # the predictive: the draws' mean function and the known noise as the aleatoric std
     pred = res.predictive(x[:3])
     np.testing.assert_allclose(pred.mean[:, 0], x[:3] @ draws[:, :2].mean(axis=0) + draws[:, 2].mean(), rtol=1e-4,

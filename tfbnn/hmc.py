@@ -64,8 +64,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from tfbnn._internal import checks
-from tfbnn.inference import predict
-from tfbnn.inference._weights import FlatWeights, WeightPosterior
+from tfbnn.inference import FlatWeights, WeightPosterior, predict
 
 __all__ = ["sample", "HMCResult", "LIKELIHOODS", "KERNELS", "INITS"]
 
@@ -96,7 +95,8 @@ class HMCResult(WeightPosterior):
         r_hat: ``(P,)`` (``(P + 1,)`` with a sampled noise, ``log sigma`` last): R-hat per
             coordinate across chains (NaN for one chain).
         ess: the same shape: effective sample size per coordinate, all chains together.
-        acceptance_rate: ``(chains,)``, the fraction of accepted proposals after burn-in.
+        acceptance_rate: ``(chains,)``, the mean acceptance probability ``min(1, exp(log
+            accept ratio))`` after burn-in (for NUTS, TFP's average over the tree).
         step_size: float, the adapted leapfrog step size.
         seconds: float, the wall time of sampling (tracing and compiling included).
         kernel: ``"hmc"`` or ``"nuts"``.
@@ -143,6 +143,20 @@ class HMCResult(WeightPosterior):
         """``tfbnn.predict`` with every draw: a :class:`tfbnn.RegressionPrediction` (with the noise
         as the aleatoric part) or a :class:`tfbnn.ClassificationPrediction`."""
         return predict(self, x, num_samples=self.num_draws, batch_size=batch_size, return_samples=return_samples)
+
+    def r_hat_outputs(self, x, batch_size=None):
+        """R-hat of the network's outputs at ``x`` across chains, ``(N, ...)``.
+
+        Weight-space R-hat of a neural network stays above 1 whenever the chains sit in
+        different but equivalent modes (hidden units permuted); the outputs are what the
+        predictive uses, and their R-hat near 1 says the chains agree on the function.
+        """
+        chains, draws = self.samples.shape[:2]
+        outputs = self._output_samples(self.pooled(), x, batch_size)  # (draws * chains, N, ...) draw-major
+        outputs = outputs.reshape((draws, chains) + outputs.shape[1:])
+        if chains < 2:
+            return np.full(outputs.shape[2:], np.nan)
+        return np.asarray(tfp.mcmc.potential_scale_reduction(tf.constant(outputs, tf.float64), independent_chain_ndims=1))
 
     def summary(self):
         """One line: R-hat's maximum, the smallest ESS, acceptance and time."""
@@ -278,7 +292,8 @@ def sample(model, x, y, likelihood="normal", prior_scale=1.0, noise_scale=None, 
     def run(initial, seed_tensor):
         return tfp.mcmc.sample_chain(
             num_results, initial, kernel=adaptive, num_burnin_steps=num_burnin, seed=seed_tensor,
-            trace_fn=lambda _, results: (results.inner_results.is_accepted, results.new_step_size))
+            trace_fn=lambda _, results: (tf.exp(tf.minimum(results.inner_results.log_accept_ratio, 0.0)),
+                                         results.new_step_size))
 
     start = time.perf_counter()
     draws, (accepted, step_sizes) = run(tf.constant(state, flat.dtype), tf.constant([seed, 1], tf.int32))

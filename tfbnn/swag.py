@@ -58,7 +58,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfbnn._internal import checks
-from tfbnn.inference._weights import FlatWeights, WeightPosterior
+from tfbnn.inference import FlatWeights, WeightPosterior
 
 __all__ = ["SWAG", "SWAGPosterior", "bn_update", "load"]
 

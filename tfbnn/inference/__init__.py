@@ -43,11 +43,14 @@ from tfbnn.inference._summaries import (
     summarize_regression,
     entropy,
 )
+from tfbnn.inference._weights import FlatWeights, WeightPosterior
 from tfbnn.likelihoods import GaussianHead, gaussian_nll
 
 __all__ = [
     "predict",
     "AdaptiveSampling",
+    "WeightPosterior",
+    "FlatWeights",
     "SAMPLING_PER",
     "ClassificationPrediction",
     "RegressionPrediction",

@@ -62,6 +62,14 @@ def predict(
     usual deep ensemble of deterministic networks) is run with ``T = 1``: its
     predictive is exact with M samples, whatever ``num_samples`` says.
 
+    **Weight posteriors.** For a :class:`WeightPosterior` (a
+    :class:`tfbnn.swag.SWAGPosterior`, a :class:`tfbnn.hmc.HMCResult`) the T samples
+    are T draws of the model's flattened weights, each run through the model over
+    the whole batch (one function draw per sample, as ``joint=True``); ``num_samples``
+    must be an int, and the model's output layer decides the task as above. A
+    posterior with a Gaussian noise scale (HMC's ``"normal"`` likelihood) reports it
+    as ``aleatoric_std``.
+
     **Adaptive sampling** (``num_samples=AdaptiveSampling(tolerance=..., ...)``, or
     ``"auto"`` for ``AdaptiveSampling()``). Samples are added in vectorized chunks until
     the Monte Carlo standard error of the predictive mean is at most ``tolerance``.
@@ -101,7 +109,8 @@ def predict(
     as they were before, with a ``DeprecationWarning``.)
 
     Args:
-        model: a Keras model with one output, or a :class:`tfbnn.DeepEnsemble`.
+        model: a Keras model with one output, a :class:`tfbnn.DeepEnsemble`, or a
+            :class:`WeightPosterior` (SWAG, HMC).
         x: inputs: an array or tensor ``(N, ...)``, a list/dict of them (multi-input
             models), or a batched ``tf.data.Dataset`` yielding ``x`` or
             ``(x, y, ...)``. Floating-point inputs must be finite (NaN or
