@@ -85,3 +85,18 @@ def test_pending_methods_say_so():
 def test_run_routes_the_study_and_rejects_options_that_do_not_apply(capsys):
     assert cli.main(["run", "posterior-comparison", "--dataset", "digits"]) == 2
     assert "--dataset does not apply to the study posterior-comparison" in capsys.readouterr().err
+
+
+@pytest.mark.heavy
+def test_swag_and_the_hmc_reference_enter_the_table(tmp_path):
+    """SWAG collects the second half of the MAP recipe's epochs; every other row carries its KL to HMC's
+    predictive and the agreement of the predicted classes (their formulas: the closed-form test above)."""
+    result = pc.run_experiment(output_dir=str(tmp_path), verbose=False, quick=True, datasets=("breast_cancer",),
+                               methods=("hmc", "map", "swag"))
+    rows = {r["method"]: r for r in result["rows"]}
+    assert list(rows) == ["hmc", "map", "swag"]  # the table's order
+    epochs = pc.recipes("breast_cancer", pc._settings({"quick": True}))["swag"].epochs
+    assert rows["swag"]["snapshots"] == epochs - epochs // 2
+    assert "kl_to_hmc" not in rows["hmc"] and rows["hmc"]["max_r_hat"] > 0
+    for m in ("map", "swag"):
+        assert rows[m]["kl_to_hmc"] >= 0 and 0 <= rows[m]["agreement_with_hmc"] <= 1
