@@ -127,3 +127,10 @@ def test_data_must_be_a_known_name_or_an_npz(regressor, capsys):
     path, _ = regressor
     assert cli.main(["laplace", path, "--data", "nonsense"]) == 2
     assert "nonsense" in capsys.readouterr().err
+
+
+def test_a_missing_npz_is_one_error_line(regressor, tmp_path, capsys):
+    path, _ = regressor
+    assert cli.main(["laplace", path, "--data", str(tmp_path / "none.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "none.npz" in err

@@ -21,7 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 GUIDES = os.path.join(ROOT, "docs", "guides")
 # The guides the site's nav lists (mkdocs.yml), and the benchmarks page it publishes.
-GUIDE_PAGES = ("getting-started", "elbo", "uncertainty", "ensembles", "laplace", "continual", "variational-dropout",
+GUIDE_PAGES = ("getting-started", "elbo", "uncertainty", "ensembles", "laplace", "posterior-comparison", "continual",
+               "variational-dropout",
                "ibnn", "zoo-and-recipes", "tuning", "deployment")
 DOCUMENTS = (["README.md"] + [f"docs/guides/{page}.md" for page in GUIDE_PAGES] + ["benchmarks/README.md"])
 

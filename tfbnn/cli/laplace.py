@@ -43,8 +43,6 @@ EPILOG = (
 
 def _data_source(text):
     if text.endswith(".npz"):
-        if not os.path.isfile(text):
-            raise argparse.ArgumentTypeError(f"no such file: {text!r}")
         return text
     if text not in DATASETS:
         raise argparse.ArgumentTypeError(f"expected a .npz file or one of {', '.join(DATASETS)}; got {text!r}")
@@ -88,6 +86,8 @@ def add_arguments(parser):
 def _load_npz(path, need_validation):
     import numpy as np
 
+    if not os.path.isfile(path):
+        raise ValueError(f"Expected an existing .npz file. Received: --data={path}")
     with np.load(path, allow_pickle=False) as f:
         missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in f.files]
         if missing:
