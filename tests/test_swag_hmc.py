@@ -100,6 +100,8 @@ def test_swag_predict_runs_the_model_with_the_draws(tmp_path):
         by_hand.append(np.asarray(model(x[:5])))
     np.testing.assert_allclose(res.samples, np.stack(by_hand), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(res.epistemic_std, np.stack(by_hand).std(axis=0), rtol=1e-4, atol=1e-6)
+    direct = tfbnn.predict(collector, x[:5], num_samples=4, return_samples=True)  # the callback itself
+    assert direct.samples.shape == (4, 5, 1) and np.all(direct.epistemic_std > 0)
 
 
 def test_swag_save_load_round_trip(tmp_path):

@@ -115,7 +115,7 @@ def _batches(x, batch_size):
         yield x[start: start + batch_size]
 
 
-class SWAG(keras.callbacks.Callback):
+class SWAG(keras.callbacks.Callback, WeightPosterior):
     """Collects SWA/SWAG moments of all trainable weights during ``fit`` (Maddox et al. 2019).
 
     At each collection point (the end of every ``collect_every``-th epoch from
@@ -127,7 +127,9 @@ class SWAG(keras.callbacks.Callback):
         sq_mean <- sq_mean + (theta_n^2 - sq_mean) / n               (eq. 2)
         D       <- the last max_rank columns of [..., theta_n - mean] (eq. 3)
 
-    Snapshots accumulate across several ``fit`` calls. Use a learning rate that keeps
+    Snapshots accumulate across several ``fit`` calls. After ``fit``,
+    ``tfbnn.predict(swag, x, num_samples=T)`` samples :meth:`posterior` (default scale,
+    unseeded); make the posterior yourself for a seed or another scale. Use a learning rate that keeps
     SGD moving (constant, or cyclical) over the collection epochs, as the paper does.
 
     Args:
@@ -262,6 +264,9 @@ class SWAG(keras.callbacks.Callback):
         if self._bn_data is not None:
             posterior.bn_update(*self._bn_data)
         return posterior
+
+    def predictive_samples(self, x, num_samples, batch_size=None):
+        return self.posterior().predictive_samples(x, num_samples, batch_size)
 
     # -- saving ----------------------------------------------------------------------
     def get_config(self):
