@@ -34,6 +34,7 @@ GUIDES = {
     "tfbnn.swag": ("Post-hoc uncertainty: Laplace, SWAG and HMC", "laplace"),
     "tfbnn.hmc": ("Post-hoc uncertainty: Laplace, SWAG and HMC", "laplace"),
     "tfbnn.layers.rank1": ("Deep ensembles", "ensembles"),
+    "tfbnn.experiments.posterior_comparison": ("Posterior comparison", "posterior-comparison"),
     "tfbnn.continual": ("Continual learning", "continual"),
     "tfbnn.experiments.vcl_split_digits": ("Continual learning", "continual"),
     "tfbnn.layers.variational_dropout": ("Variational dropout, pruning and conversion", "variational-dropout"),

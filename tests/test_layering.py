@@ -88,6 +88,10 @@ FUNCTION_LOCAL_IMPORTS = {
     ("tfbnn/cli/train.py", "run"): _command("train"),
     **{("tfbnn/cli/tune.py", name): _command("tune") + " (tfbnn.tuning: KerasTuner and TensorFlow)" for name in (
         "_space", "_report", "run", "_launch", "_space_names", "_run_search")},
+    **{("tfbnn/cli/laplace.py", name): _command("laplace") for name in (
+        "_load_npz", "_load_named", "_likelihood", "_progress", "_evaluate", "run")},
+    ("tfbnn/experiments/posterior_comparison.py", "run_experiment"):
+        _study("posterior-comparison") + " (its numeric side, tfbnn.experiments._posterior_study)",
     ("tfbnn/experiments/_common.py", "quiet_tensorflow"): _STUDIES,
     ("tfbnn/experiments/_common.py", "array_pipeline"): _STUDIES,
     **{("tfbnn/experiments/ibnn_lenet.py", name): _study("ibnn-lenet") for name in (

@@ -265,3 +265,21 @@ def test_numpy_scalars_are_accepted_as_keras_accepts_them():
     with pytest.raises(ValueError, match="temperature=True"):
         calibration.TemperatureScaling(True)
 
+
+
+def test_interval_coverage_counts_targets_inside_the_central_gaussian_intervals():
+    import scipy.stats
+
+    rng = np.random.default_rng(0)
+    mean, std = rng.normal(size=500), rng.uniform(0.5, 2.0, 500)
+    y = mean + std * rng.standard_normal(500)
+    got = tfbnn.metrics.interval_coverage(y, mean, std, levels=(0.5, 0.9))
+    lo, hi = scipy.stats.norm.interval(0.9, loc=mean, scale=std)
+    assert got[1] == np.mean((y >= lo) & (y <= hi))
+    lo, hi = scipy.stats.norm.interval(0.5, loc=mean, scale=std)
+    assert got[0] == np.mean((y >= lo) & (y <= hi))
+    assert abs(got[1] - 0.9) < 0.05  # calibrated draws cover about the nominal fraction
+    with pytest.raises(ValueError, match="std"):
+        tfbnn.metrics.interval_coverage([0.0], [0.0], [0.0])
+    with pytest.raises(ValueError, match="levels"):
+        tfbnn.metrics.interval_coverage([0.0], [0.0], [1.0], levels=(1.5,))

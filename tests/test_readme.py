@@ -21,9 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 GUIDES = os.path.join(ROOT, "docs", "guides")
 # The guides the site's nav lists (mkdocs.yml), and the benchmarks page it publishes.
-GUIDE_PAGES = ("getting-started", "migration", "more-layers", "elbo", "uncertainty", "distribution-heads", "ensembles", "laplace",
-               "continual", "variational-dropout", "ibnn", "flows", "zoo-and-recipes", "recurrent", "tuning",
-               "deployment")
+GUIDE_PAGES = ("getting-started", "migration", "more-layers", "elbo", "uncertainty", "distribution-heads", "ensembles",
+               "laplace", "posterior-comparison", "continual", "variational-dropout", "ibnn", "flows", "zoo-and-recipes",
+               "recurrent", "tuning", "deployment")
 DOCUMENTS = (["README.md"] + [f"docs/guides/{page}.md" for page in GUIDE_PAGES] + ["benchmarks/README.md"])
 
 # Blocks that cannot run here, by their id (see ``python_blocks``), with the reason.

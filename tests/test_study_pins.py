@@ -34,17 +34,24 @@ RTOL = 0.0
 SHIFTED = {("vd_sparsity", "sparse_npz_bytes"): 3}
 
 
-def _compare(got, want, where):
+#: The posterior comparison's tolerance: its float32 predictions (oneDNN matmuls) moved in the 9th digit
+#: between two runs of the same code (38.454979808 vs 38.454979836), so its pins hold to 1e-6. Its
+#: stochastic rows (BbB, MC dropout) are not pinned: a second quick run in the same process gave another
+#: BbB-Flipout NLL (36.7356 vs 36.3546; the first run of a fresh process reproduces), which is open.
+POSTERIOR_RTOL = 1e-6
+
+
+def _compare(got, want, where, rtol=RTOL):
     if isinstance(want, dict):
         assert set(got) >= set(want), f"{where}: keys {sorted(set(want) - set(got))} missing"
         for key in want:
-            _compare(got[key], want[key], f"{where}.{key}")
+            _compare(got[key], want[key], f"{where}.{key}", rtol)
     elif isinstance(want, list):
         assert len(got) == len(want), f"{where}: {len(got)} items, pinned {len(want)}"
         for i, (g, w) in enumerate(zip(got, want)):
-            _compare(g, w, f"{where}[{i}]")
+            _compare(g, w, f"{where}[{i}]", rtol)
     elif isinstance(want, float) and not isinstance(want, bool):
-        assert got == pytest.approx(want, rel=RTOL, abs=0.0, nan_ok=True), f"{where}: {got!r}, pinned {want!r}"
+        assert got == pytest.approx(want, rel=rtol, abs=0.0, nan_ok=True), f"{where}: {got!r}, pinned {want!r}"
     else:
         shift = (where.split(".")[0], where.rsplit(".", 1)[-1])
         if shift in SHIFTED:
@@ -108,3 +115,14 @@ def test_transformer_variants_no_longer_depend_on_each_other(tmp_path):
     for key in ("accuracy", "nll", "ece", "ff_sparsity", "accuracy_principled", "accuracy_random"):
         assert both["rows"][1][key] == alone["rows"][0][key], key
     assert alone["rows"][0]["nll"] == 0.6538007604427571
+
+
+@pytest.mark.heavy
+def test_the_posterior_comparison_reproduces_its_pinned_numbers():
+    """Issue 22's study (MAP and the two Laplace approximations on the gap data, quick): its
+    numbers were recorded when it was written; a change to its data, training or metrics must
+    reproduce them or say here why they moved."""
+    pin = PINS["posterior_comparison"]
+    assert pin["kwargs"] == make_study_pins.CALLS["posterior_comparison"]
+    _compare(make_study_pins.run_call("posterior_comparison", pin["kwargs"]), pin["rows"], "posterior_comparison",
+             POSTERIOR_RTOL)

@@ -15,6 +15,9 @@ negative_log_likelihood         ``-(1/N) sum_i log p_{i, y_i}`` (nats; probabili
 brier_score ``BrierScore``      ``(1/N) sum_i sum_c (p_ic - 1[c = y_i])^2`` (Brier 1950, summed
                                 over classes: range [0, 2]; some papers divide by C)
 accuracy                        ``(1/N) sum_i 1[argmax_c p_ic = y_i]``
+interval_coverage               the fraction of targets inside the central Gaussian intervals
+                                ``mean -/+ Phi^-1((1 + p) / 2) std`` of levels ``p`` (regression
+                                calibration: ideally ``p``)
 auroc                           ``P(s_out > s_in) + P(s_out = s_in) / 2``: the area under the ROC
                                 curve of telling apart two sets of uncertainty scores (Mann-
                                 Whitney U / (n_in n_out); Hanley & McNeil 1982)
@@ -46,6 +49,7 @@ References:
 """
 
 import dataclasses
+import statistics
 
 import keras
 import numpy as np
@@ -63,6 +67,7 @@ __all__ = [
     "selective_prediction",
     "SelectivePrediction",
     "auroc",
+    "interval_coverage",
     "ExpectedCalibrationError",
     "NegativeLogLikelihood",
     "BrierScore",
@@ -417,6 +422,42 @@ def auroc(in_scores, out_scores):
     ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
     u = ranks[len(neg):].sum() - len(pos) * (len(pos) + 1) / 2.0
     return float(u / (len(neg) * len(pos)))
+
+
+def interval_coverage(targets, mean, std, levels=(0.5, 0.9)):
+    """Empirical coverage of central Gaussian predictive intervals (regression calibration).
+
+    For each level ``p`` the fraction of targets with ``|y_i - mu_i| <= z_p sigma_i``,
+    ``z_p = Phi^-1((1 + p) / 2)``: a calibrated predictive covers a fraction ``p``
+    (Kuleshov et al. 2018 use one-sided quantiles; these are central intervals, as
+    :meth:`tfbnn.RegressionPrediction.interval` gives them).
+
+    Args:
+        targets: ``(N, ...)`` regression targets.
+        mean: the predictive means, shaped like ``targets``.
+        std: the predictive standard deviations (> 0), shaped like ``targets``.
+        levels: sequence of floats in (0, 1). Default ``(0.5, 0.9)``.
+
+    Returns:
+        A list of floats in [0, 1], one coverage per level.
+
+    Example:
+        >>> import tfbnn
+        >>> tfbnn.metrics.interval_coverage([0.0, 1.0, 3.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], levels=(0.5, 0.9))
+        [0.3333333333333333, 0.6666666666666666]
+    """
+    y, mu, sd = (np.asarray(v, np.float64) for v in (targets, mean, std))
+    if not (y.shape == mu.shape == sd.shape):
+        raise ValueError(f"Expected `targets`, `mean` and `std` of one shape. Received: shapes {y.shape}, "
+                         f"{mu.shape} and {sd.shape}")
+    if not np.all(sd > 0):
+        raise ValueError(f"Expected `std` > 0. Received: std with minimum {float(sd.min())!r}")
+    out = []
+    for level in levels:
+        level = checks.number("levels", level, low=0, high=1, low_open=True, high_open=True)
+        z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
+        out.append(float(np.mean(np.abs(y - mu) <= z * sd)))
+    return out
 
 
 # -- Keras metrics ---------------------------------------------------------------------

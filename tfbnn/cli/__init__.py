@@ -40,6 +40,8 @@ COMMANDS = {
     "export": ("tfbnn.cli.export", "export a saved model as a SavedModel with sample / mean / uncertainty endpoints"),
     "tune": ("tfbnn.cli.tune",
              "KerasTuner search: the Blundell scale-mixture prior grid (27 trials), resumable, distributable"),
+    "laplace": ("tfbnn.cli.laplace",
+                "post-hoc Laplace approximation of a saved model: fit, tune the prior, save (.npz) and evaluate (.json)"),
     "vd-sparsity": ("tfbnn.experiments.vd_sparsity",
                     "sparsity study: pre-train, convert (vd | graves), anneal, prune vs random"),
     "vd-regression": ("tfbnn.experiments.vd_regression",
@@ -54,6 +56,8 @@ COMMANDS = {
                    "uncertainty under input corruption: iBNN vs MC dropout (plots + CSV)"),
     "uncertainty-comparison": ("tfbnn.experiments.uncertainty_comparison",
                                "one table: deterministic, MC dropout, BbB, iBNN, deep ensemble (CSV/MD + PNG)"),
+    "posterior-comparison": ("tfbnn.experiments.posterior_comparison",
+                             "MAP, MC dropout, BbB x3, VD, iBNN, ensemble, Laplace, SWAG vs HMC (1-D gap + sklearn)"),
     "vcl-split-digits": ("tfbnn.experiments.vcl_split_digits",
                          "split digits: VCL (posterior as prior) vs fine-tuning; forgetting table + plots"),
 }

@@ -1,9 +1,15 @@
 """``tfbnn run RECIPE``: a study's protocol (a built-in recipe or a .json file) from the command line."""
 
+import importlib
+
 from tfbnn import training
 from tfbnn._internal import argtypes
 
-__all__ = ["DESCRIPTION", "EPILOG", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "EPILOG", "STUDIES", "add_arguments", "run"]
+
+#: Studies ``tfbnn run NAME`` runs with their defaults (``--quick``, ``--seed`` and ``--output-dir``
+#: apply): name -> the module of its ``run_experiment``; ``tfbnn NAME --help`` has all their options.
+STUDIES = {"posterior-comparison": "tfbnn.experiments.posterior_comparison"}
 
 DESCRIPTION = (
     "Run a recipe with tfbnn.training.run: train, evaluate (accuracy, NLL, ECE, Brier score,\n"
@@ -12,7 +18,9 @@ DESCRIPTION = (
     "--output-dir, only after the run succeeded.\n"
     "\n"
     "RECIPE is a built-in name (`tfbnn recipes` lists them with their sources) or a JSON file\n"
-    "as written by tfbnn.training.save_recipe or by an earlier run (its recipe.json)."
+    "as written by tfbnn.training.save_recipe or by an earlier run (its recipe.json), or a study\n"
+    "that is a set of recipes with its own analysis (posterior-comparison: `tfbnn posterior-comparison\n"
+    "--help` lists its options; here --quick, --seed and --output-dir apply)."
 )
 EPILOG = ("examples:\n  tfbnn run blundell-mnist-1200\n  tfbnn run vd-lenet300-100 --quick --dataset digits\n"
           "  tfbnn run saved_models/runs/blundell-mnist-400/recipe.json")
@@ -35,6 +43,8 @@ def add_arguments(parser):
 
 def run(args):
     """``tfbnn run``: returns the exit status."""
+    if args.recipe in STUDIES:
+        return _run_study(args)
     recipe = training.resolve(args.recipe)
     if args.quick:
         recipe = recipe.quick()
@@ -42,4 +52,17 @@ def run(args):
     if changes:
         recipe = recipe.replace(**changes)
     training.run(recipe, output_dir=args.output_dir, verbose=argtypes.verbosity(args.verbose))
+    return 0
+
+
+def _run_study(args):
+    """``tfbnn run STUDY``: the study's ``run_experiment`` with its defaults and the options that apply."""
+    not_applicable = [f"--{k}" for k in ("dataset", "epochs", "verbose") if getattr(args, k) is not None]
+    if not_applicable:
+        raise ValueError(f"{not_applicable[0]} does not apply to the study {args.recipe} (see `tfbnn {args.recipe} "
+                         f"--help`). Received: {args.recipe} with {not_applicable[0]}")
+    study = importlib.import_module(STUDIES[args.recipe])
+    settings = {"quick": args.quick, **({"seed": args.seed} if args.seed is not None else {})}
+    result = study.run_experiment(output_dir=args.output_dir, **settings)
+    print("\nWrote " + ", ".join(result["files"]))
     return 0

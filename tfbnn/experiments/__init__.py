@@ -31,6 +31,9 @@ module                          experiment
                                 ensemble on the same data: accuracy, NLL, ECE, Brier,
                                 epistemic clean vs shifted, AUROC of detecting the
                                 shift (one table)
+``posterior_comparison``        MAP, MC dropout, BbB (three estimators), VD, iBNN, a deep
+                                ensemble, Laplace and SWAG against an HMC reference:
+                                1-D in-between uncertainty, diabetes, breast cancer
 ``vcl_split_digits``            continual learning on split digits (5 class-pair tasks):
                                 variational continual learning (posterior as the next
                                 prior) vs fine-tuning; accuracy matrices, forgetting

@@ -1,0 +1,294 @@
+"""Posterior comparison: ten approximate posteriors of one small MLP against an HMC reference.
+
+The comparison the VI thesis left open (issue 22, item 4). Every method fits the same MLP
+(``--hidden-units`` x ``--depth`` ReLU units) on the same data, and its predictive on the
+test inputs is scored and compared with the predictive of Hamiltonian Monte Carlo over
+all weights (the asymptotically exact posterior under the same N(0, ``prior_scale``^2)
+prior and Gaussian noise):
+
+==========================  ==========================================================
+method                      what (reference)
+==========================  ==========================================================
+``map``                     the deterministic network, one weight vector (MAP)
+``mc_dropout``              dropout kept on at test time (Gal & Ghahramani 2016)
+``bbb_reparameterization``  Bayes by Backprop, mean-field Gaussian, one weight sample
+                            per step (Blundell et al. 2015)
+``bbb_flipout``             the same posterior, Flipout estimator (Wen et al. 2018)
+``bbb_local_reparameterization``  the same posterior, local reparameterization (Kingma
+                            et al. 2015)
+``vd``                      sparse variational dropout (Molchanov et al. 2017)
+``ibnn``                    node-based BNN, K = 4 mixture components (Trinh et al. 2022)
+``ensemble``                deep ensemble of ``--members`` MAP networks
+                            (Lakshminarayanan et al. 2017)
+``laplace_last_layer``      post-hoc Laplace on the MAP network's last layer, KFAC,
+                            prior precision by the marginal likelihood (Daxberger et
+                            al. 2021), GLM predictive
+``laplace_diag``            post-hoc Laplace over all weights, diagonal GGN, the same
+``swag``                    SWAG, low rank plus diagonal Gaussian from SGD iterates
+                            (Maddox et al. 2019)
+``hmc``                     the reference: HMC over all weights, several chains, R-hat
+                            and ESS reported
+==========================  ==========================================================
+
+Data (all offline): ``gap``, the 1-D regression of Foong et al. (2019) with inputs in two
+clusters and a gap between them (the test inputs include the gap), with each method's
+predictive band plotted beside HMC's; ``diabetes`` (scikit-learn, 442 patients, 10
+features, standardized target, regression); ``breast_cancer`` (scikit-learn, 569 tumours,
+30 features, 2 classes). Regression uses a Gaussian likelihood with a fixed noise std
+(``noise_std`` for the gap data, ``tabular_noise_std`` for diabetes), the same for every
+method (Laplace's noise is not tuned, only its prior precision).
+
+Columns: test NLL; RMSE (regression) or accuracy; ECE (classification: 10 confidence
+bins; regression: the mean |coverage - level| of the central intervals at levels 0.1 ...
+0.9); the coverage of the central 50% and 90% intervals; the predictive std in the gap
+and in the clusters (``gap``); the distance to HMC's predictive (regression: the
+2-Wasserstein distance between moment-matched Gaussians, averaged over test points;
+classification: ``KL(p_HMC || p)`` and the agreement of the predicted class); wall time
+in seconds (Laplace: the MAP training plus the fit).
+
+What the papers report: Foong et al. (2019) prove and show that mean-field Gaussian VI
+(and MC dropout) of a one-hidden-layer network cannot widen its predictive between two
+clusters of data, where HMC (and the linearized Laplace) do; Maddox et al. (2019) report
+SWAG close to HMC-like calibration on regression and classification benchmarks;
+Daxberger et al. (2021, Laplace Redux) report that last-layer Laplace with the GLM
+predictive and marginal-likelihood prior tuning is competitive with deep ensembles in
+NLL and calibration at a fraction of the cost. ``docs/guides/posterior-comparison.md``
+gives the numbers of this run beside them.
+
+Outputs (``--output-dir``, default ``saved_models/experiments/posterior_comparison/``):
+``results.csv`` / ``results.json`` (one row per dataset and method, with the settings),
+``comparison.md`` (the tables), ``gap_bands.png``, and under ``<dataset>/runs/<method>/``
+each trained method's :func:`tfbnn.training.run` folder (recipe.json, history,
+learning curves, results.json, model.keras).
+
+Run: ``tfbnn posterior-comparison`` (or ``tfbnn run posterior-comparison``, or
+``python -m tfbnn.experiments.posterior_comparison``); ``--quick`` is the test suite's
+smoke run (seconds).
+
+References:
+    Foong, Li, Hernandez-Lobato, Turner. 'In-Between' Uncertainty in Bayesian Neural
+    Networks. ICML 2019 Workshop on Uncertainty and Robustness in Deep Learning.
+    Maddox, Garipov, Izmailov, Vetrov, Wilson. A Simple Baseline for Bayesian
+    Uncertainty in Deep Learning. NeurIPS 2019.
+    Daxberger, Kristiadi, Immer, Eschenhagen, Bauer, Hennig. Laplace Redux --
+    Effortless Bayesian Deep Learning. NeurIPS 2021.
+    Neal. MCMC using Hamiltonian dynamics. Handbook of MCMC, 2011.
+"""
+
+import os
+
+from tfbnn import training
+from tfbnn._internal import argtypes, files
+from tfbnn.experiments import _common
+
+__all__ = ["DEFAULTS", "METHODS", "DATASETS", "recipes", "run_experiment", "add_arguments", "run", "main"]
+
+NAME = "posterior_comparison"
+
+#: Method -> table label, in the table's order.
+METHODS = {
+    "hmc": "HMC (reference)",
+    "map": "MAP",
+    "mc_dropout": "MC dropout",
+    "bbb_reparameterization": "BbB (reparameterization)",
+    "bbb_flipout": "BbB (Flipout)",
+    "bbb_local_reparameterization": "BbB (local reparameterization)",
+    "vd": "variational dropout",
+    "ibnn": "iBNN",
+    "ensemble": "deep ensemble",
+    "laplace_last_layer": "Laplace (last layer, KFAC)",
+    "laplace_diag": "Laplace (all weights, diagonal)",
+    "swag": "SWAG",
+}
+DATASETS = ("gap", "diabetes", "breast_cancer")
+
+DEFAULTS = {
+    "datasets": DATASETS,
+    "methods": tuple(METHODS),
+    "hidden_units": 32,
+    "depth": 2,
+    "num_points": 40,
+    "noise_std": 0.1,
+    "tabular_noise_std": 0.7,
+    "prior_scale": 1.0,
+    "gap_steps": 1000,
+    "epochs": 60,
+    "batch_size": 32,
+    "learning_rate": 3e-3,
+    "dropout_rate": 0.1,
+    "members": 5,
+    "num_samples": 100,
+    "swag_rank": 10,
+    "hmc_chains": 2,
+    "hmc_results": 200,
+    "hmc_burnin": 300,
+    "hmc_step_size": 1e-3,
+    "seed": 0,
+    "quick": False,
+}
+
+DESCRIPTION = (
+    "MAP, MC dropout, Bayes by Backprop (reparameterization, Flipout, local reparameterization),\n"
+    "variational dropout, iBNN, a deep ensemble, Laplace (last layer / diagonal) and SWAG against an\n"
+    "HMC reference, on the 1-D 'in-between' regression of Foong et al. 2019 and two scikit-learn\n"
+    "datasets (diabetes, breast cancer): test NLL, RMSE / accuracy, ECE, interval coverage, distance\n"
+    "to HMC's predictive, run time. CSV, JSON, markdown and the predictive bands (PNG)."
+)
+
+
+#: Full-batch steps per (logged) epoch on the gap data.
+_GAP_STEPS_PER_EPOCH = 20
+
+
+def _trained_options(s):
+    normal = {"prior": {"class_name": "Normal", "config": {"loc": 0.0, "scale": s["prior_scale"]}}}
+    return {
+        "map": ("deterministic", {}),
+        "mc_dropout": ("mc_dropout", {"rate": s["dropout_rate"]}),
+        **{f"bbb_{e}": ("bbb", {"estimator": e, **normal})
+           for e in ("reparameterization", "flipout", "local_reparameterization")},
+        "vd": ("vd", {}),
+        "ibnn": ("ibnn", {"num_components": 4}),
+        "ensemble": ("ensemble", {"members": s["members"], "member_method": "deterministic"}),
+        "swag": ("deterministic", {}),
+    }
+
+
+def recipes(dataset, s):
+    """``{method: Recipe}`` of the trained methods on ``dataset`` (``map`` first: Laplace uses it).
+
+    The same MLP for all; Adam; the gap data full-batch (``gap_steps`` steps, learning
+    rate 1e-2), the tabular data in minibatches of ``batch_size`` for ``epochs`` epochs;
+    the KL weight ramps linearly to the ELBO's ``beta = 1`` over the first half; SWAG
+    is the MAP recipe with the SWAG callback collecting the iterates of every epoch of
+    the second half (Adam at a constant rate, not the paper's SGD: one optimizer for all).
+    """
+    regression = dataset != "breast_cancer"
+    gap = dataset == "gap"
+    quick = s["quick"]
+    epochs = (-(-s["gap_steps"] // _GAP_STEPS_PER_EPOCH) if gap else s["epochs"]) if not quick else 3
+    base = training.Recipe(
+        name=f"posterior-comparison-{dataset}", description=f"the posterior comparison on {dataset}",
+        reference="issue 22 item 4", model="mlp",
+        model_options={"hidden_units": (s["hidden_units"],) * s["depth"], **({"outputs": 1} if regression else {}),
+                       "seed": s["seed"]},
+        dataset=dataset, optimizer="adam", learning_rate=1e-2 if gap else s["learning_rate"], epochs=epochs,
+        batch_size=s["num_points"] if gap else s["batch_size"], kl_schedule="linear",
+        steps_per_epoch=_GAP_STEPS_PER_EPOCH if gap and not quick else None,
+        likelihood="gaussian" if regression else "categorical",
+        noise_std=(s["noise_std"] if gap else s["tabular_noise_std"]) if regression else None,
+        eval_samples=s["num_samples"], seed=s["seed"])
+    out = {}
+    for method, (recipe_method, options) in _trained_options(s).items():
+        if quick and method == "ensemble":
+            options = {**options, "members": min(2, s["members"])}
+        r = base.replace(name=f"{base.name}-{method}", method=recipe_method, method_options=options)
+        out[method] = r
+    return out
+
+
+def _settings(settings):
+    s = _common.settings(DEFAULTS, settings, unique=("datasets", "methods"))
+    _common.check_names(s, "datasets", DATASETS)
+    _common.check_names(s, "methods", tuple(METHODS))
+    _common.check_integers(s, ("hidden_units", "depth", "num_points", "gap_steps", "epochs", "batch_size",
+                               "members", "num_samples", "swag_rank", "hmc_chains", "hmc_results"))
+    _common.check_integers(s, ("hmc_burnin", "seed"), minimum=0)
+    _common.check_positive_numbers(s, ("noise_std", "tabular_noise_std", "prior_scale", "learning_rate",
+                                       "hmc_step_size"))
+    if not 0 < s["dropout_rate"] < 1:
+        raise ValueError(f"Expected `dropout_rate` in (0, 1). Received: dropout_rate={s['dropout_rate']!r}")
+    if s["quick"]:
+        s.update(num_samples=min(s["num_samples"], 8), hmc_results=min(s["hmc_results"], 20),
+                 hmc_burnin=min(s["hmc_burnin"], 20), members=min(s["members"], 2))
+    return s
+
+
+_COLUMNS = {
+    "regression": (("label", "method"), ("nll", "NLL"), ("rmse", "RMSE"), ("ece", "interval ECE"),
+                   ("coverage_50", "50% cover"), ("coverage_90", "90% cover"), ("std_gap", "sd gap"),
+                   ("std_clusters", "sd clusters"), ("w2_to_hmc", "W2 to HMC"), ("seconds", "seconds")),
+    "classification": (("label", "method"), ("nll", "NLL"), ("accuracy", "accuracy"), ("ece", "ECE"),
+                       ("kl_to_hmc", "KL(HMC, p)"), ("agreement_with_hmc", "agrees with HMC"),
+                       ("seconds", "seconds")),
+}
+
+
+def run_experiment(output_dir=None, verbose=True, **settings):
+    """Runs every method on every dataset; writes the tables, the bands and each run's folder.
+
+    Args:
+        output_dir: folder; default ``saved_models/experiments/posterior_comparison``.
+        verbose: bool, print a line per method.
+        **settings: overrides of :data:`DEFAULTS` (``methods`` and ``datasets`` choose the cells).
+
+    Returns:
+        ``{"rows": [...], "markdown": str, "files": [...], "settings": {...}}``.
+
+    Raises:
+        ValueError: a bad setting (named).
+        RunError: a method that is not in this build (SWAG or HMC pending), or a failed run.
+    """
+    s = _settings(settings)
+    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
+    _common.quiet_tensorflow()
+    from tfbnn.experiments import _posterior_study as study
+
+    rows, written, tables = [], [], []
+    for dataset in s["datasets"]:
+        got, plot = study.run_dataset(dataset, s, recipes(dataset, s), output_dir, verbose)
+        for r in got:
+            r["label"] = METHODS[r["method"]]
+        got.sort(key=lambda r: list(METHODS).index(r["method"]))
+        rows += got
+        written += [plot] if plot else []
+        kind = "classification" if dataset == "breast_cancer" else "regression"
+        tables.append(study.markdown(dataset, got, _COLUMNS[kind]))
+    text = "\n".join(tables)
+    written += [*_common.write_results(output_dir, rows, s),
+                files.write_text(os.path.join(output_dir, "comparison.md"), text)]
+    if verbose:
+        print("\n" + text, flush=True)
+    return {"rows": rows, "markdown": text, "files": written, "settings": _common.jsonable(s)}
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def add_arguments(parser):
+    """The options of the study (``tfbnn posterior-comparison``, ``python -m``)."""
+    d = DEFAULTS
+    parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(d["datasets"]), metavar="NAME",
+                        help=f"datasets, from {', '.join(DATASETS)}")
+    parser.add_argument("--methods", nargs="+", choices=tuple(METHODS), default=list(d["methods"]), metavar="M",
+                        help=f"methods, from {', '.join(METHODS)}")
+    _common.add_options(parser, d, "hidden_units", "depth", "epochs", "batch_size", "learning_rate",
+                        epochs="epochs on the tabular data")
+    parser.add_argument("--gap-steps", type=argtypes.positive_int, default=d["gap_steps"],
+                        help="full-batch steps on the 1-D gap data")
+    _common.add_options(parser, d, "dropout_rate", "num_samples", "seed")
+    parser.add_argument("--members", type=argtypes.positive_int, default=d["members"], help="deep ensemble size")
+    parser.add_argument("--hmc-results", type=argtypes.positive_int, default=d["hmc_results"],
+                        help="HMC samples kept per chain")
+    parser.add_argument("--hmc-burnin", type=argtypes.non_negative_int, default=d["hmc_burnin"],
+                        help="HMC burn-in (step-size adaptation) steps per chain")
+    parser.add_argument("--hmc-chains", type=argtypes.positive_int, default=d["hmc_chains"], help="HMC chains")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: 3 epochs, 120 tabular examples, 8 samples, short HMC chains")
+    _common.add_output_dir(parser, NAME, "the tables, the plots and the runs")
+
+
+def run(args):
+    """Runs the study from parsed arguments; returns the exit status."""
+    return _common.run_with_settings(args, DEFAULTS, run_experiment,
+                                     f"{NAME}: {', '.join(args.methods)} on {', '.join(args.datasets)}",
+                                     datasets=tuple(args.datasets), methods=tuple(args.methods))
+
+
+def main(argv=None):
+    """``python -m tfbnn.experiments.posterior_comparison [options]``; returns the exit status."""
+    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
