@@ -1,7 +1,16 @@
-"""SavedModel export with stochastic, posterior-mean and uncertainty endpoints.
+"""Exports with stochastic, posterior-mean and uncertainty endpoints: SavedModel, TFLite, ONNX.
 
-The exported SavedModel needs neither tfbnn nor Keras to serve: load it with plain
-``tf.saved_model.load(path)``. Endpoints (``x`` is a batch shaped like the model's
+Export with :func:`export` (``format="saved_model"``, ``"tflite"`` or ``"onnx"``), not
+with Keras' ``model.export``: Keras saves every layer's ``SeedGenerator`` state with
+the model, so every fresh process that loads a ``model.export`` SavedModel gives the
+same first "random" draw, and the same sequence after it. The exports here draw fresh
+noise in every process unless a seed is asked for.
+
+TFLite and ONNX exports (:func:`export`, :func:`portable_noise`) have the endpoints
+``summary``, ``sample`` and ``mean`` with built-in ops only (see :func:`export`).
+
+The exported SavedModel (:func:`export_saved_model`) needs neither tfbnn nor Keras to
+serve: load it with plain ``tf.saved_model.load(path)``. Its endpoints (``x`` is a batch shaped like the model's
 input; ``seed`` a scalar ``tf.int64`` or ``tf.int32`` tensor):
 
 =====================  =========================================================
