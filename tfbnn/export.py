@@ -100,8 +100,12 @@ def _reseed(generators, seed):
 
 
 def _entropy(probs):
-    """``-sum p log p`` over the last axis with ``0 log 0 = 0``; ``xlogy`` is neither a TFLite nor an ONNX op."""
-    return -tf.reduce_sum(probs * tf.math.log(tf.maximum(probs, tf.constant(1e-30, probs.dtype))), axis=-1)
+    """``-sum p log p`` over the last axis with ``0 log 0 = 0``.
+
+    Not ``xlogy``, which is neither a TFLite nor an ONNX op; and no tiny constant
+    (``log(max(p, 1e-30))``), which a float16-quantized TFLite export rounds to 0.
+    """
+    return -tf.reduce_sum(tf.where(probs > 0, probs * tf.math.log(probs), tf.zeros_like(probs)), axis=-1)
 
 
 def _classification_summary(samples, from_logits):
@@ -151,7 +155,11 @@ def _summarizer(model, num_samples, task, from_logits):
     def summarize(x):
         with weight_samples(model, num_samples):
             batch = tf.shape(x)[0]
-            tiled = tf.tile(x, tf.concat([[num_samples], tf.ones([tf.rank(x) - 1], tf.int32)], axis=0))
+            # x repeated T times along the batch axis, sample-major. Not tf.tile: TFLite's converter folds a
+            # Tile feeding a broadcasting Mul (Flipout's signs) into the Mul, wrong for a batch > 1.
+            shape = tf.shape(x)
+            tiled = tf.reshape(tf.broadcast_to(x[tf.newaxis], tf.concat([[num_samples], shape], axis=0)),
+                               tf.concat([[num_samples * batch], shape[1:]], axis=0))
             if ensemble:  # (M, T * B, ...) -> (M * T, B, ...), member-major as tfbnn.predict
                 outputs = model.call_members(tiled, training=False)
                 samples = tf.reshape(outputs, tf.concat([[model.num_members * num_samples, batch],
