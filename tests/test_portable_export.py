@@ -177,3 +177,24 @@ def test_export_validates_its_arguments(tmp_path):
     with pytest.raises(ValueError, match="DenseVariational"):
         export.export(variational, str(tmp_path / "v"), format="onnx")
     assert not os.path.exists(tmp_path / "v")
+
+
+@pytest.mark.heavy
+def test_tflite_conv_summary_at_several_batch_sizes(tmp_path):
+    # Conv layers apply T weight samples block by block, unrolled in a portable export;
+    # Flipout's per-example signs broadcast over positions (TFLite once folded the tiling wrongly).
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6, 6, 1)),
+                              tfbnn.layers.Conv2DReparameterization(2, 3, activation="relu", kl_weight=1e-3, seed=1),
+                              tfbnn.layers.Conv2DFlipout(2, 3, activation="relu", kl_weight=1e-3, seed=2),
+                              keras.layers.Flatten(),
+                              tfbnn.DenseFlipout(3, activation="softmax", kl_weight=1e-3, seed=3)])
+    x = np.random.default_rng(1).normal(size=(3, 6, 6, 1)).astype("float32")
+    paths = {fmt: export.export(model, str(tmp_path / name), format=fmt, num_samples=300)
+             for fmt, name in (("saved_model", "sm"), ("tflite", "m.tflite"))}
+    reference, served = _Served("saved_model", paths["saved_model"]), _Served("tflite", paths["tflite"])
+    ref = reference("summary", x)
+    for batch in (3, 1, 3):
+        got = served("summary", x[:batch])
+        np.testing.assert_allclose(got["mean_probs"], ref["mean_probs"][:batch], atol=0.05)
+        np.testing.assert_allclose(got["predictive_entropy"], ref["predictive_entropy"][:batch], rtol=0.1)
