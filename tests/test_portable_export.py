@@ -198,3 +198,18 @@ def test_tflite_conv_summary_at_several_batch_sizes(tmp_path):
         got = served("summary", x[:batch])
         np.testing.assert_allclose(got["mean_probs"], ref["mean_probs"][:batch], atol=0.05)
         np.testing.assert_allclose(got["predictive_entropy"], ref["predictive_entropy"][:batch], rtol=0.1)
+
+
+@pytest.mark.heavy
+def test_saturated_probabilities_give_finite_summaries(tmp_path):
+    # Softmax outputs of exactly 0 (a confident classifier): 0 log 0 = 0 in every format.
+    model = keras.Sequential([keras.Input((2,)), tfbnn.DenseFlipout(3, activation="softmax", kl_weight=1e-3, seed=1)])
+    model.layers[0].kernel_loc.assign(np.array([[300.0, -300.0, 0.0], [0.0, 0.0, 0.0]], "float32"))
+    x = np.array([[1.0, 0.0], [-1.0, 0.0]], "float32")
+    with tfbnn.posterior_mean(model):
+        assert np.any(model(x).numpy() == 0.0)
+    for fmt, name in (("tflite", "m.tflite"), ("onnx", "onnx")):
+        summary = _Served(fmt, export.export(model, str(tmp_path / name), format=fmt, num_samples=8))("summary", x)
+        for key, value in summary.items():
+            assert np.all(np.isfinite(value)), (fmt, key)
+        np.testing.assert_allclose(summary["predictive_entropy"], 0.0, atol=1e-3)

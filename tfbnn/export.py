@@ -102,10 +102,13 @@ def _reseed(generators, seed):
 def _entropy(probs):
     """``-sum p log p`` over the last axis with ``0 log 0 = 0``.
 
-    Not ``xlogy``, which is neither a TFLite nor an ONNX op; and no tiny constant
-    (``log(max(p, 1e-30))``), which a float16-quantized TFLite export rounds to 0.
+    Not ``xlogy``, which is neither a TFLite nor an ONNX op; no tiny constant
+    (``log(max(p, 1e-30))``), which a float16-quantized TFLite export rounds to 0; and
+    no ``where`` around ``p log p`` (tf2onnx's select leaks the NaN of ``0 log 0``):
+    ``p log q`` with ``q = p`` where ``p > 0`` and ``q = 1`` (``log q = 0``) elsewhere.
     """
-    return -tf.reduce_sum(tf.where(probs > 0, probs * tf.math.log(probs), tf.zeros_like(probs)), axis=-1)
+    safe = tf.where(probs > 0, probs, tf.ones_like(probs))
+    return -tf.reduce_sum(probs * tf.math.log(safe), axis=-1)
 
 
 def _classification_summary(samples, from_logits):
