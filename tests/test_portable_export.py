@@ -190,14 +190,14 @@ def test_tflite_conv_summary_at_several_batch_sizes(tmp_path):
                               keras.layers.Flatten(),
                               tfbnn.DenseFlipout(3, activation="softmax", kl_weight=1e-3, seed=3)])
     x = np.random.default_rng(1).normal(size=(3, 6, 6, 1)).astype("float32")
-    paths = {fmt: export.export(model, str(tmp_path / name), format=fmt, num_samples=300)
+    paths = {fmt: export.export(model, str(tmp_path / name), format=fmt, num_samples=100)  # T unrolled: keep it small
              for fmt, name in (("saved_model", "sm"), ("tflite", "m.tflite"))}
     reference, served = _Served("saved_model", paths["saved_model"]), _Served("tflite", paths["tflite"])
     ref = reference("summary", x)
     for batch in (3, 1, 3):
         got = served("summary", x[:batch])
-        np.testing.assert_allclose(got["mean_probs"], ref["mean_probs"][:batch], atol=0.05)
-        np.testing.assert_allclose(got["predictive_entropy"], ref["predictive_entropy"][:batch], rtol=0.1)
+        np.testing.assert_allclose(got["mean_probs"], ref["mean_probs"][:batch], atol=0.08)
+        np.testing.assert_allclose(got["predictive_entropy"], ref["predictive_entropy"][:batch], rtol=0.15)
 
 
 @pytest.mark.heavy
