@@ -281,6 +281,27 @@ def test_export_command_writes_a_servable_saved_model(trained, tmp_path, capsys)
 
 
 @pytest.mark.heavy
+def test_export_command_writes_tflite_and_checks_format_options(trained, tmp_path, capsys):
+    import numpy as np
+    import tensorflow as tf
+
+    out = tmp_path / "served.tflite"
+    assert cli.main(["export", str(trained), "--format", "tflite", "--quantize", "float16", "--seed", "3",
+                     "--output", str(out), "--num-samples", "4"]) == 0
+    assert "get_signature_runner('summary')" in capsys.readouterr().out
+    runners = [tf.lite.Interpreter(str(out)).get_signature_runner("summary") for _ in range(2)]
+    first, second = (runner(x=np.zeros((2, 64), "float32")) for runner in runners)
+    assert first["mean_probs"].shape == (2, 10)
+    np.testing.assert_array_equal(first["mean_probs"], second["mean_probs"])  # --seed: fresh interpreters replay
+    for flags, named in ((["--seed", "1"], "--seed=1"), (["--format", "onnx", "--quantize", "int8"], "--quantize=int8")):
+        assert cli.main(["export", str(trained), "--output", str(tmp_path / "x"), *flags]) == 2
+        err = capsys.readouterr().err
+        _assert_one_error_line(err)
+        assert named in err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.heavy
 def test_train_under_mirrored_strategy_on_two_logical_cpus(tmp_path):
     import subprocess
     import sys

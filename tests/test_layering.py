@@ -76,6 +76,7 @@ FUNCTION_LOCAL_IMPORTS = {
         "_is_mlp", "build_model", "convert_model", "fixed_noise_gaussian_nll", "_compile", "_fit", "arrays",
         "_eval_samples", "fit_temperature", "_evaluate_regression", "_evaluate", "_member_data", "_train_ensemble",
         "_element_spec", "_train", "_copy", "_multi_sample_model", "_write_outputs", "_is_chief", "run")},
+    ("tfbnn/export.py", "_onnx_model"): "tf2onnx is the optional [export] extra; the other formats work without it",
     ("tfbnn/cli/evaluate.py", "load_model"): _command("evaluate"),
     ("tfbnn/cli/evaluate.py", "_splits"): _command("evaluate"),
     ("tfbnn/cli/evaluate.py", "_temperature"): _command("evaluate"),

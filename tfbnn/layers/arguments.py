@@ -133,11 +133,7 @@ class DenseArguments:
         """Flipout's random signs: one per input element and one per output unit of each row."""
         in_shape = tf.shape(inputs)
         out_shape = tf.concat([in_shape[:-1], [self.units]], axis=0)
-        seeds = tf.random.experimental.stateless_split(self._next_seed(), 2)
-        return (
-            self._rademacher(in_shape, inputs.dtype, seeds[0]),
-            self._rademacher(out_shape, inputs.dtype, seeds[1]),
-        )
+        return self._rademacher_pair(in_shape, out_shape, inputs.dtype)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units,)
@@ -252,14 +248,11 @@ class ConvArguments:
         batch = tf.shape(inputs)[:1]
         ones = tf.ones([self.rank], tf.int32)
         channels = tf.shape(inputs)[self.channel_axis:][:1]
-        seeds = tf.random.experimental.stateless_split(self._next_seed(), 2)
         if self.data_format == "channels_last":
             in_shape, out_shape = [batch, ones, channels], [batch, ones, [self.filters]]
         else:
             in_shape, out_shape = [batch, channels, ones], [batch, [self.filters], ones]
-        s_in = self._rademacher(tf.concat(in_shape, 0), inputs.dtype, seeds[0])
-        s_out = self._rademacher(tf.concat(out_shape, 0), inputs.dtype, seeds[1])
-        return s_in, s_out
+        return self._rademacher_pair(tf.concat(in_shape, 0), tf.concat(out_shape, 0), inputs.dtype)
 
     def compute_output_shape(self, input_shape):
         return conv_output_shape(input_shape, self.filters, self.kernel_size, self.strides, self.padding,

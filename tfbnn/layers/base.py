@@ -161,6 +161,8 @@ class StochasticLayer(keras.layers.Layer):
         # Set by weight_samples(..., with_kl=True) (training with several samples,
         # tfbnn.MultiSampleModel): the KL is then added, averaged over the T samples.
         self._samples_add_kl = False
+        # Set by tfbnn.export.portable_noise while an export for TFLite / ONNX is traced.
+        self._portable_noise = None
 
     def set_weight_samples(self, num_samples=1, joint=True, with_kl=False):
         """Sets this layer's Monte Carlo protocol; returns the previous setting.
@@ -251,15 +253,31 @@ class StochasticLayer(keras.layers.Layer):
 
     # Philox, named explicitly: under XLA on CPU the default "auto_select" algorithm
     # is 30x slower (851 ms against 28 ms for a 1200 x 1200 normal draw).
+    # Every draw goes through these three methods. While `_portable_noise` is set
+    # (tfbnn.export.portable_noise, a TFLite / ONNX export being traced) they emit
+    # stateful RandomStandardNormal / RandomUniform ops instead, with the (seed, seed2)
+    # attributes it hands out: TFLite's builtins and ONNX's RandomNormalLike /
+    # RandomUniformLike have those ops, not the stateless ones.
     def _normal(self, shape, dtype):
+        if self._portable_noise is not None:
+            return self._portable_noise.normal(shape, dtype)
         return tf.random.stateless_normal(shape, seed=self._next_seed(), dtype=dtype, alg="philox")
 
     def _uniform(self, shape, dtype):
+        if self._portable_noise is not None:
+            return self._portable_noise.uniform(shape, dtype)
         return tf.random.stateless_uniform(shape, seed=self._next_seed(), dtype=dtype, alg="philox")
 
     def _rademacher(self, shape, dtype, seed):
         bits = tf.random.stateless_uniform(shape, seed=seed, minval=0, maxval=2, dtype=tf.int32, alg="philox")
         return tf.cast(2 * bits - 1, dtype)
+
+    def _rademacher_pair(self, shape_a, shape_b, dtype):
+        """Independent random signs of ``shape_a`` and of ``shape_b`` (Flipout's input and output signs)."""
+        if self._portable_noise is not None:
+            return tuple(tf.sign(self._portable_noise.uniform(shape, dtype) - 0.5) for shape in (shape_a, shape_b))
+        seeds = tf.random.experimental.stateless_split(self._next_seed(), 2)
+        return self._rademacher(shape_a, dtype, seeds[0]), self._rademacher(shape_b, dtype, seeds[1])
 
     def get_config(self):
         config = super().get_config()

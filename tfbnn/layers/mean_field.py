@@ -449,11 +449,14 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
             return self.add_bias(outputs, bias)
         return self._per_block(self.add_bias, outputs, bias)
 
-    @staticmethod
-    def _per_block(fn, rows, samples):
+    def _per_block(self, fn, rows, samples):
         """``fn(block_t, samples[t])`` for the T blocks of ``rows`` (sample-major), concatenated."""
         blocks = tf.reshape(rows, tf.concat([[tf.shape(samples)[0], -1], tf.shape(rows)[1:]], axis=0))
-        outputs = tf.map_fn(lambda pair: fn(pair[0], pair[1]), (blocks, samples), fn_output_signature=rows.dtype)
+        if self._portable_noise is not None and samples.shape[0] is not None:
+            # A TFLite export has no TensorList ops (map_fn's loop): T, fixed there, unrolled.
+            outputs = tf.stack([fn(blocks[t], samples[t]) for t in range(samples.shape[0])])
+        else:
+            outputs = tf.map_fn(lambda pair: fn(pair[0], pair[1]), (blocks, samples), fn_output_signature=rows.dtype)
         return tf.reshape(outputs, tf.concat([[-1], tf.shape(outputs)[2:]], axis=0))
 
     def _kernel_noise_shape(self, num_samples):

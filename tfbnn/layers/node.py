@@ -270,8 +270,7 @@ class NodeLayer(BayesianLayer):
         """
         d = self.num_nodes
         half = (d + 1) // 2
-        u = tf.random.stateless_uniform(tf.stack([2, *leading, half]), seed=self._next_seed(), dtype=dtype,
-                                        alg="philox")
+        u = self._uniform(tf.stack([2, *leading, half]), dtype)
         radius = tf.sqrt(-2.0 * tf.math.log1p(-u[0]))  # 1 - u in (0, 1]
         angle = (2.0 * math.pi) * u[1]
         eps = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=-1)
