@@ -213,3 +213,48 @@ def test_saturated_probabilities_give_finite_summaries(tmp_path):
         for key, value in summary.items():
             assert np.all(np.isfinite(value)), (fmt, key)
         np.testing.assert_allclose(summary["predictive_entropy"], 0.0, atol=1e-3)
+
+
+def _auroc(negatives, positives):
+    """P(score of a positive > score of a negative), ties counted half (the Mann-Whitney statistic)."""
+    diff = np.asarray(positives)[:, None] - np.asarray(negatives)[None, :]
+    return float(np.mean(diff > 0) + 0.5 * np.mean(diff == 0))
+
+
+@pytest.mark.heavy
+def test_a_model_trained_under_mixed_float16_exports_and_separates_noisy_inputs_in_every_format(tmp_path):
+    """Issue "Deployment", done when: a mixed_float16 model's TFLite and ONNX summaries separate noisy
+    from clean inputs as its SavedModel does."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x, y = (digits.data / 16.0).astype("float32"), digits.target.astype("int32")
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(x))
+    train, test = order[:1400], order[1400:1500]
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((64,)), tfbnn.DenseFlipout(64, activation="relu", seed=1),
+                                  tfbnn.DenseLocalReparameterization(10, seed=2),
+                                  keras.layers.Activation("softmax", dtype="float32")])
+        model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
+        model.fit(x[train], y[train], epochs=30, batch_size=64, verbose=0,
+                  callbacks=[tfbnn.KLAnnealing(num_examples=len(train), schedule=tfbnn.schedules.Constant(0.1))])
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    assert model.layers[0].compute_dtype == "float16"
+    clean = x[test]
+    noisy = (clean + rng.normal(scale=0.5, size=clean.shape)).astype("float32")  # the main job's shift
+    aurocs = {}
+    for fmt, name in (("saved_model", "sm"), ("tflite", "m.tflite"), ("onnx", "onnx")):
+        served = _Served(fmt, export.export(model, str(tmp_path / name), format=fmt, num_samples=100))
+        clean_summary, noisy_summary = served("summary", clean), served("summary", noisy)
+        for summary in (clean_summary, noisy_summary):
+            assert all(np.all(np.isfinite(v)) for v in summary.values()), fmt
+        assert noisy_summary["epistemic"].mean() > 2 * clean_summary["epistemic"].mean(), fmt
+        aurocs[fmt] = _auroc(clean_summary["epistemic"], noisy_summary["epistemic"])
+    assert aurocs["saved_model"] > 0.8, aurocs
+    for fmt in ("tflite", "onnx"):
+        assert abs(aurocs[fmt] - aurocs["saved_model"]) < 0.05, aurocs

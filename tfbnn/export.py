@@ -404,6 +404,21 @@ def portable_noise(model, seed=None):
             layer._portable_noise = noise
 
 
+def _computing_in_float32(model):
+    """``model``, or for a model with layers computing in float16 / bfloat16 (a mixed policy) a copy
+    whose layers compute in float32, with the same weights (all float32 under a mixed policy)."""
+    layers = [layer for layer in model._flatten_layers(include_self=False)]
+    if all(layer.compute_dtype == "float32" for layer in layers):
+        return model
+
+    def float32_layer(layer):
+        return type(layer).from_config({**layer.get_config(), "dtype": "float32"})
+
+    copy = keras.models.clone_model(model, clone_function=float32_layer)
+    copy.set_weights(model.get_weights())
+    return copy
+
+
 def _portable_endpoints(model, num_samples, task, from_logits, input_signature):
     """``{name: tf.function}`` for :data:`PORTABLE_ENDPOINTS` (trace them inside :func:`portable_noise`)."""
     summarize = _summarizer(model, num_samples, task, from_logits, _output_head(model, task))
@@ -516,6 +531,13 @@ def export(model, filepath, format="saved_model", num_samples=100, task="classif
     in float32, with the posterior scales rounded (see the Deploying guide for the
     measured effect on accuracy, NLL and ECE).
 
+    Mixed precision: a model trained under ``"mixed_float16"`` or ``"mixed_bfloat16"``
+    exports to every format. Its SavedModel and ONNX graphs compute in the policy's
+    dtype (summaries in float32); TFLite's built-in kernels have no float16 matmul, so
+    the TFLite export runs a float32 copy of the model (its variables are float32
+    anyway, see :meth:`tfbnn.layers.BayesianLayer.add_weight`): ``quantize="float16"``
+    is how TFLite halves the weights.
+
     Args:
         model: a built Keras model with tfbnn layers; a :class:`tfbnn.DeepEnsemble`
             exports as a SavedModel only.
@@ -563,6 +585,8 @@ def export(model, filepath, format="saved_model", num_samples=100, task="classif
         raise ValueError(f"A DeepEnsemble exports as a SavedModel only. Received: format={format!r}")
     if os.path.exists(filepath) and not overwrite:
         raise ValueError(f"{filepath!r} exists; pass overwrite=True to replace it. Received: filepath={filepath!r}")
+    if format == "tflite":
+        model = _computing_in_float32(model)
     input_signature = _input_signature(model, input_signature)
     folder = os.path.dirname(os.path.abspath(filepath))
     os.makedirs(folder, exist_ok=True)
