@@ -80,7 +80,8 @@ def _init_arguments(cls):
     return [n for n in names if n not in ("name", "dtype")]
 
 
-_LAYER_REQUIRED = {"units": 3, "filters": 2, "kernel_size": 3, "rate": 0.5, "num_components": 2}
+_LAYER_REQUIRED = {"units": 3, "filters": 2, "kernel_size": 3, "rate": 0.5, "num_components": 2, "input_dim": 6,
+                   "output_dim": 3}
 
 
 @keras.saving.register_keras_serializable(package="tests_fuzz")
@@ -99,7 +100,10 @@ CONSTRUCTORS = list(dict.fromkeys([
     tfbnn.ExpectedCalibrationError, tfbnn.NegativeLogLikelihood, tfbnn.BrierScore,
     calibration.TemperatureScaling, tfbnn.GaussianHead,
 ]))
+# The flow layers have one base Gaussian: they refuse the node layers' `num_components`.
+_FLOW_REQUIRED = {k: v for k, v in _LAYER_REQUIRED.items() if k != "num_components"}
 REQUIRED = {**{cls: _LAYER_REQUIRED for cls in CONSTRUCTORS}, tfbnn.KLAnnealing: {"num_examples": 10},
+            tfbnn.layers.NodeDenseFlow: _FLOW_REQUIRED, tfbnn.layers.NodeConv2DFlow: _FLOW_REQUIRED,
             tfbnn.DistributionLambdaHead: {"make_distribution": _normal}}
 CASES = [(cls, arg) for cls in CONSTRUCTORS for arg in _init_arguments(cls)]
 

@@ -89,6 +89,12 @@ class EmbeddingReparameterization(MeanFieldGaussian):
         parameterization="softplus",
         **kwargs,
     ):
+        # Checked under their own names first (the base would name its kernel_* arguments).
+        embeddings_initializer = checks.initializer("embeddings_initializer", embeddings_initializer)
+        if embeddings_scale_initializer is not None:
+            embeddings_scale_initializer = checks.initializer("embeddings_scale_initializer",
+                                                              embeddings_scale_initializer)
+        embeddings_prior = priors_lib.get(embeddings_prior, name="embeddings_prior")
         super().__init__(
             use_bias=False,
             kernel_prior=embeddings_prior,
@@ -121,7 +127,9 @@ class EmbeddingReparameterization(MeanFieldGaussian):
             outputs = tf.gather(loc, ids)
         else:
             outputs = self._sample_rows(ids, loc, scale)
-        return self._finish(outputs, None, training, kl)
+        # The rows in the compute dtype (float16 under a mixed policy), as keras.layers.Embedding's;
+        # the matrix and the KL stay float32.
+        return self._finish(tf.cast(outputs, self.compute_dtype), None, training, kl)
 
     def _sample_rows(self, ids, loc, scale):
         """Row ``ids`` of one matrix sample (per block of rows, or per row, in Monte Carlo prediction)."""
