@@ -407,8 +407,7 @@ def portable_noise(model, seed=None):
 def _computing_in_float32(model):
     """``model``, or for a model with layers computing in float16 / bfloat16 (a mixed policy) a copy
     whose layers compute in float32, with the same weights (all float32 under a mixed policy)."""
-    layers = [layer for layer in model._flatten_layers(include_self=False)]
-    if all(layer.compute_dtype == "float32" for layer in layers):
+    if all(layer.compute_dtype == "float32" for layer in model._flatten_layers(include_self=False)):
         return model
 
     def float32_layer(layer):
