@@ -98,5 +98,8 @@ def test_swag_and_the_hmc_reference_enter_the_table(tmp_path):
     epochs = pc.recipes("breast_cancer", pc._settings({"quick": True}))["swag"].epochs
     assert rows["swag"]["snapshots"] == epochs - epochs // 2
     assert "kl_to_hmc" not in rows["hmc"] and rows["hmc"]["max_r_hat"] > 0
+    h = rows["hmc"]  # output-space R-hat over the test inputs (its formula: tests/test_swag_hmc.py)
+    assert 0 < h["median_r_hat_outputs"] <= h["max_r_hat_outputs"] < float("inf")
+    assert 0 < h["min_ess"] <= h["median_ess"] and 0 < h["acceptance"] <= 1 and h["step_size"] > 0
     for m in ("map", "swag"):
         assert rows[m]["kl_to_hmc"] >= 0 and 0 <= rows[m]["agreement_with_hmc"] <= 1

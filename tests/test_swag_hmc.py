@@ -208,3 +208,26 @@ def test_hmc_bad_arguments():
         hmc.sample(model, x, y, likelihood="categorical", noise_scale=0.5)
     with pytest.raises(ValueError, match="integer labels"):
         hmc.sample(keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)]), x, y, likelihood="categorical")
+
+
+def test_output_r_hat_is_gelman_rubin_of_each_chains_outputs():
+    """``r_hat_outputs`` against Gelman and Rubin's formula written out on the outputs of each
+    chain's draws (a linear model: output = x @ w + b), with chains deliberately apart."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    rng = np.random.default_rng(4)
+    chains, draws = 3, 50
+    samples = rng.normal(size=(chains, draws, 3))
+    samples[..., 2] += np.array([0.0, 1.5, 3.0])[:, None]  # each chain's bias apart
+    fields = dict(model=model, noise=None, likelihood="normal", noise_scale=0.5, r_hat=np.ones(3), ess=np.ones(3),
+                  acceptance_rate=np.ones(chains), step_size=0.1, seconds=1.0, kernel="nuts")
+    res = hmc.HMCResult(samples=samples, **fields)
+    x = rng.normal(size=(4, 2)).astype("float32")
+    f = samples[..., :2] @ x.T + samples[..., 2:]  # (chains, draws, N): kernel first, then bias
+    n, m = draws, chains
+    w = f.var(axis=1, ddof=1).mean(axis=0)
+    b_over_n = f.mean(axis=1).var(axis=0, ddof=1)
+    expected = ((m + 1) / m) * ((n - 1) / n * w + b_over_n) / w - (n - 1) / (m * n)
+    np.testing.assert_allclose(res.r_hat_outputs(x)[:, 0], expected, rtol=1e-5)
+    assert np.all(expected > 1.2)  # the offsets are visible: the check can fail
+    same = hmc.HMCResult(samples=rng.normal(size=(chains, draws, 3)), **fields)
+    assert np.all(same.r_hat_outputs(x) < 1.1)

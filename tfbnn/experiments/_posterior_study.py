@@ -376,11 +376,10 @@ def run_dataset(dataset, s, recipes, output_dir, verbose):
                             num_chains=s["hmc_chains"], num_results=s["hmc_results"], num_burnin=s["hmc_burnin"],
                             step_size=s["hmc_step_size"], seed=s["seed"],
                             # quick: plain HMC without XLA compilation (seconds); else NUTS under XLA
-                            **({"kernel": "hmc", "num_leapfrog_steps": 5, "jit_compile": False} if s["quick"] else {}))
+                            **({"kernel": "hmc", "num_leapfrog_steps": 5, "jit_compile": False} if s["quick"]
+                               else {"max_tree_depth": s["hmc_tree_depth"]}))
         samples = [model_samples(result, xe, T, regression) for xe in x_eval]
-        from_samples("hmc", samples, result.seconds,
-                     {"max_r_hat": float(np.nanmax(result.r_hat)), "min_ess": float(np.nanmin(result.ess)),
-                      "acceptance": float(np.mean(result.acceptance_rate))})
+        from_samples("hmc", samples, result.seconds, hmc_diagnostics(result, x_test))
     for method, (subset, hessian) in LAPLACE.items():
         if method not in s["methods"]:
             continue
@@ -395,6 +394,18 @@ def run_dataset(dataset, s, recipes, output_dir, verbose):
         plot = band_plot([(m, p) for m, p in preds.items()], x, y, grid, noise,
                          os.path.join(output_dir, f"{dataset}_bands.png"), reference)
     return rows, plot
+
+
+def hmc_diagnostics(result, x_test):
+    """The reference's diagnostics: R-hat and ESS over the weights (largest R-hat, smallest
+    and median ESS), R-hat of the network's outputs at the test inputs (largest and median:
+    the chains' agreement on the function, which is what the predictive uses), the mean
+    acceptance probability and the adapted step size."""
+    outputs = result.r_hat_outputs(x_test)
+    return {"max_r_hat": float(np.nanmax(result.r_hat)), "min_ess": float(np.nanmin(result.ess)),
+            "median_ess": float(np.nanmedian(result.ess)),
+            "max_r_hat_outputs": float(np.nanmax(outputs)), "median_r_hat_outputs": float(np.nanmedian(outputs)),
+            "acceptance": float(np.mean(result.acceptance_rate)), "step_size": float(result.step_size)}
 
 
 #: The post-hoc Laplace methods: (subset, hessian).

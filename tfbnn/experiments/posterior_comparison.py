@@ -26,8 +26,9 @@ method                      what (reference)
 ``laplace_diag``            post-hoc Laplace over all weights, diagonal GGN, the same
 ``swag``                    SWAG, low rank plus diagonal Gaussian from SGD iterates
                             (Maddox et al. 2019)
-``hmc``                     the reference: HMC over all weights, several chains, R-hat
-                            and ESS reported
+``hmc``                     the reference: NUTS over all weights, 4 chains of 500 draws
+                            after 500 adaptation steps, trees up to depth 10; R-hat of
+                            the weights and of the predictive outputs, and ESS reported
 ==========================  ==========================================================
 
 Data (all offline): ``gap``, the 1-D regression of Foong et al. (2019) with inputs in two
@@ -119,9 +120,10 @@ DEFAULTS = {
     "members": 5,
     "num_samples": 100,
     "swag_rank": 10,
-    "hmc_chains": 2,
-    "hmc_results": 200,
-    "hmc_burnin": 300,
+    "hmc_chains": 4,
+    "hmc_results": 500,
+    "hmc_burnin": 500,
+    "hmc_tree_depth": 10,
     "hmc_step_size": 1e-3,
     "seed": 0,
     "quick": False,
@@ -192,7 +194,8 @@ def _settings(settings):
     _common.check_names(s, "datasets", DATASETS)
     _common.check_names(s, "methods", tuple(METHODS))
     _common.check_integers(s, ("hidden_units", "depth", "num_points", "gap_steps", "epochs", "batch_size",
-                               "members", "num_samples", "swag_rank", "hmc_chains", "hmc_results"))
+                               "members", "num_samples", "swag_rank", "hmc_chains", "hmc_results",
+                               "hmc_tree_depth"))
     _common.check_integers(s, ("hmc_burnin", "seed"), minimum=0)
     _common.check_positive_numbers(s, ("noise_std", "tabular_noise_std", "prior_scale", "learning_rate",
                                        "hmc_step_size"))
@@ -200,7 +203,8 @@ def _settings(settings):
         raise ValueError(f"Expected `dropout_rate` in (0, 1). Received: dropout_rate={s['dropout_rate']!r}")
     if s["quick"]:
         s.update(num_samples=min(s["num_samples"], 8), hmc_results=min(s["hmc_results"], 20),
-                 hmc_burnin=min(s["hmc_burnin"], 20), members=min(s["members"], 2))
+                 hmc_burnin=min(s["hmc_burnin"], 20), hmc_chains=min(s["hmc_chains"], 2),
+                 members=min(s["members"], 2))
     return s
 
 
@@ -273,6 +277,8 @@ def add_arguments(parser):
     parser.add_argument("--hmc-burnin", type=argtypes.non_negative_int, default=d["hmc_burnin"],
                         help="HMC burn-in (step-size adaptation) steps per chain")
     parser.add_argument("--hmc-chains", type=argtypes.positive_int, default=d["hmc_chains"], help="HMC chains")
+    parser.add_argument("--hmc-tree-depth", type=argtypes.positive_int, default=d["hmc_tree_depth"],
+                        help="NUTS's largest tree depth (up to 2^depth - 1 leapfrog steps per draw)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 3 epochs, 120 tabular examples, 8 samples, short HMC chains")
     _common.add_output_dir(parser, NAME, "the tables, the plots and the runs")
