@@ -134,3 +134,41 @@ def test_a_missing_npz_is_one_error_line(regressor, tmp_path, capsys):
     assert cli.main(["laplace", path, "--data", str(tmp_path / "none.npz")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "none.npz" in err
+
+
+def test_the_written_sampling_model_is_what_tfbnn_export_serves(classifier, regressor, tmp_path, capsys):
+    """``tfbnn laplace`` -> ``PREFIX.keras`` -> ``tfbnn export``: the TFLite summary of the exported
+    classifier is the approximation's Monte Carlo predictive (the .npz loaded through the API);
+    the exported regressor's SavedModel gives the GLM predictive's mean and total std."""
+    import tensorflow as tf
+
+    path, data = classifier
+    prefix = str(tmp_path / "clf_la")
+    assert cli.main(["laplace", path, "--data", data, "--output", prefix, "--verbose", "0"]) == 0
+    assert f"tfbnn export {prefix}.keras" in capsys.readouterr().out
+    out = str(tmp_path / "clf.tflite")
+    assert cli.main(["export", prefix + ".keras", "--format", "tflite", "--num-samples", "2000", "--output", out]) == 0
+    capsys.readouterr()
+    f = np.load(data)
+    la = tfbnn.laplace.load(prefix + ".npz", keras.saving.load_model(path))
+    x = f["x_test"][:6]
+    served = tf.lite.Interpreter(out).get_signature_runner("summary")(x=x)
+    np.testing.assert_allclose(served["mean_probs"], la.predict(x, link_approx="mc", num_samples=20000, seed=0),
+                               atol=0.04)
+    assert np.all(served["epistemic"] > 0)
+
+    path, data = regressor
+    prefix = str(tmp_path / "reg_la")
+    assert cli.main(["laplace", path, "--data", data, "--output", prefix, "--verbose", "0"]) == 0
+    out = str(tmp_path / "reg_saved")
+    assert cli.main(["export", prefix + ".keras", "--num-samples", "4000", "--output", out]) == 0
+    capsys.readouterr()
+    f = np.load(data)
+    la = tfbnn.laplace.load(prefix + ".npz", keras.saving.load_model(path))
+    x = f["x_test"][:6]
+    loaded = tf.saved_model.load(out)  # kept referenced: its variables live as long as it does
+    summary = loaded.summary(tf.constant(x))
+    glm = la.predict(x)
+    np.testing.assert_allclose(np.asarray(summary["mean"])[:, 0], glm.mean[:, 0], atol=0.05)
+    np.testing.assert_allclose(np.asarray(summary["aleatoric_std"])[:, 0], la.sigma_noise, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(summary["epistemic_std"])[:, 0], glm.epistemic_std[:, 0], rtol=0.1)

@@ -26,7 +26,8 @@ DESCRIPTION = (
     "predictive on the test split: NLL, accuracy or RMSE, ECE (classification: confidence bins;\n"
     "regression: mean |coverage - level| of central intervals) and the 50% / 90% interval coverage,\n"
     "beside the MAP network's own numbers. Writes the approximation (tfbnn.laplace's .npz, loaded\n"
-    "with tfbnn.laplace.load(path, model)) and the evaluation (.json) next to the model.\n"
+    "with tfbnn.laplace.load(path, model)), the evaluation (.json) and, for --subset last_layer, the\n"
+    "sampling model (.keras: Laplace.to_model(), which tfbnn export serves) next to the model.\n"
     "\n"
     "--data is a dataset name or a .npz file with x_train, y_train, x_test, y_test (and optionally\n"
     "x_val, y_val); integer targets mean classification, float targets regression (--likelihood).\n"
@@ -79,7 +80,8 @@ def add_arguments(parser):
     parser.add_argument("--seed", type=argtypes.non_negative_int, default=0,
                         help="seed of the data split and the Monte Carlo samples")
     parser.add_argument("--output", default=None, metavar="PREFIX",
-                        help="writes PREFIX.npz and PREFIX.json; default: the model's path without .keras + '_laplace'")
+                        help="writes PREFIX.npz, PREFIX.json (and PREFIX.keras, last layer); default: the model's "
+                             "path without .keras + '_laplace'")
     parser.add_argument("--verbose", type=int, choices=(0, 1), default=1, help="1: a Keras progress bar per stage")
 
 
@@ -243,8 +245,16 @@ def run(args):
     np_path = prefix + ".npz"
     la.save(np_path + ".tmp.npz")
     os.replace(np_path + ".tmp.npz", np_path)
+    written = [np_path]
+    if la.subset == "last_layer":  # the sampling model: what `tfbnn predict` / `tfbnn export` take
+        keras_path = prefix + ".keras"
+        la.to_model(seed=args.seed).save(keras_path[: -len(".keras")] + ".tmp.keras")
+        os.replace(keras_path[: -len(".keras")] + ".tmp.keras", keras_path)
+        written.append(keras_path)
     json_path = files.write_text(prefix + ".json", json.dumps(evaluation, indent=2) + "\n")
     print(files.format_table(f"Laplace ({la.subset}, {la.hessian}, {predictive} predictive) of {args.model} on "
                              f"{args.data} ({len(x_test)} test examples)", [_table(evaluation)]))
-    print(f"\nWrote {np_path} and {json_path}")
+    print(f"\nWrote {', '.join(written)} and {json_path}")
+    if la.subset == "last_layer":
+        print(f"Serve it: tfbnn export {written[-1]} --format saved_model|tflite|onnx")
     return 0
