@@ -1,4 +1,5 @@
-"""Forward + backward time of the 3-D, transposed, embedding and low-rank layers against their Keras twins.
+"""Forward + backward time of the 3-D, transposed, embedding, recurrent, DenseVariational and low-rank
+layers against their Keras twins.
 
 Each Bayesian layer is timed next to its deterministic Keras counterpart, on the same
 input, as in ``layer_step.py``: the time to compute ``sum(y) + layer losses`` and its
@@ -11,6 +12,11 @@ gradient with respect to the layer's trainable weights inside one ``tf.function`
   ``Conv{1,2,3}DTranspose{Reparameterization,Flipout}``;
 * ``Embedding`` (20 000 x 128, batch 32 x 64 ids) against ``EmbeddingReparameterization``
   (which samples only the looked-up rows);
+* ``LSTM`` and ``GRU`` (batch 32, 20 steps, 32 -> 64 units) against
+  ``LSTMReparameterization`` and ``GRUReparameterization`` (one weight sample per sequence);
+* ``Dense`` 32 -> 32 at batch 128 against ``DenseVariational`` with the mean-field, the
+  full-covariance (``MultivariateNormalTriL`` over all 1,056 weights) and the low-rank
+  (rank 8) posterior (TFP's ``make_posterior_fn`` contract);
 * ``Dense`` 1200 -> 1200 at batch 128 against the mean-field ``DenseReparameterization``
   and ``DenseReparameterization(posterior="low_rank", posterior_rank=r)`` (default
   ``r = 8``; 1.44M weights, the KL through the ``r x r`` capacitance matrix), and the
@@ -74,12 +80,26 @@ def cases(rank):
         "EmbeddingReparameterization": lambda: tfbnn.EmbeddingReparameterization(20_000, 128, kl_weight=1 / N,
                                                                                    seed=4),
     }
+    recurrent = [(name, (32, 20, 32), "float32", {
+        "keras": lambda cls=getattr(keras.layers, name): cls(64),
+        f"{name}Reparameterization": lambda cls=getattr(tfbnn.layers, f"{name}Reparameterization"), seed=seed: cls(
+            64, kl_weight=1 / N, seed=seed)}) for seed, name in enumerate(("LSTM", "GRU"), start=5)]
+    posteriors = tfbnn.posteriors
+    variational = {"keras": lambda: keras.layers.Dense(32)}
+    for seed, (label, make_posterior) in enumerate((
+            ("mean_field", lambda: "mean_field"), ("full covariance", lambda: posteriors.FullCovarianceNormal()),
+            ("low_rank r=8", lambda: posteriors.LowRankNormal(rank=8))), start=7):
+        variational[f"DenseVariational {label}"] = (
+            lambda make_posterior=make_posterior, seed=seed: tfbnn.layers.DenseVariational(
+                32, make_posterior(), "normal", kl_weight=1 / N, seed=seed))
     return [
         _conv_case(3, False, 4, 12, 8, 16),
         _conv_case(1, True, 32, 64, 16, 16),
         _conv_case(2, True, 16, 16, 16, 16),
         _conv_case(3, True, 4, 8, 8, 8),
         ("Embedding", (32, 64), "int32", embedding),
+        *recurrent,
+        ("Dense 32", (128, 32), "float32", variational),
         ("Dense 1200", (128, 1200), "float32", dense),
     ]
 
