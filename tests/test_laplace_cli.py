@@ -139,7 +139,8 @@ def test_a_missing_npz_is_one_error_line(regressor, tmp_path, capsys):
 def test_the_written_sampling_model_is_what_tfbnn_export_serves(classifier, regressor, tmp_path, capsys):
     """``tfbnn laplace`` -> ``PREFIX.keras`` -> ``tfbnn export``: the TFLite summary of the exported
     classifier is the approximation's Monte Carlo predictive (the .npz loaded through the API);
-    the exported regressor's SavedModel gives the GLM predictive's mean and total std."""
+    the exported regressor's SavedModel gives the GLM predictive's mean and epistemic std, and the
+    tuned noise as its aleatoric std."""
     import tensorflow as tf
 
     path, data = classifier

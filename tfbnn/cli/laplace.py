@@ -246,10 +246,10 @@ def run(args):
     la.save(np_path + ".tmp.npz")
     os.replace(np_path + ".tmp.npz", np_path)
     written = [np_path]
-    if la.subset == "last_layer":  # the sampling model: what `tfbnn predict` / `tfbnn export` take
+    if la.subset == "last_layer":  # the sampling model: what `tfbnn export` serves
         keras_path = prefix + ".keras"
-        la.to_model(seed=args.seed).save(keras_path[: -len(".keras")] + ".tmp.keras")
-        os.replace(keras_path[: -len(".keras")] + ".tmp.keras", keras_path)
+        la.to_model(seed=args.seed).save(prefix + ".tmp.keras")
+        os.replace(prefix + ".tmp.keras", keras_path)
         written.append(keras_path)
     json_path = files.write_text(prefix + ".json", json.dumps(evaluation, indent=2) + "\n")
     print(files.format_table(f"Laplace ({la.subset}, {la.hessian}, {predictive} predictive) of {args.model} on "

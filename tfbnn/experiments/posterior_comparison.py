@@ -24,8 +24,9 @@ method                      what (reference)
                             prior precision by the marginal likelihood (Daxberger et
                             al. 2021), GLM predictive
 ``laplace_diag``            post-hoc Laplace over all weights, diagonal GGN, the same
-``swag``                    SWAG, low rank plus diagonal Gaussian from SGD iterates
-                            (Maddox et al. 2019)
+``swag``                    SWAG, low rank plus diagonal Gaussian from the iterates of
+                            the MAP recipe's second half (Maddox et al. 2019, who use
+                            SGD; here Adam, the optimizer of every method)
 ``hmc``                     the reference: NUTS over all weights, 4 chains of 500 draws
                             after 500 adaptation steps, trees up to depth 10; R-hat of
                             the weights and of the predictive outputs, and ESS reported
