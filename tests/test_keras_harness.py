@@ -1,0 +1,68 @@
+"""Keras' own ``run_layer_test`` on the layers users bring from TFP, Edward2 and bayesian-torch.
+
+``tfbnn.testing.run_layer_test`` (the project's harness) checks what a Bayesian layer
+promises; Keras' harness (``keras.src.testing.TestCase.run_layer_test``, not public API)
+checks what Keras promises of any layer: config round trip, build from a shape, symbolic
+and eager calls with the same output shape, the weight and loss counts, a training run
+with ``fit``, and the mixed-precision check (float32 variables, outputs in the compute
+dtype). The recurrent layers run it in ``tests/test_recurrent_layers.py``.
+"""
+
+import pytest
+from keras.src.testing import TestCase  # Keras' own run_layer_test (not public API)
+
+import tfbnn
+from tfbnn.layers import conv
+
+KL = {"kl_weight": 0.01, "seed": 1}
+TRANSPOSE_SHAPES = {1: ((2, 3, 2), (2, 6, 3)), 2: ((2, 3, 3, 2), (2, 6, 6, 3)), 3: ((2, 3, 3, 3, 2), (2, 6, 6, 6, 3))}
+
+# (id, class, init kwargs, input shape, output shape, trainable weights, seed generators, losses)
+CASES = [
+    *[(cls.__name__, cls, {"filters": 2, "kernel_size": 2, **KL}, (2, 3, 4, 3, 2), (2, 2, 3, 2, 2), 4, 1, 1)
+      for cls in (conv.Conv3DReparameterization, conv.Conv3DFlipout)],
+    *[(f"Conv{rank}DTranspose{name}", getattr(conv, f"Conv{rank}DTranspose{name}"),
+       {"filters": 3, "kernel_size": 3, "strides": 2, "padding": "same", "output_padding": 1, **KL},
+       *TRANSPOSE_SHAPES[rank], 4, 1, 1)
+      for rank in (1, 2, 3) for name in ("Reparameterization", "Flipout")],
+    ("DenseRank1", tfbnn.layers.DenseRank1, {"units": 3, "ensemble_size": 2, "activation": "relu", **KL},
+     (4, 5), (4, 3), 6, 1, 1),
+    ("Conv2DRank1", tfbnn.layers.Conv2DRank1, {"filters": 3, "kernel_size": 3, "ensemble_size": 2, **KL},
+     (4, 5, 5, 2), (4, 3, 3, 3), 6, 1, 1),
+    ("DenseBatchEnsemble", tfbnn.layers.DenseBatchEnsemble, {"units": 3, "ensemble_size": 2, "seed": 1},
+     (4, 5), (4, 3), 4, 0, 0),
+    ("Conv2DBatchEnsemble", tfbnn.layers.Conv2DBatchEnsemble,
+     {"filters": 3, "kernel_size": 3, "padding": "same", "ensemble_size": 2, "seed": 1}, (4, 5, 5, 2), (4, 5, 5, 3),
+     4, 0, 0),
+    ("DenseVariational-mean_field", tfbnn.layers.DenseVariational, {"units": 3, **KL}, (4, 5), (4, 3), 2, 1, 1),
+    ("DenseVariational-full_covariance", tfbnn.layers.DenseVariational,
+     {"units": 3, "make_posterior_fn": "full_covariance", **KL}, (4, 5), (4, 3), 2, 1, 1),
+    ("DenseVariational-low_rank", tfbnn.layers.DenseVariational,
+     {"units": 3, "make_posterior_fn": "low_rank", "make_prior_fn": "trainable_normal", **KL}, (4, 5), (4, 3), 4,
+     1, 1),
+    ("NodeDenseFlow", tfbnn.layers.NodeDenseFlow, {"units": 3, "hidden_units": 4, **KL}, (4, 5), (4, 3), 12, 1, 1),
+    ("NodeConv2DFlow", tfbnn.layers.NodeConv2DFlow, {"filters": 2, "kernel_size": 3, "hidden_units": 4, **KL},
+     (2, 5, 5, 3), (2, 3, 3, 2), 12, 1, 1),
+    ("EnsembleTile", tfbnn.layers.EnsembleTile, {"ensemble_size": 2}, (3, 5), (6, 5), 0, 0, 0),
+    # EnsembleMean is not here: its rows are E * B in training (passed through) and B at inference,
+    # so its static output shape leaves the batch None, which Keras' harness compares with the call's.
+]
+
+
+class _Keras(TestCase):
+    pass
+
+
+@pytest.mark.parametrize("cls, kwargs, shape, out, weights, seeds, losses",
+                         [pytest.param(*case[1:], id=case[0]) for case in CASES])
+def test_keras_run_layer_test(cls, kwargs, shape, out, weights, seeds, losses):
+    _Keras("run_layer_test").run_layer_test(
+        cls, init_kwargs=kwargs, input_shape=shape, expected_output_shape=out,
+        expected_num_trainable_weights=weights, expected_num_seed_generators=seeds, expected_num_losses=losses)
+
+
+def test_keras_run_layer_test_on_the_bayesian_embedding():
+    _Keras("run_layer_test").run_layer_test(
+        tfbnn.layers.EmbeddingReparameterization, init_kwargs={"input_dim": 6, "output_dim": 3, **KL},
+        input_shape=(2, 4), input_dtype="int32", expected_output_shape=(2, 4, 3), expected_num_trainable_weights=2,
+        expected_num_seed_generators=1, expected_num_losses=1)
