@@ -176,3 +176,75 @@ def test_conv_arguments_are_validated():
         Conv2DFlipout(3, 3, data_format="NCHW")
     with pytest.raises(ValueError, match="expects inputs of rank 4 \\(batch, channels, spatial, spatial\\)"):
         Conv2DFlipout(3, 3, data_format="channels_first").build((2, 3, 6))
+
+
+def channels_first_outputs():
+    """Every tfbnn convolution, channels_first, on one seeded input: a sampled call, the posterior
+    mean, the gradient norms of a sampled loss, and the posterior mean of a channels_last twin with
+    the same weights on the transposed input. Run by the test below in fresh processes."""
+    import inspect
+
+    import tensorflow as tf
+
+    results = {}
+    for name in sorted(dir(tfbnn.layers)):
+        cls = getattr(tfbnn.layers, name)
+        if not (inspect.isclass(cls) and issubclass(cls, tfbnn.layers.ConvArguments)
+                and "Arguments" not in name and cls.__module__.startswith("tfbnn.layers.")):
+            continue
+        keras.utils.set_random_seed(0)
+        x = np.random.default_rng(0).normal(size=(4, 2) + (5,) * cls.rank).astype("float32")
+        layers = {fmt: cls(3, 3, strides=2 if "Transpose" in name else 1, padding="same", data_format=fmt,
+                           seed=3) for fmt in ("channels_first", "channels_last")}
+        layer, twin = layers["channels_first"], layers["channels_last"]
+        sample = layer(x)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(layer(x))) + sum(layer.losses)
+        grads = tape.gradient(loss, layer.trainable_weights)
+        twin(testing.to_channels_last(x))
+        twin.set_weights(layer.get_weights())
+        with tfbnn.posterior_mean(layer), tfbnn.posterior_mean(twin):
+            mean, twin_mean = layer(x), twin(testing.to_channels_last(x))
+        results[name] = {"sample": np.asarray(sample).tolist(), "mean": np.asarray(mean).tolist(),
+                         "twin_mean": np.moveaxis(np.asarray(twin_mean), -1, 1).tolist(),
+                         "grad_norms": [float(tf.norm(g)) for g in grads]}
+    return results
+
+
+_KERNEL_PATH = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from test_conv_layers import channels_first_outputs
+print("RESULT", json.dumps(channels_first_outputs()))
+"""
+
+
+def test_every_convolution_runs_channels_first_on_the_eigen_kernels_as_on_onednn():
+    """TensorFlow's Eigen CPU kernels (AMD and ARM CPUs, ``TF_ENABLE_ONEDNN_OPTS=0``) have no NCHW
+    convolution; every tfbnn convolution computes channels_last inside. In fresh processes with
+    oneDNN off and on, whatever this process has: each family and estimator (Bayes by Backprop,
+    Flipout, transposed, 3-D, variational dropout's local reparameterization, node, flow, rank-1,
+    BatchEnsemble) runs channels_first, its seeded samples, posterior mean and gradients agree
+    between the two kernel paths, and its posterior mean equals its channels_last twin's."""
+    import os
+    import subprocess
+    import sys
+
+    runs = {}
+    for flag in ("0", "1"):
+        env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": flag, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        out = subprocess.run([sys.executable, "-c", _KERNEL_PATH, os.path.dirname(__file__)], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[flag] = json.loads(out.stdout.split("RESULT ", 1)[1])
+    eigen, onednn_path = runs["0"], runs["1"]
+    assert {"Conv1DFlipout", "Conv2DReparameterization", "Conv3DFlipout", "Conv2DTransposeFlipout",
+            "Conv3DTransposeReparameterization", "Conv2DVariationalDropout", "NodeConv2D", "NodeConv1D",
+            "NodeConv2DFlow", "Conv2DRank1", "Conv2DBatchEnsemble"} <= set(eigen), sorted(eigen)
+    assert set(eigen) == set(onednn_path)
+    for name, got in eigen.items():
+        want = onednn_path[name]
+        for key in ("sample", "mean", "grad_norms"):
+            assert np.all(np.isfinite(got[key])), (name, key)
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5, err_msg=f"{name} {key}")
+        np.testing.assert_allclose(got["mean"], got["twin_mean"], rtol=1e-5, atol=1e-5, err_msg=name)

@@ -29,7 +29,6 @@ import tempfile
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from tfbnn.layers.base import BayesianLayer
 from tfbnn.utils import posterior_mean
@@ -95,9 +94,6 @@ def _check_mixed_precision(layer_cls, init_kwargs, x, expected_output_shape, see
         reference_mean = np.asarray(reference(x))
     trained = False
     for policy, tolerance in MIXED_PRECISION_TOLERANCE.items():
-        if policy == "mixed_float16" and init_kwargs.get("data_format") == "channels_first" and not (
-                tf.config.list_physical_devices("GPU")):
-            continue  # TensorFlow's CPU kernels have no float16 NCHW convolution (keras.layers.Conv2D fails too)
         layer = layer_cls(**{**init_kwargs, "dtype": policy})
         layer(x)
         layer.set_weights(reference.get_weights())

@@ -226,8 +226,25 @@ class ConvArguments:
     def forward(self, inputs, kernel):
         """``conv(inputs, kernel)`` with the layer's arguments (kernel ``kernel_size + (in, filters)``)."""
         self.compute_output_shape(inputs.shape)  # rejects inputs smaller than the kernel
-        return keras.ops.conv(inputs, tf.cast(kernel, inputs.dtype), strides=self.strides, padding=self.padding,
-                              dilation_rate=self.dilation_rate, data_format=self.data_format)
+        return self.channels_last(keras.ops.conv, inputs, tf.cast(kernel, inputs.dtype), strides=self.strides,
+                                  padding=self.padding, dilation_rate=self.dilation_rate)
+
+    def channels_last(self, op, inputs, kernel, **arguments):
+        """``op(inputs, kernel, data_format="channels_last", **arguments)`` in the layer's layout.
+
+        TensorFlow's CPU convolutions (Eigen's kernels) take only NHWC: where oneDNN
+        does not take over (AMD and ARM CPUs, or ``TF_ENABLE_ONEDNN_OPTS=0``) an NCHW
+        convolution fails with ``UnimplementedError``. So a channels_first layer moves the
+        channels last, convolves, and moves them back, as Keras' TensorFlow backend pools
+        channels_first inputs. It does so on every device, so a layer computes the same
+        numbers on every CPU and draws its noise (in its own layout, outside this op)
+        from the same seeds either way.
+        """
+        if self.data_format == "channels_last":
+            return op(inputs, kernel, data_format="channels_last", **arguments)
+        outputs = op(tf.transpose(inputs, [0, *range(2, self.rank + 2), 1]), kernel, data_format="channels_last",
+                     **arguments)
+        return tf.transpose(outputs, [0, self.rank + 1, *range(1, self.rank + 1)])
 
     def channel_shape(self, leading=()):
         """The shape that broadcasts a per-channel vector over the outputs' positions."""
@@ -336,9 +353,9 @@ class ConvTransposeArguments(ConvArguments):
 
     def forward(self, inputs, kernel):
         """``conv_transpose(inputs, kernel)`` with the layer's arguments (kernel ``kernel_size + (filters, in)``)."""
-        return keras.ops.conv_transpose(inputs, kernel, strides=self.strides, padding=self.padding,
-                                        output_padding=self.output_padding, data_format=self.data_format,
-                                        dilation_rate=self.dilation_rate)
+        return self.channels_last(keras.ops.conv_transpose, inputs, kernel, strides=self.strides,
+                                  padding=self.padding, output_padding=self.output_padding,
+                                  dilation_rate=self.dilation_rate)
 
     def compute_output_shape(self, input_shape):
         first = 1 if self.data_format == "channels_last" else 2
