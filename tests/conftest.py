@@ -1,4 +1,5 @@
 import os
+from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -17,9 +18,10 @@ def _seeded(request):
 
 
 @pytest.fixture
-def train_step_traces(monkeypatch):
+def train_step_traces():
     """The names of the models whose ``train_step`` was traced, one entry per trace
-    (Python runs the step's body once per trace)."""
+    (Python runs the step's body once per trace). The patch of ``keras.Model`` is a
+    context manager, undone when the test ends whatever else its teardown does."""
     traces = []
     step = keras.Model.train_step
 
@@ -27,5 +29,5 @@ def train_step_traces(monkeypatch):
         traces.append(self.name)
         return step(self, data)
 
-    monkeypatch.setattr(keras.Model, "train_step", counting)
-    return traces
+    with mock.patch.object(keras.Model, "train_step", counting):
+        yield traces

@@ -1,6 +1,7 @@
 """The `tfbnn` command: help, one-line errors, a short training run, atomic saves."""
 
 import os
+from unittest import mock
 
 import keras
 import numpy as np
@@ -127,7 +128,7 @@ def test_nan_loss_fails_cleanly_and_keeps_the_old_model(tmp_path, capsys):
     assert os.listdir(tmp_path) == ["model.keras"]
 
 
-def test_failed_save_keeps_the_old_model(tmp_path, capsys, monkeypatch):
+def test_failed_save_keeps_the_old_model(tmp_path, capsys):
     path = tmp_path / "model.keras"
     path.write_bytes(b"the previous model")
 
@@ -136,8 +137,8 @@ def test_failed_save_keeps_the_old_model(tmp_path, capsys, monkeypatch):
             f.write(b"partial")
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(keras.Model, "save", failing_save)
-    assert cli.main(["train", *TINY, "--output", str(path)]) == 1
+    with mock.patch.object(keras.Model, "save", failing_save):
+        assert cli.main(["train", *TINY, "--output", str(path)]) == 1
     err = capsys.readouterr().err
     _assert_one_error_line(err)
     assert "No space left on device" in err

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import keras
 import numpy as np
@@ -57,7 +58,7 @@ def test_a_failing_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     assert json.loads(target.read_text()) == {"old": True} and os.listdir(tmp_path) == ["r.json"]
 
 
-def test_save_model_failure_is_a_run_error_naming_the_kept_file(tmp_path, monkeypatch):
+def test_save_model_failure_is_a_run_error_naming_the_kept_file(tmp_path):
     target = tmp_path / "m.keras"
     target.write_bytes(b"previous")
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
@@ -66,8 +67,8 @@ def test_save_model_failure_is_a_run_error_naming_the_kept_file(tmp_path, monkey
         open(path, "wb").write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(keras.Model, "save", failing)
-    with pytest.raises(RunError, match="disk full; .*m.keras was left untouched"):
+    with mock.patch.object(keras.Model, "save", failing), \
+            pytest.raises(RunError, match="disk full; .*m.keras was left untouched"):
         files.save_model(model, str(target))
     assert target.read_bytes() == b"previous" and os.listdir(tmp_path) == ["m.keras"]
 
