@@ -56,22 +56,39 @@ CASES = [
 ]
 
 
+def _a_trous(kernel, dilation_rate):
+    """``kernel`` with ``rate - 1`` zeros between its taps on each spatial axis (NumPy)."""
+    rates = (dilation_rate,) * (kernel.ndim - 2) if isinstance(dilation_rate, int) else dilation_rate
+    spread = np.zeros([(k - 1) * r + 1 for k, r in zip(kernel.shape, rates)] + list(kernel.shape[-2:]), kernel.dtype)
+    spread[tuple(slice(None, None, r) for r in rates)] = kernel
+    return spread
+
+
 @pytest.mark.parametrize("cls, kwargs, shape", CASES, ids=[c[0].__name__ for c in CASES])
 def test_posterior_mean_is_the_keras_layer_and_kl_is_tfd(cls, kwargs, shape):
     x = np.random.default_rng(0).normal(size=shape).astype("float32")
     layer = cls(3, 2, kernel_prior=tfbnn.priors.Normal(0.2, 0.5), seed=1, kl_weight=1.0,
                 kernel_scale_initializer=keras.initializers.Constant(-1.0),
                 bias_initializer=keras.initializers.RandomNormal(seed=4), **kwargs)
-    # Keras 3.15's Conv3DTranspose adds a channels_first bias along the last axis: compare without it.
-    ref = _keras_twin(cls, filters=3, kernel_size=2, use_bias=False, **kwargs)
-    y_ref = ref(x)
     layer.build(x.shape)
-    assert layer.kernel_loc.shape == ref.kernel.shape
-    ref.set_weights([layer.kernel_loc.numpy()])
-    assert layer.compute_output_shape(x.shape) == tuple(y_ref.shape)
+    # The reference is Keras' channels_last layer on the channels-last inputs, and a dilated kernel
+    # is given to it written out with zeros between its taps (dilation 1): TensorFlow's Eigen CPU
+    # kernels (AMD/ARM, TF_ENABLE_ONEDNN_OPTS=0) have neither an NCDHW transposed convolution nor a
+    # dilated one, so Keras' own layer fails there with those arguments.
     channels_first = kwargs.get("data_format") == "channels_first"
-    bias = layer.bias_loc.numpy().reshape((3,) + (1,) * (x.ndim - 2) if channels_first else (3,))
-    expected = ref(x).numpy() + bias
+    dilation = kwargs.get("dilation_rate", 1)
+    twin_kwargs = {k: v for k, v in kwargs.items() if k not in ("data_format", "dilation_rate")}
+    kernel = layer.kernel_loc.numpy()
+    kernel_size = kernel.shape[:-2] if dilation == 1 else _a_trous(kernel, dilation).shape[:-2]
+    ref = _keras_twin(cls, filters=3, kernel_size=kernel_size, **twin_kwargs)
+    x_last = testing.to_channels_last(x) if channels_first else x
+    ref.build(x_last.shape)
+    assert layer.kernel_loc.shape == kernel.shape == (2,) * _rank(cls) + ref.kernel.shape[-2:]
+    ref.set_weights([kernel if dilation == 1 else _a_trous(kernel, dilation), layer.bias_loc.numpy()])
+    expected = ref(x_last).numpy()
+    if channels_first:
+        expected = np.moveaxis(expected, -1, 1)
+    assert layer.compute_output_shape(x.shape) == expected.shape
     with tfbnn.posterior_mean(layer):
         np.testing.assert_allclose(layer(x).numpy(), expected, rtol=1e-5, atol=1e-5)
     expected = tf.reduce_sum(tfd.kl_divergence(tfd.Normal(layer.kernel_loc, layer.kernel_scale()), tfd.Normal(0.2, 0.5)))
@@ -80,6 +97,22 @@ def test_posterior_mean_is_the_keras_layer_and_kl_is_tfd(cls, kwargs, shape):
     y = layer(x)
     np.testing.assert_allclose(float(layer.losses[0]), float(expected), rtol=1e-5)
     assert not np.allclose(y.numpy(), expected, atol=1e-3)  # sampling mode samples
+
+
+def test_a_dilated_transposed_convolution_is_the_adjoint_of_the_dilated_convolution():
+    """An independent check of dilation: ``<conv(z, W; d), x> = <z, conv_transpose(x, W; d)>`` for all z,
+    with the forward convolution's own dilation (``tf.nn.convolution``, which runs on every CPU)."""
+    rng = np.random.default_rng(0)
+    layer = conv.Conv2DTransposeReparameterization(3, (3, 2), dilation_rate=(2, 3), padding="valid", seed=1,
+                                                   bias_initializer="zeros")
+    x = rng.normal(size=(2, 4, 5, 2)).astype("float32")
+    with tfbnn.posterior_mean(layer):
+        y = layer(x).numpy()
+    z = rng.normal(size=y.shape).astype("float32")
+    # The transposed kernel (kh, kw, filters, channels) is the forward kernel (kh, kw, in=filters, out=channels).
+    forward = tf.nn.convolution(z, layer.kernel_loc, padding="VALID", dilations=(2, 3)).numpy()
+    assert forward.shape == x.shape
+    np.testing.assert_allclose(np.sum(forward * x), np.sum(z * y), rtol=1e-5)
 
 
 @pytest.mark.parametrize("cls", [conv.Conv2DTransposeReparameterization, conv.Conv1DTransposeFlipout,

@@ -24,7 +24,7 @@ from tfbnn._internal import checks
 from tfbnn.layers.base import input_features
 
 __all__ = ["DenseArguments", "ConvArguments", "ConvTransposeArguments", "conv_output_length", "conv_output_shape",
-           "conv_transpose_output_length", "positive_ints"]
+           "conv_transpose_output_length", "dilate", "positive_ints"]
 
 
 def conv_output_length(length, kernel, stride, padding, dilation):
@@ -298,6 +298,29 @@ def conv_transpose_output_length(length, kernel, stride, padding, output_padding
     return (length - 1) * stride + dilated - 2 * pad + output_padding
 
 
+def dilate(kernel, dilation_rate):
+    """``kernel`` (spatial axes first) with ``dilation - 1`` zeros between its taps on each spatial axis.
+
+    A convolution with kernel ``W`` and dilation ``d`` is the convolution with this kernel of
+    length ``(k - 1) d + 1`` and dilation 1 (the "a trous" kernel), for the transposed
+    convolution too. TensorFlow's Eigen CPU kernels (AMD and ARM CPUs,
+    ``TF_ENABLE_ONEDNN_OPTS=0``) have no dilated transposed convolution
+    (``Conv2DBackpropInput``: "Current CPU implementations do not yet support dilation rates
+    larger than 1"), so the transposed layers convolve with the dilated kernel on every
+    device. Gradients flow to ``kernel``; a rate of 1 returns ``kernel`` itself.
+    """
+    for axis, rate in enumerate(dilation_rate):
+        if rate == 1:
+            continue
+        shape = tf.shape(kernel)
+        taps = kernel.shape[axis]
+        spread = tf.pad(tf.expand_dims(kernel, axis + 1),
+                        [[0, 0]] * (axis + 1) + [[0, rate - 1]] + [[0, 0]] * (kernel.shape.rank - axis - 1))
+        spread = tf.reshape(spread, tf.concat([shape[:axis], [taps * rate], shape[axis + 1:]], 0))
+        kernel = spread[(slice(None),) * axis + (slice(0, (taps - 1) * rate + 1),)]
+    return kernel
+
+
 class ConvTransposeArguments(ConvArguments):
     """The transposed-convolution shape family: the arguments of ``keras.layers.Conv{rank}DTranspose``.
 
@@ -353,9 +376,8 @@ class ConvTransposeArguments(ConvArguments):
 
     def forward(self, inputs, kernel):
         """``conv_transpose(inputs, kernel)`` with the layer's arguments (kernel ``kernel_size + (filters, in)``)."""
-        return self.channels_last(keras.ops.conv_transpose, inputs, kernel, strides=self.strides,
-                                  padding=self.padding, output_padding=self.output_padding,
-                                  dilation_rate=self.dilation_rate)
+        return self.channels_last(keras.ops.conv_transpose, inputs, dilate(kernel, self.dilation_rate),
+                                  strides=self.strides, padding=self.padding, output_padding=self.output_padding)
 
     def compute_output_shape(self, input_shape):
         first = 1 if self.data_format == "channels_last" else 2
