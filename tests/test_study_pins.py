@@ -4,10 +4,30 @@
 numbers it printed with the code of before the studies became recipes run by
 :func:`tfbnn.training.run` (``tests/fixtures/make_study_pins.py`` wrote it). Each study must
 reproduce them for the same seed: a converted study trains the same model on the same batches
-with the same optimizer, KL schedule and noise, so the numbers are equal to the last bit
-(``RTOL`` only absorbs float32 sums taken in another order; none is needed today).
-``vcl_split_digits`` keeps its own loop (its docstring says why); its pin guards it all the same.
-Where the numbers did move (``vd_transformer`` with several variants), a test below says why.
+with the same optimizer, KL schedule and noise. ``vcl_split_digits`` keeps its own loop (its
+docstring says why); its pin guards it all the same. Where the numbers did move
+(``vd_transformer`` with several variants), a test below says why.
+
+Tolerances (issue 27), chosen from measurement: the pins were written with TensorFlow's oneDNN
+kernels; AMD and ARM CPUs (and ``TF_ENABLE_ONEDNN_OPTS=0``) run Eigen's, which sum in another
+order. ``python tests/fixtures/pin_spread.py`` reruns every pinned call in fresh processes with
+oneDNN on and off, on 1 and 2 intra-op threads (2026-11-27, AMD EPYC, TF 2.21.0). The thread count
+moved nothing; the kernel library moved:
+
+* the iBNN studies by at most 5.6e-7 (relative; ``ibnn_lenet``'s mutual information), the
+  posterior comparison by 9.2e-9, ``vd_sparsity`` and ``vcl_split_digits`` not at all;
+* ``vd_regression``'s variational-dropout row by up to 2.5e-3 (test NLL; its other rows 5e-7)
+  and ``vd_transformer`` by 3.5e-4 in NLL and one of 400 examples in accuracy (2.5e-3 absolute,
+  3.5e-3 relative): Adam on log-alpha, whose gradients are near zero for many weights, turns
+  a rounding difference into a different step.
+
+So a number passes within :data:`RTOL` = 1e-5 (18x the largest spread of its studies),
+``vd_regression`` and ``vd_transformer`` within 1e-2 (3-4x theirs) and the posterior comparison
+within 1e-6; integers stay exact. ``pin_spread.py --perturb`` measures what a small real change
+does: another seed moves the iBNN studies and the posterior comparison by 0.5-2 (relative, the
+largest number), a learning rate 1% lower moves ``vd_regression`` by 0.125, a batch one example
+smaller moves ``vd_transformer`` by 0.12 and ``vd_sparsity`` by 5, one VCL step fewer moves
+``vcl_split_digits`` by 0.66: each at least 10x its tolerance.
 
 One pinned number moved by design and is asserted with its shift (:data:`SHIFTED`): the size of
 ``vd_sparsity``'s sparse ``.npz`` files grew by 3 bytes when the variational-dropout layers' bias
@@ -27,17 +47,18 @@ import make_study_pins  # noqa: E402
 with open(make_study_pins.PINS) as f:
     PINS = json.load(f)
 
-#: Relative tolerance of a pinned number.
-RTOL = 0.0
+#: Relative tolerance of a pinned number (module docstring: measured spread 5.6e-7 at most).
+RTOL = 1e-5
+
+#: Studies whose variational-dropout training amplifies the kernels' rounding (spread 2.5e-3 / 3.5e-3).
+STUDY_RTOL = {"vd_regression": 1e-2, "vd_transformer": 1e-2}
 
 #: (study, final key) -> exact shift of an integer pin, explained in the module docstring.
-SHIFTED = {("vd_sparsity", "sparse_npz_bytes"): 3}
+SHIFTED = make_study_pins.SHIFTED
 
-
-#: The posterior comparison's tolerance: its float32 predictions (oneDNN matmuls) moved in the 9th digit
-#: between two runs of the same code (38.454979808 vs 38.454979836), so its pins hold to 1e-6. Its
-#: stochastic rows (BbB, MC dropout) are not pinned: a second quick run in the same process gave another
-#: BbB-Flipout NLL (36.7356 vs 36.3546; the first run of a fresh process reproduces), which is open.
+#: The posterior comparison's tolerance (spread 9.2e-9 between kernel libraries). Its stochastic rows
+#: (BbB, MC dropout) are not pinned: a second quick run in the same process gave another BbB-Flipout
+#: NLL (36.7356 vs 36.3546; the first run of a fresh process reproduces), which is open.
 POSTERIOR_RTOL = 1e-6
 
 
@@ -65,7 +86,7 @@ def _compare(got, want, where, rtol=RTOL):
 def test_study_reproduces_its_pinned_numbers(study):
     pin = PINS[study]
     assert pin["kwargs"] == make_study_pins.CALLS[study]
-    _compare(make_study_pins.run_call(study, pin["kwargs"]), pin["rows"], study)
+    _compare(make_study_pins.run_call(study, pin["kwargs"]), pin["rows"], study, STUDY_RTOL.get(study, RTOL))
 
 
 @pytest.mark.heavy
@@ -114,7 +135,7 @@ def test_transformer_variants_no_longer_depend_on_each_other(tmp_path):
     assert both["rows"][1]["variant"] == alone["rows"][0]["variant"] == "vd"
     for key in ("accuracy", "nll", "ece", "ff_sparsity", "accuracy_principled", "accuracy_random"):
         assert both["rows"][1][key] == alone["rows"][0][key], key
-    assert alone["rows"][0]["nll"] == 0.6538007604427571
+    assert alone["rows"][0]["nll"] == pytest.approx(0.6538007604427571, rel=STUDY_RTOL["vd_transformer"], abs=0)
 
 
 @pytest.mark.heavy
