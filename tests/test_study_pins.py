@@ -23,11 +23,13 @@ moved nothing; the kernel library moved:
 
 So a number passes within :data:`RTOL` = 1e-5 (18x the largest spread of its studies),
 ``vd_regression`` and ``vd_transformer`` within 1e-2 (3-4x theirs) and the posterior comparison
-within 1e-6; integers stay exact. ``pin_spread.py --perturb`` measures what a small real change
-does: another seed moves the iBNN studies and the posterior comparison by 0.5-2 (relative, the
-largest number), a learning rate 1% lower moves ``vd_regression`` by 0.125, a batch one example
-smaller moves ``vd_transformer`` by 0.12 and ``vd_sparsity`` by 5, one VCL step fewer moves
-``vcl_split_digits`` by 0.66: each at least 10x its tolerance.
+within 1e-6; integers stay exact, but for the sizes of compressed files (:data:`COMPRESSED_RTOL`).
+``pin_spread.py --perturb`` measures what a small real change does: another seed moves the iBNN
+studies and the posterior comparison by 0.5-2 (relative, the largest number), a learning rate 1%
+lower moves ``vd_regression`` by 0.125, a batch one example smaller moves ``vd_transformer`` by
+0.12 and ``vd_sparsity`` by 5, one VCL step fewer moves ``vcl_split_digits`` by 0.66: each at
+least 10x its tolerance. The floor of the declared versions (``.ci/oldest.txt``: TensorFlow 2.20,
+Keras 3.15.0) passes within the same tolerances.
 
 One pinned number moved by design and is asserted with its shift (:data:`SHIFTED`): the size of
 ``vd_sparsity``'s sparse ``.npz`` files grew by 3 bytes when the variational-dropout layers' bias
@@ -53,6 +55,11 @@ RTOL = 1e-5
 #: Studies whose variational-dropout training amplifies the kernels' rounding (spread 2.5e-3 / 3.5e-3).
 STUDY_RTOL = {"vd_regression": 1e-2, "vd_transformer": 1e-2}
 
+#: Integer pins that are sizes of compressed files: zlib's output length follows the weights' low bits.
+#: TensorFlow 2.20 against 2.21 moved one by 2 bytes (0.03%); a batch one example smaller moves them by
+#: 5-30 bytes (0.1-0.6%). So they hold to 0.1% (6 bytes).
+COMPRESSED_RTOL = {"sparse_npz_bytes": 1e-3}
+
 #: (study, final key) -> exact shift of an integer pin, explained in the module docstring.
 SHIFTED = make_study_pins.SHIFTED
 
@@ -77,7 +84,10 @@ def _compare(got, want, where, rtol=RTOL):
         shift = (where.split(".")[0], where.rsplit(".", 1)[-1])
         if shift in SHIFTED:
             want += SHIFTED[shift]
-        assert got == want, f"{where}: {got!r}, pinned {want!r} (with its explained shift)"
+        if shift[1] in COMPRESSED_RTOL:
+            assert abs(got - want) <= COMPRESSED_RTOL[shift[1]] * want, f"{where}: {got!r}, pinned {want!r}"
+        else:
+            assert got == want, f"{where}: {got!r}, pinned {want!r} (with its explained shift)"
 
 
 @pytest.mark.heavy
