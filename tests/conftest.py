@@ -31,3 +31,17 @@ def train_step_traces():
 
     with mock.patch.object(keras.Model, "train_step", counting):
         yield traces
+
+
+def slow_tests():
+    """The test functions listed in ``tests/slow_tests.txt`` (``path::name``), measured over 1.5 s."""
+    with open(os.path.join(os.path.dirname(__file__), "slow_tests.txt"), encoding="utf-8") as f:
+        return {line.strip() for line in f if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks the measured slow tests ``slow``: the fast lane (``-m "not heavy and not slow"``) leaves them out."""
+    slow = slow_tests()
+    for item in items:
+        if item.nodeid.split("[", 1)[0] in slow:
+            item.add_marker(pytest.mark.slow)
