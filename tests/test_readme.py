@@ -130,8 +130,15 @@ def test_the_readme_is_a_front_page():
     assert setup[0] == "Set up", setup[0]
     commands = [m.group(2).strip() for m in FENCE.finditer(setup[1])]
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
-        ci = f.read().strip().splitlines()[-1]
-    assert len(commands) == 2 and commands[1] == ci, (commands, ci)
+        script = f.read()
+    ci = script.strip().splitlines()[-1]
+    venv = "python3.11 -m venv .venv && . .venv/bin/activate && "
+    assert len(commands) == 2 and all(c.startswith(venv) for c in commands), commands
+    assert commands[1] == venv + ci, (commands, ci)
+    # CI runs that command in a virtual environment of its own, made anew, on the Eigen kernel path.
+    assert re.search(r'^"\$python" -m venv "\$venv"$', script, re.MULTILINE), script
+    assert re.search(r"^venv=\$\(mktemp -d ", script, re.MULTILINE), script
+    assert re.search(r"^export TF_ENABLE_ONEDNN_OPTS=0$", script, re.MULTILINE), script
     # Every guide is linked from the README, and every relative link resolves.
     for page in GUIDE_PAGES:
         assert f"(docs/guides/{page}.md" in text, page
