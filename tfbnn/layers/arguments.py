@@ -308,6 +308,20 @@ def dilate(kernel, dilation_rate):
     (``Conv2DBackpropInput``: "Current CPU implementations do not yet support dilation rates
     larger than 1"), so the transposed layers convolve with the dilated kernel on every
     device. Gradients flow to ``kernel``; a rate of 1 returns ``kernel`` itself.
+
+    Args:
+        kernel: a tensor of shape ``kernel_size + (a, b)``, the spatial axes first.
+        dilation_rate: one positive int per spatial axis.
+
+    Returns:
+        The kernel of shape ``((k_i - 1) d_i + 1 for each axis) + (a, b)``, its taps at
+        multiples of ``d_i``.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfbnn.layers.arguments import dilate
+        >>> dilate(np.ones((2, 1, 1), "float32"), (3,))[:, 0, 0].numpy()
+        array([1., 0., 0., 1.], dtype=float32)
     """
     for axis, rate in enumerate(dilation_rate):
         if rate == 1:
@@ -315,7 +329,7 @@ def dilate(kernel, dilation_rate):
         shape = tf.shape(kernel)
         taps = kernel.shape[axis]
         spread = tf.pad(tf.expand_dims(kernel, axis + 1),
-                        [[0, 0]] * (axis + 1) + [[0, rate - 1]] + [[0, 0]] * (kernel.shape.rank - axis - 1))
+                        [[0, 0]] * (axis + 1) + [[0, rate - 1]] + [[0, 0]] * (len(kernel.shape) - axis - 1))
         spread = tf.reshape(spread, tf.concat([shape[:axis], [taps * rate], shape[axis + 1:]], 0))
         kernel = spread[(slice(None),) * axis + (slice(0, (taps - 1) * rate + 1),)]
     return kernel
