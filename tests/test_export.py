@@ -135,6 +135,15 @@ def _draws(outputs):
             "kernel_0": at_one[:8] - at_zero[:8], "kernel_1": at_one[8:] - at_zero[8:]}
 
 
+def _shared_values(a, b):
+    """How many values of ``a`` equal one of ``b`` to 1e-5 (a kernel draw is a difference of outputs:
+    reused noise matches to about 1e-7). Reused noise shares all 8 values of a draw. Two independent
+    unit normals come within 1e-5 with probability about 6e-6, so one of the test's ~2,900 value
+    pairs does about once in 60 runs (seen once, in an unseeded call); two in one pair of draws, about
+    once in 10^5 runs."""
+    return int(np.sum(np.min(np.abs(a[:, None] - b[None, :]), axis=1) < 1e-5))
+
+
 def test_exported_layers_draw_independent_noise_and_take_int32_seeds(tmp_path):
     import tensorflow as tf
 
@@ -152,13 +161,12 @@ def test_exported_layers_draw_independent_noise_and_take_int32_seeds(tmp_path):
             assert np.std(draws[a]) > 0.3, a  # unit-scale noise
             for b in names[i + 1:]:
                 # Layer 0's bias noise was layer 1's first kernel noise: equal values.
-                gap = np.min(np.abs(draws[a][:, None] - draws[b][None, :]))
-                assert gap > 1e-5, (a, b, gap)
+                assert _shared_values(draws[a], draws[b]) < 2, (a, b, draws[a], draws[b])
     # Adjacent seeds give unrelated noise too (no shifted reuse between calls).
     first, second = (_draws(np.asarray(served.sample_seeded(x, tf.constant(s, tf.int64)))) for s in (3, 4))
     for a in first.values():
         for b in second.values():
-            assert np.min(np.abs(a[:, None] - b[None, :])) > 1e-5
+            assert _shared_values(a, b) < 2, (a, b)
     for seed in (0, 3):
         int32 = served.sample_seeded(x, tf.constant(seed, tf.int32))  # was a TensorSpec cast error
         np.testing.assert_array_equal(int32, served.sample_seeded(x, tf.constant(seed, tf.int64)))
