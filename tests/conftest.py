@@ -2,6 +2,14 @@ import os
 from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # Each xdist worker gets its share of the cores for TensorFlow's intra-op pool (one each for the
+    # README's -n 2 on 2 cores): two pools of 2 threads on 2 cores spin against each other (the fast
+    # lane: 2 min 0 s with TensorFlow's default, 1 min 42 s with this). Inter-op threads keep the
+    # default (MirroredStrategy's replicas need concurrent ops). Thread counts do not change the
+    # pinned numbers (tests/fixtures/pin_spread.py).
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(_share))
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
