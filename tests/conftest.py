@@ -48,16 +48,8 @@ def slow_tests():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Marks the measured slow tests ``slow``: the fast lane (``-m "not heavy and not slow"``) leaves them out.
-
-    Then, unless pytest-randomly shuffles the run, it puts the heavy tests first and the slow ones next
-    (each group in collection order): with two xdist workers the long tests then start early, and the
-    short ones fill the end, instead of one worker idling while the other finishes a minute-long test.
-    """
+    """Marks the measured slow tests ``slow``: the fast lane (``-m "not heavy and not slow"``) leaves them out."""
     slow = slow_tests()
     for item in items:
         if item.nodeid.split("[", 1)[0] in slow:
             item.add_marker(pytest.mark.slow)
-    if config is not None and not config.pluginmanager.hasplugin("randomly"):
-        items.sort(key=lambda item: 0 if item.get_closest_marker("heavy") else 1 if item.get_closest_marker("slow")
-                   else 2)

@@ -49,26 +49,3 @@ def test_the_hook_marks_the_listed_tests_and_their_parameters_only():
 @pytest.mark.parametrize("marker", ["heavy", "slow"])
 def test_the_markers_are_declared(request, marker):
     assert any(line.startswith(f"{marker}:") for line in request.config.getini("markers")), marker
-
-
-def test_without_random_order_heavy_tests_run_first_then_slow_ones():
-    class Item:
-        def __init__(self, nodeid, markers=()):
-            self.nodeid, self.markers = nodeid, list(markers)
-
-        def add_marker(self, marker):
-            self.markers.append(marker.name)
-
-        def get_closest_marker(self, name):
-            return name if name in self.markers else None
-
-    class Config:
-        def __init__(self, randomly):
-            self.pluginmanager = type("PM", (), {"hasplugin": staticmethod(lambda name: randomly)})()
-
-    listed = sorted(slow_tests())[0]
-    names = ["tests/test_a.py::test_1", listed, "tests/test_b.py::test_2", "tests/test_c.py::test_3"]
-    for randomly, expected in ((False, [2, 1, 0, 3]), (True, [0, 1, 2, 3])):
-        items = [Item(n, ["heavy"] if n.endswith("test_2") else []) for n in names]
-        pytest_collection_modifyitems(Config(randomly), items)
-        assert [names.index(item.nodeid) for item in items] == expected, randomly
