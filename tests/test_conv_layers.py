@@ -194,17 +194,17 @@ def channels_first_outputs():
             continue
         keras.utils.set_random_seed(0)
         x = np.random.default_rng(0).normal(size=(4, 2) + (5,) * cls.rank).astype("float32")
-        layers = {fmt: cls(3, 3, strides=2 if "Transpose" in name else 1, padding="same", data_format=fmt,
-                           seed=3) for fmt in ("channels_first", "channels_last")}
-        layer, twin = layers["channels_first"], layers["channels_last"]
+        x_last = testing.to_channels_last(x)
+        layer, twin = (cls(3, 3, strides=2 if "Transpose" in name else 1, padding="same", data_format=fmt, seed=3)
+                       for fmt in ("channels_first", "channels_last"))
         sample = layer(x)
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(tf.square(layer(x))) + sum(layer.losses)
         grads = tape.gradient(loss, layer.trainable_weights)
-        twin(testing.to_channels_last(x))
+        twin.build(x_last.shape)
         twin.set_weights(layer.get_weights())
         with tfbnn.posterior_mean(layer), tfbnn.posterior_mean(twin):
-            mean, twin_mean = layer(x), twin(testing.to_channels_last(x))
+            mean, twin_mean = layer(x), twin(x_last)
         results[name] = {"sample": np.asarray(sample).tolist(), "mean": np.asarray(mean).tolist(),
                          "twin_mean": np.moveaxis(np.asarray(twin_mean), -1, 1).tolist(),
                          "grad_norms": [float(tf.norm(g)) for g in grads]}
