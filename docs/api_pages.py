@@ -1,4 +1,7 @@
-"""MkDocs hook: one API page per public module of the tfbnn package, and the benchmarks page.
+"""MkDocs hook: the guides' nav, one API page per public module of the tfbnn package, and the benchmarks page.
+
+The "Guides" section of the nav comes from ``docs/guides.toml`` (through ``docs/guides.py``), the
+one list of the guides.
 
 Walks ``tfbnn/`` (no import), skips private modules (``_name.py``) and
 ``__main__``, and adds ``api/<module>.md`` holding a mkdocstrings directive
@@ -8,6 +11,7 @@ gets its page without a change here; the pages go to the nav under
 write (``--write-readme``), is published unchanged as ``guides/benchmarks.md``.
 """
 
+import importlib.util
 import os
 
 from mkdocs.structure.files import File
@@ -15,42 +19,17 @@ from mkdocs.structure.files import File
 PACKAGE = "tfbnn"
 BENCHMARKS = os.path.join("benchmarks", "README.md")
 BENCHMARKS_PAGE = "guides/benchmarks.md"
-# The user guide of a module (and of its submodules), linked at the top of its API page.
-GUIDES = {
-    "tfbnn.callbacks": ("The ELBO convention", "elbo"),
-    "tfbnn.schedules": ("The ELBO convention", "elbo"),
-    "tfbnn.multisample": ("The ELBO convention", "elbo"),
-    "tfbnn.layers": ("Getting started", "getting-started"),
-    "tfbnn.priors": ("Getting started", "getting-started"),
-    "tfbnn.posteriors": ("Getting started", "getting-started"),
-    "tfbnn.datasets": ("Getting started", "getting-started"),
-    "tfbnn.distribute": ("Getting started", "getting-started"),
-    "tfbnn.inference": ("Predictive uncertainty and calibration", "uncertainty"),
-    "tfbnn.calibration": ("Predictive uncertainty and calibration", "uncertainty"),
-    "tfbnn.metrics": ("Predictive uncertainty and calibration", "uncertainty"),
-    "tfbnn.evaluation": ("Predictive uncertainty and calibration", "uncertainty"),
-    "tfbnn.ensembles": ("Deep ensembles", "ensembles"),
-    "tfbnn.laplace": ("Post-hoc uncertainty: Laplace, SWAG and HMC", "laplace"),
-    "tfbnn.swag": ("Post-hoc uncertainty: Laplace, SWAG and HMC", "laplace"),
-    "tfbnn.hmc": ("Post-hoc uncertainty: Laplace, SWAG and HMC", "laplace"),
-    "tfbnn.layers.rank1": ("Deep ensembles", "ensembles"),
-    "tfbnn.experiments.posterior_comparison": ("Posterior comparison", "posterior-comparison"),
-    "tfbnn.continual": ("Continual learning", "continual"),
-    "tfbnn.experiments.vcl_split_digits": ("Continual learning", "continual"),
-    "tfbnn.layers.variational_dropout": ("Variational dropout, pruning and conversion", "variational-dropout"),
-    "tfbnn.layers.graves": ("Variational dropout, pruning and conversion", "variational-dropout"),
-    "tfbnn.pruning": ("Variational dropout, pruning and conversion", "variational-dropout"),
-    "tfbnn.convert": ("Variational dropout, pruning and conversion", "variational-dropout"),
-    "tfbnn.ibnn": ("Node-based implicit BNNs (iBNN)", "ibnn"),
-    "tfbnn.layers.node": ("Node-based implicit BNNs (iBNN)", "ibnn"),
-    "tfbnn.layers.recurrent": ("Recurrent layers and the sentiment classifier", "recurrent"),
-    "tfbnn.models.recurrent": ("Recurrent layers and the sentiment classifier", "recurrent"),
-    "tfbnn.models": ("Model zoo and recipes", "zoo-and-recipes"),
-    "tfbnn.training": ("Model zoo and recipes", "zoo-and-recipes"),
-    "tfbnn.experiments": ("Model zoo and recipes", "zoo-and-recipes"),
-    "tfbnn.tuning": ("Tuning", "tuning"),
-    "tfbnn.export": ("Deployment", "deployment"),
-}
+
+
+def _guides():
+    """docs/guides.py, loaded by path (MkDocs imports this hook as a file, not as a package)."""
+    spec = importlib.util.spec_from_file_location("tfbnn_docs_guides", os.path.join(os.path.dirname(__file__), "guides.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GUIDES = _guides()
 
 
 def public_modules(root):
@@ -69,12 +48,9 @@ def public_modules(root):
 
 
 def guide_of(module):
-    """(title, page) of the guide for ``module``: its own entry, else its nearest package's; or None."""
-    parts = module.split(".")
-    for n in range(len(parts), 1, -1):
-        if ".".join(parts[:n]) in GUIDES:
-            return GUIDES[".".join(parts[:n])]
-    return None
+    """(title, page) of the guide for ``module`` (``docs/guides.toml``'s ``modules``: its own entry,
+    else its nearest package's); or None."""
+    return GUIDES.guide_of_module(module)
 
 
 def api_page(module):
@@ -87,6 +63,7 @@ def api_page(module):
 def on_config(config):
     root = os.path.dirname(config.config_file_path)
     if config["nav"] is not None:
+        config["nav"].insert(1, GUIDES.nav(root))
         config["nav"].append({"API reference": [{m: f"api/{m}.md"} for m in public_modules(root)]})
     return config
 

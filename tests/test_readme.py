@@ -9,6 +9,7 @@ command blocks are not run; every ``tfbnn ...`` command shown in them or inline 
 parse with the real ``tfbnn`` argument parser.
 """
 
+import importlib.util
 import os
 import re
 import shlex
@@ -20,10 +21,18 @@ import tfbnn  # noqa: F401  (the checkout's package, imported before the blocks 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 GUIDES = os.path.join(ROOT, "docs", "guides")
-# The guides the site's nav lists (mkdocs.yml), and the benchmarks page it publishes.
-GUIDE_PAGES = ("getting-started", "migration", "more-layers", "elbo", "uncertainty", "distribution-heads", "ensembles",
-               "laplace", "posterior-comparison", "continual", "variational-dropout", "ibnn", "flows", "zoo-and-recipes",
-               "recurrent", "tuning", "deployment")
+
+
+def _guide_list():
+    """docs/guides.py (loaded by path): the one list of the guides."""
+    spec = importlib.util.spec_from_file_location("tfbnn_docs_guides", os.path.join(ROOT, "docs", "guides.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The guides the site's nav lists (docs/guides.toml), the benchmarks page (published from its README) apart.
+GUIDE_PAGES = tuple(g["page"] for g in _guide_list().guides() if not g["source"])
 DOCUMENTS = (["README.md"] + [f"docs/guides/{page}.md" for page in GUIDE_PAGES] + ["benchmarks/README.md"])
 
 # Blocks that cannot run here, by their id (see ``python_blocks``), with the reason.
