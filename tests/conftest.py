@@ -22,7 +22,9 @@ def _seeded(request):
     # clear_session's full garbage collection costs 0.3-3 s as a worker's heap grows, more
     # than most tests take: half the suite's time when it ran after every test. It runs
     # after the heavy tests only, which hold the big models (their memory peaks 2 GB lower).
-    keras.backend.clear_session(free_memory=request.node.get_closest_marker("heavy") is not None)
+    # (The tests heavy by measurement, tests/heavy_tests.txt, are short enough to skip it.)
+    heavy = request.node.get_closest_marker("heavy") is not None and request.node.nodeid not in _MEASURED
+    keras.backend.clear_session(free_memory=heavy)
 
 
 @pytest.fixture
@@ -41,15 +43,21 @@ def train_step_traces():
         yield traces
 
 
-def slow_tests():
-    """The test functions listed in ``tests/slow_tests.txt`` (``path::name``), measured over 1.5 s."""
-    with open(os.path.join(os.path.dirname(__file__), "slow_tests.txt"), encoding="utf-8") as f:
+#: The node ids conftest marked heavy by measurement (tests/heavy_tests.txt), as collected.
+_MEASURED = set()
+
+
+def measured_heavy_tests():
+    """The test functions listed in ``tests/heavy_tests.txt`` (``path::name``), measured at 1.5 s or more."""
+    with open(os.path.join(os.path.dirname(__file__), "heavy_tests.txt"), encoding="utf-8") as f:
         return {line.strip() for line in f if line.strip() and not line.startswith("#")}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Marks the measured slow tests ``slow``: the fast lane (``-m "not heavy and not slow"``) leaves them out."""
-    slow = slow_tests()
+    """Marks the tests listed in ``tests/heavy_tests.txt`` ``heavy``: the fast lane
+    (``-m "not heavy"``) leaves them out with the end-to-end tests marked ``heavy`` in code."""
+    listed = measured_heavy_tests()
     for item in items:
-        if item.nodeid.split("[", 1)[0] in slow:
-            item.add_marker(pytest.mark.slow)
+        if item.nodeid.split("[", 1)[0] in listed:
+            item.add_marker(pytest.mark.heavy)
+            _MEASURED.add(item.nodeid)
