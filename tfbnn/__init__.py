@@ -32,6 +32,10 @@ _CORE = ("priors", "posteriors", "kl", "layers", "schedules", "utils", "callback
          "likelihoods", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn", "multisample",
          "ensembles", "continual", "laplace", "swag", "hmc", "models", "datasets")
 _LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
+# Documented and importable (``tfbnn.cli``, ``import tfbnn.testing``), but not library API: the
+# command line, the studies behind it and the test harness for new layers stay out of ``__all__``
+# (``from tfbnn import *`` does not bind them).
+_TOOLS = ("experiments", "testing", "cli")
 _NAMES = {
     "_internal.errors": ("RunError",),
     "_internal.backend": ("BackendError",),
@@ -71,7 +75,7 @@ def __getattr__(name):
 
 def __dir__():
     """The loaded attributes and every public name, the lazy modules included."""
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | set(_TOOLS))
 
 
 if not getattr(sys.modules.get("_tfbnn_command"), "DEFER_CORE", False):
@@ -83,4 +87,4 @@ if not getattr(sys.modules.get("_tfbnn_command"), "DEFER_CORE", False):
 
 __version__ = "0.1.0"
 
-__all__ = [*_CORE, *_LAZY_MODULES, *_HOME, "__version__"]
+__all__ = [*_CORE, *(m for m in _LAZY_MODULES if m not in _TOOLS), *_HOME, "__version__"]

@@ -3,14 +3,15 @@
 A weight layer is a posterior family and a shape family. The bases to build new
 layers on: :class:`StochasticLayer` (seeded noise, the sampling switch, the Monte
 Carlo protocol), :class:`BayesianLayer` (a KL term scaled by ``kl_weight``),
-:class:`MeanFieldGaussian` (the Bayes-by-Backprop posterior over a kernel and a bias:
+:class:`MeanFieldGaussian` (the Bayes-by-Backprop posterior over a kernel and a bias, with
+:class:`MeanFieldFlipout` its Flipout estimator:
 a subclass gives its weights' shapes and its operation) and the shape families
 :class:`DenseArguments` and :class:`ConvArguments` (``units``; the arguments of a
 Keras convolution of any rank), which give a posterior its shapes and its operation.
 """
 
 from tfbnn.layers.base import BayesianLayer, StochasticLayer
-from tfbnn.layers.mean_field import MeanFieldGaussian
+from tfbnn.layers.mean_field import MeanFieldFlipout, MeanFieldGaussian
 from tfbnn.layers.arguments import ConvArguments, ConvTransposeArguments, DenseArguments
 from tfbnn.likelihoods import (
     BernoulliHead,
@@ -67,6 +68,7 @@ __all__ = [
     "StochasticLayer",
     "BayesianLayer",
     "MeanFieldGaussian",
+    "MeanFieldFlipout",
     "DenseArguments",
     "ConvArguments",
     "ConvTransposeArguments",
