@@ -1,17 +1,34 @@
 """The ``tfbnn`` console script's entry point: the command parses before TensorFlow loads.
 
 ``import tfbnn`` loads the library's core (TensorFlow, Keras and the layers, so that saved
-models deserialize), which takes seconds. The command should answer ``--help`` and a
-bad option at once, so its entry point is this module, outside the package: importing
-it sets :data:`DEFER_CORE` before anything of tfbnn is imported, ``tfbnn/__init__.py``
-then leaves its core to load on first use, and :func:`tfbnn.cli.main` imports
-TensorFlow (quietly) only after the arguments parsed.
+models deserialize), which takes seconds, and it always does: ``tfbnn/__init__.py`` has
+one behaviour. The command should answer ``--help`` and a bad option at once, so its
+entry point is this module, outside the package. Importing it puts the ``tfbnn`` package
+in ``sys.modules`` *before its ``__init__`` has run* (:func:`defer_package`): the
+command's parsers, which import only TensorFlow-free modules (listed in
+``tests/test_layering.py``), load from it as submodules; after the arguments parsed,
+:func:`tfbnn._internal.startup.complete_package_import` runs ``tfbnn/__init__.py``
+(TensorFlow quietly, then the core) and the command runs with the whole library.
+Library users never import this module.
 """
 
+import importlib.util
 import sys
 
-#: Read by ``tfbnn/__init__.py``: the command, not a library user, is importing tfbnn.
-DEFER_CORE = True
+
+def defer_package():
+    """Registers the ``tfbnn`` package without running its ``__init__`` (a no-op when it is loaded).
+
+    The package's submodules import from it as usual; the module object is the one
+    ``tfbnn/__init__.py`` later runs in, so ``tfbnn`` names one module throughout.
+    """
+    if "tfbnn" in sys.modules:
+        return
+    spec = importlib.util.find_spec("tfbnn")
+    sys.modules["tfbnn"] = importlib.util.module_from_spec(spec)
+
+
+defer_package()
 # Also when run as a script (`python _tfbnn_command.py`), where this module is __main__.
 sys.modules.setdefault("_tfbnn_command", sys.modules[__name__])
 

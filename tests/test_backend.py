@@ -51,3 +51,22 @@ def test_the_error_is_public_and_an_import_error():
 
     assert issubclass(tfbnn.BackendError, ImportError)
     assert tfbnn.BackendError.__module__ == "tfbnn._internal.backend"
+
+
+def test_the_command_answers_help_on_any_backend_and_refuses_to_run_in_one_line(tmp_path):
+    """`tfbnn --help` parses before the package's core (and its backend check) loads; running a command
+    on the JAX backend is one `tfbnn: error:` line and exit status 2, no traceback."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "KERAS_HOME")}
+    env.update({"PYTHONPATH": ROOT, "HOME": str(tmp_path), "KERAS_BACKEND": "jax"})
+
+    def command(*argv):
+        code = f"import sys, _tfbnn_command; sys.argv = ['tfbnn', *{list(argv)!r}]; sys.exit(_tfbnn_command.main())"
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+    shown = command("--help")
+    assert shown.returncode == 0 and "usage: tfbnn" in shown.stdout and shown.stderr == ""
+    refused = command("recipes")
+    assert refused.returncode == 2, refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfbnn: error: tfbnn needs the TensorFlow backend"), lines
+    assert "the Keras backend is 'jax' (from KERAS_BACKEND)" in lines[0]

@@ -572,7 +572,7 @@ def test_evaluate_with_adaptive_sampling(trained, tmp_path, capsys):
 
 
 def test_the_console_script_is_the_entry_module_and_parses_before_tensorflow():
-    """`tfbnn` runs `_tfbnn_command:main` (pyproject.toml), which defers the core: `--help` loads no TensorFlow,
+    """`tfbnn` runs `_tfbnn_command:main` (pyproject.toml), which parses before the package's core runs: `--help` loads no TensorFlow,
     while a plain `import tfbnn` loads it (saved models deserialize)."""
     import subprocess
     import sys

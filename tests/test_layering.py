@@ -117,6 +117,87 @@ FUNCTION_LOCAL_IMPORTS = {
 }
 
 
+#: The modules that must stay TensorFlow-free: the ones the `tfbnn` command imports to parse
+#: its arguments (every command's ``--help``), before ``tfbnn/__init__.py`` and TensorFlow load.
+#: At their top they import the standard library and each other only (NumPy, TensorFlow, Keras,
+#: matplotlib, KerasTuner, scikit-learn and tensorflow-datasets load inside functions, listed
+#: above). Checked three ways below: statically, in a fresh process, and for completeness.
+TENSORFLOW_FREE = (
+    "tfbnn._internal", "tfbnn._internal.argtypes", "tfbnn._internal.backend", "tfbnn._internal.deprecation",
+    "tfbnn._internal.errors", "tfbnn._internal.files", "tfbnn._internal.startup", "tfbnn._internal.version",
+    "tfbnn.cli", "tfbnn.cli.evaluate", "tfbnn.cli.export", "tfbnn.cli.laplace", "tfbnn.cli.recipes", "tfbnn.cli.run",
+    "tfbnn.cli.train", "tfbnn.cli.tune",
+    "tfbnn.datasets", "tfbnn.datasets.catalog",
+    "tfbnn.experiments", "tfbnn.experiments._common", "tfbnn.experiments.ibnn_lenet",
+    "tfbnn.experiments.ibnn_regression", "tfbnn.experiments.ibnn_shift", "tfbnn.experiments.posterior_comparison",
+    "tfbnn.experiments.uncertainty_comparison", "tfbnn.experiments.vcl_split_digits",
+    "tfbnn.experiments.vd_regression", "tfbnn.experiments.vd_sparsity", "tfbnn.experiments.vd_transformer",
+    "tfbnn.training", "tfbnn.training.recipe", "tfbnn.training.recipes", "tfbnn.training.run",
+)
+_HEAVY_LIBRARIES = ("numpy", "tensorflow", "keras", "matplotlib", "keras_tuner", "sklearn", "tensorflow_datasets",
+                    "tensorflow_probability", "scipy")
+
+
+def _top_level_imports(path):
+    """The modules imported at the top of the module at ``path`` (outside functions; ``try`` blocks included)."""
+    found = []
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.Import):
+                found.extend(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0:
+                found.extend([child.module] + [f"{child.module}.{alias.name}" for alias in child.names])
+            visit(child)
+
+    visit(ast.parse(open(path).read()))
+    return found
+
+
+def test_the_tensorflow_free_modules_import_only_the_standard_library_and_each_other_at_their_top():
+    modules = dict(_modules())
+    offenders = []
+    for module in TENSORFLOW_FREE:
+        for name in _top_level_imports(modules[module]):
+            if name.split(".")[0] in _HEAVY_LIBRARIES:
+                offenders.append(f"{module} imports {name}")
+            elif name.startswith("tfbnn.") and name in modules and name not in TENSORFLOW_FREE:
+                offenders.append(f"{module} imports {name}, which is not TensorFlow-free")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_tensorflow_free_modules_load_no_numeric_library_in_a_fresh_process():
+    code = ("import importlib, sys, _tfbnn_command; "
+            f"[importlib.import_module(m) for m in {TENSORFLOW_FREE!r}]; "
+            f"print(sorted(m for m in {_HEAVY_LIBRARIES!r} if m in sys.modules))")
+    assert _fresh(code) == "[]"
+
+
+def test_the_list_is_every_module_the_command_loads_to_parse():
+    """Every command's --help, run through the entry point: the tfbnn modules loaded are the listed ones."""
+    code = ("import contextlib, io, sys, _tfbnn_command\nfrom tfbnn.cli import COMMANDS, main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    codes = [main([name, '--help']) for name in COMMANDS]\n"
+            "assert set(codes) == {0}, codes\nprint(sorted(m for m in sys.modules if m.startswith('tfbnn.')))")
+    assert _fresh(code) == str(sorted(TENSORFLOW_FREE))
+
+
+def test_one_import_mode_import_tfbnn_always_loads_the_core():
+    """``tfbnn/__init__.py`` has no branch on who imports it; the command's entry point defers running it
+    (the parse above loads no TensorFlow) and then runs it in the same module object."""
+    init = os.path.join(ROOT, "__init__.py")
+    assert "sys" not in _top_level_imports(init) and "DEFER_CORE" not in open(init).read()
+    code = ("import sys, _tfbnn_command; import tfbnn; before = 'tensorflow' in sys.modules; "
+            "module = sys.modules['tfbnn']; from tfbnn._internal import startup; startup.complete_package_import(); "
+            "import tfbnn.layers; "
+            "print(before, sys.modules['tfbnn'] is module, 'tensorflow' in sys.modules, callable(tfbnn.predict), "
+            "tfbnn.layers.DenseFlipout.__name__, tfbnn.__version__)")
+    assert _fresh(code) == "False True True True DenseFlipout 0.1.0"
+    code = "import sys, tfbnn; print('tensorflow' in sys.modules, 'layers' in vars(tfbnn))"
+    assert _fresh(code) == "True True"
+
+
 def _layer(module):
     """The layer of ``module``'s longest dotted prefix in LAYERS (None: unlisted)."""
     prefixes = (module.rsplit(".", k)[0] for k in range(module.count(".") + 1))

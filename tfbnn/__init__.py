@@ -12,9 +12,9 @@ Flat public API::
 """
 
 import importlib
-import sys
 
 from tfbnn._internal import backend as _backend
+from tfbnn._internal.version import __version__
 
 _backend.check()  # one clear error on the JAX or PyTorch backend, before TensorFlow loads
 
@@ -23,9 +23,9 @@ _backend.check()  # one clear error on the JAX or PyTorch backend, before Tensor
 # (_NAMES); ``__all__`` is built from them. `import tfbnn` loads the core
 # (TensorFlow, Keras, the layers, so that saved models deserialize) but never
 # KerasTuner or matplotlib: tuning, plots, evaluation, training, experiments and
-# the command line load on first use (``tfbnn.tuning``). The `tfbnn` command's entry
-# point (_tfbnn_command.py, outside the package) asks for nothing to load here, so that
-# it parses its arguments before TensorFlow starts.
+# the command line load on first use (``tfbnn.tuning``). This is the one import mode: the
+# `tfbnn` command's entry point (_tfbnn_command.py, outside the package) parses its
+# arguments before this file runs, and then runs it as it is.
 # tests/test_public_names.py checks that every name resolves and that the
 # submodules are the ones the API reference documents.
 _CORE = ("priors", "posteriors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
@@ -78,13 +78,10 @@ def __dir__():
     return sorted(set(globals()) | set(__all__) | set(_TOOLS))
 
 
-if not getattr(sys.modules.get("_tfbnn_command"), "DEFER_CORE", False):
-    for _module in _CORE:
-        globals()[_module] = importlib.import_module(f"tfbnn.{_module}")
-    for _name, _module in _HOME.items():
-        globals()[_name] = getattr(importlib.import_module(f"tfbnn.{_module}"), _name)
-    del _name, _module
-
-__version__ = "0.1.0"
+for _module in _CORE:
+    globals()[_module] = importlib.import_module(f"tfbnn.{_module}")
+for _name, _module in _HOME.items():
+    globals()[_name] = getattr(importlib.import_module(f"tfbnn.{_module}"), _name)
+del _name, _module
 
 __all__ = [*_CORE, *(m for m in _LAZY_MODULES if m not in _TOOLS), *_HOME, "__version__"]

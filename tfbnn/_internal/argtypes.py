@@ -13,6 +13,7 @@ import re
 import sys
 
 from tfbnn._internal import startup
+from tfbnn._internal.backend import BackendError
 from tfbnn._internal.errors import RunError
 
 __all__ = [
@@ -240,14 +241,20 @@ def run_parsed(parser, argv, interrupted=None):
     library, its argument names written as flags: :func:`in_flags`): one
     ``<prog>: error: ...`` line and 2; a :class:`tfbnn.RunError`:
     its line and 1; with ``interrupted``, Ctrl-C prints ``<prog>: <interrupted>`` and
-    gives 130. TensorFlow is imported (quietly) only after the arguments parsed.
+    gives 130. TensorFlow and the library's core load (quietly) only after the arguments
+    parsed (:func:`tfbnn._internal.startup.complete_package_import`); a Keras backend other
+    than TensorFlow is one ``<prog>: error: ...`` line and 2.
     """
     prog = parser.prog
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    startup.import_tensorflow_quietly()
+    try:
+        startup.complete_package_import()
+    except BackendError as e:
+        print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except (ValueError, TypeError) as e:

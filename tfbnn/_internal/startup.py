@@ -1,8 +1,10 @@
 """Start-up of the `tfbnn` command (no TensorFlow import here).
 
-The command's entry point (``_tfbnn_command.py``) keeps ``tfbnn/__init__.py`` from
-loading the core; the command parses its arguments first and then calls
-:func:`import_tensorflow_quietly`. Library users keep their own logging untouched.
+The command's entry point (``_tfbnn_command.py``) registers the ``tfbnn`` package before
+``tfbnn/__init__.py`` runs; the command parses its arguments first and then calls
+:func:`complete_package_import`, which imports TensorFlow with its start-up chatter
+filtered (:func:`import_tensorflow_quietly`) and runs ``tfbnn/__init__.py``. Library
+users keep their own logging untouched.
 """
 
 import os
@@ -54,3 +56,18 @@ def import_tensorflow_quietly():
         if kept:
             sys.stderr.write("\n".join(kept) + "\n")
 
+
+def complete_package_import():
+    """Finishes ``import tfbnn`` for the command: TensorFlow quietly, then ``tfbnn/__init__.py``.
+
+    The command's entry point registered the package without running its ``__init__``
+    (``_tfbnn_command.defer_package``); this runs it in that same module object, once. A
+    no-op where the package was imported normally (a library user, the tests).
+
+    Raises:
+        tfbnn.BackendError: Keras is configured for another backend than TensorFlow.
+    """
+    import_tensorflow_quietly()
+    package = sys.modules.get("tfbnn")
+    if package is not None and "__all__" not in vars(package):  # __all__ is the last name __init__ binds
+        package.__spec__.loader.exec_module(package)

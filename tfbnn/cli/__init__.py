@@ -8,9 +8,10 @@ with its ``DESCRIPTION`` and optional ``EPILOG``) and runs (``run(args)``, or th
 costs start-up time only when that study is asked for.
 
 Start-up: the console script's entry point is ``_tfbnn_command:main``, a module
-outside this package, which tells ``tfbnn/__init__.py`` to leave the library's core
-unloaded. The command parses its arguments first and loads TensorFlow (quietly)
-only to run, so ``--help`` and option errors answer at once.
+outside this package, which registers the ``tfbnn`` package before its ``__init__``
+runs. The command parses its arguments with TensorFlow-free modules first, then runs
+``tfbnn/__init__.py`` (TensorFlow quietly, the core) and the command, so ``--help`` and
+option errors answer at once.
 
 Exit status: 0 on success, 2 on a bad option (one ``tfbnn: error: ...`` line on
 stderr, no traceback), 1 when the run itself fails (the loss became NaN, a dataset
@@ -22,7 +23,7 @@ Nothing in tfbnn imports this package.
 import importlib
 import sys
 
-from tfbnn import __version__
+from tfbnn._internal.version import __version__
 from tfbnn._internal import argtypes
 
 __all__ = ["main", "build_parser", "COMMANDS", "PROG"]
