@@ -49,3 +49,18 @@ def test_the_hook_marks_the_listed_tests_and_their_parameters_only():
 def test_the_heavy_marker_is_declared_and_the_fast_lane_needs_no_other(request):
     declared = [line.split(":", 1)[0] for line in request.config.getini("markers")]
     assert "heavy" in declared and "slow" not in declared, declared
+
+
+def test_the_tests_mirror_the_package():
+    """tests/<sub>/ for each subpackage tfbnn/<sub>/ that has tests, and no other folder; every module of
+    tfbnn/layers/ has tests/layers/test_<module>.py (a folder may hold more files, by topic)."""
+    package, tests = os.path.join(ROOT, "tfbnn"), os.path.join(ROOT, "tests")
+    folders = {d for d in os.listdir(tests) if os.path.isdir(os.path.join(tests, d)) and d not in ("fixtures", "__pycache__")}
+    subpackages = {d for d in os.listdir(package) if os.path.isfile(os.path.join(package, d, "__init__.py"))}
+    assert folders <= subpackages, folders - subpackages
+    assert {"layers", "models", "training", "experiments", "cli", "datasets", "inference"} <= folders
+    modules = {f[:-3] for f in os.listdir(os.path.join(package, "layers")) if f.endswith(".py") and f != "__init__.py"}
+    missing = sorted(m for m in modules if not os.path.isfile(os.path.join(tests, "layers", f"test_{m}.py")))
+    assert not missing, f"tfbnn/layers modules without tests/layers/test_<module>.py: {missing}"
+    basenames = [f for _, _, files in os.walk(tests) for f in files if f.startswith("test_") and f.endswith(".py")]
+    assert len(basenames) == len(set(basenames)), "two test files share a name (pytest imports them by basename)"

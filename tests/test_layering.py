@@ -33,7 +33,7 @@ LAYERS = {
 # -- imports inside functions ---------------------------------------------------------------------
 # A module imports at its top unless that costs start-up time where start-up must stay short:
 # `import tfbnn` (no KerasTuner, no plotting module), and the `tfbnn` command's parsers, which
-# answer `--help` and a bad option before any numeric library loads (tests/test_cli.py and
+# answer `--help` and a bad option before any numeric library loads (tests/cli/test_commands.py and
 # test_the_commands_load_no_numeric_library_before_they_run below). What those light modules
 # import at their top: the standard library, `tfbnn` itself, the package-wide plumbing
 # (tfbnn._internal's argtypes, files, errors), tfbnn.training (the recipes; the runner's Keras

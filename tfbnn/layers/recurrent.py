@@ -57,7 +57,7 @@ __all__ = ["LSTMCellReparameterization", "GRUCellReparameterization", "LSTMRepar
 # it is found among the bases of the public keras.layers.LSTMCell. The cells use the
 # hook to draw their weight sample once per sequence.
 # Without it (a Keras that drops the mixin), only the convenience layers hold one sample per
-# sequence; tests/test_recurrent_layers.py checks the cell alone in keras.layers.RNN.
+# sequence; tests/layers/test_recurrent.py checks the cell alone in keras.layers.RNN.
 _PER_SEQUENCE_HOOK = next((c for c in keras.layers.LSTMCell.__mro__ if c.__name__ == "DropoutRNNCell"), object)
 
 

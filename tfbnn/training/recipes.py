@@ -50,7 +50,7 @@ bbb`` / ``-mc_dropout``                study 004; BbB as Shridhar et al. 2019's 
 =====================================  =====================================================
 
 Every protocol field is in the recipe (``tfbnn recipes --show NAME`` prints it);
-``tests/test_training.py`` compares them with the published values. Where a paper
+``tests/training/test_run.py`` compares them with the published values. Where a paper
 does not state a value, the recipe's ``description`` says what was chosen.
 Datasets other than ``digits`` come from tensorflow-datasets (downloaded once);
 ``Recipe.quick()`` gives a few-step version of any recipe.

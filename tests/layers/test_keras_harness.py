@@ -5,7 +5,7 @@ promises; Keras' harness (``keras.src.testing.TestCase.run_layer_test``, not pub
 checks what Keras promises of any layer: config round trip, build from a shape, symbolic
 and eager calls with the same output shape, the weight and loss counts, a training run
 with ``fit``, and the mixed-precision check (float32 variables, outputs in the compute
-dtype). The recurrent layers run it in ``tests/test_recurrent_layers.py``.
+dtype). The recurrent layers run it in ``tests/layers/test_recurrent.py``.
 """
 
 import pytest

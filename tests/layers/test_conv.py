@@ -214,7 +214,7 @@ def channels_first_outputs():
 _KERNEL_PATH = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from test_conv_layers import channels_first_outputs
+from test_conv import channels_first_outputs
 print("RESULT", json.dumps(channels_first_outputs()))
 """
 

@@ -578,7 +578,7 @@ def test_the_console_script_is_the_entry_module_and_parses_before_tensorflow():
     import sys
     import tomllib
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, "pyproject.toml"), "rb") as f:
         assert tomllib.load(f)["project"]["scripts"] == {"tfbnn": "_tfbnn_command:main"}
     code = ("import sys, _tfbnn_command; sys.argv = ['tfbnn', 'vd-sparsity', '--help']; status = _tfbnn_command.main(); "

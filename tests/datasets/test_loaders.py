@@ -126,7 +126,7 @@ def test_importlib_resources_is_declared_and_importable():
 
     import importlib_resources  # noqa: F401  (tensorflow-datasets imports it undeclared)
 
-    pyproject = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "pyproject.toml")).read()
+    pyproject = open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "pyproject.toml")).read()
     dependencies = pyproject.split("dependencies = [", 1)[1].split("\n]", 1)[0]
     assert re.search(r'"importlib[_-]resources"', dependencies)
 

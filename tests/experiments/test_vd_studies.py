@@ -139,7 +139,7 @@ def test_regression_study_bands(tmp_path):
 
 # -- Transformer -------------------------------------------------------------------------------
 def test_transformer_study_converts_the_zoo_models_feed_forward_block(tmp_path):
-    # The model is tfbnn.models.transformer (tests/test_models.py tests the builder); the study makes
+    # The model is tfbnn.models.transformer (tests/models/test_zoo.py tests the builder); the study makes
     # only ff1 and ff2 Bayesian, by conversion.
     assert vd_transformer.build_transformer_classifier is tfbnn.models.transformer
     assert vd_transformer.TokenAndPositionEmbedding is tfbnn.models.TokenAndPositionEmbedding

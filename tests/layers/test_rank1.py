@@ -308,7 +308,7 @@ def test_rank1_recipe_trains_a_few_steps_on_tiny_synthetic_data(tmp_path, monkey
     monkeypatch.setitem(tfbnn.models.MODELS, "wide_resnet", tfbnn.models.wide_resnet)  # a tiny WRN for the run
     recipe = tfbnn.training.get_recipe("cifar10-resnet50-rank1")
     assert recipe.model_options["ensemble"] == "rank1" and recipe.method == "bbb"
-    # The recipe's method and options on a tiny WRN (the ResNet-50 run is tests/test_training.py's, heavy).
+    # The recipe's method and options on a tiny WRN (the ResNet-50 run is tests/training/test_run.py's, heavy).
     quick = recipe.quick(max_examples=24, max_test_examples=12, batch_size=8, eval_samples=2).replace(
         dataset="digits", model="wide_resnet", model_options={"ensemble": "rank1", "ensemble_size": 2, "depth": 10,
                                                               "widen_factor": 1})

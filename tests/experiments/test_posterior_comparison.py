@@ -1,6 +1,6 @@
 """The posterior-comparison study (issue 22, item 4): its quick run, its outputs and its checks.
 
-The pinned numbers of the quick run are in tests/test_study_pins.py; here the study's
+The pinned numbers of the quick run are in tests/experiments/test_study_pins.py; here the study's
 numbers are checked against independent computations: a MAP network's predictive std is
 exactly the noise std, and the Laplace row's prior precision is what tfbnn.laplace gives
 for the saved MAP model."""

@@ -43,7 +43,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fixtures"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures"))
 import make_study_pins  # noqa: E402
 
 with open(make_study_pins.PINS) as f:
