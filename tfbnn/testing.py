@@ -14,7 +14,12 @@
    more: under ``"mixed_float16"`` and ``"mixed_bfloat16"`` the outputs are in the compute
    dtype, every float weight is float32, the KL is float32 and equals the float32 layer's
    (same weights, same seed state), the posterior-mean outputs are close to float32's, and
-   one ``fit`` epoch under the first of them keeps the loss finite.
+   one ``fit`` epoch under the first of them keeps the loss finite;
+7. with ``keras_checks=True``, also what Keras promises of any layer, by Keras' own
+   harness (``keras.src.testing.TestCase.run_layer_test``): build from a shape, symbolic
+   and eager calls with the same output shape, the weight, seed-generator and loss
+   counts, a ``fit`` run, masking support where asked. This is the one harness: a test
+   of a tfbnn layer asks it for Keras' checks instead of calling Keras' harness itself.
 
 Example:
     >>> from tfbnn import testing, layers
@@ -37,8 +42,19 @@ __all__ = ["run_layer_test", "count_seed_generators", "data_formats", "to_channe
 
 
 def count_seed_generators(layer):
-    """Number of ``keras.random.SeedGenerator`` attributes of ``layer``."""
-    return sum(isinstance(v, keras.random.SeedGenerator) for v in vars(layer).values())
+    """Number of distinct ``keras.random.SeedGenerator`` attributes of ``layer`` and of the layers it holds
+    (a recurrent layer's cell, say), counted as Keras' own harness counts them."""
+    generators, seen, stack = set(), set(), [layer]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for value in vars(current).values():
+            values = value if isinstance(value, (list, tuple)) else [value]
+            generators.update(id(v) for v in values if isinstance(v, keras.random.SeedGenerator))
+            stack.extend(v for v in values if isinstance(v, keras.layers.Layer))
+    return len(generators)
 
 
 def _assert_same_config(a, b):
@@ -134,6 +150,8 @@ def run_layer_test(
     run_mixed_precision=True,
     seed=0,
     input_data=None,
+    keras_checks=False,
+    **keras_options,
 ):
     """Runs the basic checks of a tfbnn layer; raises ``AssertionError`` on failure.
 
@@ -153,10 +171,19 @@ def run_layer_test(
         seed: int, seed of the generated data.
         input_data: array of shape ``input_shape`` to use instead of generated
             normal floats (integer ids for an embedding, say).
+        keras_checks: bool, also run Keras' own ``run_layer_test`` (item 7) with the same
+            class, arguments, shapes and expected counts (``expected_num_trainable_weights``
+            required), the input dtype of ``input_data`` and its mixed-precision check when
+            ``run_mixed_precision``.
+        **keras_options: further arguments of Keras' ``run_layer_test`` (for instance
+            ``expected_num_non_trainable_weights``, ``supports_masking``); only with
+            ``keras_checks``.
 
     Returns:
         The layer built and called once.
     """
+    if keras_options and not keras_checks:
+        raise ValueError(f"Expected keras_checks=True with Keras' options. Received: {sorted(keras_options)}")
     if issubclass(layer_cls, BayesianLayer):
         init_kwargs = {"kl_weight": 0.01, **init_kwargs}
     layer = layer_cls(**init_kwargs)
@@ -192,7 +219,29 @@ def run_layer_test(
         _check_training(layer_cls, init_kwargs, x, expected_output_shape, seed)
     if run_mixed_precision:
         _check_mixed_precision(layer_cls, init_kwargs, x, expected_output_shape, seed)
+    if keras_checks:
+        _run_keras_harness(layer_cls, init_kwargs, input_shape, expected_output_shape, expected_num_losses,
+                           expected_num_seed_generators, expected_num_trainable_weights, run_training,
+                           run_mixed_precision, x.dtype, keras_options)
     return layer
+
+
+def _run_keras_harness(layer_cls, init_kwargs, input_shape, expected_output_shape, num_losses, num_seed_generators,
+                       num_trainable_weights, run_training, run_mixed_precision, dtype, options):
+    """Keras' own ``run_layer_test`` (not public API: ``keras.src.testing``, Keras >= 3.15)."""
+    if num_trainable_weights is None:
+        raise ValueError("Expected `expected_num_trainable_weights` with keras_checks=True: Keras' harness "
+                         "checks the count. Received: expected_num_trainable_weights=None")
+    from keras.src.testing import TestCase  # loaded only for these checks: it imports Keras' test utilities
+
+    class _Keras(TestCase):
+        pass
+
+    _Keras("run_layer_test").run_layer_test(
+        layer_cls, init_kwargs=init_kwargs, input_shape=input_shape, input_dtype=str(dtype),
+        expected_output_shape=expected_output_shape, expected_num_trainable_weights=num_trainable_weights,
+        expected_num_seed_generators=num_seed_generators, expected_num_losses=num_losses,
+        **{"run_training_check": run_training, "run_mixed_precision_check": run_mixed_precision, **options})
 
 
 def data_formats(x):

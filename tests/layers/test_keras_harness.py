@@ -1,17 +1,19 @@
-"""Keras' own ``run_layer_test`` on the layers users bring from TFP, Edward2 and bayesian-torch.
+"""Keras' own checks, through the one harness, on the layers users bring from TFP, Edward2 and bayesian-torch.
 
-``tfbnn.testing.run_layer_test`` (the project's harness) checks what a Bayesian layer
-promises; Keras' harness (``keras.src.testing.TestCase.run_layer_test``, not public API)
-checks what Keras promises of any layer: config round trip, build from a shape, symbolic
-and eager calls with the same output shape, the weight and loss counts, a training run
-with ``fit``, and the mixed-precision check (float32 variables, outputs in the compute
-dtype). The recurrent layers run it in ``tests/layers/test_recurrent.py``.
+``tfbnn.testing.run_layer_test(..., keras_checks=True)`` adds Keras' harness
+(``keras.src.testing.TestCase.run_layer_test``, not public API) to its own checks: what
+Keras promises of any layer (config round trip, build from a shape, symbolic and eager
+calls with the same output shape, the weight and loss counts, a training run with
+``fit``, and the mixed-precision check: float32 variables, outputs in the compute
+dtype). Here only Keras' part runs (the rest of the harness runs per family in their own
+files); the recurrent layers run it in ``tests/layers/test_recurrent.py``.
 """
 
+import numpy as np
 import pytest
-from keras.src.testing import TestCase  # Keras' own run_layer_test (not public API)
 
 import tfbnn
+from tfbnn import testing
 from tfbnn.layers import conv
 
 KL = {"kl_weight": 0.01, "seed": 1}
@@ -49,20 +51,32 @@ CASES = [
 ]
 
 
-class _Keras(TestCase):
-    pass
+def _keras_only(cls, kwargs, shape, out, weights, seeds, losses, input_data=None):
+    """The one harness with Keras' checks on and its own save/load, training and mixed-precision parts off."""
+    return testing.run_layer_test(cls, kwargs, input_shape=shape, expected_output_shape=out,
+                                  expected_num_losses=losses, expected_num_seed_generators=seeds,
+                                  expected_num_trainable_weights=weights, run_save_load=False, run_training=False,
+                                  run_mixed_precision=False, input_data=input_data, keras_checks=True,
+                                  run_training_check=True, run_mixed_precision_check=True)
 
 
 @pytest.mark.parametrize("cls, kwargs, shape, out, weights, seeds, losses",
                          [pytest.param(*case[1:], id=case[0]) for case in CASES])
 def test_keras_run_layer_test(cls, kwargs, shape, out, weights, seeds, losses):
-    _Keras("run_layer_test").run_layer_test(
-        cls, init_kwargs=kwargs, input_shape=shape, expected_output_shape=out,
-        expected_num_trainable_weights=weights, expected_num_seed_generators=seeds, expected_num_losses=losses)
+    _keras_only(cls, kwargs, shape, out, weights, seeds, losses)
 
 
 def test_keras_run_layer_test_on_the_bayesian_embedding():
-    _Keras("run_layer_test").run_layer_test(
-        tfbnn.layers.EmbeddingReparameterization, init_kwargs={"input_dim": 6, "output_dim": 3, **KL},
-        input_shape=(2, 4), input_dtype="int32", expected_output_shape=(2, 4, 3), expected_num_trainable_weights=2,
-        expected_num_seed_generators=1, expected_num_losses=1)
+    ids = np.array([[0, 5, 2, 1], [3, 3, 4, 0]], "int32")
+    _keras_only(tfbnn.layers.EmbeddingReparameterization, {"input_dim": 6, "output_dim": 3, **KL}, (2, 4), (2, 4, 3),
+                2, 1, 1, input_data=ids)
+
+
+def test_the_harness_reports_what_keras_finds_and_refuses_keras_options_without_its_checks():
+    with pytest.raises(AssertionError):  # Keras counts 4 trainable weights, not 5
+        _keras_only(tfbnn.layers.DenseFlipout, {"units": 3, **KL}, (4, 5), (4, 3), 5, 1, 1)
+    with pytest.raises(ValueError, match=r"keras_checks=True.*supports_masking"):
+        testing.run_layer_test(tfbnn.layers.DenseFlipout, {"units": 3}, (4, 5), (4, 3), supports_masking=True)
+    with pytest.raises(ValueError, match=r"expected_num_trainable_weights=None"):
+        testing.run_layer_test(tfbnn.layers.DenseFlipout, {"units": 3}, (4, 5), (4, 3), run_save_load=False,
+                               run_training=False, run_mixed_precision=False, keras_checks=True)

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
-from keras.src.testing import TestCase  # Keras' own run_layer_test (not public API)
 
 import tfbnn
 from tfbnn import testing
@@ -212,23 +211,16 @@ def test_bad_arguments_name_the_argument(kwargs, match):
 def test_tfbnn_layer_harness(cls):
     layer = testing.run_layer_test(cls, {"units": 3, "seed": 1, "kl_weight": 0.01}, input_shape=(4, 5, 2),
                                    expected_output_shape=(4, 3), expected_num_losses=1,
-                                   expected_num_seed_generators=0, expected_num_trainable_weights=4)
-    assert testing.count_seed_generators(layer.cell) == 1
+                                   expected_num_seed_generators=1, expected_num_trainable_weights=4)
+    assert testing.count_seed_generators(layer.cell) == 1  # the layer's one generator is its cell's
 
 
-class KerasRunLayerTest(TestCase):
-    def test_lstm(self):
-        self._run(LSTMReparameterization)
-
-    def test_gru(self):
-        self._run(GRUReparameterization)
-
-    def _run(self, cls):
-        for return_sequences in (False, True):
-            self.run_layer_test(
-                cls, init_kwargs={"units": 3, "seed": 1, "kl_weight": 0.01, "return_sequences": return_sequences},
-                input_shape=(2, 4, 5), expected_output_shape=(2, 4, 3) if return_sequences else (2, 3),
-                expected_num_trainable_weights=4, expected_num_non_trainable_weights=1,
-                expected_num_seed_generators=1, expected_num_losses=1, supports_masking=True,
-                run_mixed_precision_check=False,
-            )
+@pytest.mark.parametrize("cls", [LSTMReparameterization, GRUReparameterization])
+@pytest.mark.parametrize("return_sequences", [False, True])
+def test_keras_checks_through_the_one_harness(cls, return_sequences):
+    testing.run_layer_test(
+        cls, {"units": 3, "seed": 1, "kl_weight": 0.01, "return_sequences": return_sequences},
+        input_shape=(2, 4, 5), expected_output_shape=(2, 4, 3) if return_sequences else (2, 3),
+        expected_num_trainable_weights=4, expected_num_seed_generators=1, expected_num_losses=1,
+        run_save_load=False, run_training=True, run_mixed_precision=False, keras_checks=True,
+        expected_num_non_trainable_weights=1, supports_masking=True)
