@@ -95,6 +95,8 @@ FUNCTION_LOCAL_IMPORTS = {
         _study("posterior-comparison") + " (its numeric side, tfbnn.experiments._posterior_study)",
     ("tfbnn/experiments/_common.py", "quiet_tensorflow"): _STUDIES,
     ("tfbnn/experiments/_common.py", "array_pipeline"): _STUDIES,
+    ("tfbnn/experiments/_study.py", "Setting._one"):
+        _STUDIES + " (the settings' checks are tfbnn._internal.checks, which loads TensorFlow; the recipe class)",
     **{("tfbnn/experiments/ibnn_lenet.py", name): _study("ibnn-lenet") for name in (
         "build_lenet", "_evaluate", "_train_and_evaluate", "_plot")},
     **{("tfbnn/experiments/ibnn_regression.py", name): _study("ibnn-regression") for name in (

@@ -1,12 +1,14 @@
-"""``tfbnn recipes``: the built-in recipes (the studies' protocols), listed or shown as JSON."""
+"""``tfbnn recipes``: the built-in recipes (the studies' protocols) and the studies, listed; a recipe shown as JSON."""
 
 import textwrap
 
+from tfbnn import experiments
 from tfbnn.training import recipes
 
 __all__ = ["DESCRIPTION", "add_arguments", "run"]
 
-DESCRIPTION = "List the built-in recipes with what they reproduce, or print one recipe as JSON."
+DESCRIPTION = ("List the built-in recipes with what they reproduce and the studies (sets of recipes with their\n"
+               "own analysis) that `tfbnn run NAME` runs, or print one recipe as JSON.")
 
 
 def add_arguments(parser):
@@ -23,4 +25,8 @@ def run(args):
         print(name)
         print(textwrap.fill(recipe.description, 96, initial_indent="    ", subsequent_indent="    "))
         print(textwrap.fill(f"source: {recipe.reference}", 96, initial_indent="    ", subsequent_indent="    "))
+    print("\nstudies (a set of recipes and their analysis; `tfbnn NAME --help` lists a study's options):")
+    for name, (_, summary) in experiments.STUDIES.items():
+        print(name)
+        print(textwrap.fill(summary, 96, initial_indent="    ", subsequent_indent="    "))
     return 0
