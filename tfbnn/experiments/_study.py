@@ -32,15 +32,18 @@ def train(s, output_dir, verbose):
 
 def analyse(results, s, output_dir, verbose):
     rows = [{"method": r.recipe.method, "nll": r.test["nll"]} for r in results]
-    return {"rows": rows, "files": write_results(output_dir, rows, s)}
+    return {"rows": rows, "files": []}  # the tables and plots it writes
 
 STUDY = Study(
-    name="tiny-comparison", module=__name__, description="BbB vs MC dropout on the digits.",
+    name="tiny-comparison", module="my_studies.tiny", description="BbB vs MC dropout on the digits.",
     settings=(Setting("methods", ("bbb", "mc_dropout"), "methods to compare", choices=("bbb", "mc_dropout"),
                       many=True, unique=True),
               Setting("epochs", 5), Setting("seed", 0)),
-    recipes=recipes, train=train, analyse=analyse, outputs="results.csv and results.json")
+    recipes=recipes, train=train, analyse=analyse)
+STUDY.run_experiment(epochs=1, methods=["bbb"])   # or STUDY.main(["--epochs", "1"]): the command line
 ```
+
+``docs/guides/zoo-and-recipes.md`` ("A study is data") runs such a study.
 """
 
 import argparse
@@ -170,7 +173,6 @@ class Setting:
         metavar: str or None, the option's value name in ``--help``.
         aliases: old names of the setting, accepted with a ``DeprecationWarning`` (Python) or a
             warning line (command line).
-        option: bool, whether the command line has an option for it.
 
     Example:
 
@@ -195,7 +197,6 @@ class Setting:
     recipe: str = None
     metavar: str = None
     aliases: tuple = ()
-    option: bool = True
 
     def __post_init__(self):
         field = RECIPE_FIELDS.get(self.recipe or self.name) or COMMON_SETTINGS.get(self.name)
@@ -409,16 +410,14 @@ class Study:
     def add_arguments(self, parser):
         """One option per setting (:meth:`Setting.add_to`), then ``--output-dir``."""
         for setting in self.settings:
-            if setting.option:
-                setting.add_to(parser)
+            setting.add_to(parser)
         folder = self.module.rsplit(".", 1)[-1] + "/..." if callable(self.folder) else self.folder
         parser.add_argument("--output-dir", default=None, metavar="DIR",
                             help=f"where {self.outputs} go (default: {os.path.join(DEFAULT_ROOT, folder)})")
 
     def run(self, args):
         """Runs the study with the parsed ``args``; prints what it wrote; returns the exit status 0."""
-        s = {setting.name: getattr(args, setting.name) for setting in self.settings
-             if setting.option and hasattr(args, setting.name)}
+        s = {setting.name: getattr(args, setting.name) for setting in self.settings}
         _common.quiet_tensorflow()
         if self.banner is not None:
             print(self.banner(self.resolve(s)), flush=True)
