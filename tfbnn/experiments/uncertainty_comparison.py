@@ -195,7 +195,8 @@ def analyse(rows, s, output_dir, verbose):
 
 STUDY = Study(
     name="uncertainty-comparison", module="tfbnn.experiments.uncertainty_comparison", description=DESCRIPTION,
-    settings=SETTINGS, recipes=recipes, train=train, analyse=analyse, outputs="the table, the PNG and the runs",
+    settings=SETTINGS, recipes=lambda s: list(recipes(s).values()), train=train, analyse=analyse,
+    outputs="the table, the PNG and the runs",
     banner=lambda s: f"{NAME}: deterministic, MC dropout, BbB, iBNN and a deep ensemble on {s['dataset']}",
 )
 #: ``DEFAULTS``: the settings and their defaults; the entry points under the names of every study module.
