@@ -91,29 +91,32 @@ FUNCTION_LOCAL_IMPORTS = {
         "_space", "_report", "run", "_launch", "_space_names", "_run_search")},
     **{("tfbnn/cli/laplace.py", name): _command("laplace") for name in (
         "_load_npz", "_load_named", "_likelihood", "_progress", "_evaluate", "run")},
-    ("tfbnn/experiments/posterior_comparison.py", "run_experiment"):
-        _study("posterior-comparison") + " (its numeric side, tfbnn.experiments._posterior_study)",
+    **{("tfbnn/experiments/posterior_comparison.py", name):
+        _study("posterior-comparison") + " (its numeric side, tfbnn.experiments._posterior_study)"
+        for name in ("train", "analyse")},
     ("tfbnn/experiments/_common.py", "quiet_tensorflow"): _STUDIES,
     ("tfbnn/experiments/_common.py", "array_pipeline"): _STUDIES,
+    ("tfbnn/experiments/_study.py", "Setting._one"):
+        _STUDIES + " (the settings' checks are tfbnn._internal.checks, which loads TensorFlow; the recipe class)",
     **{("tfbnn/experiments/ibnn_lenet.py", name): _study("ibnn-lenet") for name in (
         "build_lenet", "_evaluate", "_train_and_evaluate", "_plot")},
     **{("tfbnn/experiments/ibnn_regression.py", name): _study("ibnn-regression") for name in (
-        "make_data", "build_model", "make_pipeline", "_evaluate", "_plot", "run_experiment")},
-    **{("tfbnn/experiments/ibnn_shift.py", name): _study("ibnn-shift") for name in ("build_mlp", "run_experiment")},
+        "make_data", "build_model", "make_pipeline", "_evaluate", "_plot", "train")},
+    **{("tfbnn/experiments/ibnn_shift.py", name): _study("ibnn-shift") for name in ("build_mlp", "train", "analyse")},
     **{("tfbnn/experiments/uncertainty_comparison.py", name): _study("uncertainty-comparison") for name in (
-        "_row", "_figure", "run_experiment")},
+        "_row", "_figure", "train", "analyse")},
     **{("tfbnn/experiments/vcl_split_digits.py", name): _study("vcl-split-digits") for name in (
         "split_tasks", "_masked_crossentropy", "_Network.__init__", "_fit", "_probabilities", "_evaluate",
-        "run_sequence", "_summaries", "_mean_std", "_markdown", "_grid", "_plot", "run_experiment")},
+        "run_sequence", "_summaries", "_mean_std", "_markdown", "_grid", "_plot", "train")},
     **{("tfbnn/experiments/vd_regression.py", name): _study("vd-regression") for name in (
-        "build_model", "make_recipe", "_pipeline", "_evaluate", "_plot", "_settings", "run_experiment")},
+        "build_model", "_recipe", "_pipeline", "_evaluate", "_plot", "_validate", "_data", "train", "analyse")},
     **{("tfbnn/experiments/vd_sparsity.py", name): _study("vd-sparsity") for name in (
-        "build_model", "mc_accuracy", "_check_settings", "_accuracy_vs_samples", "_summarise", "_storage", "_sweep",
-        "_plot", "run_experiment")},
+        "build_model", "mc_accuracy", "_validate", "_accuracy_vs_samples", "_summarise", "_storage", "_sweep",
+        "_plot", "train", "analyse")},
     ("tfbnn/experiments/vd_transformer.py", "__getattr__"):
         _study("vd-transformer") + " (the zoo's builder under its old name here, loaded on first use)",
     **{("tfbnn/experiments/vd_transformer.py", name): _study("vd-transformer") for name in (
-        "_load", "_vectorize", "_evaluate", "_plot", "_settings", "run_experiment")},
+        "_load", "_vectorize", "_evaluate", "_plot", "_validate", "train")},
 }
 
 

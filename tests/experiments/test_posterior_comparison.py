@@ -57,7 +57,7 @@ def test_quick_run_outputs_and_the_laplace_row(tmp_path):
     assert rows["map"]["std_gap"] == pytest.approx(pc.DEFAULTS["noise_std"], rel=1e-6)
     assert rows["map"]["std_clusters"] == pytest.approx(pc.DEFAULTS["noise_std"], rel=1e-6)
     # The Laplace row is the saved MAP model's Laplace approximation, its prior by the evidence.
-    s = pc._settings({"quick": True})
+    s = pc.STUDY.resolve({"quick": True})
     x, y, *_ = study.gap_data(s["num_points"], s["noise_std"], s["seed"], num_test=40)
     model = keras.saving.load_model(os.path.join(out, "gap", "runs", "map", "model.keras"))
     la = tfbnn.laplace.fit(model, x, y, likelihood="regression", hessian="kron", sigma_noise=s["noise_std"])
@@ -95,7 +95,7 @@ def test_swag_and_the_hmc_reference_enter_the_table(tmp_path):
                                methods=("hmc", "map", "swag"))
     rows = {r["method"]: r for r in result["rows"]}
     assert list(rows) == ["hmc", "map", "swag"]  # the table's order
-    epochs = pc.recipes("breast_cancer", pc._settings({"quick": True}))["swag"].epochs
+    epochs = pc.recipes("breast_cancer", pc.STUDY.resolve({"quick": True}))["swag"].epochs
     assert rows["swag"]["snapshots"] == epochs - epochs // 2
     assert "kl_to_hmc" not in rows["hmc"] and rows["hmc"]["max_r_hat"] > 0
     h = rows["hmc"]  # output-space R-hat over the test inputs (its formula: tests/test_swag_hmc.py)

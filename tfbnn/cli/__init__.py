@@ -23,6 +23,7 @@ Nothing in tfbnn imports this package.
 import importlib
 import sys
 
+from tfbnn import experiments
 from tfbnn._internal.version import __version__
 from tfbnn._internal import argtypes
 
@@ -30,7 +31,8 @@ __all__ = ["main", "build_parser", "COMMANDS", "PROG"]
 
 PROG = "tfbnn"
 
-#: Subcommand -> (module, one-line summary), in the order ``tfbnn --help`` lists them.
+#: Subcommand -> (module, one-line summary), in the order ``tfbnn --help`` lists them; the studies
+#: come from :data:`tfbnn.experiments.STUDIES`.
 COMMANDS = {
     "train": ("tfbnn.cli.train",
               "train a model of the zoo with one Bayesian method, evaluate it and save it (.keras)"),
@@ -43,24 +45,7 @@ COMMANDS = {
              "KerasTuner search: the Blundell scale-mixture prior grid (27 trials), resumable, distributable"),
     "laplace": ("tfbnn.cli.laplace",
                 "post-hoc Laplace approximation of a saved model: fit, tune the prior, save (.npz) and evaluate (.json)"),
-    "vd-sparsity": ("tfbnn.experiments.vd_sparsity",
-                    "sparsity study: pre-train, convert (vd | graves), anneal, prune vs random"),
-    "vd-regression": ("tfbnn.experiments.vd_regression",
-                      "1-D regression bands: variational dropout vs Graves vs deterministic"),
-    "vd-transformer": ("tfbnn.experiments.vd_transformer",
-                       "Transformer text classifier with a VD / BbB feed-forward block (IMDB)"),
-    "ibnn-regression": ("tfbnn.experiments.ibnn_regression",
-                        "iBNN vs Bayes-by-Backprop on y = x^3 with 1-5 hidden layers (bands + CSV)"),
-    "ibnn-lenet": ("tfbnn.experiments.ibnn_lenet",
-                   "LeNet width sweep (1x-64x) of iBNN vs Bayes-by-Backprop (plot + CSV)"),
-    "ibnn-shift": ("tfbnn.experiments.ibnn_shift",
-                   "uncertainty under input corruption: iBNN vs MC dropout (plots + CSV)"),
-    "uncertainty-comparison": ("tfbnn.experiments.uncertainty_comparison",
-                               "one table: deterministic, MC dropout, BbB, iBNN, deep ensemble (CSV/MD + PNG)"),
-    "posterior-comparison": ("tfbnn.experiments.posterior_comparison",
-                             "MAP, MC dropout, BbB x3, VD, iBNN, ensemble, Laplace, SWAG vs HMC (1-D gap + sklearn)"),
-    "vcl-split-digits": ("tfbnn.experiments.vcl_split_digits",
-                         "split digits: VCL (posterior as prior) vs fine-tuning; forgetting table + plots"),
+    **experiments.STUDIES,  # the one list of the studies
 }
 
 _DESCRIPTION = (

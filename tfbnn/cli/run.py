@@ -2,14 +2,15 @@
 
 import importlib
 
-from tfbnn import training
+from tfbnn import experiments, training
 from tfbnn._internal import argtypes
 
 __all__ = ["DESCRIPTION", "EPILOG", "STUDIES", "add_arguments", "run"]
 
-#: Studies ``tfbnn run NAME`` runs with their defaults (``--quick``, ``--seed`` and ``--output-dir``
-#: apply): name -> the module of its ``run_experiment``; ``tfbnn NAME --help`` has all their options.
-STUDIES = {"posterior-comparison": "tfbnn.experiments.posterior_comparison"}
+#: Studies ``tfbnn run NAME`` runs with their defaults (``--quick`` where the study has that setting,
+#: ``--seed`` and ``--output-dir`` apply): name -> the module of its ``run_experiment``, every study of
+#: :data:`tfbnn.experiments.STUDIES`; ``tfbnn NAME --help`` has all their options.
+STUDIES = {name: module for name, (module, _) in experiments.STUDIES.items()}
 
 DESCRIPTION = (
     "Run a recipe with tfbnn.training.run: train, evaluate (accuracy, NLL, ECE, Brier score,\n"
@@ -19,8 +20,8 @@ DESCRIPTION = (
     "\n"
     "RECIPE is a built-in name (`tfbnn recipes` lists them with their sources) or a JSON file\n"
     "as written by tfbnn.training.save_recipe or by an earlier run (its recipe.json), or a study\n"
-    "that is a set of recipes with its own analysis (posterior-comparison: `tfbnn posterior-comparison\n"
-    "--help` lists its options; here --quick, --seed and --output-dir apply)."
+    "that is a set of recipes with its own analysis (`tfbnn recipes` lists them; `tfbnn STUDY --help`\n"
+    "lists a study's options; here --seed, --output-dir and, where the study has it, --quick apply)."
 )
 EPILOG = ("examples:\n  tfbnn run blundell-mnist-1200\n  tfbnn run vd-lenet300-100 --quick --dataset digits\n"
           "  tfbnn run saved_models/runs/blundell-mnist-400/recipe.json")
@@ -57,12 +58,16 @@ def run(args):
 
 def _run_study(args):
     """``tfbnn run STUDY``: the study's ``run_experiment`` with its defaults and the options that apply."""
+    study = importlib.import_module(STUDIES[args.recipe])
     not_applicable = [f"--{k}" for k in ("dataset", "epochs", "verbose") if getattr(args, k) is not None]
+    if args.quick and "quick" not in study.DEFAULTS:
+        not_applicable.append("--quick")
     if not_applicable:
         raise ValueError(f"{not_applicable[0]} does not apply to the study {args.recipe} (see `tfbnn {args.recipe} "
                          f"--help`). Received: {args.recipe} with {not_applicable[0]}")
-    study = importlib.import_module(STUDIES[args.recipe])
-    settings = {"quick": args.quick, **({"seed": args.seed} if args.seed is not None else {})}
+    settings = {"quick": True} if args.quick else {}
+    if args.seed is not None:
+        settings["seed"] = args.seed
     result = study.run_experiment(output_dir=args.output_dir, **settings)
     print("\nWrote " + ", ".join(result["files"]))
     return 0

@@ -1,10 +1,12 @@
 """Runnable experiments reproducing published results with tfbnn.
 
-Each module has a Python entry point (``run_experiment(...) -> dict``), a command line
-(``python -m tfbnn.experiments.<module> --help``) and, for the ``tfbnn`` command, the
-``DESCRIPTION``, ``add_arguments(parser)`` and ``run(args)`` that :data:`tfbnn.cli.COMMANDS`
-names it by. Results are PNG figures next to CSV and JSON
-numbers, by default under ``saved_models/experiments/<name>/`` (not committed).
+A study is data: a :class:`Study` (``STUDY`` in its module) declares its settings once
+(:class:`Setting`), the recipes it trains, how it trains them and its analysis; its Python
+entry point (``run_experiment(...) -> dict``), its checks and its command line (``tfbnn
+<name>``, ``tfbnn run <name>``, ``python -m tfbnn.experiments.<module> --help``) all come
+from that declaration. :data:`STUDIES` is the one list of the studies: the ``tfbnn``
+command's table, ``tfbnn run`` and ``tfbnn recipes`` read it. Results are PNG figures next
+to CSV and JSON numbers, by default under ``saved_models/experiments/<name>/`` (not committed).
 
 ==============================  ====================================================
 module                          experiment
@@ -39,3 +41,30 @@ module                          experiment
                                 prior) vs fine-tuning; accuracy matrices, forgetting
 ==============================  ====================================================
 """
+
+from tfbnn.experiments._study import Setting, Study
+
+__all__ = ["STUDIES", "Setting", "Study"]
+
+#: Every study: command name -> (module, the one-line summary of ``tfbnn --help`` and ``tfbnn recipes``),
+#: in the order they are listed. Importing this table imports no study.
+STUDIES = {
+    "vd-sparsity": ("tfbnn.experiments.vd_sparsity",
+                    "sparsity study: pre-train, convert (vd | graves), anneal, prune vs random"),
+    "vd-regression": ("tfbnn.experiments.vd_regression",
+                      "1-D regression bands: variational dropout vs Graves vs deterministic"),
+    "vd-transformer": ("tfbnn.experiments.vd_transformer",
+                       "Transformer text classifier with a VD / BbB feed-forward block (IMDB)"),
+    "ibnn-regression": ("tfbnn.experiments.ibnn_regression",
+                        "iBNN vs Bayes-by-Backprop on y = x^3 with 1-5 hidden layers (bands + CSV)"),
+    "ibnn-lenet": ("tfbnn.experiments.ibnn_lenet",
+                   "LeNet width sweep (1x-64x) of iBNN vs Bayes-by-Backprop (plot + CSV)"),
+    "ibnn-shift": ("tfbnn.experiments.ibnn_shift",
+                   "uncertainty under input corruption: iBNN vs MC dropout (plots + CSV)"),
+    "uncertainty-comparison": ("tfbnn.experiments.uncertainty_comparison",
+                               "one table: deterministic, MC dropout, BbB, iBNN, deep ensemble (CSV/MD + PNG)"),
+    "posterior-comparison": ("tfbnn.experiments.posterior_comparison",
+                             "MAP, MC dropout, BbB x3, VD, iBNN, ensemble, Laplace, SWAG vs HMC (1-D gap + sklearn)"),
+    "vcl-split-digits": ("tfbnn.experiments.vcl_split_digits",
+                         "split digits: VCL (posterior as prior) vs fine-tuning; forgetting table + plots"),
+}

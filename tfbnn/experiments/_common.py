@@ -1,4 +1,7 @@
-"""What the studies share: settings and their checks, the options of their command lines, output files.
+"""What the studies share: output files, in-memory data, the ``python -m`` entry point.
+
+A study's settings, their checks and its command line come from its :class:`tfbnn.experiments.Study`
+(:mod:`tfbnn.experiments._study`).
 
 A study the ``tfbnn`` command runs (:data:`tfbnn.cli.COMMANDS`) is imported by
 ``tfbnn <study> --help``, so its module level (and this module's) loads no NumPy, TensorFlow,
@@ -16,24 +19,14 @@ from tfbnn._internal.errors import RunError
 
 __all__ = [
     "DEFAULT_ROOT",
-    "OPTIONS",
     "prepare_output_dir",
     "write_csv",
     "write_json",
     "write_results",
     "jsonable",
-    "settings",
-    "check_names",
-    "check_integers",
-    "check_integer_lists",
-    "check_positive_numbers",
     "check_finite_history",
     "array_pipeline",
     "quiet_tensorflow",
-    "init_scale",
-    "add_options",
-    "add_output_dir",
-    "run_with_settings",
     "main",
 ]
 
@@ -73,62 +66,6 @@ def write_results(output_dir, rows, s, **extra):
             write_json(os.path.join(output_dir, "results.json"), {"settings": jsonable(s), **extra, "rows": rows})]
 
 
-# -- settings ------------------------------------------------------------------------------------
-
-
-def settings(defaults, overrides, tuples=(), unique=()):
-    """A study's settings: ``defaults`` (its ``DEFAULTS``) updated by ``overrides`` (its ``**settings``).
-
-    The values of ``tuples`` become tuples, those of ``unique`` tuples without repeats.
-
-    Raises:
-        ValueError: an override that is not a setting.
-    """
-    unknown = sorted(set(overrides) - set(defaults))
-    if unknown:
-        raise ValueError(f"Unknown settings {unknown}. Expected some of {sorted(defaults)}")
-    s = {**defaults, **overrides}
-    for key in tuples:
-        s[key] = tuple(s[key])
-    for key in unique:
-        s[key] = tuple(dict.fromkeys(s[key]))
-    return s
-
-
-def check_names(s, key, allowed):
-    """``s[key]``: a non-empty sequence of names from ``allowed``; else a ValueError naming ``key``."""
-    if not s[key] or any(v not in allowed for v in s[key]):
-        raise ValueError(f"Expected `{key}` from {list(allowed)}. Received: {key}={s[key]!r}")
-
-
-def _integer(v, minimum):
-    return not isinstance(v, bool) and isinstance(v, int) and v >= minimum
-
-
-def check_integers(s, keys, minimum=1):
-    """``s[key]`` for each of ``keys``: an int >= ``minimum``; else a ValueError naming the key."""
-    what = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
-    for key in keys:
-        if not _integer(s[key], minimum):
-            raise ValueError(f"Expected `{key}` to be {what}. Received: {key}={s[key]!r}")
-
-
-def check_integer_lists(s, keys, minimum=1):
-    """``s[key]`` for each of ``keys``: a non-empty sequence of ints >= ``minimum``; else a ValueError."""
-    what = {0: "non-negative integers", 1: "positive integers"}.get(minimum, f"integers >= {minimum}")
-    for key in keys:
-        if not s[key] or not all(_integer(v, minimum) for v in s[key]):
-            raise ValueError(f"Expected `{key}` to be {what}. Received: {key}={s[key]!r}")
-
-
-def check_positive_numbers(s, keys):
-    """``s[key]`` for each of ``keys``: a positive finite number; else a ValueError naming the key."""
-    for key in keys:
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-            raise ValueError(f"Expected `{key}` to be a positive number. Received: {key}={v!r}")
-
-
 def check_finite_history(history, what):
     """Raises the command's run failure (exit 1) when training produced NaN/inf losses."""
     losses = history.history.get("loss", [])
@@ -149,76 +86,6 @@ def array_pipeline(x_train, y_train, name, batch_size, num_classes=None, num_tes
 
 
 # -- command-line plumbing (the pattern of the tfbnn command) --------------------------------
-
-
-def init_scale(text):
-    """``--init-scale``: a positive number or ``moped``."""
-    return text if text == "moped" else argtypes.positive_float(text)
-
-
-#: The options several studies share: setting -> ``add_argument`` keywords. :func:`add_options`
-#: adds them as ``--setting-name`` with the study's default (and, where it gives one, its help).
-OPTIONS = {
-    "hidden_units": {"type": argtypes.positive_int, "help": "units per hidden layer"},
-    "depth": {"type": argtypes.positive_int, "help": "hidden layers"},
-    "pretrain_epochs": {"type": argtypes.non_negative_int,
-                        "help": "epochs of the deterministic model before conversion"},
-    "epochs": {"type": argtypes.positive_int, "help": "epochs per model"},
-    "warmup_epochs": {"type": argtypes.finite_float, "help": "epochs with beta = 0 after conversion"},
-    "anneal_epochs": {"type": argtypes.positive_float, "help": "epochs of the beta ramp 0 -> 1 after the warm-up"},
-    "batch_size": {"type": argtypes.positive_int, "help": "minibatch size"},
-    "learning_rate": {"type": argtypes.positive_float, "help": "Adam learning rate of the weights"},
-    "variational_learning_rate": {"type": argtypes.positive_float,
-                                  "help": "iBNN: Adam rate of the node parameters"},
-    "num_components": {"type": argtypes.positive_int, "metavar": "K", "help": "iBNN mixture components"},
-    "prior_stddev": {"type": argtypes.positive_float, "metavar": "S", "help": "iBNN prior N(1, S^2)"},
-    "samples_per_component": {"type": argtypes.positive_int, "metavar": "n",
-                              "help": "test samples: K * n for both methods"},
-    "dropout_rate": {"type": argtypes.open_unit_interval, "help": "MC dropout rate"},
-    "init_scale": {"type": init_scale,
-                   "help": "initial posterior std after conversion: a number, or moped (delta * |w|)"},
-    "moped_delta": {"type": argtypes.positive_float, "help": "MOPED delta"},
-    "num_samples": {"type": argtypes.positive_int, "metavar": "T", "help": "Monte Carlo samples of the predictive"},
-    "max_examples": {"type": argtypes.positive_int, "metavar": "N",
-                     "help": "fashion_mnist: at most N training examples"},
-    "max_test_examples": {"type": argtypes.positive_int, "metavar": "N",
-                          "help": "fashion_mnist: at most N test examples"},
-    "seed": {"type": argtypes.non_negative_int, "help": "seed of data and models"},
-}
-
-
-def add_options(parser, defaults, *names, **helps):
-    """Adds the :data:`OPTIONS` ``names`` to ``parser`` in that order, each with its default from
-    ``defaults`` (the study's ``DEFAULTS``) and its help from ``helps`` where given."""
-    for name in names:
-        options = {**OPTIONS[name], "default": defaults[name]}
-        if name in helps:
-            options["help"] = helps[name]
-        parser.add_argument("--" + name.replace("_", "-"), **options)
-
-
-def add_output_dir(parser, name, what):
-    """``--output-dir``, by default ``saved_models/experiments/<name>``, where ``what`` go."""
-    parser.add_argument("--output-dir", default=os.path.join(DEFAULT_ROOT, name), metavar="DIR",
-                        help=f"where {what} go")
-
-
-def run_with_settings(args, defaults, run_experiment, banner=None, **overrides):
-    """The ``run(args)`` of an experiment: settings from ``args`` (``defaults`` for the
-    missing ones, then ``overrides``), ``banner`` (when given), the run and the list of
-    written files. Returns the exit status 0.
-
-    ``run_experiment`` checks the settings and then prepares its output folder, so a bad
-    setting leaves no folder behind.
-    """
-    s = {k: getattr(args, k, v) for k, v in defaults.items()}
-    s.update(overrides)
-    quiet_tensorflow()
-    if banner is not None:
-        print(banner, flush=True)
-    result = run_experiment(output_dir=args.output_dir, **s)
-    print("\nWrote " + ", ".join(result["files"]))
-    return 0
 
 
 def main(module, description, add_arguments, run, argv=None):

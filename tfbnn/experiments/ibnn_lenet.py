@@ -46,31 +46,29 @@ import os
 
 import tfbnn
 from tfbnn import datasets, training
-from tfbnn._internal import argtypes
-from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
+from tfbnn.datasets.catalog import CATALOG, GRAYSCALE_DATASETS
 from tfbnn.experiments import _common
+from tfbnn.experiments._study import Setting, Study
 
-__all__ = ["DEFAULTS", "COMPARED_METHODS", "make_recipe", "build_lenet", "run_experiment", "add_arguments", "run", "main"]
+__all__ = ["STUDY", "DEFAULTS", "COMPARED_METHODS", "make_recipe", "build_lenet", "run_experiment", "add_arguments",
+           "run", "main"]
 
 NAME = "ibnn_lenet"
 COMPARED_METHODS = ("ibnn", "bbb")
 METHOD_LABELS = {"ibnn": "iBNN", "bbb": "BbB"}
 
-DEFAULTS = {
-    "dataset": "digits",
-    "widths": (1, 2, 4, 8),  # parameter counts x1, x4, x16, x64 (Trinh et al. 2022, Fig. 5)
-    "methods": COMPARED_METHODS,
-    "epochs": 20,
-    "batch_size": 64,
-    "learning_rate": 1e-3,
-    "variational_learning_rate": 1e-2,
-    "num_components": 4,
-    "prior_stddev": 0.1,
-    "samples_per_component": 5,
-    "max_examples": None,
-    "max_test_examples": None,
-    "seed": 0,
-}
+SETTINGS = (
+    Setting("dataset", "digits", "digits: offline 8x8x1 stand-in; fashion_mnist: tensorflow-datasets (downloads once)",
+            choices=GRAYSCALE_DATASETS),
+    # parameter counts x1, x4, x16, x64 (Trinh et al. 2022, Fig. 5)
+    Setting("widths", (1, 2, 4, 8), "hidden-width multipliers", kind="positive_int", many=True, metavar="W"),
+    Setting("methods", COMPARED_METHODS, "methods to run", choices=COMPARED_METHODS, many=True, unique=True),
+    Setting("epochs", 20), Setting("batch_size", 64),
+    Setting("learning_rate", 1e-3, "initial Adam learning rate of the weights (cosine decay)"),
+    Setting("variational_learning_rate", 1e-2, "iBNN: constant rate of the node parameters"),
+    Setting("num_components", 4), Setting("prior_stddev", 0.1), Setting("samples_per_component", 5),
+    Setting("max_examples", None), Setting("max_test_examples", None), Setting("seed", 0),
+)
 
 DESCRIPTION = (
     "LeNet-5 width sweep (1x, 4x, 16x, 64x hidden width) of iBNN (NodeConv2D / NodeDense) vs\n"
@@ -106,7 +104,10 @@ def make_recipe(method, width, input_shape=(8, 8, 1), **settings):
     samples_per_component``; the KL weight annealed linearly 0 -> 1 over the first half. The
     run's seed is ``seed``, its model's ``seed + 10 * width``.
     """
-    s = _settings(settings)
+    return _recipe(method, width, tuple(input_shape), STUDY.resolve(settings))
+
+
+def _recipe(method, width, input_shape, s):
     if method not in COMPARED_METHODS:
         raise ValueError(f"Unknown method. Expected one of {COMPARED_METHODS}. Received: method={method!r}")
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
@@ -154,10 +155,16 @@ def _evaluate(model, method, ds, num_samples):
     }
 
 
-def _train_and_evaluate(method, ds, width, s, output_dir):
+def recipes(s):
+    """The study's recipes for the checked settings ``s``: one per (width, method), in the order they run."""
+    input_shape = CATALOG[s["dataset"]][1]
+    return [_recipe(method, width, input_shape, s) for width in s["widths"] for method in s["methods"]]
+
+
+def _train_and_evaluate(recipe, ds, s, output_dir):
     import keras
 
-    recipe = make_recipe(method, width, ds.input_shape, **{k: s[k] for k in DEFAULTS})
+    method, width = recipe.method, recipe.model_options["width_multiplier"]
     result = training.run(recipe, output_dir=os.path.join(output_dir, "runs", recipe.name), verbose=0,
                           data=_common.array_pipeline(ds.x_train, ds.y_train, ds.name, s["batch_size"], ds.num_classes,
                                                       ds.num_test_examples), quiet=True,
@@ -196,85 +203,49 @@ def _plot(rows, widths, methods, dataset, path):
     return path
 
 
-def _settings(settings):
-    """:data:`DEFAULTS` with ``settings`` (checked)."""
-    s = _common.settings(DEFAULTS, settings, tuples=("widths", "methods"))
-    _common.check_integer_lists(s, ("widths",))
-    _common.check_names(s, "methods", COMPARED_METHODS)
-    return s
-
-
-def run_experiment(output_dir=None, verbose=True, **settings):
-    """Trains and evaluates every (method, width); writes the PNG, CSV and JSON.
-
-    Args:
-        output_dir: folder; default ``saved_models/experiments/ibnn_lenet``.
-        verbose: bool, one line per model.
-        **settings: overrides of :data:`DEFAULTS` (``dataset``, ``widths``, ``methods``,
-            ``epochs``, ``batch_size``, ``learning_rate``, ``variational_learning_rate``,
-            ``num_components``, ``prior_stddev``, ``samples_per_component``,
-            ``max_examples``, ``max_test_examples``, ``seed``).
-
-    Every (method, width) is one :func:`tfbnn.training.run` of :func:`make_recipe`, recorded in
-    ``<output_dir>/runs/<method>-lenet-x<width>/`` (recipe, history, learning curves, results,
-    model); the study's numbers are its ``evaluate``.
+def train(s, output_dir, verbose):
+    """Trains and evaluates each recipe of :func:`recipes` (one :func:`tfbnn.training.run` each, recorded in
+    ``<output_dir>/runs/<method>-lenet-x<width>/``; the study's numbers are its ``evaluate``).
 
     Returns:
-        dict with ``rows``, ``files`` (the study's) and ``runs`` (the run folders).
+        dict: ``rows`` (one per model), ``runs`` (the run folders) and ``dataset`` (the loaded dataset).
     """
-    s = _settings(settings)
-    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
     ds = datasets.load_images(s["dataset"], seed=s["seed"], max_examples=s["max_examples"],
                               max_test_examples=s["max_test_examples"])
     if verbose:
         print(f"  {ds.name}: {ds.num_examples} train / {ds.num_test_examples} test images {ds.input_shape}",
               flush=True)
     rows, runs = [], []
-    for width in s["widths"]:
-        for method in s["methods"]:
-            row, folder = _train_and_evaluate(method, ds, width, s, output_dir)
-            rows.append(row)
-            runs.append(folder)
-            if verbose:
-                print(f"  {row['method']:5s} {width:3d}x ({row['weights']:>10,d} weights): accuracy "
-                      f"{row['accuracy']:.4f}  NLL {row['nll']:.4f}  ECE {row['ece']:.4f}  "
-                      f"({row['train_seconds']:.0f} s)", flush=True)
+    for recipe in recipes(s):
+        row, folder = _train_and_evaluate(recipe, ds, s, output_dir)
+        rows.append(row)
+        runs.append(folder)
+        if verbose:
+            print(f"  {row['method']:5s} {row['width']:3d}x ({row['weights']:>10,d} weights): accuracy "
+                  f"{row['accuracy']:.4f}  NLL {row['nll']:.4f}  ECE {row['ece']:.4f}  "
+                  f"({row['train_seconds']:.0f} s)", flush=True)
+    return {"rows": rows, "runs": runs, "dataset": ds}
+
+
+def analyse(trained, s, output_dir, verbose):
+    """``model_size.png`` (accuracy and NLL against width), ``results.csv`` and ``results.json``.
+
+    Returns:
+        dict with ``rows``, ``files`` (the study's) and ``runs`` (the run folders).
+    """
+    rows, ds = trained["rows"], trained["dataset"]
     files = [_plot(rows, s["widths"], s["methods"], ds.name, os.path.join(output_dir, "model_size.png")),
              *_common.write_results(output_dir, rows, s, num_examples=ds.num_examples)]
-    return {"rows": rows, "files": files, "runs": runs}
+    return {"rows": rows, "files": files, "runs": trained["runs"]}
 
 
-# -- command line ------------------------------------------------------------------------------
-
-
-def add_arguments(parser):
-    """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    d = DEFAULTS
-    parser.add_argument("--dataset", choices=GRAYSCALE_DATASETS, default=d["dataset"],
-                        help="digits: offline 8x8x1 stand-in; fashion_mnist: tensorflow-datasets (downloads once)")
-    parser.add_argument("--widths", type=argtypes.positive_int, nargs="+", default=list(d["widths"]), metavar="W",
-                        help="hidden-width multipliers")
-    parser.add_argument("--methods", choices=COMPARED_METHODS, nargs="+", default=list(d["methods"]),
-                        help="methods to run")
-    _common.add_options(parser, d, "epochs", "batch_size", "learning_rate", "variational_learning_rate",
-                        "num_components", "prior_stddev", "samples_per_component", "max_examples",
-                        "max_test_examples", "seed",
-                        learning_rate="initial Adam learning rate of the weights (cosine decay)",
-                        variational_learning_rate="iBNN: constant rate of the node parameters")
-    _common.add_output_dir(parser, NAME, "model_size.png, results.csv and results.json")
-
-
-def run(args):
-    """Runs the experiment from parsed arguments; returns the exit status."""
-    banner = f"{NAME}: LeNet widths {list(args.widths)} on {args.dataset}, {args.epochs} epochs per model"
-    return _common.run_with_settings(args, DEFAULTS, run_experiment, banner, widths=tuple(args.widths),
-                                     methods=tuple(dict.fromkeys(args.methods)))
-
-
-def main(argv=None):
-    """``python -m tfbnn.experiments.ibnn_lenet [options]``; returns the exit status."""
-    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
-
+STUDY = Study(
+    name="ibnn-lenet", module="tfbnn.experiments.ibnn_lenet", description=DESCRIPTION, settings=SETTINGS,
+    recipes=recipes, train=train, analyse=analyse, outputs="model_size.png, results.csv and results.json",
+    banner=lambda s: f"{NAME}: LeNet widths {list(s['widths'])} on {s['dataset']}, {s['epochs']} epochs per model",
+)
+#: ``DEFAULTS``: the settings and their defaults; the entry points under the names of every study module.
+DEFAULTS, run_experiment, add_arguments, run, main = STUDY.entry_points()
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -34,10 +34,10 @@ import os
 
 import tfbnn
 from tfbnn import training
-from tfbnn._internal import argtypes
 from tfbnn.experiments import _common
+from tfbnn.experiments._study import Setting, Study
 
-__all__ = ["DEFAULTS", "COMPARED_METHODS", "make_data", "make_recipe", "make_pipeline", "build_model",
+__all__ = ["STUDY", "DEFAULTS", "COMPARED_METHODS", "make_data", "make_recipe", "make_pipeline", "build_model",
            "run_experiment", "add_arguments", "run", "main"]
 
 NAME = "ibnn_regression"
@@ -50,23 +50,20 @@ _X_SCALE = 4.0
 _Y_SCALE = 64.0
 COLLAPSE_R2 = 0.5
 
-DEFAULTS = {
-    "depths": (1, 2, 3, 4, 5),
-    "units": 256,
-    "num_points": 30,
-    "noise_std": 3.0,
-    "epochs": 100,
-    "steps_per_epoch": 20,
-    "learning_rate": 1e-2,
-    "variational_learning_rate": 1e-2,
-    "num_components": 4,
-    "prior_stddev": 0.1,
-    "train_samples": 1,
-    "samples_per_component": 25,
-    "bbb_samples": 100,
-    "methods": COMPARED_METHODS,
-    "seed": 0,
-}
+SETTINGS = (
+    Setting("depths", (1, 2, 3, 4, 5), "numbers of hidden layers", kind="positive_int", many=True, metavar="D"),
+    Setting("units", 256, "units per hidden layer", kind="positive_int"),
+    Setting("num_points", 30), Setting("noise_std", 3.0, "noise std of y = x^3 + noise (original units)"),
+    Setting("epochs", 100, "epochs"),
+    Setting("steps_per_epoch", 20, "full-batch steps per epoch (KL annealed over the first half of the epochs)"),
+    Setting("learning_rate", 1e-2), Setting("variational_learning_rate", 1e-2), Setting("num_components", 4),
+    Setting("prior_stddev", 0.1), Setting("train_samples", 1, "iBNN noise samples per example in training"),
+    Setting("samples_per_component", 25, "iBNN prediction: n samples per component (K * n in all)"),
+    Setting("bbb_samples", 100, "BbB prediction samples", recipe="eval_samples"),
+    Setting("methods", COMPARED_METHODS, "ibnn (NodeDense) and/or bbb (DenseReparameterization)",
+            choices=COMPARED_METHODS, many=True, unique=True),
+    Setting("seed", 0),
+)
 
 DESCRIPTION = (
     "iBNN vs Bayes-by-Backprop on y = x^3 + N(0, 3^2) from 30 points, with 1-5 hidden layers of\n"
@@ -108,7 +105,10 @@ def make_recipe(method, depth, **settings):
     ``bbb_samples``); the KL weight is annealed linearly 0 -> 1 over the first half of the
     epochs. The run's seed is ``seed``, its model's ``seed + 100 * depth``.
     """
-    s = _settings(settings)
+    return _recipe(method, depth, STUDY.resolve(settings))
+
+
+def _recipe(method, depth, s):
     if method not in COMPARED_METHODS:
         raise ValueError(f"Unknown method. Expected one of {COMPARED_METHODS}. Received: method={method!r}")
     ibnn = method == "ibnn"
@@ -206,109 +206,68 @@ def _plot(panels, depths, methods, x, y, path):
     return path
 
 
-def _settings(settings):
-    """:data:`DEFAULTS` with ``settings`` (checked)."""
-    s = _common.settings(DEFAULTS, settings, tuples=("depths", "methods"))
-    _common.check_integer_lists(s, ("depths",))
-    _common.check_names(s, "methods", COMPARED_METHODS)
-    _common.check_integers(s, ("units", "num_points", "epochs", "steps_per_epoch", "num_components", "train_samples",
-                               "samples_per_component", "bbb_samples"))
-    _common.check_positive_numbers(s, ("noise_std", "learning_rate", "variational_learning_rate", "prior_stddev"))
-    return s
+def recipes(s):
+    """The study's recipes for the checked settings ``s``: one per (method, depth), in the order they run."""
+    return [_recipe(method, depth, s) for method in s["methods"] for depth in s["depths"]]
 
 
-def run_experiment(output_dir=None, verbose=True, **settings):
-    """Trains and evaluates every (method, depth); writes the PNG, CSV and JSON.
-
-    Args:
-        output_dir: folder for the outputs; default ``saved_models/experiments/ibnn_regression``.
-        verbose: bool, print one line per model.
-        **settings: overrides of :data:`DEFAULTS` (``depths``, ``units``, ``epochs``,
-            ``steps_per_epoch``, ``learning_rate``, ``variational_learning_rate``,
-            ``num_components``, ``prior_stddev``, ``train_samples``,
-            ``samples_per_component``, ``bbb_samples``, ``methods``, ``seed``, ...).
-
-    Every (method, depth) is one :func:`tfbnn.training.run` of :func:`make_recipe` on
-    :func:`make_pipeline`'s data, recorded in ``<output_dir>/runs/<method>-depth<d>/`` (recipe,
-    history, learning curves, results, model); the study's analysis (R^2, bands) is its
-    ``evaluate``.
+def train(s, output_dir, verbose):
+    """Trains each recipe of :func:`recipes` on :func:`make_pipeline`'s data (one :func:`tfbnn.training.run`,
+    recorded in ``<output_dir>/runs/<method>-depth<d>/``); its ``evaluate`` gives the numbers and the bands.
 
     Returns:
-        dict with ``rows`` (one dict per method and depth), ``files`` (the study's) and ``runs``
-        (the run folders).
+        dict: ``rows`` (one per method and depth), ``panels`` ((method, depth) -> (row, curves)), ``runs``
+        and the training points ``x``, ``y``.
     """
-    s = _settings(settings)
-    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
-
     import keras
 
     x, y, x_test, y_test = make_data(s["num_points"], s["noise_std"], s["seed"])
     data = make_pipeline(x, y, x_test, y_test)
     rows, panels, runs = [], {}, []
-    for method in s["methods"]:
-        for depth in s["depths"]:
-            recipe = make_recipe(method, depth, **settings)
-            curves = {}
+    for recipe in recipes(s):
+        curves = {}
 
-            def evaluate(model, recipe, data, curves=curves):
-                numbers, curves["curves"] = _evaluate(model, recipe, x_test, y_test, s["noise_std"])
-                return numbers
+        def evaluate(model, recipe, data, curves=curves):
+            numbers, curves["curves"] = _evaluate(model, recipe, x_test, y_test, s["noise_std"])
+            return numbers
 
-            result = training.run(recipe, output_dir=os.path.join(output_dir, "runs", recipe.name), verbose=0,
-                                  data=data, evaluate=evaluate, quiet=True)
-            row = {"method": METHOD_LABELS[method], "depth": depth, "units": s["units"], **result.test,
-                   "train_seconds": result.train_seconds}
-            rows.append(row)
-            runs.append(result.output_dir)
-            panels[(method, depth)] = (row, curves["curves"])
-            if verbose:
-                print(f"  {row['method']:5s} depth {depth}: R^2 {row['r2_in_range']:+.3f}  test NLL "
-                      f"{row['test_nll']:.3f}  epistemic std in/out {row['epistemic_std_in_range']:.2f}/"
-                      f"{row['epistemic_std_out_of_range']:.2f}  ({result.train_seconds:.0f} s)", flush=True)
-            keras.backend.clear_session()
-    files = [_plot(panels, s["depths"], s["methods"], x, y, os.path.join(output_dir, "bands.png")),
-             *_common.write_results(output_dir, rows, s)]
-    return {"rows": rows, "files": files, "runs": runs}
+        result = training.run(recipe, output_dir=os.path.join(output_dir, "runs", recipe.name), verbose=0,
+                              data=data, evaluate=evaluate, quiet=True)
+        depth = len(recipe.model_options["hidden_units"])
+        row = {"method": METHOD_LABELS[recipe.method], "depth": depth, "units": s["units"], **result.test,
+               "train_seconds": result.train_seconds}
+        rows.append(row)
+        runs.append(result.output_dir)
+        panels[(recipe.method, depth)] = (row, curves["curves"])
+        if verbose:
+            print(f"  {row['method']:5s} depth {depth}: R^2 {row['r2_in_range']:+.3f}  test NLL "
+                  f"{row['test_nll']:.3f}  epistemic std in/out {row['epistemic_std_in_range']:.2f}/"
+                  f"{row['epistemic_std_out_of_range']:.2f}  ({result.train_seconds:.0f} s)", flush=True)
+        keras.backend.clear_session()
+    return {"rows": rows, "panels": panels, "runs": runs, "x": x, "y": y}
 
 
-# -- command line ------------------------------------------------------------------------------
+def analyse(trained, s, output_dir, verbose):
+    """``bands.png`` (one panel per method and depth), ``results.csv`` and ``results.json``.
+
+    Returns:
+        dict with ``rows`` (one dict per method and depth), ``files`` (the study's) and ``runs``
+        (the run folders).
+    """
+    files = [_plot(trained["panels"], s["depths"], s["methods"], trained["x"], trained["y"],
+                   os.path.join(output_dir, "bands.png")),
+             *_common.write_results(output_dir, trained["rows"], s)]
+    return {"rows": trained["rows"], "files": files, "runs": trained["runs"]}
 
 
-def add_arguments(parser):
-    """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    d = DEFAULTS
-    parser.add_argument("--depths", type=argtypes.positive_int, nargs="+", default=list(d["depths"]), metavar="D",
-                        help="numbers of hidden layers")
-    parser.add_argument("--units", type=argtypes.positive_int, default=d["units"], help="units per hidden layer")
-    parser.add_argument("--methods", choices=COMPARED_METHODS, nargs="+", default=list(d["methods"]),
-                        help="ibnn (NodeDense) and/or bbb (DenseReparameterization)")
-    _common.add_options(parser, d, "epochs", epochs="epochs")
-    parser.add_argument("--steps-per-epoch", type=argtypes.positive_int, default=d["steps_per_epoch"],
-                        help="full-batch steps per epoch (KL annealed over the first half of the epochs)")
-    _common.add_options(parser, d, "learning_rate", "variational_learning_rate", "num_components", "prior_stddev")
-    parser.add_argument("--train-samples", type=argtypes.positive_int, default=d["train_samples"], metavar="S",
-                        help="iBNN noise samples per example in training")
-    _common.add_options(parser, d, "samples_per_component",
-                        samples_per_component="iBNN prediction: n samples per component (K * n in all)")
-    parser.add_argument("--bbb-samples", type=argtypes.positive_int, default=d["bbb_samples"], metavar="T",
-                        help="BbB prediction samples")
-    _common.add_options(parser, d, "seed")
-    _common.add_output_dir(parser, NAME, "bands.png, results.csv and results.json")
-
-
-def run(args):
-    """Runs the experiment from parsed arguments; returns the exit status."""
-    num_points = getattr(args, "num_points", DEFAULTS["num_points"])
-    banner = (f"{NAME}: y = x^3 from {num_points} points, depths {list(args.depths)}, "
-              f"{args.epochs} x {args.steps_per_epoch} steps per model")
-    return _common.run_with_settings(args, DEFAULTS, run_experiment, banner, depths=tuple(args.depths),
-                                     methods=tuple(dict.fromkeys(args.methods)))
-
-
-def main(argv=None):
-    """``python -m tfbnn.experiments.ibnn_regression [options]``; returns the exit status."""
-    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
-
+STUDY = Study(
+    name="ibnn-regression", module="tfbnn.experiments.ibnn_regression", description=DESCRIPTION, settings=SETTINGS,
+    recipes=recipes, train=train, analyse=analyse, outputs="bands.png, results.csv and results.json",
+    banner=lambda s: (f"{NAME}: y = x^3 from {s['num_points']} points, depths {list(s['depths'])}, "
+                      f"{s['epochs']} x {s['steps_per_epoch']} steps per model"),
+)
+#: ``DEFAULTS``: the settings and their defaults; the entry points under the names of every study module.
+DEFAULTS, run_experiment, add_arguments, run, main = STUDY.entry_points()
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -37,31 +37,26 @@ import os
 from tfbnn import datasets, training
 from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
 from tfbnn.experiments import _common
+from tfbnn.experiments._study import Setting, Study
 
-__all__ = ["DEFAULTS", "COMPARED_METHODS", "make_recipe", "build_mlp", "run_experiment", "add_arguments", "run", "main"]
+__all__ = ["STUDY", "DEFAULTS", "COMPARED_METHODS", "make_recipe", "build_mlp", "run_experiment", "add_arguments",
+           "run", "main"]
 
 NAME = "ibnn_shift"
 COMPARED_METHODS = ("ibnn", "mc_dropout")
 METHOD_LABELS = {"ibnn": "iBNN", "mc_dropout": "MC dropout"}
 CORRUPTION_LABELS = {"gaussian": "Gaussian noise intensity gamma", "salt_and_pepper": "salt-and-pepper probability p"}
 
-DEFAULTS = {
-    "dataset": "digits",
-    "hidden_units": 128,
-    "depth": 2,
-    "epochs": 40,
-    "batch_size": 32,
-    "learning_rate": 3e-3,
-    "variational_learning_rate": 3e-2,
-    "num_components": 4,
-    "prior_stddev": 0.1,
-    "dropout_rate": 0.2,
-    "samples_per_component": 10,
-    "corruptions": ("gaussian", "salt_and_pepper"),
-    "max_examples": None,
-    "max_test_examples": None,
-    "seed": 0,
-}
+SETTINGS = (
+    Setting("dataset", "digits", "digits: offline; fashion_mnist: tensorflow-datasets (downloads once)",
+            choices=GRAYSCALE_DATASETS),
+    Setting("hidden_units", 128), Setting("depth", 2), Setting("epochs", 40), Setting("batch_size", 32),
+    Setting("learning_rate", 3e-3), Setting("variational_learning_rate", 3e-2), Setting("num_components", 4),
+    Setting("prior_stddev", 0.1), Setting("dropout_rate", 0.2), Setting("samples_per_component", 10),
+    Setting("corruptions", ("gaussian", "salt_and_pepper"), "corruptions to sweep", choices=tuple(CORRUPTION_LABELS),
+            many=True, unique=True),
+    Setting("max_examples", None), Setting("max_test_examples", None), Setting("seed", 0),
+)
 
 DESCRIPTION = (
     "Accuracy and total / aleatoric / epistemic uncertainty under growing input corruption\n"
@@ -95,7 +90,10 @@ def make_recipe(method, **settings):
     ``batch_size``, ``eval_samples = K * samples_per_component`` (both methods), seed ``seed``;
     iBNN's KL weight annealed linearly 0 -> 1 over the first half.
     """
-    s = _settings(settings)
+    return _recipe(method, STUDY.resolve(settings))
+
+
+def _recipe(method, s):
     if method not in COMPARED_METHODS:
         raise ValueError(f"Unknown method. Expected one of {COMPARED_METHODS}. Received: method={method!r}")
     ibnn = method == "ibnn"
@@ -112,58 +110,63 @@ def make_recipe(method, **settings):
     )
 
 
-def _settings(settings):
-    """:data:`DEFAULTS` with ``settings`` (checked)."""
-    s = _common.settings(DEFAULTS, settings, tuples=("corruptions",))
-    _common.check_names(s, "corruptions", CORRUPTION_LABELS)
-    rate = s["dropout_rate"]
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1:
-        raise ValueError(f"Expected `dropout_rate` in (0, 1). Received: dropout_rate={rate!r}")
-    return s
+def recipes(s):
+    """The study's recipes for the checked settings ``s``: one per method of :data:`COMPARED_METHODS`."""
+    return [_recipe(method, s) for method in COMPARED_METHODS]
 
 
-def run_experiment(output_dir=None, verbose=True, **settings):
-    """Trains both models, sweeps both corruptions, writes the PNGs, CSV and JSON.
+def train(s, output_dir, verbose):
+    """Trains each recipe of :func:`recipes` (one :func:`tfbnn.training.run`, its folder under
+    ``<output_dir>/runs/``) on the flattened images; its ``evaluate`` sweeps every corruption.
 
-    Args:
-        output_dir: folder; default ``saved_models/experiments/ibnn_shift``.
-        verbose: bool.
-        **settings: overrides of :data:`DEFAULTS`.
+    Returns:
+        dict: ``results`` (method -> the :func:`tfbnn.training.run` result) and ``dataset`` (its name).
+    """
+    import keras
 
-    Each model is one :func:`tfbnn.training.run` of :func:`make_recipe` (its folder under
-    ``<output_dir>/runs/``); the corruption sweeps are its ``evaluate``.
+    from tfbnn import evaluation
+
+    ds = datasets.load_images(s["dataset"], seed=s["seed"], max_examples=s["max_examples"],
+                              max_test_examples=s["max_test_examples"])
+    x_test = ds.x_test.reshape(ds.num_test_examples, -1)
+    data = _common.array_pipeline(ds.x_train.reshape(ds.num_examples, -1), ds.y_train, ds.name, s["batch_size"],
+                                  ds.num_classes, ds.num_test_examples)
+
+    def evaluate(model, recipe, data):  # both corruption sweeps
+        return {"sweeps": {c: evaluation.shift_sweep(model, x_test, ds.y_test, c, num_samples=recipe.eval_samples,
+                                                     seed=s["seed"], batch_size=128) for c in s["corruptions"]}}
+
+    results = {}
+    for recipe in recipes(s):
+        result = training.run(recipe, output_dir=os.path.join(output_dir, "runs", recipe.name), verbose=0,
+                              data=data, evaluate=evaluate, quiet=True)
+        results[recipe.method] = result
+        if verbose:
+            label = METHOD_LABELS[recipe.method]
+            for corruption in s["corruptions"]:
+                first, last = result.test["sweeps"][corruption][0], result.test["sweeps"][corruption][-1]
+                print(f"  {label:10s} {corruption:15s} accuracy {first['accuracy']:.3f} -> {last['accuracy']:.3f}  "
+                      f"epistemic {first['mutual_information']:.3f} -> {last['mutual_information']:.3f}  "
+                      f"total {first['predictive_entropy']:.3f} -> {last['predictive_entropy']:.3f}", flush=True)
+            print(f"  ({label} trained in {result.train_seconds:.0f} s)", flush=True)
+        keras.backend.clear_session()
+    return {"results": results, "dataset": ds.name}
+
+
+def analyse(trained, s, output_dir, verbose):
+    """The rows, the summary and one PNG per corruption of :func:`train`'s results; ``results.csv`` /
+    ``results.json``.
 
     Returns:
         dict with ``rows`` (one per method, corruption and level), ``files``, ``runs`` and
         ``summary`` (per method and corruption: accuracy and epistemic uncertainty at
         the lowest and highest level).
     """
-    s = _settings(settings)
-    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
+    from tfbnn import plots
 
-    import keras
-
-    from tfbnn import evaluation, plots
-
-    ds = datasets.load_images(s["dataset"], seed=s["seed"], max_examples=s["max_examples"],
-                              max_test_examples=s["max_test_examples"])
-    x_test = ds.x_test.reshape(ds.num_test_examples, -1)
-    num_samples = s["num_components"] * s["samples_per_component"]
     sweeps = {c: {} for c in s["corruptions"]}
-    rows, summary, runs = [], [], []
-    data = _common.array_pipeline(ds.x_train.reshape(ds.num_examples, -1), ds.y_train, ds.name, s["batch_size"],
-                                  ds.num_classes, ds.num_test_examples)
-
-    def evaluate(model, recipe, data):  # the study's analysis: both corruption sweeps
-        return {"sweeps": {c: evaluation.shift_sweep(model, x_test, ds.y_test, c, num_samples=recipe.eval_samples,
-                                                     seed=s["seed"], batch_size=128) for c in s["corruptions"]}}
-
-    for method in COMPARED_METHODS:
-        recipe = make_recipe(method, **settings)
-        result = training.run(recipe, output_dir=os.path.join(output_dir, "runs", recipe.name), verbose=0,
-                              data=data, evaluate=evaluate, quiet=True)
-        runs.append(result.output_dir)
-        seconds = result.train_seconds
+    rows, summary = [], []
+    for method, result in trained["results"].items():
         label = METHOD_LABELS[method]
         for corruption in s["corruptions"]:
             sweep = result.test["sweeps"][corruption]
@@ -176,50 +179,24 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                 "epistemic_clean": first["mutual_information"], "epistemic_most_shifted": last["mutual_information"],
                 "total_clean": first["predictive_entropy"], "total_most_shifted": last["predictive_entropy"],
             })
-            if verbose:
-                print(f"  {label:10s} {corruption:15s} accuracy {first['accuracy']:.3f} -> {last['accuracy']:.3f}  "
-                      f"epistemic {first['mutual_information']:.3f} -> {last['mutual_information']:.3f}  "
-                      f"total {first['predictive_entropy']:.3f} -> {last['predictive_entropy']:.3f}", flush=True)
-        if verbose:
-            print(f"  ({label} trained in {seconds:.0f} s)", flush=True)
-        keras.backend.clear_session()
     files = []
     for corruption, by_model in sweeps.items():
         fig = plots.uncertainty_vs_shift(by_model, xlabel=CORRUPTION_LABELS[corruption],
-                                         title=f"{ds.name}: uncertainty under {corruption.replace('_', ' ')}")
+                                         title=f"{trained['dataset']}: uncertainty under {corruption.replace('_', ' ')}")
         files.append(plots.save(fig, os.path.join(output_dir, f"shift_{corruption}.png")))
+    num_samples = s["num_components"] * s["samples_per_component"]
     files += _common.write_results(output_dir, rows, s, num_samples=num_samples, summary=summary)
-    return {"rows": rows, "summary": summary, "files": files, "runs": runs}
+    return {"rows": rows, "summary": summary, "files": files,
+            "runs": [result.output_dir for result in trained["results"].values()]}
 
 
-# -- command line ------------------------------------------------------------------------------
-
-
-def add_arguments(parser):
-    """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    d = DEFAULTS
-    parser.add_argument("--dataset", choices=GRAYSCALE_DATASETS, default=d["dataset"],
-                        help="digits: offline; fashion_mnist: tensorflow-datasets (downloads once)")
-    _common.add_options(parser, d, "hidden_units", "depth", "epochs", "batch_size", "learning_rate",
-                        "variational_learning_rate", "num_components", "prior_stddev", "dropout_rate",
-                        "samples_per_component")
-    parser.add_argument("--corruptions", choices=tuple(CORRUPTION_LABELS), nargs="+",
-                        default=list(d["corruptions"]), help="corruptions to sweep")
-    _common.add_options(parser, d, "max_examples", "max_test_examples", "seed")
-    _common.add_output_dir(parser, NAME, "the PNGs, results.csv and results.json")
-
-
-def run(args):
-    """Runs the experiment from parsed arguments; returns the exit status."""
-    banner = f"{NAME}: iBNN vs MC dropout MLP on {args.dataset}, {args.epochs} epochs each"
-    return _common.run_with_settings(args, DEFAULTS, run_experiment, banner,
-                                     corruptions=tuple(dict.fromkeys(args.corruptions)))
-
-
-def main(argv=None):
-    """``python -m tfbnn.experiments.ibnn_shift [options]``; returns the exit status."""
-    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
-
+STUDY = Study(
+    name="ibnn-shift", module="tfbnn.experiments.ibnn_shift", description=DESCRIPTION, settings=SETTINGS,
+    recipes=recipes, train=train, analyse=analyse, outputs="the PNGs, results.csv and results.json",
+    banner=lambda s: f"{NAME}: iBNN vs MC dropout MLP on {s['dataset']}, {s['epochs']} epochs each",
+)
+#: ``DEFAULTS``: the settings and their defaults; the entry points under the names of every study module.
+DEFAULTS, run_experiment, add_arguments, run, main = STUDY.entry_points()
 
 if __name__ == "__main__":
     raise SystemExit(main())

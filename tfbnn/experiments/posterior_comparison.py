@@ -80,10 +80,11 @@ References:
 import os
 
 from tfbnn import training
-from tfbnn._internal import argtypes, files
+from tfbnn._internal import files
 from tfbnn.experiments import _common
+from tfbnn.experiments._study import Setting, Study
 
-__all__ = ["DEFAULTS", "METHODS", "DATASETS", "recipes", "run_experiment", "add_arguments", "run", "main"]
+__all__ = ["STUDY", "DEFAULTS", "METHODS", "DATASETS", "recipes", "run_experiment", "add_arguments", "run", "main"]
 
 NAME = "posterior_comparison"
 
@@ -104,31 +105,29 @@ METHODS = {
 }
 DATASETS = ("gap", "diabetes", "breast_cancer")
 
-DEFAULTS = {
-    "datasets": DATASETS,
-    "methods": tuple(METHODS),
-    "hidden_units": 32,
-    "depth": 2,
-    "num_points": 40,
-    "noise_std": 0.1,
-    "tabular_noise_std": 0.7,
-    "prior_scale": 1.0,
-    "gap_steps": 1000,
-    "epochs": 60,
-    "batch_size": 32,
-    "learning_rate": 3e-3,
-    "dropout_rate": 0.1,
-    "members": 5,
-    "num_samples": 100,
-    "swag_rank": 10,
-    "hmc_chains": 4,
-    "hmc_results": 500,
-    "hmc_burnin": 500,
-    "hmc_tree_depth": 10,
-    "hmc_step_size": 1e-3,
-    "seed": 0,
-    "quick": False,
-}
+SETTINGS = (
+    Setting("datasets", DATASETS, f"datasets, from {', '.join(DATASETS)}", choices=DATASETS, many=True, unique=True,
+            metavar="NAME"),
+    Setting("methods", tuple(METHODS), f"methods, from {', '.join(METHODS)}", choices=tuple(METHODS), many=True,
+            unique=True, metavar="M"),
+    Setting("hidden_units", 32), Setting("depth", 2), Setting("num_points", 40, "points of the 1-D gap data"),
+    Setting("noise_std", 0.1, "noise std of the gap data and its Gaussian likelihood"),
+    Setting("tabular_noise_std", 0.7, "noise std of the Gaussian likelihood on diabetes (standardized targets)",
+            recipe="noise_std"),
+    Setting("prior_scale", 1.0, "std of the N(0, s^2) weight prior (BbB, Laplace, HMC)", kind="positive_float"),
+    Setting("gap_steps", 1000, "full-batch steps on the 1-D gap data", kind="positive_int"),
+    Setting("epochs", 60, "epochs on the tabular data"), Setting("batch_size", 32), Setting("learning_rate", 3e-3),
+    Setting("dropout_rate", 0.1), Setting("members", 5, "deep ensemble size"), Setting("num_samples", 100),
+    Setting("swag_rank", 10, "SWAG: rank of the covariance's low-rank part", kind="positive_int"),
+    Setting("hmc_chains", 4, "HMC chains", kind="positive_int"),
+    Setting("hmc_results", 500, "HMC samples kept per chain", kind="positive_int"),
+    Setting("hmc_burnin", 500, "HMC burn-in (step-size adaptation) steps per chain", kind="non_negative_int"),
+    Setting("hmc_tree_depth", 10, "NUTS's largest tree depth (up to 2^depth - 1 leapfrog steps per draw)",
+            kind="positive_int"),
+    Setting("hmc_step_size", 1e-3, "HMC's initial step size", kind="positive_float"),
+    Setting("seed", 0),
+    Setting("quick", False, "a smoke run: 3 epochs, 120 tabular examples, 8 samples, short HMC chains"),
+)
 
 DESCRIPTION = (
     "MAP, MC dropout, Bayes by Backprop (reparameterization, Flipout, local reparameterization),\n"
@@ -190,23 +189,18 @@ def recipes(dataset, s):
     return out
 
 
-def _settings(settings):
-    s = _common.settings(DEFAULTS, settings, unique=("datasets", "methods"))
-    _common.check_names(s, "datasets", DATASETS)
-    _common.check_names(s, "methods", tuple(METHODS))
-    _common.check_integers(s, ("hidden_units", "depth", "num_points", "gap_steps", "epochs", "batch_size",
-                               "members", "num_samples", "swag_rank", "hmc_chains", "hmc_results",
-                               "hmc_tree_depth"))
-    _common.check_integers(s, ("hmc_burnin", "seed"), minimum=0)
-    _common.check_positive_numbers(s, ("noise_std", "tabular_noise_std", "prior_scale", "learning_rate",
-                                       "hmc_step_size"))
-    if not 0 < s["dropout_rate"] < 1:
-        raise ValueError(f"Expected `dropout_rate` in (0, 1). Received: dropout_rate={s['dropout_rate']!r}")
+def _validate(s):
+    """A ``quick`` run's caps on the samples, the chains and the ensemble."""
     if s["quick"]:
         s.update(num_samples=min(s["num_samples"], 8), hmc_results=min(s["hmc_results"], 20),
                  hmc_burnin=min(s["hmc_burnin"], 20), hmc_chains=min(s["hmc_chains"], 2),
                  members=min(s["members"], 2))
     return s
+
+
+def all_recipes(s):
+    """Every recipe the study trains for the checked settings ``s``: :func:`recipes` of each dataset."""
+    return [r for dataset in s["datasets"] for r in recipes(dataset, s).values()]
 
 
 _COLUMNS = {
@@ -219,29 +213,31 @@ _COLUMNS = {
 }
 
 
-def run_experiment(output_dir=None, verbose=True, **settings):
-    """Runs every method on every dataset; writes the tables, the bands and each run's folder.
-
-    Args:
-        output_dir: folder; default ``saved_models/experiments/posterior_comparison``.
-        verbose: bool, print a line per method.
-        **settings: overrides of :data:`DEFAULTS` (``methods`` and ``datasets`` choose the cells).
-
-    Returns:
-        ``{"rows": [...], "markdown": str, "files": [...], "settings": {...}}``.
+def train(s, output_dir, verbose):
+    """Runs every method on every dataset (:func:`tfbnn.experiments._posterior_study.run_dataset`: one
+    :func:`tfbnn.training.run` per recipe of :func:`recipes` under ``<dataset>/runs/<method>/``, then
+    Laplace, SWAG and HMC); returns ``{dataset: (rows, the bands PNG or None)}``.
 
     Raises:
-        ValueError: a bad setting (named).
         RunError: a method that is not in this build (SWAG or HMC pending), or a failed run.
     """
-    s = _settings(settings)
-    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
     _common.quiet_tensorflow()
     from tfbnn.experiments import _posterior_study as study
 
+    return {dataset: study.run_dataset(dataset, s, recipes(dataset, s), output_dir, verbose)
+            for dataset in s["datasets"]}
+
+
+def analyse(trained, s, output_dir, verbose):
+    """The tables (``results.csv`` / ``.json``, ``comparison.md``), rows in :data:`METHODS`' order.
+
+    Returns:
+        ``{"rows": [...], "markdown": str, "files": [...], "settings": {...}}``.
+    """
+    from tfbnn.experiments import _posterior_study as study
+
     rows, written, tables = [], [], []
-    for dataset in s["datasets"]:
-        got, plot = study.run_dataset(dataset, s, recipes(dataset, s), output_dir, verbose)
+    for dataset, (got, plot) in trained.items():
         for r in got:
             r["label"] = METHODS[r["method"]]
         got.sort(key=lambda r: list(METHODS).index(r["method"]))
@@ -257,45 +253,14 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     return {"rows": rows, "markdown": text, "files": written, "settings": _common.jsonable(s)}
 
 
-# -- command line ------------------------------------------------------------------------------
-
-
-def add_arguments(parser):
-    """The options of the study (``tfbnn posterior-comparison``, ``python -m``)."""
-    d = DEFAULTS
-    parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(d["datasets"]), metavar="NAME",
-                        help=f"datasets, from {', '.join(DATASETS)}")
-    parser.add_argument("--methods", nargs="+", choices=tuple(METHODS), default=list(d["methods"]), metavar="M",
-                        help=f"methods, from {', '.join(METHODS)}")
-    _common.add_options(parser, d, "hidden_units", "depth", "epochs", "batch_size", "learning_rate",
-                        epochs="epochs on the tabular data")
-    parser.add_argument("--gap-steps", type=argtypes.positive_int, default=d["gap_steps"],
-                        help="full-batch steps on the 1-D gap data")
-    _common.add_options(parser, d, "dropout_rate", "num_samples", "seed")
-    parser.add_argument("--members", type=argtypes.positive_int, default=d["members"], help="deep ensemble size")
-    parser.add_argument("--hmc-results", type=argtypes.positive_int, default=d["hmc_results"],
-                        help="HMC samples kept per chain")
-    parser.add_argument("--hmc-burnin", type=argtypes.non_negative_int, default=d["hmc_burnin"],
-                        help="HMC burn-in (step-size adaptation) steps per chain")
-    parser.add_argument("--hmc-chains", type=argtypes.positive_int, default=d["hmc_chains"], help="HMC chains")
-    parser.add_argument("--hmc-tree-depth", type=argtypes.positive_int, default=d["hmc_tree_depth"],
-                        help="NUTS's largest tree depth (up to 2^depth - 1 leapfrog steps per draw)")
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: 3 epochs, 120 tabular examples, 8 samples, short HMC chains")
-    _common.add_output_dir(parser, NAME, "the tables, the plots and the runs")
-
-
-def run(args):
-    """Runs the study from parsed arguments; returns the exit status."""
-    return _common.run_with_settings(args, DEFAULTS, run_experiment,
-                                     f"{NAME}: {', '.join(args.methods)} on {', '.join(args.datasets)}",
-                                     datasets=tuple(args.datasets), methods=tuple(args.methods))
-
-
-def main(argv=None):
-    """``python -m tfbnn.experiments.posterior_comparison [options]``; returns the exit status."""
-    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
-
+STUDY = Study(
+    name="posterior-comparison", module="tfbnn.experiments.posterior_comparison", description=DESCRIPTION,
+    settings=SETTINGS, recipes=all_recipes, train=train, analyse=analyse,
+    outputs="the tables, the plots and the runs", validate=_validate,
+    banner=lambda s: f"{NAME}: {', '.join(s['methods'])} on {', '.join(s['datasets'])}",
+)
+#: ``DEFAULTS``: the settings and their defaults; the entry points under the names of every study module.
+DEFAULTS, run_experiment, add_arguments, run, main = STUDY.entry_points()
 
 if __name__ == "__main__":
     raise SystemExit(main())

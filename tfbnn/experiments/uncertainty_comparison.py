@@ -45,11 +45,12 @@ References:
 import os
 
 from tfbnn import training
-from tfbnn._internal import argtypes, files
+from tfbnn._internal import files
 from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
 from tfbnn.experiments import _common
+from tfbnn.experiments._study import Setting, Study
 
-__all__ = ["DEFAULTS", "COMPARED_METHODS", "recipes", "run_experiment", "add_arguments",
+__all__ = ["STUDY", "DEFAULTS", "COMPARED_METHODS", "recipes", "run_experiment", "add_arguments",
            "run", "main"]
 
 NAME = "uncertainty_comparison"
@@ -57,17 +58,14 @@ NAME = "uncertainty_comparison"
 COMPARED_METHODS = {"deterministic": "deterministic", "MC dropout": "mc_dropout", "BbB": "bbb", "iBNN": "ibnn",
                     "deep ensemble": "ensemble"}
 
-DEFAULTS = {
-    "dataset": "digits",
-    "hidden_units": 64,
-    "depth": 2,
-    "epochs": 60,
-    "members": 5,
-    "dropout_rate": 0.2,
-    "num_samples": 32,
-    "seed": 0,
-    "quick": False,
-}
+SETTINGS = (
+    Setting("dataset", "digits", "digits: offline; mnist / fashion_mnist: tensorflow-datasets (download once)",
+            choices=GRAYSCALE_DATASETS),
+    Setting("hidden_units", 64), Setting("depth", 2), Setting("epochs", 60, "epochs per network"),
+    Setting("members", 5), Setting("dropout_rate", 0.2),
+    Setting("num_samples", 32, "Monte Carlo samples of the test predictive (per member)"), Setting("seed", 0),
+    Setting("quick", False, "a smoke run: 1 epoch on 128 examples, 2 members"),
+)
 
 DESCRIPTION = (
     "Train deterministic, MC dropout, Bayes-by-Backprop, iBNN and deep-ensemble MLPs on the same data\n"
@@ -80,9 +78,12 @@ _COLUMNS = ("method", "accuracy", "nll", "ece", "brier", "epistemic_clean", "epi
             "auroc_epistemic", "auroc_total", "accuracy_shifted", "num_samples", "train_seconds")
 
 
-def recipes(dataset="digits", hidden_units=64, depth=2, epochs=60, members=5, dropout_rate=0.2, num_samples=32,
-            seed=0, quick=False):
-    """The five :class:`tfbnn.training.Recipe` s of the table, ``{row label: recipe}``."""
+def recipes(s):
+    """The five :class:`tfbnn.training.Recipe` s of the table for the checked settings ``s``:
+    ``{row label: recipe}``."""
+    dataset, hidden_units, depth, epochs, members, dropout_rate, num_samples, seed, quick = (
+        s[k] for k in ("dataset", "hidden_units", "depth", "epochs", "members", "dropout_rate", "num_samples", "seed",
+                       "quick"))
     options = {"deterministic": {}, "mc_dropout": {"rate": dropout_rate},
                "bbb": {"estimator": "local_reparameterization", "prior": "normal"}, "ibnn": {"num_components": 4},
                "ensemble": {"members": members, "member_method": "deterministic"}}
@@ -158,31 +159,29 @@ def _figure(rows, dataset):
     return fig
 
 
-def run_experiment(output_dir=None, verbose=True, **settings):
-    """Trains the five methods, writes the table (CSV, JSON, markdown) and the PNG.
-
-    Args:
-        output_dir: folder; default ``saved_models/experiments/uncertainty_comparison``.
-        verbose: bool (prints each run's table).
-        **settings: overrides of :data:`DEFAULTS`.
-
-    Returns:
-        ``{"rows": [...one dict per method...], "markdown": str, "files": [...]}``.
-    """
-    s = _common.settings(DEFAULTS, settings)
-    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
-    _common.quiet_tensorflow()
-
+def train(s, output_dir, verbose):
+    """Trains each recipe of :func:`recipes` (one :func:`tfbnn.training.run`, its folder
+    ``<output_dir>/<method>``) and evaluates its row; returns the rows."""
     import keras
 
-    from tfbnn import plots
-
+    _common.quiet_tensorflow()
     rows = []
-    for label, recipe in recipes(**s).items():
+    for label, recipe in recipes(s).items():
         print(f"\n== {label} ==", flush=True)
         result = training.run(recipe, output_dir=os.path.join(output_dir, recipe.method), verbose=2 if verbose else 0)
         rows.append(_row(label, result, recipe))
         keras.backend.clear_session()
+    return rows
+
+
+def analyse(rows, s, output_dir, verbose):
+    """The table (``comparison.csv`` / ``.json`` / ``.md``) and ``comparison.png``.
+
+    Returns:
+        ``{"rows": [...one dict per method...], "markdown": str, "files": [...]}``.
+    """
+    from tfbnn import plots
+
     markdown = _markdown(rows, s["dataset"])
     written = [
         _common.write_csv(os.path.join(output_dir, "comparison.csv"), [{k: r[k] for k in _COLUMNS} for r in rows]),
@@ -194,33 +193,14 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     return {"rows": rows, "markdown": markdown, "files": written}
 
 
-# -- command line ------------------------------------------------------------------------------
-
-
-def add_arguments(parser):
-    """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    d = DEFAULTS
-    parser.add_argument("--dataset", choices=GRAYSCALE_DATASETS, default=d["dataset"],
-                        help="digits: offline; mnist / fashion_mnist: tensorflow-datasets (download once)")
-    _common.add_options(parser, d, "hidden_units", "depth", "epochs", epochs="epochs per network")
-    parser.add_argument("--members", type=argtypes.positive_int, default=d["members"], metavar="M",
-                        help="deep ensemble: members")
-    _common.add_options(parser, d, "dropout_rate", "num_samples", "seed",
-                        num_samples="Monte Carlo samples of the test predictive (per member)")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 epoch on 128 examples, 2 members")
-    _common.add_output_dir(parser, NAME, "the table, the PNG and the runs")
-
-
-def run(args):
-    """Runs the experiment from parsed arguments; returns the exit status."""
-    banner = f"{NAME}: deterministic, MC dropout, BbB, iBNN and a deep ensemble on {args.dataset}"
-    return _common.run_with_settings(args, DEFAULTS, run_experiment, banner)
-
-
-def main(argv=None):
-    """``python -m tfbnn.experiments.uncertainty_comparison [options]``; returns the exit status."""
-    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
-
+STUDY = Study(
+    name="uncertainty-comparison", module="tfbnn.experiments.uncertainty_comparison", description=DESCRIPTION,
+    settings=SETTINGS, recipes=lambda s: list(recipes(s).values()), train=train, analyse=analyse,
+    outputs="the table, the PNG and the runs",
+    banner=lambda s: f"{NAME}: deterministic, MC dropout, BbB, iBNN and a deep ensemble on {s['dataset']}",
+)
+#: ``DEFAULTS``: the settings and their defaults; the entry points under the names of every study module.
+DEFAULTS, run_experiment, add_arguments, run, main = STUDY.entry_points()
 
 if __name__ == "__main__":
     raise SystemExit(main())

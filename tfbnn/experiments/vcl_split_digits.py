@@ -69,10 +69,11 @@ import time
 
 import tfbnn
 from tfbnn import datasets
-from tfbnn._internal import argtypes, files
+from tfbnn._internal import files
 from tfbnn.experiments import _common
+from tfbnn.experiments._study import Setting, Study
 
-__all__ = ["DEFAULTS", "QUICK", "COMPARED_METHODS", "HEADS", "TASKS", "split_tasks", "run_sequence", "run_experiment",
+__all__ = ["STUDY", "DEFAULTS", "QUICK", "COMPARED_METHODS", "HEADS", "TASKS", "split_tasks", "run_sequence", "run_experiment",
            "add_arguments", "run", "main"]
 
 NAME = "vcl_split_digits"
@@ -81,25 +82,30 @@ METHOD_LABELS = {"finetune": "fine-tuning", "bbb": "BbB, original prior", "vcl":
 HEADS = ("single", "multi")
 TASKS = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
 
-DEFAULTS = {
-    "head": "single",
-    "methods": COMPARED_METHODS,
-    "coreset_sizes": (0, 20),
-    "hidden_units": (100, 100),
-    "steps": 1000,
-    "coreset_steps": 300,
-    "batch_size": 64,
-    "learning_rate": 5e-3,
-    "prior_scale": 0.3,
-    "initial_scale": 0.05,
-    "beta": 0.1,
-    "num_samples": 20,
-    "threshold": 0.5,
-    "seeds": (0, 1, 2),
-}
-
-#: ``--quick``: a smoke run of the whole protocol (and only the first seed).
+#: ``quick``: a smoke run of the whole protocol (and only the first seed).
 QUICK = {"steps": 40, "coreset_steps": 10, "hidden_units": (32, 32), "num_samples": 4}
+
+SETTINGS = (
+    Setting("head", "single", "single: one 10-way output, classes seen so far active (class-incremental); "
+            "multi: a 2-way head per task", choices=HEADS),
+    Setting("methods", COMPARED_METHODS, "finetune (deterministic), bbb (original prior every task), vcl (posterior "
+            "as prior)", choices=COMPARED_METHODS, many=True, unique=True),
+    Setting("coreset_sizes", (0, 20), "coreset images per task (0: none; single head only)", kind="non_negative_int",
+            many=True, unique=True, metavar="K"),
+    Setting("hidden_units", (100, 100), "units of the hidden ReLU layers", many=True, metavar="U"),
+    Setting("steps", 1000, "training steps per task", kind="positive_int"),
+    Setting("coreset_steps", 300, "steps on the coreset before testing", kind="positive_int"),
+    Setting("batch_size", 64), Setting("learning_rate", 5e-3, "Adam learning rate (a fresh optimizer per task)"),
+    Setting("prior_scale", 0.3, "first prior N(0, S^2) of the Bayesian methods", kind="positive_float", metavar="S"),
+    Setting("initial_scale", 0.05, "initial posterior standard deviation", kind="positive_float", metavar="SIGMA"),
+    Setting("beta", 0.1, "KL weight: loss = mean NLL + beta KL / N_t (1: the true ELBO)", kind="positive_float"),
+    Setting("num_samples", 20, "Monte Carlo samples per test prediction"),
+    Setting("threshold", 0.5, "a task (class) is learned at accuracy >= THRESHOLD, forgotten below it at the end",
+            kind="positive_fraction"),
+    Setting("seeds", (0, 1, 2), "seeds (data split, weights, noise, coreset)", kind="non_negative_int", many=True,
+            unique=True),
+    Setting("quick", False, "a smoke run: the first seed, " + ", ".join(f"{k}={v}" for k, v in QUICK.items())),
+)
 
 DESCRIPTION = (
     "Split digits, five tasks {0,1}, {2,3}, ..., {8,9} learned in sequence by an MLP 64-100-100:\n"
@@ -373,42 +379,32 @@ def _plot(runs, s, folder):
     return [matrices, curves]
 
 
-def _check_settings(s):
-    if s["head"] not in HEADS:
-        raise ValueError(f"Expected `head` in {HEADS}. Received: head={s['head']!r}")
-    _common.check_names(s, "methods", COMPARED_METHODS)
-    _common.check_integer_lists(s, ("coreset_sizes", "seeds"), minimum=0)
-    _common.check_integer_lists(s, ("hidden_units",))
+def _validate(s):
+    """The coreset's limits; a ``quick`` run's settings (:data:`QUICK`, the first seed)."""
     if s["head"] == "multi" and any(s["coreset_sizes"]):
         raise ValueError("The coreset is implemented for the single head only (one 10-way output trained on "
                          f"all coreset classes). Received: head='multi', coreset_sizes={s['coreset_sizes']!r}")
     if max(s["coreset_sizes"]) >= 200:
         raise ValueError("Expected coreset sizes below 200 (a task has about 290 training images). "
                          f"Received: coreset_sizes={s['coreset_sizes']!r}")
-    _common.check_integers(s, ("steps", "coreset_steps", "batch_size", "num_samples"))
-    _common.check_positive_numbers(s, ("learning_rate", "prior_scale", "initial_scale", "beta"))
-    v = s["threshold"]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-        raise ValueError(f"Expected `threshold` in (0, 1]. Received: threshold={v!r}")
+    if s["quick"]:
+        s.update(QUICK, seeds=s["seeds"][:1])
+    return s
 
 
-def run_experiment(output_dir=None, verbose=True, **settings):
-    """Runs every (method, coreset size, seed); writes the plots and the tables.
+def recipes(s):
+    """No recipe: this study keeps its own training loop (the module docstring says why)."""
+    return []
 
-    Args:
-        output_dir: folder for the outputs; default ``saved_models/experiments/vcl_split_digits``.
-        verbose: bool, print the accuracy row after every task and one line per run.
-        **settings: overrides of :data:`DEFAULTS`.
+
+def train(s, output_dir, verbose):
+    """Runs every (coreset size, method, seed) through the five tasks (:func:`run_sequence`).
 
     Returns:
-        dict with ``rows`` (one per method and coreset size, means over seeds), ``runs``
-        (one per method, coreset size and seed: ``accuracy``, ``class_accuracy``, their
-        :func:`tfbnn.continual.forgetting_summary` as ``tasks`` / ``classes``) and ``files``.
+        dict: ``grouped`` ((method, coreset size) -> the runs) and ``runs`` (one per method, coreset
+        size and seed: ``accuracy``, ``class_accuracy``, their :func:`tfbnn.continual.forgetting_summary`
+        as ``tasks`` / ``classes``).
     """
-    s = _common.settings(DEFAULTS, settings, tuples=("methods", "coreset_sizes", "hidden_units", "seeds"))
-    _check_settings(s)
-    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
-
     import keras
 
     grouped, flat = {}, []
@@ -431,6 +427,16 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                           f"{[round(float(v), 2) for v in accuracy[-1]]}  average {task_summary['average_accuracy']:.3f}  "
                           f"forgotten tasks {task_summary['forgotten']} classes {class_summary['forgotten']}  "
                           f"({run_record['seconds']:.0f} s)", flush=True)
+    return {"grouped": grouped, "runs": flat}
+
+
+def analyse(trained, s, output_dir, verbose):
+    """The table (means over seeds; ``results.csv`` / ``.md`` / ``.json``) and the plots.
+
+    Returns:
+        dict with ``rows`` (one per method and coreset size, means over seeds), ``runs`` and ``files``.
+    """
+    grouped, flat = trained["grouped"], trained["runs"]
     rows = [_table_row(method, k, group) for (method, k), group in grouped.items()]
     written = _plot(grouped, s, output_dir)
     written += _common.write_results(output_dir, rows, s, tasks=[list(c) for c in TASKS], runs=flat)
@@ -438,58 +444,15 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     return {"rows": rows, "runs": flat, "files": written}
 
 
-# -- command line ------------------------------------------------------------------------------
-
-
-def add_arguments(parser):
-    """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    d = DEFAULTS
-    parser.add_argument("--head", choices=HEADS, default=d["head"],
-                        help="single: one 10-way output, classes seen so far active (class-incremental); "
-                             "multi: a 2-way head per task")
-    parser.add_argument("--methods", choices=COMPARED_METHODS, nargs="+", default=list(d["methods"]),
-                        help="finetune (deterministic), bbb (original prior every task), vcl (posterior as prior)")
-    parser.add_argument("--coreset-sizes", type=argtypes.non_negative_int, nargs="+", default=list(d["coreset_sizes"]),
-                        metavar="K", help="coreset images per task (0: none; single head only)")
-    parser.add_argument("--hidden-units", type=argtypes.positive_int, nargs="+", default=list(d["hidden_units"]),
-                        metavar="U", help="units of the hidden ReLU layers")
-    parser.add_argument("--steps", type=argtypes.positive_int, default=d["steps"], help="training steps per task")
-    parser.add_argument("--coreset-steps", type=argtypes.positive_int, default=d["coreset_steps"],
-                        help="steps on the coreset before testing")
-    _common.add_options(parser, d, "batch_size", "learning_rate",
-                        learning_rate="Adam learning rate (a fresh optimizer per task)")
-    parser.add_argument("--prior-scale", type=argtypes.positive_float, default=d["prior_scale"], metavar="S",
-                        help="first prior N(0, S^2) of the Bayesian methods")
-    parser.add_argument("--initial-scale", type=argtypes.positive_float, default=d["initial_scale"], metavar="SIGMA",
-                        help="initial posterior standard deviation")
-    parser.add_argument("--beta", type=argtypes.positive_float, default=d["beta"],
-                        help="KL weight: loss = mean NLL + beta KL / N_t (1: the true ELBO)")
-    _common.add_options(parser, d, "num_samples", num_samples="Monte Carlo samples per test prediction")
-    parser.add_argument("--threshold", type=argtypes.open_unit_interval, default=d["threshold"],
-                        help="a task (class) is learned at accuracy >= THRESHOLD, forgotten below it at the end")
-    parser.add_argument("--seeds", type=argtypes.non_negative_int, nargs="+", default=list(d["seeds"]),
-                        help="seeds (data split, weights, noise, coreset)")
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: the first seed, " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
-    _common.add_output_dir(parser, NAME, "the PNGs and results.csv / .md / .json")
-
-
-def run(args):
-    """Runs the experiment from parsed arguments; returns the exit status."""
-    overrides = {"methods": tuple(dict.fromkeys(args.methods)),
-                 "coreset_sizes": tuple(dict.fromkeys(args.coreset_sizes)),
-                 "hidden_units": tuple(args.hidden_units), "seeds": tuple(dict.fromkeys(args.seeds))}
-    if args.quick:
-        overrides.update(QUICK, seeds=overrides["seeds"][:1])
-    banner = (f"{NAME}: 5 tasks, {args.head}-head, methods {list(overrides['methods'])}, coreset "
-              f"{list(overrides['coreset_sizes'])} per task, seeds {list(overrides['seeds'])}")
-    return _common.run_with_settings(args, DEFAULTS, run_experiment, banner, **overrides)
-
-
-def main(argv=None):
-    """``python -m tfbnn.experiments.vcl_split_digits [options]``; returns the exit status."""
-    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
-
+STUDY = Study(
+    name="vcl-split-digits", module="tfbnn.experiments.vcl_split_digits", description=DESCRIPTION, settings=SETTINGS,
+    recipes=recipes, train=train, analyse=analyse, outputs="the PNGs and results.csv / .md / .json",
+    validate=_validate,
+    banner=lambda s: (f"{NAME}: 5 tasks, {s['head']}-head, methods {list(s['methods'])}, coreset "
+                      f"{list(s['coreset_sizes'])} per task, seeds {list(s['seeds'])}"),
+)
+#: ``DEFAULTS``: the settings and their defaults; the entry points under the names of every study module.
+DEFAULTS, run_experiment, add_arguments, run, main = STUDY.entry_points()
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -28,31 +28,28 @@ import os
 
 import tfbnn
 from tfbnn import training
-from tfbnn._internal import argtypes
 from tfbnn.experiments import _common
+from tfbnn.experiments._study import Setting, Study
 
-__all__ = ["DEFAULTS", "COMPARED_METHODS", "STEPS_PER_EPOCH", "make_recipe", "build_model", "run_experiment", "add_arguments", "run", "main"]
+__all__ = ["STUDY", "DEFAULTS", "COMPARED_METHODS", "STEPS_PER_EPOCH", "make_recipe", "build_model", "run_experiment",
+           "add_arguments", "run", "main"]
 
 NAME = "vd_regression"
 COMPARED_METHODS = ("deterministic", "vd", "graves")
 METHOD_LABELS = {"deterministic": "deterministic", "vd": "variational dropout (Molchanov)", "graves": "Graves"}
 
-DEFAULTS = {
-    "methods": COMPARED_METHODS,
-    "num_points": 40,
-    "noise_std": 0.02,
-    "hidden_units": 64,
-    "pretrain_steps": 2000,
-    "steps": 3000,
-    "warmup_fraction": 0.1,
-    "anneal_fraction": 0.4,
-    "learning_rate": 1e-2,
-    "init_scale": "moped",
-    "moped_delta": 0.1,
-    "graves_prior_scale": 2.0,
-    "num_samples": 200,
-    "seed": 0,
-}
+SETTINGS = (
+    Setting("methods", COMPARED_METHODS, "models to compare", choices=COMPARED_METHODS, many=True, unique=True),
+    Setting("num_points", 40), Setting("noise_std", 0.02), Setting("hidden_units", 64, "hidden units"),
+    Setting("pretrain_steps", 2000, "full-batch steps of the deterministic net", kind="positive_int"),
+    Setting("steps", 3000, "full-batch steps of each Bayesian net", kind="positive_int"),
+    Setting("warmup_fraction", 0.1, "fraction of the steps with beta = 0", kind="fraction"),
+    Setting("anneal_fraction", 0.4, "fraction of the steps of the beta ramp 0 -> 1", kind="fraction"),
+    Setting("learning_rate", 1e-2, "Adam rate"), Setting("init_scale", "moped"), Setting("moped_delta", 0.1),
+    Setting("graves_prior_scale", 2.0, "std of the fixed N(0, S^2) prior of the Graves layer", kind="positive_float",
+            metavar="S"),
+    Setting("num_samples", 200), Setting("seed", 0),
+)
 
 DESCRIPTION = (
     "Predictive bands on the 1-D regression y = x + 0.3 sin(2 pi (x+e)) + 0.3 sin(4 pi (x+e)) + e\n"
@@ -92,7 +89,10 @@ def make_recipe(method, input_mean=0.25, input_variance=0.5**2 / 12, **settings)
     optimizer), the KL weight 0 for ``warmup_fraction`` of the epochs, then linear to 1 over
     ``anneal_fraction`` of them; ``eval_samples = num_samples``.
     """
-    s = _settings(settings)
+    return _recipe(method, input_mean, input_variance, STUDY.resolve(settings))
+
+
+def _recipe(method, input_mean, input_variance, s):
     from tfbnn import priors
 
     options = {"init_scale": s["init_scale"], "moped_delta": s["moped_delta"]} if method != "deterministic" else {}
@@ -178,49 +178,46 @@ def _plot(panels, ds, path):
     return path
 
 
-def _settings(settings):
-    """:data:`DEFAULTS` with ``settings`` (checked)."""
-    s = _common.settings(DEFAULTS, settings, unique=("methods",))
-    _common.check_names(s, "methods", COMPARED_METHODS)
-    _common.check_integers(s, ("num_points", "hidden_units", "pretrain_steps", "steps", "num_samples"))
-    _common.check_positive_numbers(s, ("noise_std", "learning_rate", "graves_prior_scale"))
-    for key in ("warmup_fraction", "anneal_fraction"):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-            raise ValueError(f"Expected `{key}` in [0, 1]. Received: {key}={v!r}")
+def _validate(s):
+    """The conversion's ``init_scale`` with ``moped_delta`` (:func:`tfbnn.convert.check_init_scale`)."""
     from tfbnn import convert
 
     convert.check_init_scale(s["init_scale"], s["moped_delta"])
     return s
 
 
-def run_experiment(output_dir=None, verbose=True, **settings):
-    """Trains the deterministic net, converts and trains ``vd`` and ``graves``; writes PNG, CSV, JSON.
+def _data(s):
+    """The training points and 500 fresh test points."""
+    from tfbnn.datasets.regression import make_toy_regression
 
-    Each method is one :func:`tfbnn.training.run` of :func:`make_recipe` (pre-training the same
+    return (make_toy_regression(s["num_points"], s["noise_std"], seed=s["seed"]),
+            make_toy_regression(500, s["noise_std"], seed=s["seed"] + 1))
+
+
+def recipes(s):
+    """The study's recipes for the checked settings ``s``: one per method, its inputs standardized with
+    the training points' mean and variance."""
+    ds, _ = _data(s)
+    return [_recipe(method, float(ds.x_train.mean()), float(ds.x_train.var()), s) for method in s["methods"]]
+
+
+def train(s, output_dir, verbose):
+    """Trains each recipe of :func:`recipes` (one :func:`tfbnn.training.run`, pre-training the same
     deterministic net from the same seed, then converting it or going on), recorded under
     ``<output_dir>/runs/<method>/``; the bands and numbers are its ``evaluate``.
 
     Returns:
-        dict with ``rows`` (one per method), ``curves``, ``files`` and ``runs``.
+        dict: ``panels`` (method -> (row, curves)), ``runs`` and the training data ``dataset``.
     """
-    s = _settings(settings)
-    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME))
-
     import keras
-    import numpy as np
-
-    from tfbnn.datasets.regression import make_toy_regression
 
     keras.utils.set_random_seed(s["seed"])
-    ds = make_toy_regression(s["num_points"], s["noise_std"], seed=s["seed"])
-    test = make_toy_regression(500, s["noise_std"], seed=s["seed"] + 1)
+    ds, test = _data(s)
     say = print if verbose else (lambda *a, **k: None)
     data = _pipeline(ds)
-    panels, rows, runs = {}, [], []
-    for method in s["methods"]:
-        recipe = make_recipe(method, float(ds.x_train.mean()), float(ds.x_train.var()), **settings)
-        found = {}
+    panels, runs = {}, []
+    for recipe in recipes(s):
+        method, found = recipe.method, {}
 
         def evaluate(model, recipe, data, found=found, method=method):
             numbers, found["curves"] = _evaluate(model, method, ds, s, test.x_train, test.y_train)
@@ -229,13 +226,24 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         result = training.run(recipe, output_dir=os.path.join(output_dir, "runs", method), verbose=0, data=data,
                               evaluate=evaluate, quiet=True)
         runs.append(result.output_dir)
-        numbers, curves = result.test, found["curves"]
-        row = {"method": method, **numbers}
-        rows.append(row)
-        panels[method] = (row, curves)
+        row = {"method": method, **result.test}
+        panels[method] = (row, found["curves"])
         say(f"  {method:13s} RMSE {row['rmse_in_range']:.4f}  test NLL {row['test_nll']:8.3f}  epistemic std "
             f"in/out {row['epistemic_std_in_range']:.3f}/{row['epistemic_std_out_of_range']:.3f}  sparsity "
             f"{100 * row['sparsity']:.1f}%  ({result.train_seconds:.0f} s)", flush=True)
+    return {"panels": panels, "runs": runs, "dataset": ds}
+
+
+def analyse(trained, s, output_dir, verbose):
+    """``bands.png`` (one panel per method), ``bands.csv`` (the curves), ``results.csv`` and ``results.json``.
+
+    Returns:
+        dict with ``rows`` (one per method), ``curves``, ``files``, ``runs`` and ``x_grid``.
+    """
+    import numpy as np
+
+    panels, ds = trained["panels"], trained["dataset"]
+    rows = [row for row, _ in panels.values()]
     curve_rows = []
     for i, x in enumerate(ds.x_grid[:, 0]):
         row = {"x": float(x), "truth": float(ds.y_grid[i, 0])}
@@ -248,44 +256,19 @@ def run_experiment(output_dir=None, verbose=True, **settings):
              _common.write_csv(os.path.join(output_dir, "bands.csv"), curve_rows),
              *_common.write_results(output_dir, rows, s,
                                     train={"x": ds.x_train[:, 0].tolist(), "y": ds.y_train[:, 0].tolist()})]
-    return {"rows": rows, "curves": {m: c for m, (_, c) in panels.items()}, "files": files, "runs": runs,
+    return {"rows": rows, "curves": {m: c for m, (_, c) in panels.items()}, "files": files, "runs": trained["runs"],
             "x_grid": np.asarray(ds.x_grid[:, 0])}
 
 
-# -- command line ------------------------------------------------------------------------------
-
-
-def add_arguments(parser):
-    """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    d = DEFAULTS
-    parser.add_argument("--methods", choices=COMPARED_METHODS, nargs="+", default=list(d["methods"]),
-                        help="models to compare")
-    parser.add_argument("--num-points", type=argtypes.positive_int, default=d["num_points"], help="training points")
-    parser.add_argument("--noise-std", type=argtypes.positive_float, default=d["noise_std"],
-                        help="noise std of the data and of the Gaussian likelihood")
-    _common.add_options(parser, d, "hidden_units", hidden_units="hidden units")
-    parser.add_argument("--pretrain-steps", type=argtypes.positive_int, default=d["pretrain_steps"],
-                        help="full-batch steps of the deterministic net")
-    parser.add_argument("--steps", type=argtypes.positive_int, default=d["steps"],
-                        help="full-batch steps of each Bayesian net")
-    _common.add_options(parser, d, "learning_rate", "init_scale", "moped_delta", learning_rate="Adam rate")
-    parser.add_argument("--graves-prior-scale", type=argtypes.positive_float, default=d["graves_prior_scale"],
-                        metavar="S", help="std of the fixed N(0, S^2) prior of the Graves layer")
-    _common.add_options(parser, d, "num_samples", "seed")
-    _common.add_output_dir(parser, NAME, "bands.png, bands.csv, results.csv and results.json")
-
-
-def run(args):
-    """Runs the experiment from parsed arguments; returns the exit status."""
-    methods = tuple(dict.fromkeys(args.methods))
-    banner = f"{NAME}: {args.num_points} points, one hidden layer of {args.hidden_units} units, methods {list(methods)}"
-    return _common.run_with_settings(args, DEFAULTS, run_experiment, banner, methods=methods)
-
-
-def main(argv=None):
-    """``python -m tfbnn.experiments.vd_regression [options]``; returns the exit status."""
-    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
-
+STUDY = Study(
+    name="vd-regression", module="tfbnn.experiments.vd_regression", description=DESCRIPTION, settings=SETTINGS,
+    recipes=recipes, train=train, analyse=analyse, outputs="bands.png, bands.csv, results.csv and results.json",
+    validate=_validate,
+    banner=lambda s: (f"{NAME}: {s['num_points']} points, one hidden layer of {s['hidden_units']} units, "
+                      f"methods {list(s['methods'])}"),
+)
+#: ``DEFAULTS``: the settings and their defaults; the entry points under the names of every study module.
+DEFAULTS, run_experiment, add_arguments, run, main = STUDY.entry_points()
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -44,17 +44,17 @@ this study is the analysis on top of that run (steps 4-7), written beside the ru
 (``<output_dir>/run/``: recipe, history, learning curves, results, model).
 """
 
-import math
 import os
 
 import tfbnn
 from tfbnn import datasets, training
-from tfbnn._internal import argtypes
 from tfbnn._internal.errors import RunError
 from tfbnn.datasets.catalog import ARRAY_DATASETS
 from tfbnn.experiments import _common
+from tfbnn.experiments._study import Setting, Study
 
 __all__ = [
+    "STUDY",
     "DEFAULTS",
     "MODELS",
     "SPARSIFYING_METHODS",
@@ -77,31 +77,43 @@ VARIANTS = ("none", "principled", "random")
 _SWEEP = {"log_alpha": (-4.0, -2.0, 0.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0),
           "snr": (0.1, 0.25, 0.5, 0.83, 1.0, 1.5, 2.0, 3.0, 5.0)}
 
-DEFAULTS = {
-    "model": "lenet300_100",
-    "hidden_units": (300, 100),
-    "method": "vd",
-    "dataset": "digits",
-    "max_examples": None,
-    "pretrain_epochs": 10,
-    "epochs": 30,
-    "warmup_epochs": 2.0,
-    "anneal_epochs": 13.0,
-    "kl_beta": 1.0,
-    "batch_size": 64,
-    "learning_rate": 1e-3,
-    "init_scale": "moped",
-    "moped_delta": 0.1,
-    "threshold": None,
-    "num_samples": 10,
-    "sample_counts": (1, 2, 5, 10, 20, 50),
-    "repeats": 5,
-    "sweep": True,
-    "fractions": (0.0, 0.5, 0.75, 0.95, 0.98),  # tfbnn.pruning.BLUNDELL_FRACTIONS
-    "fraction_scope": "global",
-    "seed": 0,
-    "recipe": None,
-}
+SETTINGS = (
+    Setting("model", "lenet300_100", "lenet300_100 (hidden 300-100) or mlp (hidden sizes from --hidden-units)",
+            choices=tuple(MODELS)),
+    Setting("hidden_units", (300, 100), "hidden layer sizes of --model mlp (LeNet-300-100 has 300 100)",
+            kind="positive_int", many=True, metavar="U"),
+    Setting("method", "vd", "vd: sparse variational dropout (Molchanov, additive); vd_multiplicative: Kingma's "
+            "(alpha <= 1, does not sparsify); graves: GravesDense (log-variance posterior, fixed N(0, 1) prior)",
+            choices=SPARSIFYING_METHODS),
+    Setting("dataset", "digits", "digits / moons are offline; mnist / fashion_mnist download via tensorflow-datasets",
+            choices=DATASETS),
+    Setting("max_examples", None, "training examples to use (mnist, fashion_mnist; moons: points generated)"),
+    Setting("pretrain_epochs", 10, "epochs of deterministic pre-training"),
+    Setting("epochs", 30, "epochs of Bayesian training"), Setting("warmup_epochs", 2.0),
+    Setting("anneal_epochs", 13.0, "epochs of the linear beta ramp after the warm-up", recipe="kl_epochs"),
+    # One name for the final KL weight, the recipe's: `kl_beta` (--kl-beta) was its second name.
+    Setting("beta", 1.0, "final beta (default: 1, the ELBO; lower it when the KL overwhelms a small N)",
+            aliases=("kl_beta",)),
+    Setting("batch_size", 64), Setting("learning_rate", 1e-3, "Adam rate"), Setting("init_scale", "moped"),
+    Setting("moped_delta", 0.1),
+    Setting("threshold", None, "pruning threshold (default: log alpha 3 for vd, |mu|/sigma 0.83 for graves)",
+            kind="finite_float", allow_none=True),
+    Setting("num_samples", 10, "MC samples of the headline accuracy and the sweep"),
+    Setting("sample_counts", (1, 2, 5, 10, 20, 50), "numbers of MC samples for the accuracy-vs-T curve",
+            kind="positive_int", many=True, metavar="T"),
+    Setting("repeats", 5, "repeats per point (error bars: std over repeats)", kind="positive_int"),
+    Setting("sweep", True, "skip the threshold sweep", kind="bool"),
+    Setting("fractions", (0.0, 0.5, 0.75, 0.95, 0.98),  # tfbnn.pruning.BLUNDELL_FRACTIONS
+            "fractions of the weights to prune, lowest signal-to-noise first, each in [0, 1), against random "
+            "pruning (Blundell et al. 2015; writes pruning_curve.*; no value: skip)", kind="rate", many=True,
+            allow_empty=True, metavar="F"),
+    Setting("fraction_scope", "global", "rank the weights over all layers together or within each layer",
+            choices=("global", "layer")),
+    Setting("seed", 0),
+    Setting("recipe", None, "train this recipe (a built-in name such as vd-lenet300-100-pretrained, or a JSON "
+            "file) with training.run and analyse it; its protocol replaces the training options", kind="recipe",
+            allow_none=True, metavar="NAME"),
+)
 
 DESCRIPTION = (
     "Sparsity study of variational dropout / Graves layers (Molchanov et al. 2017; Graves 2011) on\n"
@@ -163,37 +175,6 @@ def _load(s):
         raise RunError(str(e)) from None
 
 
-def _check_settings(s):
-    from tfbnn._internal import checks
-
-    if s["model"] not in MODELS:
-        raise ValueError(f"Expected `model` in {list(MODELS)}. Received: model={s['model']!r}")
-    if s["method"] not in SPARSIFYING_METHODS:
-        raise ValueError(f"Unknown method. Expected one of {list(SPARSIFYING_METHODS)}. "
-                         f"Received: method={s['method']!r}")
-    if s["dataset"] not in DATASETS:
-        raise ValueError(f"Expected `dataset` in {list(DATASETS)}. Received: dataset={s['dataset']!r}")
-    _common.check_integers(s, ("pretrain_epochs",), minimum=0)
-    _common.check_integers(s, ("epochs", "batch_size", "num_samples", "repeats"))
-    _common.check_positive_numbers(s, ("learning_rate", "anneal_epochs", "kl_beta"))
-    v = s["warmup_epochs"]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
-        raise ValueError(f"Expected `warmup_epochs` to be a non-negative number. Received: warmup_epochs={v!r}")
-    _common.check_integer_lists(s, ("sample_counts", "hidden_units"))
-    for f in s["fractions"]:
-        checks.number("fractions", f, low=0, high=1, high_open=True)
-    if s["fraction_scope"] not in ("global", "layer"):
-        raise ValueError("Expected `fraction_scope` in ('global', 'layer'). "
-                         f"Received: fraction_scope={s['fraction_scope']!r}")
-    if s["threshold"] is not None:
-        from tfbnn import pruning
-
-        pruning.check_threshold(_criterion(s["method"]), s["threshold"])
-    from tfbnn import convert
-
-    convert.check_init_scale(s["init_scale"], s["moped_delta"])
-
-
 # -- the study -----------------------------------------------------------------------------------
 def make_recipe(input_shape=(64,), **settings):
     """The :class:`tfbnn.training.Recipe` the study trains and then analyses.
@@ -203,12 +184,15 @@ def make_recipe(input_shape=(64,), **settings):
     pre-trained ``pretrain_epochs``, then converted (:func:`tfbnn.convert.to_bayesian`:
     ``init_scale``, ``moped_delta``) to ``method`` (``vd_multiplicative``: ``vd`` with
     ``parameterization="multiplicative"``), trained ``epochs`` with the KL weight 0 for
-    ``warmup_epochs`` and then linear to ``kl_beta`` over ``anneal_epochs``; Adam at
+    ``warmup_epochs`` and then linear to ``beta`` over ``anneal_epochs``; Adam at
     ``learning_rate`` in both phases, ``batch_size``, ``num_samples`` test samples. With
     ``pretrain_epochs=0`` the Bayesian MLP is the zoo's, from its own initialization (there is
     nothing to convert).
     """
-    s = _settings(settings)
+    return _recipe(STUDY.resolve(settings))
+
+
+def _recipe(s):
     method, options = s["method"], {"init_scale": s["init_scale"], "moped_delta": s["moped_delta"]}
     if method == "vd_multiplicative":
         method, options = "vd", {**options, "parameterization": "multiplicative"}
@@ -219,7 +203,7 @@ def make_recipe(input_shape=(64,), **settings):
         dataset=s["dataset"], max_examples=s["max_examples"], pretrain_epochs=s["pretrain_epochs"],
         epochs=s["epochs"], batch_size=s["batch_size"], learning_rate=s["learning_rate"],
         kl_schedule="warmup" if s["warmup_epochs"] else "linear", warmup_epochs=s["warmup_epochs"],
-        kl_epochs=s["anneal_epochs"], beta=s["kl_beta"], eval_samples=s["num_samples"], seed=s["seed"],
+        kl_epochs=s["anneal_epochs"], beta=s["beta"], eval_samples=s["num_samples"], seed=s["seed"],
     )
 
 
@@ -229,20 +213,23 @@ def _deterministic_accuracy(det, ds):
     return float(det.evaluate(ds.x_test, ds.y_test, batch_size=512, verbose=0)[1])
 
 
-def _settings(settings):
-    """:data:`DEFAULTS` with ``settings`` (checked)."""
-    s = _common.settings(DEFAULTS, settings)
-    if s["model"] == "lenet300_100":
-        if tuple(s["hidden_units"]) != MODELS["lenet300_100"]:
-            raise ValueError(
-                "LeNet-300-100 has hidden layers (300, 100); use model='mlp' for other sizes. "
-                f"Received: hidden_units={s['hidden_units']!r}"
-            )
-    s["hidden_units"], s["sample_counts"] = tuple(s["hidden_units"]), tuple(s["sample_counts"])
-    s["fractions"] = tuple(s["fractions"])
+def _validate(s):
+    """The checks between settings; a given ``recipe`` resolved (:func:`tfbnn.training.resolve`) and its
+    protocol in place of the training settings (:func:`_settings_of`)."""
+    if s["model"] == "lenet300_100" and s["hidden_units"] != MODELS["lenet300_100"]:
+        raise ValueError("`hidden_units` applies to the model 'mlp' (LeNet-300-100 has hidden layers (300, 100)). "
+                         f"Received: model={s['model']!r}, hidden_units={s['hidden_units']!r}")
     if s["num_samples"] not in s["sample_counts"]:
         s["sample_counts"] = tuple(sorted(set(s["sample_counts"]) | {s["num_samples"]}))
-    _check_settings(s)
+    if s["threshold"] is not None:
+        from tfbnn import pruning
+
+        pruning.check_threshold(_criterion(s["method"]), s["threshold"])
+    from tfbnn import convert
+
+    convert.check_init_scale(s["init_scale"], s["moped_delta"])
+    if s["recipe"] is not None:
+        s = _settings_of(training.resolve(s["recipe"]), s)
     return s
 
 
@@ -253,10 +240,10 @@ def _settings_of(recipe, s):
                          f"Received: recipe={recipe.name!r} (method={recipe.method!r}, dataset={recipe.dataset!r})")
     multiplicative = recipe.method_options.get("parameterization") == "multiplicative"
     hidden = recipe.model_options.get("hidden_units", MODELS.get(recipe.model.replace("lenet_", "lenet"), None))
-    return {**s, "recipe": recipe.name, "model": recipe.model, "hidden_units": tuple(hidden or s["hidden_units"]),
+    return {**s, "recipe": recipe, "model": recipe.model, "hidden_units": tuple(hidden or s["hidden_units"]),
             "method": "vd_multiplicative" if multiplicative else recipe.method, "dataset": recipe.dataset,
             "max_examples": recipe.max_examples, "pretrain_epochs": recipe.pretrain_epochs, "epochs": recipe.epochs,
-            "warmup_epochs": recipe.warmup_epochs, "anneal_epochs": recipe.ramp_epochs, "kl_beta": recipe.beta,
+            "warmup_epochs": recipe.warmup_epochs, "anneal_epochs": recipe.ramp_epochs, "beta": recipe.beta,
             "batch_size": recipe.batch_size, "learning_rate": recipe.learning_rate, "seed": recipe.seed}
 
 
@@ -403,17 +390,51 @@ def _plot(result, path):
     return path
 
 
-def run_experiment(output_dir=None, verbose=True, **settings):
-    """Runs the whole study; writes the PNG, CSVs, JSON and the pruned model.
+def recipes(s):
+    """The one recipe the study trains for the checked settings ``s``: the given ``recipe``, else
+    :func:`make_recipe`'s."""
+    return [s["recipe"] if s["recipe"] is not None else _recipe(s)]
 
-    Args:
-        output_dir: folder for the outputs (default
-            ``saved_models/experiments/vd_sparsity/<dataset>_<method>``).
-        verbose: bool, print progress and the tables.
-        **settings: overrides of :data:`DEFAULTS`; ``recipe``: a
-            :class:`tfbnn.training.Recipe`, built-in name or JSON path of a ``vd`` or
-            ``graves`` recipe to train instead of :func:`make_recipe` (its protocol replaces
-            the training settings).
+
+def _folder(s):
+    return os.path.join(NAME, f"{s['dataset']}_{s['method']}")
+
+
+def train(s, output_dir, verbose):
+    """Loads the data and trains the recipe of :func:`recipes` (one :func:`tfbnn.training.run`, its folder
+    ``<output_dir>/run``) with a :class:`tfbnn.callbacks.SparsityMonitor`.
+
+    Returns:
+        dict: the run's result ``run`` and the dataset ``dataset``.
+    """
+    import keras
+
+    from tfbnn import callbacks
+
+    keras.utils.set_random_seed(s["seed"])
+    ds = _load(s)
+    say = print if verbose else (lambda *a, **k: None)
+    sizes = " -> ".join(str(v) for v in (ds.input_shape[0],) + s["hidden_units"] + (ds.num_classes,))
+    say(f"{NAME}: {ds.name} (N = {ds.num_examples}), {s['model']} {sizes}, method {s['method']}", flush=True)
+    data = None  # a given recipe loads its own dataset
+    recipe, = recipes(s)
+    if s["recipe"] is None:
+        data = _common.array_pipeline(ds.x_train, ds.y_train, ds.name, s["batch_size"], ds.num_classes,
+                                      ds.num_test_examples)
+    monitor = callbacks.SparsityMonitor(criterion=_criterion(s["method"]), threshold=s["threshold"])
+
+    def evaluate(model, recipe, data):  # the study's analysis is :func:`analyse`, on the trained model
+        return {}
+
+    run = training.run(recipe, output_dir=os.path.join(output_dir, "run"), verbose=0, data=data,
+                       callbacks=[monitor], evaluate=evaluate, quiet=True)
+    return {"run": run, "dataset": ds}
+
+
+def analyse(trained, s, output_dir, verbose):
+    """The analysis of the trained model: sparsity per layer, Monte Carlo accuracy with no / principled /
+    random pruning against the number of samples, the stored sizes, the threshold sweep and the pruning
+    curve; ``study.png``, the CSVs, ``results.json`` and the pruned model.
 
     Returns:
         dict: ``settings``, ``deterministic_accuracy``, ``sparsity`` (principled,
@@ -422,43 +443,14 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         ``sparsity_per_epoch``, ``threshold_sweep``, ``pruning_curve`` (rows of
         :func:`tfbnn.pruning.pruning_curve`), ``storage`` and ``files``.
     """
-    s = _settings(settings)
-    recipe = None
-    if s["recipe"] is not None:
-        recipe = training.resolve(s["recipe"])
-        s = _settings_of(recipe, s)
-    output_dir = _common.prepare_output_dir(
-        output_dir or os.path.join(_common.DEFAULT_ROOT, NAME, f"{s['dataset']}_{s['method']}"))
-
-    import keras
-
     from tfbnn import pruning
 
-    keras.utils.set_random_seed(s["seed"])
-    ds = _load(s)
+    run, ds = trained["run"], trained["dataset"]
     say = print if verbose else (lambda *a, **k: None)
-    sizes = " -> ".join(str(v) for v in (ds.input_shape[0],) + s["hidden_units"] + (ds.num_classes,))
-    say(f"{NAME}: {ds.name} (N = {ds.num_examples}), {s['model']} {sizes}, method {s['method']}", flush=True)
-    from tfbnn import callbacks
-
-    data = None  # a given recipe loads its own dataset
-    if recipe is None:
-        recipe = make_recipe(ds.input_shape, **settings)
-        data = _common.array_pipeline(ds.x_train, ds.y_train, ds.name, s["batch_size"], ds.num_classes,
-                                      ds.num_test_examples)
-    monitor = callbacks.SparsityMonitor(criterion=_criterion(s["method"]), threshold=s["threshold"])
-    found = {}
-
-    def evaluate(model, recipe, data):  # the study's analysis is done below, on the trained model
-        found["model"] = model
-        return {}
-
-    run = training.run(recipe, output_dir=os.path.join(output_dir, "run"), verbose=0, data=data,
-                       callbacks=[monitor], evaluate=evaluate, quiet=True)
     model, history = run.model, run.history
     det_accuracy = (_deterministic_accuracy(run.pretrained, ds) if run.pretrained is not None else float("nan"))
     say(f"  pre-trained deterministic net: test accuracy {det_accuracy:.4f}", flush=True)
-    say(f"  trained {s['method']} for {s['epochs']} epochs (beta 0 -> {s['kl_beta']:g}) "
+    say(f"  trained {s['method']} for {s['epochs']} epochs (beta 0 -> {s['beta']:g}) "
         f"({run.train_seconds:.0f} s)", flush=True)
     masks = pruning.compute_masks(model, criterion=_criterion(s["method"]), threshold=s["threshold"])
     report = pruning.sparsity_report(model, masks, criterion=_criterion(s["method"]))
@@ -475,7 +467,7 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         say("\n" + pruning.format_pruning_curve(
             curve, f"MC accuracy (T = {s['num_samples']}) after pruning a fraction ({s['fraction_scope']})") + "\n")
     result = {
-        "settings": _common.jsonable(s),
+        "settings": _common.jsonable({**s, "recipe": None if s["recipe"] is None else s["recipe"].name}),
         "dataset": {"name": ds.name, "num_examples": ds.num_examples, "num_test_examples": ds.num_test_examples},
         "deterministic_accuracy": det_accuracy,
         "sparsity": report.sparsity,
@@ -513,65 +505,13 @@ def run_experiment(output_dir=None, verbose=True, **settings):
     return result
 
 
-# -- command line ------------------------------------------------------------------------------
-
-
-def add_arguments(parser):
-    """The options of the study (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    d = DEFAULTS
-    parser.add_argument("--model", choices=list(MODELS), default=d["model"],
-                        help="lenet300_100 (hidden 300-100) or mlp (hidden sizes from --hidden-units)")
-    parser.add_argument("--hidden-units", type=argtypes.positive_int, nargs="+", default=None, metavar="U",
-                        help="hidden layer sizes of --model mlp (default: 300 100)")
-    parser.add_argument("--method", choices=SPARSIFYING_METHODS, default=d["method"],
-                        help="vd: sparse variational dropout (Molchanov, additive); vd_multiplicative: Kingma's "
-                             "(alpha <= 1, does not sparsify); graves: GravesDense (log-variance posterior, "
-                             "fixed N(0, 1) prior)")
-    parser.add_argument("--dataset", choices=DATASETS, default=d["dataset"],
-                        help="digits / moons are offline; mnist / fashion_mnist download via tensorflow-datasets")
-    _common.add_options(parser, d, "max_examples", "pretrain_epochs", "epochs", "warmup_epochs", "anneal_epochs",
-                        max_examples="training examples to use (mnist, fashion_mnist; moons: points generated)",
-                        pretrain_epochs="epochs of deterministic pre-training", epochs="epochs of Bayesian training",
-                        anneal_epochs="epochs of the linear beta ramp after the warm-up")
-    parser.add_argument("--kl-beta", type=argtypes.positive_float, default=d["kl_beta"],
-                        help="final beta (default: 1, the ELBO; lower it when the KL overwhelms a small N)")
-    _common.add_options(parser, d, "batch_size", "learning_rate", "init_scale", "moped_delta",
-                        learning_rate="Adam rate")
-    parser.add_argument("--threshold", type=argtypes.finite_float, default=d["threshold"],
-                        help="pruning threshold (default: log alpha 3 for vd, |mu|/sigma 0.83 for graves)")
-    _common.add_options(parser, d, "num_samples", num_samples="MC samples of the headline accuracy and the sweep")
-    parser.add_argument("--sample-counts", type=argtypes.positive_int, nargs="+", default=list(d["sample_counts"]),
-                        metavar="T", help="numbers of MC samples for the accuracy-vs-T curve")
-    parser.add_argument("--repeats", type=argtypes.positive_int, default=d["repeats"],
-                        help="repeats per point (error bars: std over repeats)")
-    parser.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the threshold sweep")
-    parser.add_argument("--fractions", type=argtypes.rate, nargs="*", default=list(d["fractions"]), metavar="F",
-                        help="fractions of the weights to prune, lowest signal-to-noise first, each in [0, 1), "
-                             "against random pruning (Blundell et al. 2015; writes pruning_curve.*; "
-                             "no value: skip)")
-    parser.add_argument("--fraction-scope", choices=("global", "layer"), default=d["fraction_scope"],
-                        help="rank the weights over all layers together or within each layer")
-    _common.add_options(parser, d, "seed")
-    parser.add_argument("--recipe", default=None, metavar="NAME",
-                        help="train this recipe (a built-in name such as vd-lenet300-100-pretrained, or a JSON "
-                             "file) with training.run and analyse it; its protocol replaces the training options")
-    parser.add_argument("--output-dir", default=None, metavar="DIR",
-                        help="output folder (default: saved_models/experiments/vd_sparsity/<dataset>_<method>)")
-
-
-def run(args):
-    """Runs the study from parsed arguments; returns the exit status."""
-    if args.hidden_units is not None and args.model != "mlp":
-        raise ValueError(f"--hidden-units applies to --model mlp. Received: --model {args.model}")
-    hidden_units = DEFAULTS["hidden_units"] if args.hidden_units is None else tuple(args.hidden_units)
-    return _common.run_with_settings(args, DEFAULTS, run_experiment, hidden_units=hidden_units,
-                                     sample_counts=tuple(args.sample_counts), fractions=tuple(args.fractions))
-
-
-def main(argv=None):
-    """``python -m tfbnn.experiments.vd_sparsity [options]``; returns the exit status."""
-    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
-
+STUDY = Study(
+    name="vd-sparsity", module="tfbnn.experiments.vd_sparsity", description=DESCRIPTION, settings=SETTINGS,
+    recipes=recipes, train=train, analyse=analyse, outputs="the PNGs, CSVs, JSON and the pruned model",
+    folder=_folder, validate=_validate,
+)
+#: ``DEFAULTS``: the settings and their defaults; the entry points under the names of every study module.
+DEFAULTS, run_experiment, add_arguments, run, main = STUDY.entry_points()
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -29,9 +29,9 @@ import os
 
 import tfbnn
 from tfbnn import training
-from tfbnn._internal import argtypes
 from tfbnn._internal.errors import RunError
 from tfbnn.experiments import _common
+from tfbnn.experiments._study import Setting, Study
 
 
 def __getattr__(name):
@@ -43,36 +43,31 @@ def __getattr__(name):
         return models.transformer if name == "build_transformer_classifier" else models.TokenAndPositionEmbedding
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["DEFAULTS", "FEED_FORWARD", "make_recipe", "TokenAndPositionEmbedding", "build_transformer_classifier",
+__all__ = ["STUDY", "DEFAULTS", "FEED_FORWARD", "make_recipe", "TokenAndPositionEmbedding", "build_transformer_classifier",
            "run_experiment", "add_arguments", "run", "main"]
 
 NAME = "vd_transformer"
 FEED_FORWARD = ("deterministic", "vd", "bbb")
 DATASETS = ("imdb", "synthetic_reviews")
 
-DEFAULTS = {
-    "dataset": "imdb",
-    "variants": FEED_FORWARD,
-    "max_examples": None,
-    "max_test_examples": None,
-    "vocab_size": 20000,
-    "max_length": 120,
-    "embed_dim": 32,
-    "num_heads": 2,
-    "ff_dim": 32,
-    "dropout": 0.1,
-    "pretrain_epochs": 2,
-    "epochs": 2,
-    "warmup_epochs": 0.25,
-    "anneal_epochs": 1.0,
-    "batch_size": 32,
-    "learning_rate": 1e-3,
-    "init_scale": "moped",
-    "moped_delta": 0.1,
-    "num_samples": 10,
-    "repeats": 3,
-    "seed": 0,
-}
+SETTINGS = (
+    Setting("dataset", "imdb", "imdb (tensorflow-datasets, downloads on first use) or the offline synthetic_reviews",
+            choices=DATASETS),
+    Setting("variants", FEED_FORWARD, "feed-forward blocks to compare", choices=FEED_FORWARD, many=True, unique=True),
+    Setting("max_examples", None, "training reviews to use (synthetic_reviews: reviews generated, default 4000)"),
+    Setting("max_test_examples", None, "test reviews to use (imdb)"),
+    Setting("vocab_size", 20000, "TextVectorization max_tokens", kind="positive_int"),
+    Setting("max_length", 120, "tokens per review", kind="positive_int"),
+    Setting("embed_dim", 32, "embedding size", kind="positive_int"),
+    Setting("num_heads", 2, "attention heads", kind="positive_int"),
+    Setting("ff_dim", 32, "feed-forward hidden units", kind="positive_int"),
+    Setting("dropout", 0.1, "dropout rate of the transformer block", kind="rate"),
+    Setting("pretrain_epochs", 2), Setting("epochs", 2, "epochs after conversion"), Setting("warmup_epochs", 0.25),
+    Setting("anneal_epochs", 1.0, "epochs of the beta ramp 0 -> 1 after the warm-up", recipe="kl_epochs"),
+    Setting("batch_size", 32), Setting("learning_rate", 1e-3, "Adam rate"), Setting("init_scale", "moped"),
+    Setting("moped_delta", 0.1), Setting("num_samples", 10, "MC samples per prediction"),
+    Setting("repeats", 3, "MC repeats (error bars)", kind="positive_int"), Setting("seed", 0),
+)
 
 DESCRIPTION = (
     "Transformer-encoder text classifier (TextVectorization, max length 120, embedding 32) whose\n"
@@ -117,7 +112,10 @@ def make_recipe(variant, vocabulary, **settings):
     deterministic variant goes on ``epochs`` with a fresh optimizer. Adam at ``learning_rate``,
     ``batch_size``, ``num_samples`` test samples, seed ``seed``.
     """
-    s = _settings(settings)
+    return _recipe(variant, vocabulary, STUDY.resolve(settings))
+
+
+def _recipe(variant, vocabulary, s):
     options = {}
     if variant != "deterministic":
         options = {"convert_layers": ("ff1", "ff2"), "init_scale": s["init_scale"], "moped_delta": s["moped_delta"]}
@@ -199,36 +197,32 @@ def _plot(rows, path, title):
     return path
 
 
-def _settings(settings):
-    """:data:`DEFAULTS` with ``settings`` (checked)."""
-    s = _common.settings(DEFAULTS, settings, unique=("variants",))
-    if s["dataset"] not in DATASETS:
-        raise ValueError(f"Expected `dataset` in {list(DATASETS)}. Received: dataset={s['dataset']!r}")
-    _common.check_names(s, "variants", FEED_FORWARD)
-    _common.check_integers(s, ("vocab_size", "max_length", "embed_dim", "num_heads", "ff_dim", "epochs",
-                               "batch_size", "num_samples", "repeats"))
-    _common.check_positive_numbers(s, ("learning_rate", "anneal_epochs"))
-    if not 0 <= s["dropout"] < 1:
-        raise ValueError(f"Expected `dropout` in [0, 1). Received: dropout={s['dropout']!r}")
+def _validate(s):
+    """The conversion's ``init_scale`` with ``moped_delta`` (:func:`tfbnn.convert.check_init_scale`)."""
     from tfbnn import convert
 
     convert.check_init_scale(s["init_scale"], s["moped_delta"])
     return s
 
 
-def run_experiment(output_dir=None, verbose=True, **settings):
-    """Trains the deterministic transformer, converts its feed-forward block, evaluates; writes files.
+def recipes(s, vocabulary=None):
+    """The study's recipes for the checked settings ``s``: one per variant. ``vocabulary``: the tokens the
+    vectorizer kept (default ``vocab_size``, their upper bound; the run knows them after adapting it)."""
+    return [_recipe(variant, s["vocab_size"] if vocabulary is None else vocabulary, s) for variant in s["variants"]]
 
-    Each variant is one :func:`tfbnn.training.run` of :func:`make_recipe` (its folder under
-    ``<output_dir>/runs/``), each pre-training the deterministic transformer from the same seed;
-    the MC accuracy, NLL, ECE and pruning numbers are its ``evaluate``.
+
+def _folder(s):
+    return os.path.join(NAME, s["dataset"])
+
+
+def train(s, output_dir, verbose):
+    """Vectorizes the reviews and trains each recipe of :func:`recipes` (one :func:`tfbnn.training.run`, its
+    folder under ``<output_dir>/runs/``), each pre-training the deterministic transformer from the same
+    seed; the MC accuracy, NLL, ECE and pruning numbers are its ``evaluate``.
 
     Returns:
-        dict with ``rows`` (one per variant), ``vocabulary_size``, ``files`` and ``runs``.
+        dict: ``rows`` (one per variant), ``runs``, ``vocabulary`` and the dataset ``dataset``.
     """
-    s = _settings(settings)
-    output_dir = _common.prepare_output_dir(output_dir or os.path.join(_common.DEFAULT_ROOT, NAME, s["dataset"]))
-
     import keras
 
     keras.utils.set_random_seed(s["seed"])
@@ -239,8 +233,8 @@ def run_experiment(output_dir=None, verbose=True, **settings):
         flush=True)
     data = _common.array_pipeline(x_train, ds.y_train, ds.name, s["batch_size"], 2, ds.num_test_examples)
     rows, runs = [], []
-    for variant in s["variants"]:
-        recipe = make_recipe(variant, vocabulary, **settings)
+    for recipe in recipes(s, vocabulary):
+        variant = recipe.method
 
         def evaluate(model, recipe, data, variant=variant):
             return _evaluate(s, model, x_test, ds.y_test, variant)
@@ -256,52 +250,31 @@ def run_experiment(output_dir=None, verbose=True, **settings):
                   f"random {row['accuracy_random']:.4f}")
         say(f"  {variant:13s} accuracy {row['accuracy']:.4f} +- {row['accuracy_std']:.4f}  NLL {row['nll']:.4f}  "
             f"ECE {row['ece']:.4f}{pruned}  ({row['seconds']:.0f} s)", flush=True)
+    return {"rows": rows, "runs": runs, "vocabulary": vocabulary, "dataset": ds}
+
+
+def analyse(trained, s, output_dir, verbose):
+    """``results.png``, ``results.csv`` and ``results.json``.
+
+    Returns:
+        dict with ``rows`` (one per variant), ``vocabulary_size``, ``files`` and ``runs``.
+    """
+    rows, ds, vocabulary = trained["rows"], trained["dataset"], trained["vocabulary"]
     title = f"{ds.name}: Transformer, Bayesian feed-forward block"
     files = [_plot(rows, os.path.join(output_dir, "results.png"), title),
              *_common.write_results(output_dir, rows, s, dataset={
                  "name": ds.name, "num_examples": ds.num_examples, "num_test_examples": ds.num_test_examples,
                  "vocabulary": vocabulary})]
-    return {"rows": rows, "vocabulary_size": vocabulary, "files": files, "runs": runs}
+    return {"rows": rows, "vocabulary_size": vocabulary, "files": files, "runs": trained["runs"]}
 
 
-# -- command line ------------------------------------------------------------------------------
-
-
-def add_arguments(parser):
-    """The options of the experiment (shared by ``python -m`` and the ``tfbnn`` subcommand)."""
-    d = DEFAULTS
-    parser.add_argument("--dataset", choices=DATASETS, default=d["dataset"],
-                        help="imdb (tensorflow-datasets, downloads on first use) or the offline synthetic_reviews")
-    parser.add_argument("--variants", choices=FEED_FORWARD, nargs="+", default=list(d["variants"]),
-                        help="feed-forward blocks to compare")
-    _common.add_options(parser, d, "max_examples", "max_test_examples",
-                        max_examples="training reviews to use (synthetic_reviews: reviews generated, default 4000)",
-                        max_test_examples="test reviews to use (imdb)")
-    parser.add_argument("--vocab-size", type=argtypes.positive_int, default=d["vocab_size"],
-                        help="TextVectorization max_tokens")
-    parser.add_argument("--max-length", type=argtypes.positive_int, default=d["max_length"], help="tokens per review")
-    parser.add_argument("--embed-dim", type=argtypes.positive_int, default=d["embed_dim"], help="embedding size")
-    parser.add_argument("--num-heads", type=argtypes.positive_int, default=d["num_heads"], help="attention heads")
-    parser.add_argument("--ff-dim", type=argtypes.positive_int, default=d["ff_dim"], help="feed-forward hidden units")
-    _common.add_options(parser, d, "pretrain_epochs", "epochs", "warmup_epochs", "anneal_epochs", "batch_size",
-                        "learning_rate", "init_scale", "moped_delta", "num_samples",
-                        epochs="epochs after conversion", learning_rate="Adam rate",
-                        num_samples="MC samples per prediction")
-    parser.add_argument("--repeats", type=argtypes.positive_int, default=d["repeats"], help="MC repeats (error bars)")
-    _common.add_options(parser, d, "seed")
-    parser.add_argument("--output-dir", default=None, metavar="DIR",
-                        help="output folder (default: saved_models/experiments/vd_transformer/<dataset>)")
-
-
-def run(args):
-    """Runs the experiment from parsed arguments; returns the exit status."""
-    return _common.run_with_settings(args, DEFAULTS, run_experiment, variants=tuple(args.variants))
-
-
-def main(argv=None):
-    """``python -m tfbnn.experiments.vd_transformer [options]``; returns the exit status."""
-    return _common.main(NAME, DESCRIPTION, add_arguments, run, argv)
-
+STUDY = Study(
+    name="vd-transformer", module="tfbnn.experiments.vd_transformer", description=DESCRIPTION, settings=SETTINGS,
+    recipes=recipes, train=train, analyse=analyse, outputs="results.png, results.csv and results.json",
+    folder=_folder, validate=_validate,
+)
+#: ``DEFAULTS``: the settings and their defaults; the entry points under the names of every study module.
+DEFAULTS, run_experiment, add_arguments, run, main = STUDY.entry_points()
 
 if __name__ == "__main__":
     raise SystemExit(main())
