@@ -76,6 +76,8 @@ FUNCTION_LOCAL_IMPORTS = {
         "_is_mlp", "build_model", "convert_model", "fixed_noise_gaussian_nll", "_compile", "_fit", "arrays",
         "_eval_samples", "fit_temperature", "_evaluate_regression", "_evaluate", "_member_data", "_train_ensemble",
         "_element_spec", "_train", "_copy", "_multi_sample_model", "_write_outputs", "_is_chief", "run")},
+    ("tfbnn/testing.py", "_run_keras_harness"):
+        "Keras' own harness (keras.src.testing, not public API, imports Keras' test utilities) only for keras_checks",
     ("tfbnn/export.py", "_onnx_model"): "tf2onnx is the optional [export] extra; the other formats work without it",
     ("tfbnn/cli/evaluate.py", "load_model"): _command("evaluate"),
     ("tfbnn/cli/evaluate.py", "_splits"): _command("evaluate"),
@@ -131,7 +133,7 @@ TENSORFLOW_FREE = (
     "tfbnn.cli", "tfbnn.cli.evaluate", "tfbnn.cli.export", "tfbnn.cli.laplace", "tfbnn.cli.recipes", "tfbnn.cli.run",
     "tfbnn.cli.train", "tfbnn.cli.tune",
     "tfbnn.datasets", "tfbnn.datasets.catalog",
-    "tfbnn.experiments", "tfbnn.experiments._common", "tfbnn.experiments.ibnn_lenet",
+    "tfbnn.experiments", "tfbnn.experiments._common", "tfbnn.experiments._study", "tfbnn.experiments.ibnn_lenet",
     "tfbnn.experiments.ibnn_regression", "tfbnn.experiments.ibnn_shift", "tfbnn.experiments.posterior_comparison",
     "tfbnn.experiments.uncertainty_comparison", "tfbnn.experiments.vcl_split_digits",
     "tfbnn.experiments.vd_regression", "tfbnn.experiments.vd_sparsity", "tfbnn.experiments.vd_transformer",
