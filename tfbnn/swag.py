@@ -343,7 +343,7 @@ class SWAGPosterior(WeightPosterior):
         if self.deviation_matrix.shape[1] < 2:
             raise ValueError(f"Expected deviations with K >= 2 columns. Received: K={self.deviation_matrix.shape[1]}")
         self.scale = checks.number("scale", scale, low=0, low_open=True)
-        self.seed = checks.seed(seed)
+        self.seed = checks.numpy_seed(seed)
         self._rng = np.random.default_rng(self.seed)
         self._bn_data = None
 
@@ -366,7 +366,7 @@ class SWAGPosterior(WeightPosterior):
                 posterior's own generator.
         """
         count = checks.integer("num_samples", num_samples, 1, allow_none=True)
-        rng = self._rng if seed is None else np.random.default_rng(checks.seed(seed))
+        rng = self._rng if seed is None else np.random.default_rng(checks.numpy_seed(seed))
         k = count or 1
         z1 = rng.standard_normal((k, self.mean.shape[0]))
         z2 = rng.standard_normal((k, self.rank))
