@@ -1,5 +1,7 @@
 """Bad input that used to reach the user raw (issue 28): each case gives a clear error naming the argument."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -43,3 +45,101 @@ def test_ensemble_layer_refuses_an_uneven_batch_of_unknown_size_when_compiled():
     assert call(tf.ones((4, 4))).shape == (4, 2)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"multiple of ensemble_size=2"):
         call(tf.ones((3, 4)))
+
+
+# -- Laplace, HMC, SWAG: data and seeds -----------------------------------------------------------
+def _classifier():
+    import keras
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)])
+
+
+def _data(n=16):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 3)).astype("float32"), rng.integers(0, 2, n)
+
+
+@pytest.mark.parametrize("where", ["x", "y"])
+def test_laplace_fit_refuses_nan_data_naming_the_argument(where):
+    x, y = _data()
+    if where == "x":
+        x[3, 1] = np.nan
+        labels = y
+    else:
+        labels = y.astype("float64")
+        labels[5] = np.nan
+    with pytest.raises(ValueError, match=rf"Expected `{where}` to hold finite numbers.*1 NaN or infinite"):
+        tfbnn.laplace.fit(_classifier(), x, labels)
+
+
+def test_laplace_fit_refuses_nan_in_a_dataset():
+    x, y = _data()
+    x[0, 0] = np.inf
+    with pytest.raises(ValueError, match=r"Expected `x` to hold finite numbers"):
+        tfbnn.laplace.fit(_classifier(), tf.data.Dataset.from_tensor_slices((x, y)).batch(8))
+
+
+def test_laplace_refuses_a_negative_numpy_seed_naming_it():
+    x, y = _data()
+    la = tfbnn.laplace.fit(_classifier(), x, y)
+    for call in (lambda: la.sample(3, seed=-1), lambda: la.predict(x, link_approx="mc", seed=-1)):
+        with pytest.raises(ValueError, match=r"Expected `seed` to be an integer in \[0, 2\^31\).*seed=-1"):
+            call()
+    # The Keras layer of to_model takes any int64 seed, as keras.random.SeedGenerator does.
+    assert la.to_model(seed=-1)(x).shape == (16, 2)
+
+
+def _regression():
+    import keras
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(12, 1)).astype("float32")
+    return keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]), x, 2 * x
+
+
+_HMC = dict(noise_scale=0.5, num_chains=1, num_results=2, num_burnin=0, jit_compile=False)
+
+
+def test_hmc_refuses_a_negative_seed_naming_it():
+    model, x, y = _regression()
+    with pytest.raises(ValueError, match=r"Expected `seed` to be an integer in \[0, 2\^31\)\. Received: seed=-1"):
+        tfbnn.hmc.sample(model, x, y, seed=-1, **_HMC)
+
+
+@pytest.mark.parametrize("where", ["x", "y"])
+def test_hmc_refuses_nan_data(where):
+    model, x, y = _regression()
+    (x if where == "x" else y)[2, 0] = np.nan
+    with pytest.raises(ValueError, match=rf"Expected `{where}` to hold finite numbers.*index \(2, 0\)"):
+        tfbnn.hmc.sample(model, x, y, **_HMC)
+
+
+def test_hmc_refuses_a_model_that_samples_at_inference():
+    import keras
+    _, x, y = _regression()
+    model = keras.Sequential([keras.Input((1,)), tfbnn.layers.DenseFlipout(1, kl_weight=0.1, name="flip")])
+    with pytest.raises(ValueError, match=r"deterministic at inference.*sampling layers \['flip'\]"):
+        tfbnn.hmc.sample(model, x, y, **_HMC)
+    tfbnn.set_inference_mode(model, "mean")  # the posterior mean is a deterministic network
+    assert tfbnn.hmc.sample(model, x, y, **_HMC).samples.shape[:2] == (1, 2)
+
+
+def test_swag_posterior_refuses_a_negative_seed():
+    model, _, _ = _regression()
+    p = len(tfbnn.inference.FlatWeights(model).flatten())
+    with pytest.raises(ValueError, match=r"Expected `seed` to be an integer in \[0, 2\^31\) or None.*seed=-1"):
+        tfbnn.swag.SWAGPosterior(model, np.zeros(p), np.ones(p), np.ones((p, 2)), seed=-1)
+
+
+# -- an interrupted run ---------------------------------------------------------------------------
+def test_an_interrupted_run_leaves_no_staging_folder(tmp_path):
+    import keras
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            raise KeyboardInterrupt  # Ctrl-C during fit
+
+    recipe = tfbnn.training.get_recipe("digits-bbb-mlp").quick(max_examples=32, max_test_examples=16, batch_size=16)
+    with pytest.raises(KeyboardInterrupt):
+        tfbnn.training.run(recipe, output_dir=str(tmp_path / "run"), verbose=0, callbacks=[Interrupt()],
+                           quiet=True, jit_compile=False)
+    assert os.listdir(tmp_path) == []
