@@ -143,3 +143,64 @@ def test_an_interrupted_run_leaves_no_staging_folder(tmp_path):
         tfbnn.training.run(recipe, output_dir=str(tmp_path / "run"), verbose=0, callbacks=[Interrupt()],
                            quiet=True, jit_compile=False)
     assert os.listdir(tmp_path) == []
+
+
+# -- export and the command -----------------------------------------------------------------------
+def _small_model():
+    import keras
+    return keras.Sequential([keras.Input((3,)), tfbnn.layers.DenseFlipout(2, activation="softmax", kl_weight=0.1)])
+
+
+def test_export_refuses_what_is_not_a_model():
+    with pytest.raises(TypeError, match=r"Expected `model` to be a keras.Model .* Received: model of type str"):
+        tfbnn.export.export("str", "/tmp/never_written")
+
+
+@pytest.mark.parametrize("format", ["saved_model", "tflite", "onnx"])
+def test_export_to_a_folder_that_cannot_be_made_names_filepath(format, tmp_path):
+    with pytest.raises(ValueError, match=r"'/proc/x' cannot be created \(No such file or directory\)\. "
+                                         r"Received: filepath='/proc/x/y'"):
+        tfbnn.export.export(_small_model(), "/proc/x/y", format=format)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match=r"cannot be created \(a file is in the way\)"):
+        tfbnn.export.export(_small_model(), str(tmp_path / "afile" / "y"), format=format)
+    with pytest.raises(ValueError, match=r"'/proc' is not writable .* Received: filepath='/proc/y.tflite'"):
+        tfbnn.export.export(_small_model(), "/proc/y.tflite", format=format)
+
+
+def _command(argv, capsys):
+    from tfbnn.cli import main
+    status = main(argv)
+    return status, capsys.readouterr().err
+
+
+def test_the_export_command_to_an_unwritable_path_prints_one_line(tmp_path, capsys):
+    path = str(tmp_path / "m.keras")
+    _small_model().save(path)
+    status, err = _command(["export", path, "--format", "tflite", "--output", "/proc/x/y.tflite"], capsys)
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith("tfbnn: error: ") and "'/proc/x' cannot be created" in err
+
+
+@pytest.mark.parametrize("command", [["export"], ["laplace", "--data", "digits"]])
+def test_a_file_that_is_not_a_model_is_named_as_such(command, tmp_path, capsys):
+    junk = tmp_path / "junk.keras"
+    junk.write_text("junk")
+    status, err = _command([command[0], str(junk), *command[1:]], capsys)
+    assert status == 1  # a RunError, as any model that does not load
+    assert err == f"tfbnn: error: {junk} is not a readable .keras model: it is not a zip archive (a .keras file is one)\n"
+    assert "File not found" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["export", "--help"]])
+def test_the_command_on_the_jax_backend_prints_one_line(argv):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"import sys, _tfbnn_command; sys.argv = ['tfbnn', *{argv!r}]; sys.exit(_tfbnn_command.main())"
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "KERAS_BACKEND": "jax"})
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("tfbnn: error: tfbnn needs the TensorFlow backend of Keras 3")
+    assert "'jax' (from KERAS_BACKEND)" in done.stderr and done.stderr.count("\n") == 1
