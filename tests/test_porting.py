@@ -127,3 +127,51 @@ def test_weight_posterior_forward_passes_trace_at_most_twice(tf_warnings):
     for seed in range(6):  # a new posterior per seed, each with its own FlatWeights
         tfbnn.inference.FlatWeights(model).outputs(theta[None], np.ones((2, 3), "float32"))
     assert tf_warnings() == []
+
+
+# -- SWAG warns when its snapshots coincide ---------------------------------------------------------
+def test_swag_warns_once_when_a_snapshot_repeats_the_previous_one():
+    import warnings
+
+    swag = tfbnn.swag.SWAG()
+    theta = np.array([0.5, -2.0, 3.0])
+    swag.collect(theta)
+    with pytest.warns(UserWarning, match=r"SWAG snapshot 2 equals snapshot 1 .*collapse the SWAG covariance.*"
+                                         r"keras.utils.set_random_seed.*same order every epoch"):
+        swag.collect(theta + 1e-8)  # float32 weights cycling back to the same values
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        swag.collect(theta)  # warned once already
+    assert swag.num_snapshots == 3 and np.all(swag.diagonal() < 1e-15)
+
+
+def test_swag_does_not_warn_for_distinct_snapshots():
+    import warnings
+
+    swag = tfbnn.swag.SWAG()
+    rng = np.random.default_rng(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(4):
+            swag.collect(rng.normal(size=5))
+        swag.collect(np.full(5, 1e3))
+        swag.collect(np.full(5, 1e3 + 1e-3))  # small against 1e3, still above float32 resolution
+    assert swag.num_snapshots == 6
+
+
+# -- DenseVariational: the documented start, and TFP's ------------------------------------------------
+def test_dense_variational_starts_at_small_scales_unless_given_tfps_start():
+    import math
+
+    default = tfbnn.layers.DenseVariational(3, kl_weight=0.1, seed=0)
+    default.build((None, 4))
+    q = default.posterior.distribution()
+    np.testing.assert_allclose(q.stddev().numpy(), 0.01, rtol=1e-4)  # init_scale=0.01
+    assert 0 < np.std(q.mean().numpy()) < 0.2  # random_normal(stddev=0.05) means
+
+    tfp_start = tfbnn.posteriors.MeanFieldNormal(init_scale=math.log(2.0), loc_initializer="zeros")
+    layer = tfbnn.layers.DenseVariational(3, tfp_start, "normal", kl_weight=0.1, seed=0)
+    layer.build((None, 4))
+    q = layer.posterior.distribution()
+    np.testing.assert_allclose(q.stddev().numpy(), np.log1p(np.exp(0.0)), rtol=1e-4)  # TFP: softplus(0)
+    np.testing.assert_array_equal(q.mean().numpy(), np.zeros(4 * 3 + 3))
