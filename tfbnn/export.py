@@ -553,7 +553,9 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
     same "random" draws. Export with this function instead.
 
     Quantization (``format="tflite"`` only): ``"float16"`` stores every float weight
-    as float16 (half the size); ``"int8"`` is TFLite's dynamic-range quantization,
+    as float16 (half the weights' bytes; the file shrinks to about 55-70%, and for
+    Flipout / reparameterization layers, whose T draws are separate ops, it grows with T:
+    see the Deploying guide's measured sizes); ``"int8"`` is TFLite's dynamic-range quantization,
     int8 weights for the matmuls and convolutions, which for local reparameterization
     are the posterior means and variances. All endpoints survive both; sampling stays
     in float32, with the posterior scales rounded (see the Deploying guide for the
