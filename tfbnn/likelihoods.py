@@ -211,8 +211,9 @@ def _refuse_plain_metrics(head):
     and other metrics with ``reads_distribution_head`` see the predictive mean)."""
     model = _stepping_model()
     compiled = getattr(model, "_compile_metrics", None)
-    if compiled is None or getattr(compiled, "_tfbnn_checked_head", None) is head or output_layer(model) is not head:
-        return
+    if (compiled is None or getattr(compiled, "_tfbnn_checked_head", None) is head
+            or len(getattr(model, "outputs", None) or ()) != 1 or output_layer(model) is not head):
+        return  # checked already, or not the single output (the metrics of several outputs name theirs)
     metrics = tf.nest.flatten([getattr(compiled, "_user_metrics", None),
                                getattr(compiled, "_user_weighted_metrics", None)])
     plain = [m for m in metrics if m is not None and not getattr(m, "reads_distribution_head", False)]
