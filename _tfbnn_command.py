@@ -34,9 +34,19 @@ sys.modules.setdefault("_tfbnn_command", sys.modules[__name__])
 
 
 def main():
-    """The ``tfbnn`` command: parses ``sys.argv[1:]``, runs, returns the exit status."""
-    from tfbnn.cli import main as command
+    """The ``tfbnn`` command: parses ``sys.argv[1:]``, runs, returns the exit status.
 
+    A Keras backend other than TensorFlow (``KERAS_BACKEND=jax``) stops ``import tfbnn`` with a
+    ``BackendError``; the command prints its message as one ``tfbnn: error: ...`` line (status 2),
+    ``--help`` included, rather than a traceback.
+    """
+    try:
+        from tfbnn.cli import main as command
+    except ImportError as e:
+        if type(e).__name__ != "BackendError":  # tfbnn._internal.backend.BackendError, not importable here
+            raise
+        print(f"tfbnn: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     return command(sys.argv[1:])
 
 

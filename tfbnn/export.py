@@ -146,14 +146,43 @@ def _regression_summary(samples, head=None):
             "aleatoric_std": tf.sqrt(tf.reduce_mean(variances, axis=0))}
 
 
-def _output_head(model, task):
-    """The model's output distribution head (an ensemble's first member's), or None."""
+def _task_and_head(model, task):
+    """``(task, head)``: the model's output distribution head (an ensemble's first member's) or None, and
+    ``task``, which defaults (None) to the head's task, else to ``"classification"``; a ``task`` other
+    than the head's is refused."""
+    if task is not None and task not in _TASKS:
+        raise ValueError(f"Expected `task` in {_TASKS} or None. Received: task={task!r}")
     layer = output_layer(model.members[0] if isinstance(model, DeepEnsemble) else model)
     if not isinstance(layer, DistributionHead):
-        return None
-    if task != layer.task:
+        return task or "classification", None
+    if task is not None and task != layer.task:
         raise ValueError(f"The model ends in a {type(layer).__name__}, a {layer.task} head. Received: task={task!r}")
-    return layer
+    return layer.task, layer
+
+
+def _check_target(model, filepath):
+    """``filepath`` as a str, once ``model`` is a Keras model and ``filepath``'s folder exists (or was made)
+    and is writable: a bad target fails here, before any tracing, with the argument named."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"Expected `model` to be a keras.Model (or a tfbnn.DeepEnsemble). "
+                        f"Received: model of type {type(model).__name__}")
+    if not isinstance(filepath, (str, os.PathLike)):
+        raise TypeError(f"Expected `filepath` to be a path (str or os.PathLike). "
+                        f"Received: filepath of type {type(filepath).__name__}")
+    filepath = os.fspath(filepath)
+    folder = os.path.dirname(os.path.abspath(filepath))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        reason = "a file is in the way" if isinstance(e, FileExistsError) else e.strerror
+        raise ValueError(f"Expected `filepath` in a folder that exists or can be created; {folder!r} cannot be "
+                         f"created ({reason}). Received: filepath={filepath!r}") from None
+    try:  # a real try: permissions alone do not tell (root, read-only mounts, /proc)
+        os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".tfbnn-probe-"))
+    except OSError as e:
+        raise ValueError(f"Expected `filepath` in a writable folder; {folder!r} is not writable ({e.strerror}). "
+                         f"Received: filepath={filepath!r}") from None
+    return filepath
 
 
 def _input_signature(model, input_signature):
@@ -201,7 +230,7 @@ def _summarizer(model, num_samples, task, from_logits, head=None):
     return summarize
 
 
-def export_saved_model(model, filepath, num_samples=100, task="classification", from_logits=False,
+def export_saved_model(model, filepath, num_samples=100, task=None, from_logits=False,
                        input_signature=None, overwrite=False):
     """Exports ``model`` as a SavedModel with uncertainty endpoints.
 
@@ -214,9 +243,10 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
             ensemble of stochastic members; an ensemble of deterministic members
             uses its M members as the samples).
         task: ``"classification"`` (outputs are probabilities, or logits with
-            ``from_logits=True``) or ``"regression"``. A model ending in a
-            distribution head (:mod:`tfbnn.likelihoods`) is summarised through it,
-            as :func:`tfbnn.predict` does, and ``task`` must be the head's.
+            ``from_logits=True``), ``"regression"`` or None (default): the task of
+            the model's distribution head, ``"classification"`` without one. A model
+            ending in a distribution head (:mod:`tfbnn.likelihoods`) is summarised
+            through it, as :func:`tfbnn.predict` does, and ``task`` must be the head's.
         from_logits: bool, whether classification outputs are logits.
         input_signature: a ``tf.TensorSpec`` for ``x``; default from ``model.inputs``.
         overwrite: bool. If False and ``filepath`` exists, raise instead of replacing it.
@@ -240,15 +270,14 @@ def export_saved_model(model, filepath, num_samples=100, task="classification", 
         >>> np.array_equal(summary["mean_probs"], served.summary_seeded(x, tf.constant(0, tf.int64))["mean_probs"])
         True
     """
+    filepath = _check_target(model, filepath)
     num_samples = checks.integer("num_samples", num_samples, 1)
-    if task not in _TASKS:
-        raise ValueError(f"Expected `task` in {_TASKS}. Received: task={task!r}")
+    task, head = _task_and_head(model, task)
     if os.path.exists(filepath) and not overwrite:
         raise ValueError(f"The export folder exists; pass overwrite=True to replace it. Received: filepath={filepath!r}")
     ensemble = isinstance(model, DeepEnsemble)
     input_signature = _input_signature(model, input_signature)
     generators = seed_generators(model)
-    head = _output_head(model, task)
     if ensemble and not stochastic_layers(model):
         num_samples = 1  # the M members are the samples; more draws would repeat them
 
@@ -418,9 +447,9 @@ def _computing_in_float32(model):
     return copy
 
 
-def _portable_endpoints(model, num_samples, task, from_logits, input_signature):
+def _portable_endpoints(model, num_samples, task, head, from_logits, input_signature):
     """``{name: tf.function}`` for :data:`PORTABLE_ENDPOINTS` (trace them inside :func:`portable_noise`)."""
-    summarize = _summarizer(model, num_samples, task, from_logits, _output_head(model, task))
+    summarize = _summarizer(model, num_samples, task, from_logits, head)
 
     @tf.function(input_signature=[input_signature])
     def summary(x):
@@ -489,7 +518,7 @@ def _replace(staging, filepath):
     os.replace(staging, filepath)
 
 
-def export(model, filepath, format="saved_model", num_samples=100, task="classification", from_logits=False,
+def export(model, filepath, format="saved_model", num_samples=100, task=None, from_logits=False,
            input_signature=None, overwrite=False, seed=None, quantize=None):
     """Exports ``model`` for serving: a SavedModel, a TFLite flatbuffer or ONNX graphs.
 
@@ -524,7 +553,9 @@ def export(model, filepath, format="saved_model", num_samples=100, task="classif
     same "random" draws. Export with this function instead.
 
     Quantization (``format="tflite"`` only): ``"float16"`` stores every float weight
-    as float16 (half the size); ``"int8"`` is TFLite's dynamic-range quantization,
+    as float16 (half the weights' bytes; the file shrinks to about 55-70%, and for
+    Flipout / reparameterization layers, whose T draws are separate ops, it grows with T:
+    see the Deploying guide's measured sizes); ``"int8"`` is TFLite's dynamic-range quantization,
     int8 weights for the matmuls and convolutions, which for local reparameterization
     are the posterior means and variances. All endpoints survive both; sampling stays
     in float32, with the posterior scales rounded (see the Deploying guide for the
@@ -543,7 +574,10 @@ def export(model, filepath, format="saved_model", num_samples=100, task="classif
         filepath: the output: a folder (``saved_model``, ``onnx``) or a file (``tflite``).
         format: one of :data:`FORMATS`.
         num_samples: int >= 1, T of the ``summary`` endpoints.
-        task: ``"classification"`` or ``"regression"``.
+        task: ``"classification"``, ``"regression"`` or None (default): the task of the
+            model's distribution head (a :class:`tfbnn.GaussianHead` exports as
+            regression), ``"classification"`` without one. An explicit task must be
+            the head's.
         from_logits: bool, whether classification outputs are logits.
         input_signature: a ``tf.TensorSpec`` for ``x``; default from ``model.inputs``.
         overwrite: bool. If False and ``filepath`` exists, raise instead of replacing it.
@@ -577,22 +611,22 @@ def export(model, filepath, format="saved_model", num_samples=100, task="classif
                              f"`seed` is for format='tflite' or 'onnx'. Received: seed={seed!r}")
         return export_saved_model(model, filepath, num_samples=num_samples, task=task, from_logits=from_logits,
                                   input_signature=input_signature, overwrite=overwrite)
+    filepath = _check_target(model, filepath)
     num_samples = checks.integer("num_samples", num_samples, 1)
-    if task not in _TASKS:
-        raise ValueError(f"Expected `task` in {_TASKS}. Received: task={task!r}")
+    task, _ = _task_and_head(model, task)
     if isinstance(model, DeepEnsemble):
         raise ValueError(f"A DeepEnsemble exports as a SavedModel only. Received: format={format!r}")
     if os.path.exists(filepath) and not overwrite:
         raise ValueError(f"{filepath!r} exists; pass overwrite=True to replace it. Received: filepath={filepath!r}")
     if format == "tflite":
         model = _computing_in_float32(model)
+    _, head = _task_and_head(model, task)  # the head of the float32 copy
     input_signature = _input_signature(model, input_signature)
     folder = os.path.dirname(os.path.abspath(filepath))
-    os.makedirs(folder, exist_ok=True)
     staging = tempfile.mkdtemp(dir=folder, prefix=f".{os.path.basename(filepath)}.partial-")
     try:
         with portable_noise(model, seed):
-            endpoints = _portable_endpoints(model, num_samples, task, from_logits, input_signature)
+            endpoints = _portable_endpoints(model, num_samples, task, head, from_logits, input_signature)
             if format == "tflite":
                 target = os.path.join(staging, "model.tflite")
                 with open(target, "wb") as f:

@@ -65,6 +65,7 @@ import tensorflow_probability as tfp
 
 from tfbnn._internal import checks
 from tfbnn.inference import FlatWeights, WeightPosterior, predict
+from tfbnn.utils import stochastic_layers
 
 __all__ = ["sample", "HMCResult", "LIKELIHOODS", "KERNELS", "INITS"]
 
@@ -182,9 +183,20 @@ def _log_likelihood(flat, likelihood, x, y, noise_scale):
     return log_likelihood
 
 
+def _check_deterministic(model):
+    """HMC needs a target that is a function of the weights: no layer may draw noise at inference."""
+    noisy = [layer.name for layer in stochastic_layers(model) if layer.inference_mode == "sample"]
+    if noisy:
+        raise ValueError(
+            "Expected `model` to be deterministic at inference: HMC's log density must be a function of the "
+            "weights, but layers that sample (Flipout's per-example sign noise, reparameterization, MC dropout) "
+            "make it random. Sample a deterministic network, or switch the layers to their posterior mean with "
+            f"`tfbnn.set_inference_mode(model, 'mean')`. Received: model={model.name!r} with sampling layers {noisy}")
+
+
 def _check_data(flat, x, y, likelihood):
-    x = np.asarray(x, keras.config.floatx())
-    y = np.asarray(y)
+    x = checks.finite_array("x", x, keras.config.floatx())
+    y = checks.finite_array("y", y)
     if len(x) == 0 or len(y) != len(x):
         raise ValueError(f"Expected as many targets as inputs (at least one). Received: x of shape {x.shape}, "
                          f"y of shape {y.shape}")
@@ -213,8 +225,10 @@ def sample(model, x, y, likelihood="normal", prior_scale=1.0, noise_scale=None, 
         model: a built Sequential or functional ``keras.Model`` with at most 10,000
             trainable weights, one output ``(batch, K)``: regression means, or class
             logits or a softmax ``Dense`` (run as logits). Its weights are not changed.
-        x: inputs ``(N, ...)`` (arrays; the full data set is one batch).
-        y: targets ``(N, K)`` or ``(N,)`` (regression), integer labels ``(N,)`` (categorical).
+            It must be deterministic at inference: a layer that samples (Flipout,
+            reparameterization, MC dropout in ``inference_mode="sample"``) is refused.
+        x: inputs ``(N, ...)`` (finite arrays; the full data set is one batch).
+        y: finite targets ``(N, K)`` or ``(N,)`` (regression), integer labels ``(N,)`` (categorical).
         likelihood: ``"normal"`` (default) or ``"categorical"``.
         prior_scale: float > 0, the std of the ``N(0, prior_scale^2)`` prior on every
             weight. Default 1.
@@ -242,7 +256,8 @@ def sample(model, x, y, likelihood="normal", prior_scale=1.0, noise_scale=None, 
         init_scale: float >= 0, the jitter of ``init="model"``. Default 0.1.
         jit_compile: bool, compile the sampler with XLA. Default True (about 5-10x faster
             on CPU for small MLPs, after about 10 s of compiling).
-        seed: int, the seed of the initial jitter and of the sampler (stateless). Default 0.
+        seed: int in ``[0, 2^31)``, the seed of the initial jitter and of the sampler (stateless).
+            Default 0.
 
     Returns:
         An :class:`HMCResult`.
@@ -264,8 +279,9 @@ def sample(model, x, y, likelihood="normal", prior_scale=1.0, noise_scale=None, 
     num_leapfrog_steps = checks.integer("num_leapfrog_steps", num_leapfrog_steps, 1)
     max_tree_depth = checks.integer("max_tree_depth", max_tree_depth, 1)
     init_scale = checks.number("init_scale", init_scale, low=0)
-    seed = checks.integer("seed", seed)
+    seed = checks.numpy_seed(seed, allow_none=False)
     flat = FlatWeights(model, logits=likelihood == "categorical")
+    _check_deterministic(model)
     if flat.num_parameters > MAX_PARAMETERS:
         raise ValueError(f"Expected a model with at most {MAX_PARAMETERS} trainable weights for HMC. "
                          f"Received: model={model.name!r} with {flat.num_parameters}")

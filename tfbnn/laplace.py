@@ -266,26 +266,36 @@ def _num_rows(x):
     return int(tf.nest.flatten(x)[0].shape[0])
 
 
+def _finite(values, name, check=True):
+    """``values`` (an array, or a list/dict of them) as NumPy arrays; with ``check``, a ValueError naming ``name``
+    for NaN or inf (which would otherwise surface in fitting as NumPy's "Eigenvalues did not converge")."""
+    return tf.nest.map_structure(lambda v: checks.finite_array(name, v) if check else np.asarray(v), values)
+
+
 def _batches(x, y, batch_size, need_targets=True):
-    """``(x, y)`` batches from arrays, or from a batched ``tf.data.Dataset`` of ``(x, y)``."""
+    """``(x, y)`` batches from arrays, or from a batched ``tf.data.Dataset`` of ``(x, y)``; the data of a fit
+    (``need_targets``) must be finite."""
     if isinstance(x, tf.data.Dataset):
         if y is not None:
             raise ValueError(f"A tf.data.Dataset yields (x, y): do not pass `y`. Received: y of type {type(y).__name__}")
         for element in x:
             if need_targets and not (isinstance(element, (tuple, list)) and len(element) >= 2):
                 raise ValueError("Expected a dataset of (x, y) batches. Received: elements without targets")
-            yield (element[0], element[1]) if isinstance(element, (tuple, list)) else (element, None)
+            xb, yb = (element[0], element[1]) if isinstance(element, (tuple, list)) else (element, None)
+            if need_targets:
+                _finite(xb, "x"), _finite(yb, "y")
+            yield xb, yb
         return
     if x is None:
         raise ValueError("Expected inputs `x`. Received: x=None")
-    x = tf.nest.map_structure(lambda v: np.asarray(v), x)
+    x = _finite(x, "x", need_targets)
     num = _num_rows(x)
     if num == 0:
         raise ValueError("Expected at least one example. Received: x with 0 examples")
     if need_targets:
         if y is None:
             raise ValueError("Expected targets `y` with array inputs. Received: y=None")
-        y = np.asarray(y)
+        y = _finite(y, "y")
         if len(y) != num:
             raise ValueError(f"Expected as many targets as inputs. Received: {num} inputs, y of shape {y.shape}")
     for start in range(0, num, batch_size):
@@ -704,7 +714,7 @@ class Laplace:
     def _validation_nll(self, x, y, grid, link_approx, num_samples, seed, batch_size):
         """The summed NLL of the GLM predictive on ``(x, y)`` for each prior precision of ``grid``."""
         nll = np.zeros(len(grid))
-        rng = np.random.default_rng(checks.seed(seed))
+        rng = np.random.default_rng(checks.numpy_seed(seed))
         for xb, yb in _batches(x, y, self._batch_size(batch_size)):
             f_mu, projection = self._project(xb)
             targets = _targets(yb, f_mu, self.likelihood)
@@ -764,7 +774,7 @@ class Laplace:
         """
         self._check_fitted()
         num_samples = checks.integer("num_samples", num_samples, 1)
-        eps = np.random.default_rng(checks.seed(seed)).standard_normal((num_samples, self.num_parameters))
+        eps = np.random.default_rng(checks.numpy_seed(seed)).standard_normal((num_samples, self.num_parameters))
         scale = 1.0 / np.sqrt(self._precision_values(self.prior_precision, self.sigma_noise))
         return self.mean + self._basis.rotate(eps * scale)
 
@@ -813,7 +823,7 @@ class Laplace:
         pred_type = _choice("pred_type", pred_type, PRED_TYPES)
         link_approx = _choice("link_approx", link_approx, LINK_APPROXIMATIONS)
         num_samples = checks.integer("num_samples", num_samples, 1)
-        rng = np.random.default_rng(checks.seed(seed))
+        rng = np.random.default_rng(checks.numpy_seed(seed))
         if pred_type == "nn":
             samples = self._sampled_outputs(x, num_samples, rng, batch_size)  # (T, N, K)
             if self.likelihood == "classification":

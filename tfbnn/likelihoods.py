@@ -63,6 +63,7 @@ References:
 """
 
 import math
+import sys
 import types
 
 import keras
@@ -144,6 +145,11 @@ class DistributionHead(keras.layers.Layer):
 
     task = "regression"
 
+    def __call__(self, *args, **kwargs):
+        if self.task == "regression":
+            _refuse_plain_metrics(self)
+        return super().__call__(*args, **kwargs)
+
     def build(self, input_shape):
         self._event_size(input_shape[-1], "input_shape", tuple(input_shape), inputs=True)
 
@@ -178,6 +184,48 @@ class DistributionHead(keras.layers.Layer):
     def class_probabilities(self, y_pred):
         """Class probabilities of each prediction ``(B, ..., C)``: classification heads only."""
         raise ValueError(f"Expected a classification head. Received: {type(self).__name__} (task={self.task!r})")
+
+
+def _stepping_model():
+    """The Keras model whose train / test step (``fit``, ``evaluate``) is running this call, or None.
+
+    Found on the call stack: Keras gives a layer no reference to the model that calls it, and the
+    metrics compiled into that model are what a head must check. Autograph renames a traced step
+    (``tf__train_step``); the step's ``self`` is the model.
+    """
+    frame = sys._getframe(2)
+    for _ in range(48):
+        if frame is None:
+            return None
+        if frame.f_code.co_name.endswith(("train_step", "test_step")):
+            model = frame.f_locals.get("self")
+            if isinstance(model, keras.Model):
+                return model
+        frame = frame.f_back
+    return None
+
+
+def _refuse_plain_metrics(head):
+    """A ValueError when the model training or evaluating ``head`` as its output has compiled a metric that
+    would read the head's parameters as predictions (every Keras metric; :class:`tfbnn.metrics.HeadMean`
+    and other metrics with ``reads_distribution_head`` see the predictive mean)."""
+    model = _stepping_model()
+    compiled = getattr(model, "_compile_metrics", None)
+    if (compiled is None or getattr(compiled, "_tfbnn_checked_head", None) is head
+            or len(getattr(model, "outputs", None) or ()) != 1 or output_layer(model) is not head):
+        return  # checked already, or not the single output (the metrics of several outputs name theirs)
+    metrics = tf.nest.flatten([getattr(compiled, "_user_metrics", None),
+                               getattr(compiled, "_user_weighted_metrics", None)])
+    plain = [m for m in metrics if m is not None and not getattr(m, "reads_distribution_head", False)]
+    if plain:
+        names = [m if isinstance(m, str) else getattr(m, "name", getattr(m, "__name__", repr(m))) for m in plain]
+        raise ValueError(
+            f"Expected metrics that read the predictive mean of the model's {type(head).__name__}: its outputs "
+            f"are the parameters of a distribution (for a GaussianHead [loc, scale], twice the targets' size), "
+            "so a plain metric would compare the targets with them and report a wrong number. Wrap each metric, "
+            "e.g. `metrics=[tfbnn.metrics.HeadMean(keras.metrics.RootMeanSquaredError(), model.layers[-1])]`. "
+            f"Received: metrics={names}")
+    compiled._tfbnn_checked_head = head
 
 
 def _event_targets(y_true, dist, y_pred):
@@ -660,7 +708,8 @@ class DistributionLambdaHead(DistributionHead):
         return config
 
 
-def _head(head, name="head"):
+def distribution_head(head, name="head"):
+    """``head`` as a :class:`DistributionHead` (an instance, or its config); else a ValueError naming ``name``."""
     if isinstance(head, dict):
         head = keras.saving.deserialize_keras_object(head)
     if not isinstance(head, DistributionHead):
@@ -693,7 +742,7 @@ class DistributionNLL(keras.losses.Loss):
 
     def __init__(self, head, reduction="sum_over_batch_size", name="distribution_nll", dtype=None):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
-        self.head = _head(head)
+        self.head = distribution_head(head)
 
     def call(self, y_true, y_pred):
         return -self.head.log_prob(y_true, y_pred)
@@ -742,7 +791,7 @@ def to_distribution(head, y_pred):
             raise ValueError("Expected `head` to be a distribution head or a model ending in one. "
                              f"Received: head=model {head.name!r} ending in {type(layer).__name__}")
         head = layer
-    return _head(head).distribution(y_pred)
+    return distribution_head(head).distribution(y_pred)
 
 
 def _checked_targets(y_true, mean, y_pred):

@@ -56,6 +56,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfbnn._internal import checks
+from tfbnn.likelihoods import distribution_head
 
 __all__ = [
     "expected_calibration_error",
@@ -71,6 +72,7 @@ __all__ = [
     "ExpectedCalibrationError",
     "NegativeLogLikelihood",
     "BrierScore",
+    "HeadMean",
 ]
 
 _EPS = 1e-7
@@ -678,3 +680,83 @@ class ExpectedCalibrationError(keras.metrics.Metric):
         config = super().get_config()
         config.update({"num_bins": self.num_bins, "from_logits": self.from_logits})
         return config
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class HeadMean(keras.metrics.Metric):
+    """A Keras metric of a distribution head's predictive mean instead of its raw parameters.
+
+    A model ending in a distribution head (:mod:`tfbnn.likelihoods`) outputs the
+    parameters of a distribution, e.g. ``[loc, scale]`` ``(B, 2 d)`` for a
+    :class:`tfbnn.GaussianHead`, not a prediction: a plain metric such as
+    ``keras.metrics.RootMeanSquaredError()`` would compare the targets ``(B, d)`` with
+    them (tfbnn refuses that for regression heads; a classification head's normalized logits
+    keep an argmax-based accuracy right, but not a metric that reads probabilities). ``HeadMean(metric, head)`` gives ``metric`` the
+    prediction the head's distribution makes, for each example::
+
+        regression heads:      E[y | theta] = head.moments(y_pred)[0]                 (B, ..., d)
+        classification heads:  E[y | theta] = head.distribution(y_pred).mean()         (B, ..., C) or (B, ..., d)
+
+    (the class probabilities of a :class:`tfbnn.likelihoods.CategoricalHead`, the label
+    probabilities ``p(y = 1)`` of a :class:`tfbnn.likelihoods.BernoulliHead`)
+
+    (one weight sample per step, as every metric ``fit`` / ``evaluate`` report; for the
+    Monte Carlo predictive use :func:`tfbnn.predict`). The result, state and reset are
+    ``metric``'s; the name is ``metric``'s unless given, so the logs read as before.
+
+    Args:
+        metric: a Keras metric (instance, name or config), e.g.
+            ``keras.metrics.RootMeanSquaredError()``.
+        head: the model's :class:`tfbnn.likelihoods.DistributionHead` (its output layer,
+            or an equal one), or its config.
+        name: str or None (default: ``metric``'s name).
+
+    Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> head = tfbnn.GaussianHead()
+        >>> rmse = tfbnn.metrics.HeadMean(keras.metrics.RootMeanSquaredError(), head)
+        >>> y = np.array([[1.0], [2.0]])
+        >>> params = np.array([[0.0, 5.0], [2.0, -3.0]], "float32")   # [loc, raw scale]: means 0 and 2
+        >>> round(float(rmse(y, head(params))), 4)                    # sqrt(((1 - 0)^2 + 0) / 2)
+        0.7071
+        >>> # model.compile("adam", tfbnn.likelihoods.DistributionNLL(head), metrics=[rmse])
+    """
+
+    #: Read by the distribution heads: this metric sees predictions, not parameters.
+    reads_distribution_head = True
+
+    def __init__(self, metric, head, name=None, dtype=None):
+        try:
+            metric = keras.metrics.get(metric)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"Expected `metric` to be a Keras metric ({e}). Received: metric={metric!r}") from None
+        if not isinstance(metric, keras.metrics.Metric):  # a plain function such as keras.metrics.mse
+            metric = keras.metrics.MeanMetricWrapper(metric, name=getattr(metric, "__name__", None))
+        head = distribution_head(head)
+        super().__init__(name=name or metric.name, dtype=dtype or metric.dtype)
+        self.metric = metric
+        self.head = head
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        if self.head.task == "classification":
+            prediction = self.head.distribution(y_pred).mean()
+        else:
+            prediction = self.head.moments(y_pred)[0]
+        return self.metric.update_state(y_true, prediction, sample_weight=sample_weight)
+
+    def result(self):
+        return self.metric.result()
+
+    def reset_state(self):
+        self.metric.reset_state()
+
+    def get_config(self):
+        return {"name": self.name, "dtype": self.dtype,
+                "metric": keras.metrics.serialize(self.metric),
+                "head": keras.saving.serialize_keras_object(self.head)}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["metric"] = keras.metrics.deserialize(config["metric"])
+        return cls(**config)

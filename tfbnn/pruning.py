@@ -300,7 +300,7 @@ def random_masks(masks, seed=None):
         ``{layer name: keep-mask}`` with the same shapes and per-layer sparsity.
     """
     masks = _check_masks(masks)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(checks.numpy_seed(seed))
     out = {}
     for name, mask in masks.items():
         num_pruned = int(mask.size - np.count_nonzero(mask))
@@ -467,7 +467,7 @@ def pruning_curve(model, x, y, fractions=BLUNDELL_FRACTIONS, num_samples=10, sco
         raise ValueError("Expected at least one fraction. Received: fractions=[]")
     num_samples = checks.integer("num_samples", num_samples, 1)
     batch_size = checks.integer("batch_size", batch_size, 1)
-    seed = checks.seed(seed)
+    seed = checks.numpy_seed(seed)
     labels = np.asarray(y)
     if labels.ndim == 2:
         labels = labels.argmax(-1)

@@ -52,6 +52,7 @@ References:
 
 import collections
 import json
+import warnings
 
 import keras
 import numpy as np
@@ -59,6 +60,10 @@ import tensorflow as tf
 
 from tfbnn._internal import checks
 from tfbnn.inference import FlatWeights, WeightPosterior
+
+# Two snapshots closer than this (relative to the largest weight, at least 1) count as the same:
+# float32 weights resolve about 1.2e-7 of their size.
+_SAME_SNAPSHOT = 1e-7
 
 __all__ = ["SWAG", "SWAGPosterior", "bn_update", "load"]
 
@@ -127,7 +132,9 @@ class SWAG(keras.callbacks.Callback, WeightPosterior):
         sq_mean <- sq_mean + (theta_n^2 - sq_mean) / n               (eq. 2)
         D       <- the last max_rank columns of [..., theta_n - mean] (eq. 3)
 
-    Snapshots accumulate across several ``fit`` calls. After ``fit``,
+    Snapshots accumulate across several ``fit`` calls. A snapshot equal to the previous
+    one (to float32 precision) raises a ``UserWarning``, once: SGD did not move between
+    two collection points, and coinciding snapshots give a covariance of about 0. After ``fit``,
     ``tfbnn.predict(swag, x, num_samples=T)`` samples :meth:`posterior` (default scale,
     unseeded); make the posterior yourself for a seed or another scale. Use a learning rate that keeps
     SGD moving (constant, or cyclical) over the collection epochs, as the paper does.
@@ -169,6 +176,8 @@ class SWAG(keras.callbacks.Callback, WeightPosterior):
         self._steps = 0
         self._flat = None
         self._bn_data = None
+        self._last = None
+        self._warned_repeated = False
 
     # -- collection ------------------------------------------------------------------
     def set_model(self, model):
@@ -203,10 +212,30 @@ class SWAG(keras.callbacks.Callback, WeightPosterior):
                              f"changed?). Received: {theta.shape[0]} weights")
         if self.mean is None:
             self.mean, self.sq_mean = np.zeros_like(theta), np.zeros_like(theta)
+        self._warn_if_repeated(theta)
         self.num_snapshots += 1
         self.mean += (theta - self.mean) / self.num_snapshots
         self.sq_mean += (theta ** 2 - self.sq_mean) / self.num_snapshots
         self._deviations.append(theta - self.mean)
+        self._last = theta
+
+    def _warn_if_repeated(self, theta):
+        """Warns (once) when ``theta`` equals the previous snapshot to float32 precision: the weights did not
+        move between two collection points, and snapshots that coincide make a covariance of about 0."""
+        last = self._last
+        if last is None or self._warned_repeated:
+            return
+        change = float(np.max(np.abs(theta - last))) if theta.size else 0.0
+        if change <= _SAME_SNAPSHOT * max(1.0, float(np.max(np.abs(theta)))):
+            self._warned_repeated = True
+            warnings.warn(
+                f"SWAG snapshot {self.num_snapshots + 1} equals snapshot {self.num_snapshots} (largest weight change "
+                f"{change:.3g}): the weights did not move between two collection points, and coinciding snapshots "
+                "collapse the SWAG covariance to about 0. A common cause: after `keras.utils.set_random_seed`, "
+                "`fit` on NumPy arrays shuffles them in the same order every epoch, so on a convex problem SGD "
+                "settles into a cycle whose epoch ends coincide. Collect within epochs (`collect_every_steps`), "
+                "feed a `tf.data` pipeline that reshuffles every epoch, or keep SGD moving (a larger or "
+                "cyclical learning rate).", UserWarning, stacklevel=3)
 
     # -- the moments -----------------------------------------------------------------
     def _check_collected(self, minimum=1):
@@ -343,7 +372,7 @@ class SWAGPosterior(WeightPosterior):
         if self.deviation_matrix.shape[1] < 2:
             raise ValueError(f"Expected deviations with K >= 2 columns. Received: K={self.deviation_matrix.shape[1]}")
         self.scale = checks.number("scale", scale, low=0, low_open=True)
-        self.seed = checks.seed(seed)
+        self.seed = checks.numpy_seed(seed)
         self._rng = np.random.default_rng(self.seed)
         self._bn_data = None
 
@@ -366,7 +395,7 @@ class SWAGPosterior(WeightPosterior):
                 posterior's own generator.
         """
         count = checks.integer("num_samples", num_samples, 1, allow_none=True)
-        rng = self._rng if seed is None else np.random.default_rng(checks.seed(seed))
+        rng = self._rng if seed is None else np.random.default_rng(checks.numpy_seed(seed))
         k = count or 1
         z1 = rng.standard_normal((k, self.mean.shape[0]))
         z2 = rng.standard_normal((k, self.rank))

@@ -94,3 +94,36 @@ def test_markdown_table_rows_escaping_and_errors():
         files.markdown_table(["a", "b"], [[1, 2], [3]])
     with pytest.raises(ValueError, match="header=\\[\\]"):
         files.markdown_table([], [])
+
+
+def test_staging_folders_of_dead_processes_are_removed_by_the_next_run(tmp_path):
+    """Issue 28: a killed `tfbnn train` left `.<name>.tfbnn-tmp.<pid>` folders behind for good."""
+    out = tmp_path / "run"
+    stale = tmp_path / f".run{files.TMP_MARKER}.{_dead_pid()}"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "history.csv").write_text("epoch\n")
+    alive = tmp_path / f".run{files.TMP_MARKER}.1"  # pid 1 runs: another run staging into the same folder
+    alive.mkdir()
+    stage = files.make_staging_folder(str(out))
+    assert sorted(os.listdir(tmp_path)) == sorted([alive.name, os.path.basename(stage)])
+    assert os.path.basename(stage) == f".run{files.TMP_MARKER}.{os.getpid()}" and os.listdir(stage) == []
+    files.remove_staging_folder(stage)
+    assert os.listdir(tmp_path) == [alive.name]
+
+
+def test_sigterm_removes_the_staging_folder_and_still_ends_the_process(tmp_path):
+    import signal
+
+    out = tmp_path / "run"
+    # `_tfbnn_command` first: the package then imports without TensorFlow (a fast child).
+    code = ("import sys, time, _tfbnn_command\nfrom tfbnn._internal import files\n"
+            f"stage = files.make_staging_folder({str(out)!r})\n"
+            "open(stage + '/results.json', 'w').write('{}')\n"
+            "print('staged', flush=True)\ntime.sleep(60)\n")
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                               cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert process.stdout.readline().strip() == "staged"
+    assert len(os.listdir(tmp_path)) == 1
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == -signal.SIGTERM  # killed by the signal, as without the handler
+    assert os.listdir(tmp_path) == []

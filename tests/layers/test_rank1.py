@@ -73,7 +73,7 @@ def test_uneven_batches_split_into_contiguous_groups():
     assert rank1.member_of_rows(7, 3).numpy().tolist() == [0, 0, 0, 1, 1, 2, 2]
     layer = tfbnn.layers.DenseBatchEnsemble(2, ensemble_size=3, use_bias=False, seed=0)
     x = _x((7, 4))
-    y = layer(x).numpy()
+    y = layer(x, training=True).numpy()  # in training (a partial last batch); refused at inference
     members = [0, 0, 0, 1, 1, 2, 2]
     expected = [x[i] @ _member_weight(layer.kernel.numpy(), layer.alpha.numpy()[k], layer.gamma.numpy()[k])
                 for i, k in enumerate(members)]

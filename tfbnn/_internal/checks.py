@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 __all__ = [
-    "is_integer", "is_number", "integer", "number", "seed", "array", "float_tensor", "value_range", "initializer",
+    "is_integer", "is_number", "integer", "number", "seed", "numpy_seed", "array", "finite_array", "float_tensor", "value_range", "initializer",
     "activation", "checked", "registered",
 ]
 
@@ -58,6 +58,16 @@ def integer(name, value, minimum=None, maximum=None, what=None, allow_none=False
 def seed(value, name="seed"):
     """A seed: an integer that fits in int64 (the seed generators' state), or None."""
     return integer(name, value, _INT64_MIN, _INT64_MAX, "an integer (int64) or None", allow_none=True)
+
+
+def numpy_seed(value, name="seed", allow_none=True):
+    """A seed of a NumPy generator (``numpy.random.default_rng``): an integer in ``[0, 2^31)``, or None.
+
+    Non-negative (NumPy refuses negative seeds without naming the argument) and within int32, so that
+    the same seed can also seed a TensorFlow stateless op.
+    """
+    return integer(name, value, 0, 2**31 - 1, "an integer in [0, 2^31)" + (" or None" if allow_none else ""),
+                   allow_none=allow_none)
 
 
 def _finite_float(value):
@@ -112,6 +122,16 @@ def array(name, value, dtype=None):
         raise _not_numbers(name, value, e) from None
     if a.dtype.kind not in "biuf":
         raise _not_numbers(name, value, f"dtype {a.dtype}")
+    return a
+
+
+def finite_array(name, value, dtype=None):
+    """:func:`array`, with every value finite; else a ValueError naming ``name`` and where the first bad value is."""
+    a = array(name, value, dtype)
+    if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+        bad = np.argwhere(~np.isfinite(a))
+        raise ValueError(f"Expected `{name}` to hold finite numbers. Received: {name} with "
+                         f"{len(bad)} NaN or infinite values (the first at index {tuple(int(i) for i in bad[0])})")
     return a
 
 

@@ -8,6 +8,14 @@ good one. Temporary files carry the marker ``.tfbnn-tmp`` and the writer's proce
 id; a temporary file whose process is gone (a run killed while saving) is removed
 the next time anything is written to the same target.
 
+A run that writes several files stages them in a hidden folder beside its output
+folder (:func:`make_staging_folder`, ``.<name>.tfbnn-tmp.<pid>``) and publishes them
+when it succeeded. The folder goes away when the run fails or is interrupted
+(``KeyboardInterrupt`` through the caller's ``finally``, ``SIGTERM`` through a handler
+that removes the process's staging folders before the signal takes its default
+effect); one left by a process that could not clean up (``SIGKILL``, a power cut) is
+removed by the next run writing to the same output folder.
+
 This module imports nothing from TensorFlow or Keras (only :func:`save_model` uses
 the model it is given), so every layer of the package may use it.
 """
@@ -19,6 +27,8 @@ import json
 import math
 import os
 import shutil
+import signal
+import threading
 import uuid
 
 from tfbnn._internal.errors import RunError
@@ -30,6 +40,8 @@ __all__ = [
     "write_csv",
     "read_json",
     "save_model",
+    "make_staging_folder",
+    "remove_staging_folder",
     "prepare_output_dir",
     "format_table",
     "markdown_table",
@@ -60,8 +72,74 @@ def _remove_stale_temporaries(path):
         except ValueError:
             continue
         if pid != os.getpid() and not _pid_alive(pid):
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
+            _remove(tmp)
+
+
+def _remove(path):
+    """Removes the file or folder ``path`` if it is there; quietly."""
+    with contextlib.suppress(OSError):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+
+
+#: The staging folders of this process not yet removed (what the SIGTERM handler removes).
+_staging_folders = set()
+
+
+def _remove_staging_on_sigterm(signum, frame):
+    """SIGTERM: removes this process's staging folders, then lets the signal kill the process as by default."""
+    for folder in list(_staging_folders):
+        _remove(folder)
+    _staging_folders.clear()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_sigterm_cleanup():
+    """Installs the handler in the main thread, only where SIGTERM still has its default effect (a handler of
+    the program's own stays untouched)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with contextlib.suppress(ValueError, OSError):
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _remove_staging_on_sigterm)
+
+
+def make_staging_folder(output_dir):
+    """Creates (empty) and returns the hidden staging folder ``.<name>.tfbnn-tmp.<pid>`` beside ``output_dir``.
+
+    Staging folders that processes no longer running left beside ``output_dir`` are
+    removed first. The folder is removed by :func:`remove_staging_folder` (call it in a
+    ``finally``, which also runs on ``KeyboardInterrupt``) or, if the process receives
+    ``SIGTERM`` first, by a handler installed here (main thread, default SIGTERM
+    disposition only) before the process ends as SIGTERM would end it.
+
+    Example:
+        >>> import os, tempfile
+        >>> from tfbnn._internal import files
+        >>> out = os.path.join(tempfile.mkdtemp(), "run")
+        >>> stage = files.make_staging_folder(out)
+        >>> os.path.basename(stage) == f".run{files.TMP_MARKER}.{os.getpid()}"
+        True
+        >>> files.remove_staging_folder(stage); os.path.exists(stage)
+        False
+    """
+    folder, base = os.path.split(os.path.abspath(output_dir))
+    _remove_stale_temporaries(os.path.join(folder, base))
+    stage = os.path.join(folder, f".{base}{TMP_MARKER}.{os.getpid()}")
+    _remove(stage)
+    os.makedirs(stage)
+    _staging_folders.add(stage)
+    _install_sigterm_cleanup()
+    return stage
+
+
+def remove_staging_folder(stage):
+    """Removes a folder made by :func:`make_staging_folder` (and forgets it)."""
+    _staging_folders.discard(stage)
+    _remove(stage)
 
 
 @contextlib.contextmanager
@@ -90,12 +168,7 @@ def atomic_write(path):
         yield tmp
         os.replace(tmp, path)
     finally:
-        if os.path.lexists(tmp):
-            with contextlib.suppress(OSError):
-                if os.path.isdir(tmp):
-                    shutil.rmtree(tmp)
-                else:
-                    os.remove(tmp)
+        _remove(tmp)
 
 
 def plain(value):

@@ -67,7 +67,11 @@ def add_arguments(parser):
 
 
 def load_model(path):
-    """A saved ``.keras`` model (tfbnn's layers registered); a corrupt file is a :class:`RunError`."""
+    """A saved ``.keras`` model (tfbnn's layers registered); a file Keras cannot load is a :class:`RunError`
+    saying that it is not a readable ``.keras`` model (for a file that is no zip archive, Keras' own
+    message says "File not found")."""
+    import zipfile
+
     import keras
 
     import tfbnn.ensembles  # noqa: F401  (DeepEnsemble)
@@ -75,10 +79,12 @@ def load_model(path):
     import tfbnn.models  # noqa: F401  (the zoo's own layers)
     import tfbnn.schedules  # noqa: F401  (the learning-rate schedule of compiled recipe models)
 
+    if not zipfile.is_zipfile(path):
+        raise RunError(f"{path} is not a readable .keras model: it is not a zip archive (a .keras file is one)")
     try:
         return keras.saving.load_model(path)
     except Exception as e:  # a corrupt or foreign file: one line, not a traceback
-        raise RunError(f"could not load {path}: {argtypes.one_line(e)}") from e
+        raise RunError(f"{path} is not a readable .keras model: {argtypes.one_line(e)}") from e
 
 
 def _splits(args, model):

@@ -123,6 +123,12 @@ def compiled_sampler(model, num_samples, joint, mc_dropout, signature):
         groups = num_samples * (ensemble_size(net) if any(members) else 1)
         return tf.reshape(outputs, tf.concat([[groups, -1], tf.shape(outputs)[1:]], axis=0))
 
+    # One tf.function per key, traced once (the batch axis is unknown in its signature): a new T or
+    # input spec needs its own graph, since the layers read T while tracing. TensorFlow counts traces
+    # per source function, so a handful of keys (T = 10, 20, 50, ...) would read to it as "retracing"
+    # and log its warning, which here has nothing to fix: it is switched off for these functions
+    # (as TensorFlow does for the functions of a loaded SavedModel).
+    sample._omit_frequent_tracing_warning = True
     entry[key] = sample
     return sample
 

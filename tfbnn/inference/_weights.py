@@ -70,7 +70,12 @@ class FlatWeights:
     def outputs(self, thetas, x, batch_size=None):
         """``forward`` in chunks of samples and batches of inputs, as a NumPy array ``(T, N, ...)``."""
         if self._compiled is None:
-            self._compiled = tf.function(self.forward)
+            # reduce_retracing: the sample chunks and the last batch vary in size; after one retrace the
+            # function takes any size (otherwise every size retraced, with TensorFlow's retracing warnings).
+            self._compiled = tf.function(self.forward, reduce_retracing=True)
+            # Each FlatWeights (each posterior of a model) traces its own function at most twice; TensorFlow
+            # counts the traces of every FlatWeights.forward together and would call that retracing.
+            self._compiled._omit_frequent_tracing_warning = True
         thetas = np.asarray(thetas).astype(self.dtype)
         rows = []
         for xb in _input_batches(x, batch_size or _DEFAULT_BATCH_SIZE):

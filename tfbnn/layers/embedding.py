@@ -60,7 +60,9 @@ class EmbeddingReparameterization(MeanFieldGaussian):
     the names of every Bayes-by-Backprop layer's posterior (so pruning and
     :func:`tfbnn.continual.posterior_as_prior` work on it as on a dense layer).
 
-    Input shape: ``(batch, ...)`` integer ids. Output shape: ``(batch, ..., output_dim)``.
+    Input shape: ``(batch, ...)`` integer ids in ``[0, input_dim)``; an id outside that range raises
+    a ValueError (an ``InvalidArgumentError`` inside a compiled step). Output shape:
+    ``(batch, ..., output_dim)``.
 
     Example:
         >>> import numpy as np, tfbnn
@@ -118,7 +120,7 @@ class EmbeddingReparameterization(MeanFieldGaussian):
         self.build_posterior((self.input_dim, self.output_dim), None)
 
     def call(self, inputs, training=None):
-        ids = tf.cast(inputs, "int32")
+        ids = self._checked_ids(tf.cast(inputs, "int32"))
         loc = self.kernel_loc
         scale, kl = self._kernel_scale_and_kl()
         if self._adds_kl:
@@ -130,6 +132,15 @@ class EmbeddingReparameterization(MeanFieldGaussian):
         # The rows in the compute dtype (float16 under a mixed policy), as keras.layers.Embedding's;
         # the matrix and the KL stay float32.
         return self._finish(tf.cast(outputs, self.compute_dtype), None, training, kl)
+
+    def _checked_ids(self, ids):
+        """``ids``, once every id lies in ``[0, input_dim)`` (sampling would otherwise wrap them silently)."""
+        return checks.checked(
+            ids,
+            lambda: tf.reduce_all((ids >= 0) & (ids < self.input_dim)),
+            f"Expected `inputs` to be ids in [0, input_dim) with input_dim={self.input_dim}.",
+            lambda: f"inputs with min={int(tf.reduce_min(ids))}, max={int(tf.reduce_max(ids))}",
+        )
 
     def _sample_rows(self, ids, loc, scale):
         """Row ``ids`` of one matrix sample (per block of rows, or per row, in Monte Carlo prediction)."""

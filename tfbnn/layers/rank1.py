@@ -28,7 +28,10 @@ broadcast over the spatial positions.
 **The ensemble is a batch dimension.** A layer splits the rows of its input (the
 leading axis) into E contiguous groups, row ``i`` of ``n`` going to member
 ``floor(i E / n)``: a batch of ``E b`` rows gives member ``k`` the rows ``k b .. k b +
-b - 1``, as Edward2's layers do. Two layers put the members around a network:
+b - 1``, as Edward2's layers do. At inference a batch that is not a multiple of E is
+refused (a ValueError; an ``InvalidArgumentError`` inside a compiled step): the rows
+are then not ``E`` blocks of the same examples. In training an uneven batch (the last,
+partial batch of ``fit``) is split as above, some members getting one row fewer. Two layers put the members around a network:
 
 * :class:`EnsembleTile` at its input: at inference it repeats the batch E times,
   member-major ``(E B, ...)``, so every member sees every example; in training it
@@ -116,6 +119,20 @@ def _per_row(values, rank, axis):
     shape = [-1] + [1] * (rank - 1)
     shape[axis % rank] = values.shape[-1]
     return tf.reshape(values, shape)
+
+
+def _checked_batch(layer, inputs):
+    """``inputs``, once its batch size is a multiple of ``layer.ensemble_size`` (statically when known)."""
+    e = layer.ensemble_size
+    message = (f"Expected the batch size of the inputs of layer '{layer.name}' to be a multiple of "
+               f"ensemble_size={e} at inference (E * B rows, one block per member, as EnsembleTile makes them).")
+    batch = inputs.shape[0]
+    if batch is not None:
+        if batch % e:
+            raise ValueError(f"{message} Received: inputs with batch size {batch}")
+        return inputs
+    return checks.checked(inputs, lambda: tf.equal(tf.shape(inputs)[0] % e, 0), message,
+                          lambda: f"inputs with batch size {int(tf.shape(inputs)[0])}")
 
 
 # -- the members around a network ------------------------------------------------------------
@@ -289,7 +306,10 @@ class FastWeights(KernelArguments):
         seed = None if self.seed is None else self.seed * 4 + offset
         return keras.initializers.RandomNormal(mean, stddev, seed=seed)
 
-    def _row_members(self, inputs):
+    def _row_members(self, inputs, training):
+        """Each row's member; at inference only once the batch is ``E * B`` rows (see the module docstring)."""
+        if not training:
+            inputs = _checked_batch(self, inputs)
         return member_of_rows(tf.shape(inputs)[0], self.ensemble_size)
 
     def _ensemble_forward(self, inputs, r, s, members):
@@ -334,8 +354,8 @@ class BatchEnsemble(FastWeights, keras.layers.Layer):
         self.alpha = self.add_weight(name="alpha", shape=(e, input_dim), initializer=self._fast_initializer(1.0, sd, 0))
         self.gamma = self.add_weight(name="gamma", shape=(e, units), initializer=self._fast_initializer(1.0, sd, 1))
 
-    def call(self, inputs):
-        members = self._row_members(inputs)
+    def call(self, inputs, training=None):
+        members = self._row_members(inputs, training)
         outputs = self._ensemble_forward(inputs, _rows(self.alpha, members), _rows(self.gamma, members),
                                          members)
         return outputs if self.activation is None else self.activation(outputs)
@@ -413,7 +433,7 @@ class Rank1(FastWeights, BayesianLayer):
         return _rows(loc, members) + _rows(tf.nn.softplus(rho), members) * eps
 
     def call(self, inputs, training=None):
-        members = self._row_members(inputs)
+        members = self._row_members(inputs, training)
         r = self._sample_factor(self.alpha_loc, self.alpha_rho, members, training)
         s = self._sample_factor(self.gamma_loc, self.gamma_rho, members, training)
         return self._finish(self._ensemble_forward(inputs, r, s, members), None, training)

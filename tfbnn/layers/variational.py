@@ -112,6 +112,14 @@ class DenseVariational(BayesianLayer):
     scale_diag)`` (same distribution) or port the prior as an ``Independent(Normal)``
     too for the exact KL.
 
+    **Where the posterior starts** (unlike TFP). TFP's tutorial builders start every
+    weight at mean 0 with scale ``softplus(0) = 0.693`` (a zero-initialized
+    ``VariableLayer``; 1.0 with their shift ``log(expm1(1))``). The ready-made posteriors
+    here start at a random mean (``loc_initializer="random_normal"``, std 0.05) with
+    scale ``init_scale=0.01``, as Bayes-by-Backprop layers do. For TFP's start pass the
+    builder with TFP's values:
+    ``tfbnn.posteriors.MeanFieldNormal(init_scale=math.log(2.0), loc_initializer="zeros")``.
+
     Args:
         units: int > 0, output dimension.
         make_posterior_fn: the posterior's builder, called as

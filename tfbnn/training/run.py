@@ -40,7 +40,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import shutil
 import sys
 import textwrap
 import time
@@ -780,9 +779,7 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
     keras.utils.set_random_seed(recipe.seed)
     data = load_data(recipe) if data is None else data
     evaluate = evaluate or _evaluate
-    stage = os.path.join(parent, f".{os.path.basename(os.path.abspath(output_dir))}{files.TMP_MARKER}.{os.getpid()}")
-    shutil.rmtree(stage, ignore_errors=True)
-    os.makedirs(stage)
+    stage = files.make_staging_folder(output_dir)
     try:
         keras.utils.set_random_seed(recipe.seed)
         kept = {}
@@ -811,7 +808,7 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
             saved = files.save_model(model, model_path or os.path.join(stage, "model.keras"))
             result.files = _publish(stage, output_dir) + ([saved] if model_path else [])
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        files.remove_staging_folder(stage)
     if quiet:
         return result
     print()
