@@ -36,17 +36,12 @@ sys.modules.setdefault("_tfbnn_command", sys.modules[__name__])
 def main():
     """The ``tfbnn`` command: parses ``sys.argv[1:]``, runs, returns the exit status.
 
-    A Keras backend other than TensorFlow (``KERAS_BACKEND=jax``) stops ``import tfbnn`` with a
-    ``BackendError``; the command prints its message as one ``tfbnn: error: ...`` line (status 2),
-    ``--help`` included, rather than a traceback.
+    A Keras backend other than TensorFlow (``KERAS_BACKEND=jax``) does not stop the parse
+    (``--help`` answers); running a command then prints the backend error as one
+    ``tfbnn: error: ...`` line, status 2 (:func:`tfbnn._internal.argtypes.run_parsed`).
     """
-    try:
-        from tfbnn.cli import main as command
-    except ImportError as e:
-        if type(e).__name__ != "BackendError":  # tfbnn._internal.backend.BackendError, not importable here
-            raise
-        print(f"tfbnn: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+    from tfbnn.cli import main as command
+
     return command(sys.argv[1:])
 
 
