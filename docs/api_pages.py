@@ -45,6 +45,7 @@ GUIDES = {
     "tfbnn.layers.node": ("Node-based implicit BNNs (iBNN)", "ibnn"),
     "tfbnn.layers.recurrent": ("Recurrent layers and the sentiment classifier", "recurrent"),
     "tfbnn.models.recurrent": ("Recurrent layers and the sentiment classifier", "recurrent"),
+    "tfbnn.methods": ("Model zoo and recipes", "zoo-and-recipes"),
     "tfbnn.models": ("Model zoo and recipes", "zoo-and-recipes"),
     "tfbnn.training": ("Model zoo and recipes", "zoo-and-recipes"),
     "tfbnn.experiments": ("Model zoo and recipes", "zoo-and-recipes"),
