@@ -70,6 +70,9 @@ Example:
 from tfbnn._internal import deprecation
 from tfbnn.models.alexnet import alexnet
 from tfbnn.models.convnext import CONFIGS as CONVNEXT_CONFIGS
+from tfbnn.models import convnext as _convnext
+from tfbnn.models import lenet as _lenet
+from tfbnn.models import resnet as _resnet
 from tfbnn.models.convnext import LayerScale, StochasticDepth, convnext
 from tfbnn.models.lenet import lenet5
 from tfbnn.models import methods
@@ -99,6 +102,8 @@ __all__ = [
     *methods.__all__,
     "build",
     "get_builder",
+    "SMALL_IMAGE_OPTIONS",
+    "input_options",
     "mlp",
     "lenet5",
     "alexnet",
@@ -135,6 +140,31 @@ TEXT_MODELS = ("transformer", "rnn_classifier")
 
 #: Preset name -> (model name, fixed builder arguments).
 PRESETS = {name: ("mlp", {"hidden_units": units}) for name, units in MLP_PRESETS.items()}
+
+
+#: Model name -> ``f(side) -> dict``: the builder options that fit the model to images whose
+#: smaller side is ``side`` (LeNet-5 ``padding="same"`` below 16x16, ResNet-50's CIFAR stem
+#: below 32x32, ConvNeXt's patch of ``side // 8`` below 32x32); a model not listed needs none.
+SMALL_IMAGE_OPTIONS = {
+    "lenet5": _lenet.small_image_options,
+    "resnet50": _resnet.small_image_options,
+    "convnext": _convnext.small_image_options,
+}
+
+
+def input_options(name, input_shape):
+    """The builder options that fit the model ``name`` to ``input_shape`` (:data:`SMALL_IMAGE_OPTIONS`);
+    ``{}`` for a model without such options or an input that is not an image.
+
+    Example:
+        >>> import tfbnn
+        >>> tfbnn.models.input_options("lenet5", (8, 8, 1))
+        {'padding': 'same'}
+    """
+    fit = SMALL_IMAGE_OPTIONS.get(name)
+    if fit is None or len(input_shape) != 3:
+        return {}
+    return fit(min(input_shape[:2]))
 
 
 def _names():

@@ -141,21 +141,6 @@ def _text_sizes(recipe):
     return sizes["vocab_size"], sizes["max_length"]
 
 
-def _adapted_model_options(recipe, input_shape):
-    """Builder options that fit a zoo model to small images (LeNet-5 'same' padding below
-    16x16, ResNet-50's CIFAR stem below 32x32, ConvNeXt's patch of side // 8 below 32x32),
-    unless the recipe sets them."""
-    options = dict(recipe.model_options)
-    side = min(input_shape[:2]) if len(input_shape) == 3 else None
-    if side is not None and recipe.model == "lenet5" and side < 16:
-        options.setdefault("padding", "same")
-    if side is not None and recipe.model == "resnet50" and side < 32:
-        options.setdefault("stem", "cifar")
-    if side is not None and recipe.model == "convnext" and side < 32:
-        options.setdefault("patch_size", max(1, side // 8))  # four stages: the map halves three times
-    return options
-
-
 def _convert_method(recipe):
     """The :func:`tfbnn.convert.to_bayesian` method converting to the recipe's (its :class:`tfbnn.methods.Method`)."""
     name = registry.get(recipe.method).conversion_name(recipe.method_options)
@@ -175,7 +160,8 @@ def build_model(recipe, data):
     """
     from tfbnn import models
 
-    options = _adapted_model_options(recipe, data.input_shape)
+    # The model's own fit to small images (tfbnn.models.input_options), unless the recipe sets them.
+    options = {**models.input_options(recipe.model, data.input_shape), **recipe.model_options}
     seed = options.pop("seed", recipe.seed)  # a study may seed its models apart from the run
     common = dict(num_classes=data.num_classes, input_shape=data.input_shape, seed=seed, **options)
     if recipe.model in models.TEXT_MODELS:  # token ids: the input shape is (max_length,)
