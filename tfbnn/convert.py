@@ -23,6 +23,10 @@ method                            Dense becomes                    Conv2D become
 ``"local_reparameterization"``    DenseLocalReparameterization     -- (keep it with ``exclude``)
 ================================  ===============================  ===============================
 
+Each ``method`` name belongs to a method of the registry (:attr:`tfbnn.methods.Method.conversions`,
+a :class:`tfbnn.methods.Conversion` each: the table above is the built-in ones'), so a
+registered method can be a conversion target too.
+
 Initial scales: ``init_scale`` a float gives every converted weight the posterior
 standard deviation ``sigma = init_scale``; ``init_scale="moped"`` gives
 ``sigma = moped_delta * |w|`` (MOPED, Krishnan et al. 2020), i.e. for variational

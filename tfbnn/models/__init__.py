@@ -7,7 +7,8 @@ for the methods with a KL term), ``seed`` and ``bayesian_layers``, and returns a
 uncompiled functional ``keras.Model`` that outputs softmax probabilities (compile it
 with ``"sparse_categorical_crossentropy"``; the outputs go straight into
 :func:`tfbnn.predict` and :mod:`tfbnn.metrics`). How a method turns into layers is
-decided in one place, :class:`LayerFactory` (:mod:`tfbnn.models.methods`), which also
+decided in one place, :class:`LayerFactory` (:mod:`tfbnn.models.methods`), from the
+method's entry in the method registry (:mod:`tfbnn.methods`), and the factory also
 gives every Bayesian layer ``kl_weight = 1 / N`` and its own seed.
 
 ``bayesian_layers="all"`` (default) applies the method to every weight layer;

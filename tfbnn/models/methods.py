@@ -3,7 +3,10 @@
 A builder describes its architecture once, asking a :class:`LayerFactory` for each
 weight layer (``dense``, ``conv2d``), for dropout after a block (``dropout``,
 ``spatial_dropout``) and for batch norm. The factory decides, from the method, what
-those layers are:
+those layers are; it reads them from the method's entry in the method registry
+(:class:`tfbnn.methods.Method`: ``options``, ``check_options``, ``layers``,
+``layer_kwargs``, ``dropout_option``, ``ensembles``), so a method registered with
+:func:`tfbnn.methods.register` is a zoo method too. The built-in ones:
 
 * ``deterministic``: ``keras.layers.Dense`` / ``keras.layers.Conv2D``; no dropout
   (``dropout(x)`` returns ``x``).
@@ -183,8 +186,10 @@ class LayerFactory:
     """Makes the weight, dropout and normalization layers of one zoo model for one method.
 
     Args:
-        method: one of :data:`ZOO_METHODS`.
-        options: dict of the method's options (:data:`METHOD_OPTIONS`): ``rate``
+        method: a zoo method of the registry (:func:`tfbnn.methods.names` ``(zoo=True)``;
+            the built-in ones: :data:`ZOO_METHODS`).
+        options: dict of the method's options (:attr:`tfbnn.methods.Method.options`; the
+            built-in ones: :data:`METHOD_OPTIONS`): ``rate``
             (mc_dropout), ``estimator`` and ``prior`` (bbb), ``parameterization`` (vd),
             ``num_components``, ``prior_mean``, ``prior_stddev``, ``init_mean``, ``init_stddev``,
             ``init_scale_mean`` and ``init_scale_stddev`` (ibnn). Unknown keys are an error.

@@ -30,6 +30,10 @@ What :func:`run` does, in order:
 5. writes ``recipe.json``, ``history.csv``, ``history.json``, ``learning_curves.png``,
    ``results.json`` and ``model.keras``.
 
+What depends on the method (how its model is made, the conversion, the multi-sample
+model, the test samples, the optimizer, XLA, its name in the tables) is read from its
+entry in the method registry (:class:`tfbnn.methods.Method`), not from its name.
+
 Outputs are atomic: everything is written to a hidden staging folder beside the
 output folder and moved into place only after the run succeeded, so a run that
 fails (the loss became NaN, a dataset could not be loaded) leaves neither an empty
