@@ -60,6 +60,10 @@ def test_the_built_in_methods_say_what_each_part_needs():
     assert bbb.uses_xla({"estimator": "local_reparameterization"}) and not bbb.uses_xla({"estimator": "flipout"})
     assert not methods.get("deterministic").stochastic and methods.get("mc_dropout").stochastic
     assert methods.method_of_conversion("kingma")[0] is vd
+    assert methods.layer_class("NodeDense") is tfbnn.layers.NodeDense
+    assert methods.layer_class(tfbnn.layers.MCDropout) is tfbnn.layers.MCDropout and methods.layer_class(None) is None
+    with pytest.raises(ValueError, match="Expected the name of a tfbnn.layers class or a layer class"):
+        methods.layer_class("NoSuchLayer")
 
 
 # -- unknown names ------------------------------------------------------------------------------------

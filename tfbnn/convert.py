@@ -24,7 +24,7 @@ method                            Dense becomes                    Conv2D become
 ================================  ===============================  ===============================
 
 Each ``method`` name belongs to a method of the registry (:attr:`tfbnn.methods.Method.conversions`,
-a :class:`tfbnn.methods.Conversion` each: the table above is the built-in ones'), so a
+a :class:`tfbnn.methods.Conversion` each; the table above shows the built-in ones), so a
 registered method can be a conversion target too.
 
 Initial scales: ``init_scale`` a float gives every converted weight the posterior
@@ -169,7 +169,7 @@ class _Converter:
         common = {**_common(layer), "seed": self._next_seed(), "kl_weight": self.kl_weight, **self.layer_kwargs}
         _, conversion = registry.method_of_conversion(self.method)
         if is_conv:
-            cls = getattr(layers_lib, conversion.conv2d or "", None)
+            cls = registry.layer_class(conversion.conv2d)
             if cls is None:
                 raise ValueError(
                     f"Method {self.method!r} has no Conv2D layer in tfbnn.layers, so Conv2D layer "
@@ -183,7 +183,7 @@ class _Converter:
                     f"channels_first. Use method='vd' or exclude it. Received: method={self.method!r}"
                 )
             return cls(**args, **conversion.kwargs("conv2d", self.prior), **common)
-        cls = getattr(layers_lib, conversion.dense)
+        cls = registry.layer_class(conversion.dense)
         return cls(layer.units, **conversion.kwargs("dense", self.prior), **common)
 
     def __call__(self, layer):

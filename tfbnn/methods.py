@@ -18,7 +18,8 @@ field                    who asks and what it means
 ``options``              the options and their defaults (:class:`tfbnn.models.LayerFactory`)
 ``check_options``        ``f(options) -> options``: validates and resolves the filled-in options
 ``layers``               the zoo's layer per kind (``"dense"``, ``"conv2d"``, ``"lstm"``, ``"gru"``):
-                         a :mod:`tfbnn.layers` class name, or ``f(options) -> name``; empty:
+                         a :mod:`tfbnn.layers` class name (or a layer class of your own), or
+                         ``f(options) -> name``; empty:
                          Keras' own layers (``deterministic``, ``mc_dropout``); a kind missing
                          from a non-empty mapping: the method has no such layer (an error)
 ``layer_kwargs``         ``f(options) -> dict``: the arguments the zoo adds to every layer of
@@ -77,7 +78,7 @@ import types
 from tfbnn._internal import argtypes
 
 __all__ = ["Method", "Conversion", "Flag", "PRIOR", "ESTIMATORS", "BUILDS", "register", "unregister", "get",
-           "names", "conversion_names", "method_of_conversion"]
+           "names", "conversion_names", "method_of_conversion", "layer_class"]
 
 #: How :func:`tfbnn.training.run` makes a method's model (:attr:`Method.build`).
 BUILDS = ("zoo", "convert", "ensemble")
@@ -109,6 +110,12 @@ class Flag:
         metavar: str or None.
 
     Several methods may share a flag (the same ``dest``): it is added once and applies to each.
+
+    Example:
+        >>> import tfbnn
+        >>> flag = tfbnn.methods.get("ibnn").flags[0]
+        >>> flag.option, flag.argparse_kwargs()["metavar"]
+        ('--num-components', 'K')
     """
 
     dest: str
@@ -136,12 +143,18 @@ class Conversion:
     """What :func:`tfbnn.convert.to_bayesian` turns ``Dense`` and ``Conv2D`` layers into.
 
     Args:
-        dense: str, the :mod:`tfbnn.layers` class of a converted ``Dense`` layer.
-        conv2d: str or None, that of a ``Conv2D`` layer (None: none, keep them with ``exclude``).
+        dense: str, the :mod:`tfbnn.layers` class (name) of a converted ``Dense`` layer, or a class.
+        conv2d: str, a class or None, that of a ``Conv2D`` layer (None: none, keep them with ``exclude``).
         dense_kwargs, conv2d_kwargs: dicts of the classes' extra arguments; the value
             :data:`PRIOR` stands for the conversion's ``prior``.
         channels_last_only: bool; a ``channels_first`` Conv2D is an error (else its
             ``data_format`` is passed on). Default False.
+
+    Example:
+        >>> import tfbnn
+        >>> graves = tfbnn.methods.get("graves").conversions["graves"]
+        >>> graves.dense, graves.kwargs("dense", "normal")
+        ('GravesDense', {'kernel_prior': 'normal'})
     """
 
     dense: str
@@ -255,8 +268,8 @@ class Method:
         return (self.check_options or _no_options)({**self.options, **options})
 
     def layer_class(self, kind, options):
-        """The :mod:`tfbnn.layers` class name of a ``kind`` layer for the resolved ``options``; None:
-        Keras' own layer (a method without ``layers``).
+        """The :mod:`tfbnn.layers` class name (or class) of a ``kind`` layer for the resolved ``options``;
+        None: Keras' own layer (a method without ``layers``); :func:`layer_class` gives the class.
 
         Raises:
             ValueError: the method has layers but none of this kind.
@@ -313,6 +326,13 @@ def register(method, replace=False):
     Raises:
         ValueError: not a Method, a name already registered, or a conversion name
             another method has.
+
+    Example:
+        >>> import tfbnn
+        >>> tfbnn.methods.register(tfbnn.methods.Method("plain", "a deterministic network, renamed"))
+        >>> tfbnn.models.mlp("plain", hidden_units=(4,), input_shape=(2,)).count_params()
+        62
+        >>> tfbnn.methods.unregister("plain")
     """
     if not isinstance(method, Method):
         raise ValueError(f"Expected a tfbnn.methods.Method. Received: method of type {type(method).__name__}")
@@ -392,12 +412,35 @@ def method_of_conversion(conversion):
 
     Raises:
         ValueError: an unknown name (the message lists the known ones).
+
+    Example:
+        >>> import tfbnn
+        >>> method, conversion = tfbnn.methods.method_of_conversion("kingma")
+        >>> method.name, conversion.dense_kwargs
+        ('vd', {'parameterization': 'multiplicative'})
     """
     for method in _REGISTRY.values():
         if isinstance(conversion, str) and conversion in method.conversions:
             return method, method.conversions[conversion]
     raise ValueError(f"Unknown conversion method. Expected one of {list(conversion_names())}. "
                      f"Received: method={conversion!r}")
+
+
+def layer_class(spec):
+    """The layer class a :class:`Method` or :class:`Conversion` names: ``spec`` a :mod:`tfbnn.layers`
+    class name, or a class itself (a method of your own with its own layer); None stays None.
+
+    Raises:
+        ValueError: a name that :mod:`tfbnn.layers` does not have.
+    """
+    if spec is None or isinstance(spec, type):
+        return spec
+    from tfbnn import layers
+
+    cls = getattr(layers, spec, None) if isinstance(spec, str) else None
+    if not isinstance(cls, type):
+        raise ValueError(f"Expected the name of a tfbnn.layers class or a layer class. Received: {spec!r}")
+    return cls
 
 
 # -- the functions of the built-in methods ---------------------------------------------------------

@@ -251,8 +251,7 @@ class LayerFactory:
 
     def _layer_class(self, method, kind):
         """The ``kind`` layer class of ``method`` (a :class:`tfbnn.methods.Method`); None: Keras' own."""
-        name = method.layer_class(kind, self.options)
-        return None if name is None else getattr(layers_lib, name)
+        return registry.layer_class(method.layer_class(kind, self.options))
 
     # -- weight layers -------------------------------------------------------------
     def dense(self, units, activation=None, use_bias=True, name=None):
