@@ -21,7 +21,7 @@ LAYERS = {
     "tfbnn.priors": 1, "tfbnn.posteriors": 1, "tfbnn.kl": 1, "tfbnn.layers": 1, "tfbnn.schedules": 1, "tfbnn.callbacks": 1,
     "tfbnn.inference": 1, "tfbnn.metrics": 1, "tfbnn.calibration": 1, "tfbnn.utils": 1, "tfbnn.likelihoods": 1,
     "tfbnn.pruning": 1, "tfbnn.convert": 1, "tfbnn.export": 1, "tfbnn.distribute": 1, "tfbnn.ibnn": 1, "tfbnn.ensembles": 1, "tfbnn.continual": 1,
-    "tfbnn.laplace": 1, "tfbnn.swag": 1, "tfbnn.hmc": 1,
+    "tfbnn.laplace": 1, "tfbnn.swag": 1, "tfbnn.hmc": 1, "tfbnn.methods": 1,
     "tfbnn.plots": 1, "tfbnn.testing": 1, "tfbnn.evaluation": 2,
     "tfbnn.models": 2, "tfbnn.datasets": 2,
     "tfbnn.training": 3,
@@ -56,6 +56,8 @@ _TRAINING = ("start-up time of `tfbnn train/tune/run/recipes --help`: they impor
              "vocabulary), whose package imports this module; TensorFlow, Keras and the core load when a run starts")
 _CATALOG = ("start-up time of `tfbnn train/evaluate/tune --help`: they read this package's catalog of names, which "
             "loads no NumPy; the loaders load on first use")
+_REGISTRY = ("the method registry loads no TensorFlow (recipes and the command's parsers read it); a built-in "
+             "method's function imports the core when a model is built or trained")
 _PLOTS = "matplotlib only when plotting: `import tfbnn` loads no tfbnn.plots (the core may not import it at its top)"
 _TFDS = ("tensorflow-datasets (seconds to import) loads only when a tfds dataset is asked for; the offline "
          "datasets never need it")
@@ -72,10 +74,13 @@ FUNCTION_LOCAL_IMPORTS = {
     ("tfbnn/datasets/_tfds.py", "_data_dir"): _TFDS,
     ("tfbnn/datasets/_tfds.py", "load_train_test"): _TFDS,
     ("tfbnn/training/recipe.py", "Recipe.to_dict"): _TRAINING,
+    **{("tfbnn/methods.py", name): _REGISTRY for name in (
+        "layer_class", "_multi_sample_model", "_check_bbb", "_check_vd", "_check_ibnn", "_ibnn_sample_model", "_ibnn_eval_samples",
+        "_ibnn_optimizer")},
     **{("tfbnn/training/run.py", name): _TRAINING for name in (
         "_is_mlp", "build_model", "convert_model", "fixed_noise_gaussian_nll", "_compile", "_fit", "arrays",
-        "_eval_samples", "fit_temperature", "_evaluate_regression", "_evaluate", "_member_data", "_train_ensemble",
-        "_element_spec", "_train", "_copy", "_multi_sample_model", "_write_outputs", "_is_chief", "run")},
+        "fit_temperature", "_evaluate_regression", "_evaluate", "_member_data", "_train_ensemble",
+        "_element_spec", "_train", "_copy", "_write_outputs", "_is_chief", "run")},
     ("tfbnn/testing.py", "_run_keras_harness"):
         "Keras' own harness (keras.src.testing, not public API, imports Keras' test utilities) only for keras_checks",
     ("tfbnn/export.py", "_onnx_model"): "tf2onnx is the optional [export] extra; the other formats work without it",

@@ -23,6 +23,10 @@ method                            Dense becomes                    Conv2D become
 ``"local_reparameterization"``    DenseLocalReparameterization     -- (keep it with ``exclude``)
 ================================  ===============================  ===============================
 
+Each ``method`` name belongs to a method of the registry (:attr:`tfbnn.methods.Method.conversions`,
+a :class:`tfbnn.methods.Conversion` each; the table above shows the built-in ones), so a
+registered method can be a conversion target too.
+
 Initial scales: ``init_scale`` a float gives every converted weight the posterior
 standard deviation ``sigma = init_scale``; ``init_scale="moped"`` gives
 ``sigma = moped_delta * |w|`` (MOPED, Krishnan et al. 2020), i.e. for variational
@@ -61,25 +65,15 @@ import keras
 import numpy as np
 
 from tfbnn import layers as layers_lib
+from tfbnn import methods as registry
 from tfbnn import priors as priors_lib
 from tfbnn._internal import deprecation
 
 __all__ = ["CONVERSION_METHODS", "to_bayesian", "convertible_layers"]
 
-_VD = {"vd": "additive", "vd_additive": "additive", "molchanov": "additive",
-       "vd_multiplicative": "multiplicative", "kingma": "multiplicative"}
-_BBB = {
-    "local_reparameterization": "DenseLocalReparameterization",
-    "flipout": "DenseFlipout",
-    "reparameterization": "DenseReparameterization",
-}
-#: Accepted ``method`` names.
-CONVERSION_METHODS = tuple(_VD) + ("graves",) + tuple(_BBB)
-_CONV_BBB = {  # Conv2D counterparts in tfbnn.layers (looked up when used)
-    "graves": "Conv2DFlipout",
-    "flipout": "Conv2DFlipout",
-    "reparameterization": "Conv2DReparameterization",
-}
+#: Accepted ``method`` names (the built-in ones): each belongs to a method of the registry
+#: (:attr:`tfbnn.methods.Method.conversions`), which says what Dense and Conv2D become.
+CONVERSION_METHODS = registry.conversion_names()
 _MIN_SIGMA = 1e-12
 
 
@@ -91,8 +85,7 @@ def convertible_layers(model):
 
 # -- argument checks -------------------------------------------------------------
 def _check_method(method):
-    if not isinstance(method, str) or method not in CONVERSION_METHODS:
-        raise ValueError(f"Unknown conversion method. Expected one of {list(CONVERSION_METHODS)}. Received: method={method!r}")
+    registry.method_of_conversion(method)  # an unknown name: the error lists the known ones
     return method
 
 
@@ -174,13 +167,9 @@ class _Converter:
     def _bayesian(self, layer):
         is_conv = isinstance(layer, keras.layers.Conv2D)
         common = {**_common(layer), "seed": self._next_seed(), "kl_weight": self.kl_weight, **self.layer_kwargs}
-        if self.method in _VD:
-            common["parameterization"] = _VD[self.method]
-            if is_conv:
-                return layers_lib.Conv2DVariationalDropout(**_conv_args(layer), **common)
-            return layers_lib.DenseVariationalDropout(layer.units, **common)
+        _, conversion = registry.method_of_conversion(self.method)
         if is_conv:
-            cls = getattr(layers_lib, _CONV_BBB.get(self.method, ""), None)
+            cls = registry.layer_class(conversion.conv2d)
             if cls is None:
                 raise ValueError(
                     f"Method {self.method!r} has no Conv2D layer in tfbnn.layers, so Conv2D layer "
@@ -188,19 +177,14 @@ class _Converter:
                     f"`exclude=[{layer.name!r}]`, or use method='vd' or 'flipout'. Received: method={self.method!r}"
                 )
             args = _conv_args(layer)
-            if args.pop("data_format") != "channels_last":
+            if conversion.channels_last_only and args.pop("data_format") != "channels_last":
                 raise ValueError(
                     f"{cls.__name__} supports channels_last inputs only; Conv2D layer {layer.name!r} is "
                     f"channels_first. Use method='vd' or exclude it. Received: method={self.method!r}"
                 )
-            if self.method == "graves":
-                return cls(**args, kernel_prior=self.prior, bias_prior=None, parameterization="log_variance",
-                           **common)
-            return cls(**args, kernel_prior=self.prior, bias_prior=None, **common)
-        if self.method == "graves":
-            return layers_lib.GravesDense(layer.units, kernel_prior=self.prior, **common)
-        cls = getattr(layers_lib, _BBB[self.method])
-        return cls(layer.units, kernel_prior=self.prior, bias_prior=None, **common)
+            return cls(**args, **conversion.kwargs("conv2d", self.prior), **common)
+        cls = registry.layer_class(conversion.dense)
+        return cls(layer.units, **conversion.kwargs("dense", self.prior), **common)
 
     def __call__(self, layer):
         if layer.name in self.names:

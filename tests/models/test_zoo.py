@@ -611,3 +611,15 @@ def test_mlp_regression_head_and_input_normalization():
     np.testing.assert_allclose(norm(np.array([[5.0]], "float32")), [[1.0]], rtol=1e-6)  # (5 - 3) / sqrt(4)
     with pytest.raises(ValueError, match="outputs=0"):
         zoo.mlp("deterministic", outputs=0)
+
+
+def test_input_options_fit_a_model_to_small_images():
+    """What training.run builds for small images, as data on each model (SMALL_IMAGE_OPTIONS)."""
+    assert zoo.input_options("lenet5", (8, 8, 1)) == {"padding": "same"}
+    assert zoo.input_options("lenet5", (16, 16, 1)) == {}
+    assert zoo.input_options("resnet50", (28, 28, 1)) == {"stem": "cifar"}
+    assert zoo.input_options("resnet50", (32, 32, 3)) == {}
+    assert zoo.input_options("convnext", (16, 16, 3)) == {"patch_size": 2}
+    assert zoo.input_options("convnext", (4, 4, 3)) == {"patch_size": 1}
+    assert zoo.input_options("mlp", (8, 8, 1)) == {} and zoo.input_options("lenet5", (64,)) == {}
+    assert set(zoo.SMALL_IMAGE_OPTIONS) <= set(zoo.MODELS)

@@ -8,32 +8,30 @@ flag that does not apply to the chosen model or method is an error, never droppe
 """
 
 import argparse
-import math
 import os
 
+from tfbnn import methods as registry
 from tfbnn import training
 from tfbnn._internal import argtypes
 from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
-from tfbnn.training.recipe import DEFAULT_MEMBERS, KL_SCHEDULES, MEMBER_METHODS, RECIPE_METHODS
+from tfbnn.training.recipe import KL_SCHEDULES
 
-__all__ = ["DESCRIPTION", "add_arguments", "run", "recipe_from_args", "METHOD_FLAGS"]
+__all__ = ["DESCRIPTION", "add_arguments", "run", "recipe_from_args", "METHOD_FLAGS", "method_flags"]
 
-ESTIMATORS = ("reparameterization", "flipout", "local_reparameterization")
-PRIORS = ("normal", "scale_mixture")
 
-#: Flags that apply to one method only (dest -> methods).
-METHOD_FLAGS = {
-    "layer": ("bbb",),
-    "prior": ("bbb",),
-    "pi": ("bbb",),
-    "sigma1": ("bbb",),
-    "sigma2": ("bbb",),
-    "dropout_rate": ("mc_dropout",),
-    "num_components": ("ibnn",),
-    "parameterization": ("vd",),
-    "members": ("ensemble",),
-    "member_method": ("ensemble",),
-}
+def method_flags():
+    """The methods' own flags, each once, from the registry (:attr:`tfbnn.methods.Method.flags`):
+    ``{dest: (Flag, (method, ...))}``, a flag shared by several methods listing them all."""
+    flags = {}
+    for name in registry.names():
+        for flag in registry.get(name).flags:
+            first, methods = flags.get(flag.dest, (flag, ()))
+            flags[flag.dest] = (first, methods + (name,))
+    return flags
+
+
+#: Flags that apply to some methods only (dest -> methods): the built-in methods' (:func:`method_flags`).
+METHOD_FLAGS = {dest: methods for dest, (_, methods) in method_flags().items()}
 #: Flags that apply to the MLP only.
 MLP_FLAGS = ("hidden_units", "depth")
 
@@ -96,40 +94,15 @@ def add_arguments(parser):
     model.add_argument("--model", default="mlp", metavar="MODEL",
                        help="a tfbnn.models name or preset: mlp, lenet5, alexnet, resnet50, vgg16, "
                        "vgg16_small, convnext, wide_resnet28_10, transformer, lenet_300_100, mlp_blundell, ...")
-    model.add_argument("--method", choices=RECIPE_METHODS, default="bbb",
-                       help="deterministic; mc_dropout (dropout kept on at inference); bbb (Bayes by Backprop); "
-                       "vd (sparse variational dropout); ibnn (node-based iBNN); graves (Graves 2011, fixed N(0, 1) prior); "
-                       "ensemble "
-                       "(a deep ensemble of --members networks of --member-method, Lakshminarayanan et al. 2017)")
-    model.add_argument("--members", type=argtypes.positive_int, default=None, metavar="M",
-                       help=f"ensemble only: the number of members, each trained from its own seed "
-                       f"(seed + 1000 m) (default: {DEFAULT_MEMBERS})")
-    model.add_argument("--member-method", choices=MEMBER_METHODS, default=None,
-                       help="ensemble only: the members' method; the method flags (--layer, --dropout-rate, ...) "
-                       "then apply to the members (default: deterministic)")
+    # --method and each method's flags come from the method registry (tfbnn.methods).
+    model.add_argument("--method", choices=registry.names(), default="bbb",
+                       help="; ".join(_method_help(name) for name in registry.names()))
+    for flag, _ in method_flags().values():
+        model.add_argument(flag.option, **flag.argparse_kwargs())
     model.add_argument("--hidden-units", type=argtypes.positive_int, default=None, metavar="UNITS",
                        help=f"mlp only: units per hidden layer (default: {_MAIN_HIDDEN_UNITS})")
     model.add_argument("--depth", type=argtypes.positive_int, default=None,
                        help=f"mlp only: number of hidden layers (default: {_MAIN_DEPTH})")
-    model.add_argument("--layer", choices=ESTIMATORS, default=None,
-                       help="bbb only: gradient estimator: reparameterization (one weight sample per step), "
-                       "flipout (per-example sign flips), local_reparameterization (samples pre-activations; "
-                       "convolutions use flipout) (default: local_reparameterization)")
-    model.add_argument("--prior", choices=PRIORS, default=None,
-                       help="bbb only: normal = N(0, 1) (closed-form KL); scale_mixture = pi N(0, sigma1^2) + "
-                       "(1 - pi) N(0, sigma2^2) (Blundell eq. 7, Monte Carlo KL) (default: normal)")
-    model.add_argument("--pi", type=argtypes.open_unit_interval, default=None,
-                       help="bbb, scale mixture: weight of the first component (default: 0.25)")
-    model.add_argument("--sigma1", type=argtypes.positive_float, default=None,
-                       help="bbb, scale mixture: the wide scale (default: 1)")
-    model.add_argument("--sigma2", type=argtypes.positive_float, default=None,
-                       help="bbb, scale mixture: the narrow scale (default: exp(-8), the best of Blundell's grid)")
-    model.add_argument("--dropout-rate", type=argtypes.rate, default=None,
-                       help="mc_dropout only: the dropout rate (default: 0.1)")
-    model.add_argument("--num-components", type=argtypes.positive_int, default=None, metavar="K",
-                       help="ibnn only: mixture components K (default: 4)")
-    model.add_argument("--parameterization", choices=("additive", "multiplicative"), default=None,
-                       help="vd only: additive (Molchanov 2017) or multiplicative (Kingma 2015)")
 
     training = parser.add_argument_group("training")
     training.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="the optimizer")
@@ -190,7 +163,7 @@ def _not_applicable(args):
     """One error for every given flag that the chosen model or method does not use."""
     from tfbnn import models
 
-    given = [(dest, methods) for dest, methods in METHOD_FLAGS.items() if getattr(args, dest) is not None]
+    given = [(dest, methods) for dest, (_, methods) in method_flags().items() if getattr(args, dest) is not None]
     member = _member_method(args)
     wrong = [f"--{d.replace('_', '-')} ({'/'.join(m)} only)" for d, m in given
              if args.method not in m and member not in m]
@@ -207,38 +180,22 @@ def _not_applicable(args):
         raise ValueError(f"unknown model{hint}; expected one of {names}. Received: --model={args.model}")
 
 
+def _method_help(name):
+    """``name (description)`` of a method in ``--method``'s help."""
+    description = registry.get(name).description
+    return f"{name} ({description})" if description else name
+
+
 def _member_method(args):
     """The method of the trained networks: ``--method``, or ``--member-method`` of an ensemble."""
-    if args.method == "ensemble":
+    if registry.get(args.method).build == "ensemble":
         return args.member_method or "deterministic"
     return args.method
 
 
 def _method_options(args):
-    if args.method == "ensemble":
-        return {"members": args.members or DEFAULT_MEMBERS, "member_method": _member_method(args),
-                **_network_options(args, _member_method(args))}
-    return _network_options(args, args.method)
-
-
-def _network_options(args, method):
-    if method == "bbb":
-        prior = args.prior or "normal"
-        if prior == "scale_mixture":
-            prior = {"class_name": "ScaleMixture", "config": {
-                "pi": args.pi if args.pi is not None else 0.25,
-                "sigma1": args.sigma1 if args.sigma1 is not None else 1.0,
-                "sigma2": args.sigma2 if args.sigma2 is not None else math.exp(-8.0)}}
-        elif any(getattr(args, k) is not None for k in ("pi", "sigma1", "sigma2")):
-            raise ValueError("--pi, --sigma1 and --sigma2 apply to --prior scale_mixture. Received: --prior normal")
-        return {"estimator": args.layer or "local_reparameterization", "prior": prior}
-    if method == "mc_dropout":
-        return {"rate": args.dropout_rate if args.dropout_rate is not None else 0.1}
-    if method == "ibnn":
-        return {"num_components": args.num_components or 4}
-    if method == "vd":
-        return {"parameterization": args.parameterization or "additive"}
-    return {}
+    """The recipe's ``method_options``: the method's reading of its flags (:meth:`tfbnn.methods.Method.options_from`)."""
+    return registry.get(args.method).options_from({dest: getattr(args, dest) for dest in method_flags()})
 
 
 def _beta(args):

@@ -7,7 +7,8 @@ for the methods with a KL term), ``seed`` and ``bayesian_layers``, and returns a
 uncompiled functional ``keras.Model`` that outputs softmax probabilities (compile it
 with ``"sparse_categorical_crossentropy"``; the outputs go straight into
 :func:`tfbnn.predict` and :mod:`tfbnn.metrics`). How a method turns into layers is
-decided in one place, :class:`LayerFactory` (:mod:`tfbnn.models.methods`), which also
+decided in one place, :class:`LayerFactory` (:mod:`tfbnn.models.methods`), from the
+method's entry in the method registry (:mod:`tfbnn.methods`), and the factory also
 gives every Bayesian layer ``kl_weight = 1 / N`` and its own seed.
 
 ``bayesian_layers="all"`` (default) applies the method to every weight layer;
@@ -70,6 +71,9 @@ Example:
 from tfbnn._internal import deprecation
 from tfbnn.models.alexnet import alexnet
 from tfbnn.models.convnext import CONFIGS as CONVNEXT_CONFIGS
+from tfbnn.models import convnext as _convnext
+from tfbnn.models import lenet as _lenet
+from tfbnn.models import resnet as _resnet
 from tfbnn.models.convnext import LayerScale, StochasticDepth, convnext
 from tfbnn.models.lenet import lenet5
 from tfbnn.models import methods
@@ -99,6 +103,8 @@ __all__ = [
     *methods.__all__,
     "build",
     "get_builder",
+    "SMALL_IMAGE_OPTIONS",
+    "input_options",
     "mlp",
     "lenet5",
     "alexnet",
@@ -135,6 +141,31 @@ TEXT_MODELS = ("transformer", "rnn_classifier")
 
 #: Preset name -> (model name, fixed builder arguments).
 PRESETS = {name: ("mlp", {"hidden_units": units}) for name, units in MLP_PRESETS.items()}
+
+
+#: Model name -> ``f(side) -> dict``: the builder options that fit the model to images whose
+#: smaller side is ``side`` (LeNet-5 ``padding="same"`` below 16x16, ResNet-50's CIFAR stem
+#: below 32x32, ConvNeXt's patch of ``side // 8`` below 32x32); a model not listed needs none.
+SMALL_IMAGE_OPTIONS = {
+    "lenet5": _lenet.small_image_options,
+    "resnet50": _resnet.small_image_options,
+    "convnext": _convnext.small_image_options,
+}
+
+
+def input_options(name, input_shape):
+    """The builder options that fit the model ``name`` to ``input_shape`` (:data:`SMALL_IMAGE_OPTIONS`);
+    ``{}`` for a model without such options or an input that is not an image.
+
+    Example:
+        >>> import tfbnn
+        >>> tfbnn.models.input_options("lenet5", (8, 8, 1))
+        {'padding': 'same'}
+    """
+    fit = SMALL_IMAGE_OPTIONS.get(name)
+    if fit is None or len(input_shape) != 3:
+        return {}
+    return fit(min(input_shape[:2]))
 
 
 def _names():

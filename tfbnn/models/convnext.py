@@ -55,7 +55,7 @@ import tensorflow as tf
 from tfbnn._internal import checks
 from tfbnn.models import _common
 
-__all__ = ["convnext", "CONFIGS", "LayerScale", "StochasticDepth"]
+__all__ = ["convnext", "CONFIGS", "LayerScale", "StochasticDepth", "small_image_options"]
 
 #: ``name -> {"depths": ..., "dims": ...}`` of the paper's models (Sec. 2.6, Table 11).
 CONFIGS = {
@@ -172,6 +172,12 @@ def _block(x, factory, dim, drop_rate, layer_scale_init, name):
     if drop_rate:
         y = StochasticDepth(drop_rate, seed=factory.next_seed(), name=f"{name}_stochastic_depth")(y)
     return keras.layers.Add(name=f"{name}_add")([x, y])
+
+
+def small_image_options(side):
+    """The builder options that fit ConvNeXt to images of side ``side``: below 32x32 a patch of
+    ``side // 8`` (at least 1), as the four stages halve the map three times."""
+    return {"patch_size": max(1, side // 8)} if side < 32 else {}
 
 
 def convnext(method="deterministic", *, depths=CONFIGS["tiny"]["depths"], dims=CONFIGS["tiny"]["dims"], patch_size=4,

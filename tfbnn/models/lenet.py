@@ -25,9 +25,14 @@ import keras
 from tfbnn._internal import checks
 from tfbnn.models import _common
 
-__all__ = ["lenet5"]
+__all__ = ["lenet5", "small_image_options"]
 
 _PADDINGS = ("valid", "same")
+
+
+def small_image_options(side):
+    """The builder options that fit LeNet-5 to images of side ``side``: ``padding="same"`` below 16x16."""
+    return {"padding": "same"} if side < 16 else {}
 _POOLING = {"average": keras.layers.AveragePooling2D, "max": keras.layers.MaxPooling2D}
 _WIDTHS = (6, 16, 120, 84)
 

@@ -3,7 +3,10 @@
 A builder describes its architecture once, asking a :class:`LayerFactory` for each
 weight layer (``dense``, ``conv2d``), for dropout after a block (``dropout``,
 ``spatial_dropout``) and for batch norm. The factory decides, from the method, what
-those layers are:
+those layers are; it reads them from the method's entry in the method registry
+(:class:`tfbnn.methods.Method`: ``options``, ``check_options``, ``layers``,
+``layer_kwargs``, ``dropout_option``, ``ensembles``), so a method registered with
+:func:`tfbnn.methods.register` is a zoo method too. The built-in ones:
 
 * ``deterministic``: ``keras.layers.Dense`` / ``keras.layers.Conv2D``; no dropout
   (``dropout(x)`` returns ``x``).
@@ -90,10 +93,9 @@ Example:
 
 import keras
 
-from tfbnn._internal import checks, deprecation
 from tfbnn import layers as layers_lib
-from tfbnn import priors as priors_lib
-from tfbnn.layers.variational_dropout import resolve_parameterization
+from tfbnn import methods as registry
+from tfbnn._internal import checks, deprecation
 
 __all__ = [
     "ZOO_METHODS",
@@ -107,55 +109,41 @@ __all__ = [
     "get_factory",
 ]
 
-#: Names accepted for ``method``.
-ZOO_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn")
+# The method names and options below are read from the registry (tfbnn.methods), which is
+# where a method is defined; these tuples are the built-in methods, kept under their old names.
+#: Names accepted for ``method`` (the built-in ones; :func:`tfbnn.methods.names` ``(zoo=True)``
+#: lists those registered since too).
+ZOO_METHODS = registry.names(zoo=True)
 #: Methods whose layers carry a KL term (they need ``num_examples``).
-BAYESIAN_METHODS = ("bbb", "vd", "ibnn")
+BAYESIAN_METHODS = registry.names(zoo=True, bayesian=True)
 #: Gradient estimators of the ``bbb`` method.
-ESTIMATORS = ("flipout", "reparameterization", "local_reparameterization")
+ESTIMATORS = registry.ESTIMATORS
 #: The options each method accepts, with their defaults.
-METHOD_OPTIONS = {
-    "deterministic": {},
-    "mc_dropout": {"rate": 0.1},
-    "bbb": {"estimator": "flipout", "prior": "normal"},
-    "vd": {"parameterization": "additive"},
-    "ibnn": {"num_components": 4, "prior_mean": 1.0, "prior_stddev": 0.1, "init_mean": 1.0, "init_stddev": 0.5,
-             "init_scale_mean": 0.05, "init_scale_stddev": 0.02},
-}
+METHOD_OPTIONS = {name: dict(registry.get(name).options) for name in ZOO_METHODS}
 #: The recurrent cells of :meth:`LayerFactory.recurrent`.
 RECURRENT_CELLS = ("lstm", "gru")
 #: Values of ``bayesian_layers``: the whole network, or the classification head only.
 BAYESIAN_LAYERS = ("all", "last")
-#: Values of ``ensemble`` (besides None) and the method each goes with.
-ENSEMBLES = {"batch_ensemble": ("deterministic", "mc_dropout"), "rank1": ("bbb",)}
 _ENSEMBLE_DENSE = {"batch_ensemble": layers_lib.DenseBatchEnsemble, "rank1": layers_lib.DenseRank1}
 _ENSEMBLE_CONV = {"batch_ensemble": layers_lib.Conv2DBatchEnsemble, "rank1": layers_lib.Conv2DRank1}
-
-_BBB_DENSE = {
-    "flipout": layers_lib.DenseFlipout,
-    "reparameterization": layers_lib.DenseReparameterization,
-    "local_reparameterization": layers_lib.DenseLocalReparameterization,
-}
-_BBB_CONV = {
-    "flipout": layers_lib.Conv2DFlipout,
-    "reparameterization": layers_lib.Conv2DReparameterization,
-    "local_reparameterization": layers_lib.Conv2DFlipout,
-}
+#: Values of ``ensemble`` (besides None) and the methods each goes with (:attr:`tfbnn.methods.Method.ensembles`).
+ENSEMBLES = {ensemble: registry.names(zoo=True, ensemble=ensemble) for ensemble in _ENSEMBLE_DENSE}
 
 
 def _check_method(method):
-    if not isinstance(method, str) or method not in ZOO_METHODS:
-        raise ValueError(f"Unknown method. Expected one of {list(ZOO_METHODS)}. Received: method={method!r}")
-    return method
+    zoo = registry.names(zoo=True)
+    if not isinstance(method, str) or method not in zoo:
+        raise ValueError(f"Unknown method. Expected one of {list(zoo)}. Received: method={method!r}")
+    return registry.get(method)
 
 
 def _check_num_examples(method, num_examples):
-    if num_examples is None and method not in BAYESIAN_METHODS:
+    if num_examples is None and not method.bayesian:
         return None
     if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples <= 0:
         raise ValueError(
             f"Expected `num_examples` (N, the number of training examples) to be a positive integer: "
-            f"method={method!r} gives every Bayesian layer kl_weight = 1 / N (the per-example ELBO "
+            f"method={method.name!r} gives every Bayesian layer kl_weight = 1 / N (the per-example ELBO "
             f"mean NLL + KL / N). Received: num_examples={num_examples!r}"
         )
     return num_examples
@@ -173,11 +161,12 @@ def _check_ensemble(ensemble, ensemble_size, method, bayesian_layers):
     """``(ensemble, E)`` checked against the method; ``(None, 1)`` without an ensemble."""
     if ensemble is None:
         return None, 1
-    if not isinstance(ensemble, str) or ensemble not in ENSEMBLES:
-        raise ValueError(f"Expected `ensemble` in {[None, *ENSEMBLES]}. Received: ensemble={ensemble!r}")
-    if method not in ENSEMBLES[ensemble]:
+    if not isinstance(ensemble, str) or ensemble not in _ENSEMBLE_DENSE:
+        raise ValueError(f"Expected `ensemble` in {[None, *_ENSEMBLE_DENSE]}. Received: ensemble={ensemble!r}")
+    if ensemble not in method.ensembles:
         raise ValueError(
-            f"ensemble={ensemble!r} goes with method in {list(ENSEMBLES[ensemble])}. Received: method={method!r}"
+            f"ensemble={ensemble!r} goes with method in {list(registry.names(zoo=True, ensemble=ensemble))}. "
+            f"Received: method={method.name!r}"
         )
     if bayesian_layers != "all":
         raise ValueError(
@@ -193,49 +182,14 @@ def _check_seed(seed):
     return seed
 
 
-def _check_options(method, options):
-    allowed = METHOD_OPTIONS[method]
-    options = dict(options or {})
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        received = ", ".join(f"{k}={options[k]!r}" for k in unknown)
-        raise ValueError(
-            f"Unknown option for method={method!r}. Expected one of {sorted(allowed)}. Received: {received}"
-        )
-    resolved = {**allowed, **options}
-    if method == "mc_dropout":
-        rate = resolved["rate"]
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
-            raise ValueError(f"Expected `rate` in [0, 1). Received: rate={rate!r}")
-        resolved["rate"] = float(rate)
-    elif method == "bbb":
-        if resolved["estimator"] not in ESTIMATORS:
-            raise ValueError(
-                f"Unknown estimator. Expected one of {list(ESTIMATORS)}. Received: estimator={resolved['estimator']!r}"
-            )
-        resolved["prior"] = priors_lib.get(resolved["prior"])
-    elif method == "vd":
-        resolved["parameterization"] = resolve_parameterization(resolved["parameterization"])
-    elif method == "ibnn":
-        k = resolved["num_components"]
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"Expected `num_components` (K) to be an integer >= 1. Received: num_components={k!r}")
-        # The node layers' own rules; spreads may be 0 (every mean at init_mean, every scale at init_scale_mean).
-        for key in ("prior_stddev", "init_scale_mean"):
-            resolved[key] = checks.number(key, resolved[key], low=0, low_open=True)
-        for key in ("init_stddev", "init_scale_stddev"):
-            resolved[key] = checks.number(key, resolved[key], low=0)
-        for key in ("prior_mean", "init_mean"):
-            resolved[key] = checks.number(key, resolved[key])
-    return resolved
-
-
 class LayerFactory:
     """Makes the weight, dropout and normalization layers of one zoo model for one method.
 
     Args:
-        method: one of :data:`ZOO_METHODS`.
-        options: dict of the method's options (:data:`METHOD_OPTIONS`): ``rate``
+        method: a zoo method of the registry (:func:`tfbnn.methods.names` ``(zoo=True)``;
+            the built-in ones: :data:`ZOO_METHODS`).
+        options: dict of the method's options (:attr:`tfbnn.methods.Method.options`; the
+            built-in ones: :data:`METHOD_OPTIONS`): ``rate``
             (mc_dropout), ``estimator`` and ``prior`` (bbb), ``parameterization`` (vd),
             ``num_components``, ``prior_mean``, ``prior_stddev``, ``init_mean``, ``init_stddev``,
             ``init_scale_mean`` and ``init_scale_stddev`` (ibnn). Unknown keys are an error.
@@ -256,17 +210,19 @@ class LayerFactory:
 
     def __init__(self, method="deterministic", options=None, num_examples=None, seed=None, bayesian_layers="all",
                  ensemble=None, ensemble_size=4):
-        self.method = _check_method(method)
-        self.options = _check_options(self.method, options)
-        self.num_examples = _check_num_examples(self.method, num_examples)
+        self._method = _check_method(method)  # the registry's tfbnn.methods.Method
+        self.method = self._method.name
+        self.options = self._method.resolve_options(options)
+        self.num_examples = _check_num_examples(self._method, num_examples)
         self.seed = _check_seed(seed)
         self.bayesian_layers = _check_bayesian_layers(bayesian_layers)
-        self.ensemble, self.ensemble_size = _check_ensemble(ensemble, ensemble_size, self.method, self.bayesian_layers)
-        self.is_bayesian = self.method in BAYESIAN_METHODS
+        self.ensemble, self.ensemble_size = _check_ensemble(ensemble, ensemble_size, self._method,
+                                                            self.bayesian_layers)
+        self.is_bayesian = self._method.bayesian
         self.kl_weight = 1.0 / self.num_examples if self.is_bayesian else None
         self._count = 0
         # What the body (every layer but the head) is made of.
-        self._body_method = self.method if self.bayesian_layers == "all" else "deterministic"
+        self._body = self._method if self.bayesian_layers == "all" else registry.get("deterministic")
 
     def __repr__(self):
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
@@ -289,35 +245,30 @@ class LayerFactory:
         if self.ensemble == "rank1":
             kwargs["ensemble_size"] = self.ensemble_size
             return kwargs
-        if self.method == "bbb":
-            prior = self.options["prior"]
-            kwargs.update(kernel_prior=prior, bias_prior=prior)
-        elif self.method == "vd":
-            kwargs["parameterization"] = self.options["parameterization"]
-        elif self.method == "ibnn":
-            kwargs.update(self.options)
+        # Each method's translation of its options (priors, parameterization, ...): tfbnn.methods.
+        kwargs.update(self._method.extra_layer_kwargs(self.options))
         return kwargs
+
+    def _layer_class(self, method, kind):
+        """The ``kind`` layer class of ``method`` (a :class:`tfbnn.methods.Method`); None: Keras' own."""
+        return registry.layer_class(method.layer_class(kind, self.options))
 
     # -- weight layers -------------------------------------------------------------
     def dense(self, units, activation=None, use_bias=True, name=None):
         """A dense layer of the body: the method's (see the module table); Keras' with ``"last"``."""
-        return self._dense(self._body_method, units, activation, use_bias, name)
+        return self._dense(self._body, units, activation, use_bias, name)
 
     def head(self, units, activation="softmax", use_bias=True, name=None):
         """The classification head's dense layer: the method's, also with ``bayesian_layers="last"``."""
-        return self._dense(self.method, units, activation, use_bias, name)
+        return self._dense(self._method, units, activation, use_bias, name)
 
     def _dense(self, method, units, activation, use_bias, name):
         if self.ensemble is not None:
             return _ENSEMBLE_DENSE[self.ensemble](units, activation=activation, use_bias=use_bias, name=name,
                                                   **self._bayesian_kwargs())
-        if method not in BAYESIAN_METHODS:
+        cls = self._layer_class(method, "dense")
+        if cls is None:
             return keras.layers.Dense(units, activation=activation, use_bias=use_bias, name=name)
-        cls = {
-            "bbb": _BBB_DENSE.get(self.options.get("estimator")),
-            "vd": layers_lib.DenseVariationalDropout,
-            "ibnn": layers_lib.NodeDense,
-        }[self.method]
         return cls(units, activation=activation, use_bias=use_bias, name=name, **self._bayesian_kwargs())
 
     def conv2d(self, filters, kernel_size, strides=1, padding="valid", activation=None, use_bias=True, name=None):
@@ -327,16 +278,12 @@ class LayerFactory:
                 filters, kernel_size, strides=strides, padding=padding, activation=activation, use_bias=use_bias,
                 name=name, **self._bayesian_kwargs(),
             )
-        if self._body_method not in BAYESIAN_METHODS:
+        cls = self._layer_class(self._body, "conv2d")
+        if cls is None:
             return keras.layers.Conv2D(
                 filters, kernel_size, strides=strides, padding=padding, activation=activation,
                 use_bias=use_bias, name=name,
             )
-        cls = {
-            "bbb": _BBB_CONV.get(self.options.get("estimator")),
-            "vd": layers_lib.Conv2DVariationalDropout,
-            "ibnn": layers_lib.NodeConv2D,
-        }[self.method]
         return cls(
             filters, kernel_size, strides=strides, padding=padding, activation=activation, use_bias=use_bias,
             name=name, **self._bayesian_kwargs(),
@@ -352,38 +299,40 @@ class LayerFactory:
         """
         if cell not in RECURRENT_CELLS:
             raise ValueError(f"Expected `cell` in {list(RECURRENT_CELLS)}. Received: cell={cell!r}")
-        method = self._body_method
-        if method in ("deterministic", "mc_dropout"):
+        method = self._body
+        if method.layers and cell not in method.layers:
+            able = [m for m in registry.names(zoo=True) if not registry.get(m).layers or cell in registry.get(m).layers]
+            raise ValueError(
+                f"No Bayesian recurrent layer for method={method.name!r}. Expected a method in "
+                f"{able}, or bayesian_layers='last' (a deterministic recurrent "
+                f"body and a {method.name} head). Received: method={method.name!r}, "
+                f"bayesian_layers={self.bayesian_layers!r}"
+            )
+        cls = self._layer_class(method, cell)
+        if cls is None:
             cls = keras.layers.LSTM if cell == "lstm" else keras.layers.GRU
             return cls(units, return_sequences=return_sequences, name=name)
-        if method != "bbb":
-            raise ValueError(
-                f"No Bayesian recurrent layer for method={method!r}. Expected a method in "
-                "['deterministic', 'mc_dropout', 'bbb'], or bayesian_layers='last' (a deterministic recurrent "
-                f"body and a {method} head). Received: method={method!r}, bayesian_layers={self.bayesian_layers!r}"
-            )
-        cls = layers_lib.LSTMReparameterization if cell == "lstm" else layers_lib.GRUReparameterization
         return cls(units, return_sequences=return_sequences, name=name, **self._bayesian_kwargs())
 
     # -- dropout after a block (MC dropout only) ---------------------------------------
     def dropout(self, x, name=None):
         """``MCDropout(rate)(x)`` for ``mc_dropout`` (element-wise) in the body; ``x`` otherwise."""
-        return self._mc_dropout(layers_lib.MCDropout, x, name) if self._body_method == "mc_dropout" else x
+        return self._mc_dropout(layers_lib.MCDropout, x, name) if self._body.dropout_option else x
 
     def spatial_dropout(self, x, name=None):
         """``MCSpatialDropout2D(rate)(x)`` for ``mc_dropout`` (whole feature maps) in the body; ``x`` otherwise."""
-        return self._mc_dropout(layers_lib.MCSpatialDropout2D, x, name) if self._body_method == "mc_dropout" else x
+        return self._mc_dropout(layers_lib.MCSpatialDropout2D, x, name) if self._body.dropout_option else x
 
     def head_dropout(self, x, name=None):
         """``MCDropout(rate)(x)`` in front of the head for ``mc_dropout`` with ``"last"``; ``x`` otherwise.
 
         With ``"all"`` the body's own dropout is what precedes the head.
         """
-        last_only = self.method == "mc_dropout" and self.bayesian_layers == "last"
+        last_only = bool(self._method.dropout_option) and self.bayesian_layers == "last"
         return self._mc_dropout(layers_lib.MCDropout, x, name) if last_only else x
 
     def _mc_dropout(self, cls, x, name):
-        return cls(self.options["rate"], seed=self.next_seed(), name=name)(x)
+        return cls(self.options[self._method.dropout_option], seed=self.next_seed(), name=name)(x)
 
     # -- normalization -------------------------------------------------------------------
     def batch_norm(self, name=None, **kwargs):

@@ -33,7 +33,12 @@ import keras
 
 from tfbnn.models import _common
 
-__all__ = ["resnet50", "STEMS", "STAGES"]
+__all__ = ["resnet50", "STEMS", "STAGES", "small_image_options"]
+
+def small_image_options(side):
+    """The builder options that fit ResNet-50 to images of side ``side``: the CIFAR stem below 32x32."""
+    return {"stem": "cifar"} if side < 32 else {}
+
 
 #: Values of ``stem``.
 STEMS = ("imagenet", "cifar")

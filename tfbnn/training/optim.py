@@ -10,7 +10,7 @@
 
 import keras
 
-from tfbnn import ibnn, schedules, utils
+from tfbnn import ibnn, methods, schedules, utils
 from tfbnn.schedules import LinearRamp
 
 __all__ = ["learning_rate", "make_optimizer", "kl_schedule", "weight_decay_exclusions", "LinearRamp"]
@@ -69,9 +69,8 @@ def make_optimizer(recipe, steps_per_epoch, model=None):
         excluded = weight_decay_exclusions(model)
         if excluded:
             opt.exclude_from_weight_decay(var_list=excluded)
-    if recipe.method == "ibnn":
-        return ibnn.node_optimizer(opt, variational_learning_rate=recipe.variational_learning_rate)
-    return opt
+    wrap = methods.get(recipe.method).wrap_optimizer  # iBNN: its node posteriors' own learning rate
+    return opt if wrap is None else wrap(opt, recipe.variational_learning_rate)
 
 
 def kl_schedule(name, ramp_epochs, beta=1.0, warmup_epochs=0.0):

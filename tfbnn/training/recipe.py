@@ -18,6 +18,7 @@ import math
 import numbers
 import os
 
+from tfbnn import methods as registry
 from tfbnn._internal import deprecation, files
 
 __all__ = [
@@ -42,19 +43,20 @@ OPTIMIZERS = ("adam", "sgd")
 LR_SCHEDULES = ("constant", "step", "cosine", "linear")
 #: KL-weight schedules (:mod:`tfbnn.schedules`), all ending at ``beta``.
 KL_SCHEDULES = ("constant", "linear", "warmup", "cosine", "cyclic", "blundell")
-#: Methods: the zoo's (:data:`tfbnn.models.ZOO_METHODS`) plus ``graves`` (a deterministic
-#: zoo model converted by :func:`tfbnn.convert.to_bayesian`, Graves 2011) and ``ensemble``
-#: (a deep ensemble of ``members`` zoo models of ``member_method``, Lakshminarayanan et al. 2017).
-RECIPE_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble")
+#: Methods (the built-in ones of the registry, :mod:`tfbnn.methods`, which a recipe asks): the
+#: zoo's (:data:`tfbnn.models.ZOO_METHODS`) plus ``graves`` (a deterministic zoo model converted
+#: by :func:`tfbnn.convert.to_bayesian`, Graves 2011) and ``ensemble`` (a deep ensemble of
+#: ``members`` zoo models of ``member_method``, Lakshminarayanan et al. 2017).
+RECIPE_METHODS = registry.names()
 #: What the members of an ``ensemble`` recipe can be (the zoo's methods).
-MEMBER_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn")
+MEMBER_METHODS = registry.names(zoo=True)
 #: What the loss of a recipe is: the categorical NLL of a softmax classifier
 #: (``sparse_categorical_crossentropy``), or the Gaussian NLL of a regression net's
 #: linear outputs with the fixed noise scale ``noise_std``
 #: (``0.5 ((y - f) / sigma)^2 + log sigma + 0.5 log(2 pi)``, averaged over outputs).
 LIKELIHOODS = ("categorical", "gaussian")
 #: The members of an ``ensemble`` recipe without ``method_options["members"]`` (the paper's M).
-DEFAULT_MEMBERS = 5
+DEFAULT_MEMBERS = registry.get("ensemble").options["members"]
 
 
 def _is_int(value):
@@ -92,7 +94,8 @@ class Recipe:
             (linear outputs of a regression net), ...; ``seed``: the builder's base seed
             of the stochastic layers, default ``seed``: a study that seeds each model
             apart from the run, e.g. one per depth).
-        method: one of :data:`RECIPE_METHODS`.
+        method: a registered method (:func:`tfbnn.methods.names`; the built-in ones:
+            :data:`RECIPE_METHODS`).
         method_options: dict of the method's options (``estimator``, ``prior`` (a name
             or a :func:`tfbnn.priors.serialize` dict), ``rate``, ``parameterization``,
             ``num_components``, ``prior_stddev``; for ``graves`` and pre-trained
@@ -218,7 +221,8 @@ class Recipe:
         for field in ("model_options", "method_options"):
             _check(isinstance(getattr(self, field), dict), field, getattr(self, field), "a dict")
             set_(self, field, _tuples(getattr(self, field)))
-        _check(self.method in RECIPE_METHODS, "method", self.method, f"one of {list(RECIPE_METHODS)}")
+        known = registry.names()
+        _check(self.method in known, "method", self.method, f"one of {list(known)}")
         _check(self.likelihood in LIKELIHOODS, "likelihood", self.likelihood, f"one of {list(LIKELIHOODS)}")
         _check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"one of {list(OPTIMIZERS)}")
         _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule, f"one of {list(LR_SCHEDULES)}")
@@ -275,7 +279,7 @@ class Recipe:
                 f"`lr_boundaries` apply to lr_schedule 'step' and 'linear'. Received: lr_schedule={self.lr_schedule!r}, "
                 f"lr_boundaries={self.lr_boundaries}"
             )
-        if self.method == "ensemble":
+        if self._method.build == "ensemble":
             self._check_ensemble()
         if (self.likelihood == "gaussian") != (self.noise_std is not None):
             raise ValueError(
@@ -287,21 +291,23 @@ class Recipe:
                 "`temperature_scaling` calibrates a classifier's softmax. "
                 f"Received: likelihood={self.likelihood!r}, temperature_scaling=True"
             )
-        if self.variational_learning_rate is not None and self.member_method != "ibnn":
+        if self.variational_learning_rate is not None and registry.get(self.member_method).wrap_optimizer is None:
+            able = " or ".join(repr(m) for m in registry.names() if registry.get(m).wrap_optimizer is not None)
             raise ValueError(
-                "`variational_learning_rate` applies to method='ibnn' only. "
+                f"`variational_learning_rate` applies to method={able} only. "
                 f"Received: method={self.method!r}, variational_learning_rate={self.variational_learning_rate}"
             )
-        if self.train_samples > 1 and self.member_method == "deterministic":
+        if self.train_samples > 1 and not registry.get(self.member_method).stochastic:
             raise ValueError(
                 "`train_samples` > 1 (several weight or noise samples per step) needs a stochastic "
-                f"method, one of {[m for m in RECIPE_METHODS if m != 'deterministic']}. "
+                f"method, one of {list(registry.names(stochastic=True))}. "
                 f"Received: method={self.method!r}, train_samples={self.train_samples}"
             )
-        if self.pretrain_epochs and self.method not in ("bbb", "vd", "graves", "deterministic"):
+        if self.pretrain_epochs and self.method not in _pretrainable_methods():
+            able = ", ".join(repr(m) for m in _pretrainable_methods() if m != "deterministic")
             raise ValueError(
                 "`pretrain_epochs` (frequentist pre-training, then conversion) applies to methods "
-                "'bbb', 'vd', 'graves' and 'deterministic' (the baseline trained as long). "
+                f"{able} and 'deterministic' (the baseline trained as long). "
                 f"Received: method={self.method!r}, pretrain_epochs={self.pretrain_epochs}"
             )
         if self.temperature_scaling and not self.validation_fraction:
@@ -320,26 +326,31 @@ class Recipe:
         members = options.get("members", DEFAULT_MEMBERS)
         _check(_is_int(members) and members >= 1, "method_options['members']", members, "an integer >= 1")
         member = options.get("member_method", "deterministic")
-        _check(member in MEMBER_METHODS, "method_options['member_method']", member,
-               f"one of {list(MEMBER_METHODS)}")
+        zoo = registry.names(zoo=True)
+        _check(member in zoo, "method_options['member_method']", member, f"one of {list(zoo)}")
 
     # -- derived values ---------------------------------------------------------------
     @property
+    def _method(self):
+        """The registry's :class:`tfbnn.methods.Method` of ``method``."""
+        return registry.get(self.method)
+
+    @property
     def member_method(self):
         """The method of each trained network: ``method``, or an ensemble's ``member_method``."""
-        if self.method == "ensemble":
+        if self._method.build == "ensemble":
             return self.method_options.get("member_method", "deterministic")
         return self.method
 
     @property
     def num_members(self):
         """M: an ensemble's ``members``, 1 for every other method."""
-        return self.method_options.get("members", DEFAULT_MEMBERS) if self.method == "ensemble" else 1
+        return self.method_options.get("members", DEFAULT_MEMBERS) if self._method.build == "ensemble" else 1
 
     def member_recipe(self, index):
         """The recipe of member ``index`` of an ensemble: ``member_method`` with the member's options and
         the seed ``seed + 1000 * index`` (:func:`tfbnn.ensembles.member_seeds`)."""
-        if self.method != "ensemble":
+        if self._method.build != "ensemble":
             raise ValueError(f"member_recipe applies to method='ensemble'. Received: method={self.method!r}")
         _check(_is_int(index) and 0 <= index < self.num_members, "index", index,
                f"an integer in [0, {self.num_members})")
@@ -350,7 +361,7 @@ class Recipe:
     @property
     def is_bayesian(self):
         """Whether the model (each member of an ensemble) has a KL term (the ELBO's ``beta`` and ``N`` apply)."""
-        return self.member_method in ("bbb", "vd", "ibnn", "graves")
+        return registry.get(self.member_method).bayesian
 
     @property
     def ramp_epochs(self):
@@ -407,6 +418,12 @@ class Recipe:
 
     def to_json(self):
         return json.dumps(self.to_dict(), indent=1)
+
+
+def _pretrainable_methods():
+    """The methods a recipe may pre-train (``pretrain_epochs``): those :func:`tfbnn.convert.to_bayesian`
+    converts to, and ``deterministic`` (the baseline trained as long)."""
+    return registry.names(convertible=True) + ("deterministic",)
 
 
 def save_recipe(recipe, path):

@@ -30,6 +30,10 @@ What :func:`run` does, in order:
 5. writes ``recipe.json``, ``history.csv``, ``history.json``, ``learning_curves.png``,
    ``results.json`` and ``model.keras``.
 
+What depends on the method (how its model is made, the conversion, the multi-sample
+model, the test samples, the optimizer, XLA, its name in the tables) is read from its
+entry in the method registry (:class:`tfbnn.methods.Method`), not from its name.
+
 Outputs are atomic: everything is written to a hidden staging folder beside the
 output folder and moved into place only after the run succeeded, so a run that
 fails (the loss became NaN, a dataset could not be loaded) leaves neither an empty
@@ -45,6 +49,7 @@ import textwrap
 import time
 
 from tfbnn import datasets
+from tfbnn import methods as registry
 from tfbnn._internal import files
 from tfbnn._internal.errors import RunError
 from tfbnn.training.recipe import Recipe
@@ -139,27 +144,14 @@ def _text_sizes(recipe):
     return sizes["vocab_size"], sizes["max_length"]
 
 
-def _adapted_model_options(recipe, input_shape):
-    """Builder options that fit a zoo model to small images (LeNet-5 'same' padding below
-    16x16, ResNet-50's CIFAR stem below 32x32, ConvNeXt's patch of side // 8 below 32x32),
-    unless the recipe sets them."""
-    options = dict(recipe.model_options)
-    side = min(input_shape[:2]) if len(input_shape) == 3 else None
-    if side is not None and recipe.model == "lenet5" and side < 16:
-        options.setdefault("padding", "same")
-    if side is not None and recipe.model == "resnet50" and side < 32:
-        options.setdefault("stem", "cifar")
-    if side is not None and recipe.model == "convnext" and side < 32:
-        options.setdefault("patch_size", max(1, side // 8))  # four stages: the map halves three times
-    return options
-
-
 def _convert_method(recipe):
-    if recipe.method == "graves":
-        return "graves"
-    if recipe.method == "vd":
-        return "vd_multiplicative" if recipe.method_options.get("parameterization") == "multiplicative" else "vd"
-    return recipe.method_options.get("estimator", "flipout")
+    """The :func:`tfbnn.convert.to_bayesian` method converting to the recipe's (its :class:`tfbnn.methods.Method`)."""
+    name = registry.get(recipe.method).conversion_name(recipe.method_options)
+    if name is None:
+        raise ValueError(f"Method {recipe.method!r} has no conversion from a deterministic model: pre-training "
+                         f"and `convert_layers` apply to methods {list(registry.names(convertible=True))}. "
+                         f"Received: method={recipe.method!r}")
+    return name
 
 
 def build_model(recipe, data):
@@ -171,7 +163,8 @@ def build_model(recipe, data):
     """
     from tfbnn import models
 
-    options = _adapted_model_options(recipe, data.input_shape)
+    # The model's own fit to small images (tfbnn.models.input_options), unless the recipe sets them.
+    options = {**models.input_options(recipe.model, data.input_shape), **recipe.model_options}
     seed = options.pop("seed", recipe.seed)  # a study may seed its models apart from the run
     common = dict(num_classes=data.num_classes, input_shape=data.input_shape, seed=seed, **options)
     if recipe.model in models.TEXT_MODELS:  # token ids: the input shape is (max_length,)
@@ -185,7 +178,8 @@ def build_model(recipe, data):
 
 def _converts(recipe):
     """Whether the run builds the deterministic zoo model and converts it (after ``pretrain_epochs``)."""
-    return recipe.method == "graves" or bool(recipe.pretrain_epochs) or "convert_layers" in recipe.method_options
+    return (registry.get(recipe.method).build == "convert" or bool(recipe.pretrain_epochs)
+            or "convert_layers" in recipe.method_options)
 
 
 def deterministic_version(recipe):
@@ -212,9 +206,7 @@ def _jit(jit_compile, recipe):
         return bool(jit_compile)
     # XLA helps local reparameterization (no weight-sized draw) and slows weight-sized
     # normal draws on CPU (benchmarks/README.md, "Dense layers: a whole train step").
-    options = recipe.method_options
-    return (recipe.member_method == "bbb" and options.get("estimator") == "local_reparameterization"
-            and options.get("prior", "normal") == "normal" and _is_mlp(recipe))
+    return registry.get(recipe.member_method).uses_xla(recipe.method_options) and _is_mlp(recipe)
 
 
 def fixed_noise_gaussian_nll(noise_std):
@@ -305,12 +297,7 @@ def arrays(dataset):
 
 
 def _eval_samples(recipe, model):
-    if recipe.member_method != "ibnn":
-        return recipe.eval_samples
-    from tfbnn import ibnn
-
-    k = ibnn.num_components(model)  # iBNN prediction draws the components in turn: a multiple of K
-    return -(-recipe.eval_samples // k) * k
+    return registry.get(recipe.member_method).num_eval_samples(model, recipe.eval_samples)
 
 
 def fit_temperature(model, recipe, data, num_samples=None):
@@ -364,7 +351,8 @@ def _evaluate(model, recipe, data):
     x_test, y_test = arrays(data.test)
     t = _eval_samples(recipe, model)
     # An ensemble runs M members with T samples each (T = 1 for deterministic members: exact).
-    total = recipe.num_members * (t if utils.stochastic_layers(model) or recipe.method != "ensemble" else 1)
+    total = recipe.num_members * (t if utils.stochastic_layers(model) or registry.get(recipe.method).build != "ensemble"
+                                  else 1)
     scaling = fit_temperature(model, recipe, data, t) if recipe.temperature_scaling else None
     # Token ids take no additive noise: text is shifted by replacing a fraction SHIFT_GAMMA of its tokens.
     corruption = "token_replacement" if recipe.dataset in datasets.TEXT_DATASETS else "gaussian"
@@ -447,7 +435,7 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=
     (``keep["pretrained"]``: the pre-trained deterministic model, when ``keep`` is a dict)."""
     import keras
 
-    if recipe.method == "ensemble":
+    if registry.get(recipe.method).build == "ensemble":
         return _train_ensemble(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet)
 
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
@@ -495,14 +483,9 @@ def _copy(model):
 
 
 def _multi_sample_model(recipe, model):
-    """The model that trains ``model`` with ``recipe.train_samples`` samples per step."""
-    if recipe.method == "ibnn":
-        from tfbnn import ibnn
-
-        return ibnn.IBNNModel(model, num_train_samples=recipe.train_samples)
-    from tfbnn.multisample import MultiSampleModel
-
-    return MultiSampleModel(model, num_samples=recipe.train_samples)
+    """The model that trains ``model`` with ``recipe.train_samples`` samples per step (the method's:
+    iBNN's :class:`tfbnn.ibnn.IBNNModel`, otherwise :class:`tfbnn.MultiSampleModel`)."""
+    return registry.get(recipe.method).train_model(model, recipe.train_samples)
 
 
 def _describe(recipe, model, data, strategy=None):
@@ -523,18 +506,24 @@ def _describe(recipe, model, data, strategy=None):
         tempered = (f" (< 1: a tempered, 'cold' posterior, each example counted {1 / recipe.beta:.3g} times "
                     "against the prior)" if 0 < recipe.beta < 1 else "")
         lines.append(f"  ELBO:     KL schedule {recipe.kl_schedule} to beta = {recipe.beta:g}{tempered}, "
-                     f"{recipe.train_samples} " + ("noise samples per example" if recipe.method == "ibnn" else
-                     "whole-network weight samples") + " per step")
+                     f"{recipe.train_samples} {registry.get(recipe.method).samples_phrase} per step")
     if recipe.temperature_scaling:
         lines.append(f"  calibration: temperature scaling of the Monte Carlo predictive, fitted on the "
                      f"{data.num_validation} validation examples")
     return "\n".join(lines)
 
 
+def _label(recipe):
+    """The method's name in the results: its label (``BbB``), or ``ensemble of M <member method>``."""
+    if registry.get(recipe.method).build == "ensemble":
+        return f"ensemble of {recipe.num_members} {recipe.member_method}"
+    return registry.get(recipe.method).display_name
+
+
 def _columns(result):
     """``[(label, test metrics, is_bayesian_model)]``: the run, its beta comparison, the baseline."""
     r = result.recipe
-    name = {"bbb": "BbB", "ensemble": f"ensemble of {r.num_members} {r.member_method}"}.get(r.method, r.method)
+    name = _label(r)
     columns = [(f"{name} beta={r.beta:g}" if r.is_bayesian else name, result.test, r.is_bayesian)]
     if result.comparison is not None:
         columns.append((f"{name} beta={result.comparison['beta']:g}", result.comparison, True))
@@ -632,7 +621,7 @@ def interpretation(result):
     runs = {r.beta: result.test}
     if result.comparison is not None:
         runs[result.comparison["beta"]] = result.comparison
-    name = {"bbb": "BbB", "ensemble": f"ensemble of {r.num_members} {r.member_method}"}.get(r.method, r.method)
+    name = _label(r)
     text = [f"Reading the table (N = {result.num_examples} training examples):"]
     for i, beta in enumerate(sorted(runs, reverse=True)):
         x = runs[beta]
