@@ -142,7 +142,7 @@ TENSORFLOW_FREE = (
     "tfbnn.experiments.ibnn_regression", "tfbnn.experiments.ibnn_shift", "tfbnn.experiments.posterior_comparison",
     "tfbnn.experiments.uncertainty_comparison", "tfbnn.experiments.vcl_split_digits",
     "tfbnn.experiments.vd_regression", "tfbnn.experiments.vd_sparsity", "tfbnn.experiments.vd_transformer",
-    "tfbnn.training", "tfbnn.training.recipe", "tfbnn.training.recipes", "tfbnn.training.run",
+    "tfbnn.methods", "tfbnn.training", "tfbnn.training.recipe", "tfbnn.training.recipes", "tfbnn.training.run",
 )
 _HEAVY_LIBRARIES = ("numpy", "tensorflow", "keras", "matplotlib", "keras_tuner", "sklearn", "tensorflow_datasets",
                     "tensorflow_probability", "scipy")
