@@ -159,6 +159,38 @@ def test_low_rank_covariance_is_factor_factor_t_plus_diagonal():
     np.testing.assert_allclose(layer.posterior.distribution().covariance(), expected, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("family", ["mean_field", "low_rank"])
+def test_a_normal_prior_object_gives_the_kl_of_tfd_and_of_the_builder(family):
+    layer = _built_layer(family, tfbnn.priors.Normal(0.5, 0.7))
+    builder = _built_layer(family, posteriors.NormalPrior(scale=0.7, loc=0.5))
+    builder.posterior.set_weights(layer.posterior.get_weights())
+    assert layer.make_prior_fn == posteriors.NormalPrior(scale=0.7, loc=0.5)
+    assert float(layer.kl_divergence()) == float(builder.kl_divergence())  # the same posterior: bit for bit
+    q = layer.posterior.distribution()
+    n = q.event_shape[0]
+    expected = tfd.kl_divergence(q, tfd.MultivariateNormalDiag(tf.fill([n], 0.5), tf.fill([n], 0.7)))
+    np.testing.assert_allclose(float(layer.kl_divergence()), float(expected), rtol=1e-6)
+    # The default prior is the object Normal(0, 1).
+    standard, named = _built_layer(family, tfbnn.priors.Normal()), _built_layer(family, "normal")
+    named.posterior.set_weights(standard.posterior.get_weights())
+    assert float(standard.kl_divergence()) == float(named.kl_divergence())
+
+
+def test_a_prior_object_round_trips_through_the_config():
+    layer = testing.run_layer_test(
+        tfbnn.layers.DenseVariational, {"units": 2, "make_prior_fn": tfbnn.priors.Normal(0.0, 0.5), "seed": 1},
+        input_shape=(4, 3), expected_output_shape=(4, 2), run_training=False)
+    config = layer.get_config()
+    restored = tfbnn.layers.DenseVariational.from_config(config)
+    assert restored.make_prior_fn == posteriors.NormalPrior(scale=0.5) and restored.get_config() == config
+
+
+def test_a_prior_object_without_a_closed_form_is_an_error_naming_make_prior_fn():
+    with pytest.raises(ValueError, match=r"Expected `make_prior_fn` to be a builder, a builder's name or a "
+                                         r"tfbnn\.priors\.Normal.*Received: make_prior_fn=ScaleMixture"):
+        tfbnn.layers.DenseVariational(2, make_prior_fn=tfbnn.priors.ScaleMixture())
+
+
 def test_full_covariance_scale_is_lower_triangular_and_starts_at_init_scale():
     layer = _built_layer("full_covariance", input_dim=2)
     np.testing.assert_allclose(layer.posterior.scale_tril(), 0.05 * np.eye(6), atol=1e-7)

@@ -381,7 +381,7 @@ def add_node_noise(model, freeze_weights=False, layer_types=None, seed=None, ini
             the copy starts as the trained network plus small noise (``sigma ~ 0.05``),
             rather than a perturbed one.
         **node_arguments: the other arguments of the node layers, with their defaults
-            (``num_components``, ``prior_mean``, ``prior_stddev``, ``init_mean``,
+            (``num_components``, ``node_prior``, ``init_mean``,
             ``init_scale_mean``, ``init_scale_stddev``, ``kl_estimator``, ``num_kl_samples``,
             ``kl_weight``, ``inference_mode``; see :class:`tfbnn.layers.node.NodeLayer`).
 

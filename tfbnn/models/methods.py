@@ -131,6 +131,10 @@ ENSEMBLES = {"batch_ensemble": ("deterministic", "mc_dropout"), "rank1": ("bbb",
 _ENSEMBLE_DENSE = {"batch_ensemble": layers_lib.DenseBatchEnsemble, "rank1": layers_lib.DenseRank1}
 _ENSEMBLE_CONV = {"batch_ensemble": layers_lib.Conv2DBatchEnsemble, "rank1": layers_lib.Conv2DRank1}
 
+# The arguments by which each method's layers take the one prior object (LayerFactory.prior).
+_PRIOR_ARGUMENTS = {"bbb": ("kernel_prior", "bias_prior"), "ibnn": ("node_prior",)}
+_IBNN_PRIOR_OPTIONS = ("prior_mean", "prior_stddev")
+
 _BBB_DENSE = {
     "flipout": layers_lib.DenseFlipout,
     "reparameterization": layers_lib.DenseReparameterization,
@@ -289,14 +293,23 @@ class LayerFactory:
         if self.ensemble == "rank1":
             kwargs["ensemble_size"] = self.ensemble_size
             return kwargs
-        if self.method == "bbb":
-            prior = self.options["prior"]
-            kwargs.update(kernel_prior=prior, bias_prior=prior)
-        elif self.method == "vd":
+        # One prior object, under the argument each family names it by (kernel_prior, node_prior).
+        kwargs.update(dict.fromkeys(_PRIOR_ARGUMENTS.get(self.method, ()), self.prior()))
+        if self.method == "vd":
             kwargs["parameterization"] = self.options["parameterization"]
         elif self.method == "ibnn":
-            kwargs.update(self.options)
+            kwargs.update({k: v for k, v in self.options.items() if k not in _IBNN_PRIOR_OPTIONS})
         return kwargs
+
+    def prior(self):
+        """The prior object (:class:`tfbnn.priors.Prior`) the method's layers get, or None (no prior option).
+
+        ``bbb``: the ``prior`` option (kernels and biases); ``ibnn``: ``Normal(prior_mean,
+        prior_stddev)`` of its options (the node noise).
+        """
+        if self.method == "ibnn":
+            return priors_lib.Normal(*(self.options[k] for k in _IBNN_PRIOR_OPTIONS))
+        return self.options.get("prior")
 
     # -- weight layers -------------------------------------------------------------
     def dense(self, units, activation=None, use_bias=True, name=None):
