@@ -27,7 +27,7 @@ RENAMED_KEYS = {
     "bias_loc_initializer": "bias_initializer",
     "kernel_rho_initializer": "kernel_scale_initializer",
     "bias_rho_initializer": "bias_scale_initializer",
-    "posterior_parameterization": "parameterization",
+    "posterior_parameterization": "scale_parameterization",
 }
 # Variational dropout's two scale initializers: the one its parameterization used
 # is kernel_scale_initializer, the other had no effect and is gone.
@@ -86,7 +86,8 @@ def test_v0_1_config_values_kept_under_current_names(name):
     [
         (layers.DenseFlipout, "kernel_loc_initializer", "kernel_initializer", "ones"),
         (layers.DenseReparameterization, "bias_rho_initializer", "bias_scale_initializer", -3.0),
-        (layers.Conv2DFlipout, "posterior_parameterization", "parameterization", "log_variance"),
+        (layers.Conv2DFlipout, "posterior_parameterization", "scale_parameterization", "log_variance"),
+        (layers.DenseFlipout, "parameterization", "scale_parameterization", "log_variance"),  # renamed in 0.3
         (layers.GravesDense, "kernel_rho_initializer", "kernel_scale_initializer", -4.0),
         (layers.DenseVariationalDropout, "log_sigma2_initializer", "kernel_scale_initializer", -7.0),
     ],
@@ -99,6 +100,17 @@ def test_old_argument_names_construct_with_a_deprecation_warning(cls, old, new, 
     assert layer.get_config() == cls(*args, name="x", **{new: init}).get_config()
     with pytest.raises(ValueError, match=f"Expected `{new}` or its old name `{old}`, not both"):
         cls(*args, **{old: init, new: init})
+
+
+def test_parameterization_is_variational_dropouts_and_the_scale_one_is_scale_parameterization():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # variational dropout's name is not deprecated
+        assert layers.DenseVariationalDropout(3, parameterization="multiplicative").parameterization == "multiplicative"
+        flipout = layers.DenseFlipout(3, scale_parameterization="log_variance")
+    assert flipout.parameterization == flipout.scale_parameterization == "log_variance"  # the old attribute, read-only
+    assert "parameterization" not in flipout.get_config()
+    with pytest.warns(DeprecationWarning, match="PARAMETERIZATIONS is deprecated: use .*SCALE_PARAMETERIZATIONS"):
+        assert layers.mean_field.PARAMETERIZATIONS == layers.mean_field.SCALE_PARAMETERIZATIONS
 
 
 def test_vd_multiplicative_takes_the_old_log_alpha_initializer():

@@ -194,7 +194,7 @@ class _Converter:
                     f"channels_first. Use method='vd' or exclude it. Received: method={self.method!r}"
                 )
             if self.method == "graves":
-                return cls(**args, kernel_prior=self.prior, bias_prior=None, parameterization="log_variance",
+                return cls(**args, kernel_prior=self.prior, bias_prior=None, scale_parameterization="log_variance",
                            **common)
             return cls(**args, kernel_prior=self.prior, bias_prior=None, **common)
         if self.method == "graves":
@@ -228,7 +228,7 @@ class _Converter:
             if old.use_bias:
                 new.bias_loc.assign(old.bias.numpy())
             return
-        new.kernel_rho.assign(_rho(sigma, new.parameterization).astype(np.float32))
+        new.kernel_rho.assign(_rho(sigma, new.scale_parameterization).astype(np.float32))
         if old.use_bias:
             new.bias_loc.assign(old.bias.numpy())
 
