@@ -276,10 +276,14 @@ class LowRankNormalWeights(MeanFieldNormalWeights):
         super().build(input_shape)
         self.factor = self._variable("factor", (self.event_size, self.rank), self.factor_initializer)
 
+    def low_rank(self):
+        """This posterior as the :class:`tfbnn.kl.LowRankGaussian` ``N(mu, diag(d^2) + L L^T)``."""
+        return kl_lib.LowRankGaussian(tf.convert_to_tensor(self.loc), tf.square(self.scale()),
+                                      tf.convert_to_tensor(self.factor))
+
     def covariance(self):
         """``L L^T + diag(d^2)``, ``[n, n]`` (dense: for checks and small layers)."""
-        factor = tf.convert_to_tensor(self.factor)
-        return tf.matmul(factor, factor, transpose_b=True) + tf.linalg.diag(tf.square(self.scale()))
+        return self.low_rank().covariance()
 
     def distribution(self):
         return tfd.MultivariateNormalDiagPlusLowRankCovariance(
@@ -847,8 +851,9 @@ def low_rank_normal_kl(q, p, name=None):
         tr(Sigma_p^-1 Sigma_q) = ||S^-1 diag(D)^(1/2)||_F^2 + ||S^-1 U||_F^2
         log det Sigma_q = sum log D + log det(I_r + U^T diag(D)^-1 U)
 
-    (the matrix determinant lemma): ``O(r^2 n)`` for a diagonal ``S``,
-    ``O(n^2 (n + r))`` for a dense one.
+    (the matrix determinant lemma): ``O(r^2 n)`` for a diagonal ``S`` (then it is
+    :meth:`tfbnn.kl.LowRankGaussian.kl_to_diagonal`, the KL of the layers' low-rank
+    posteriors too), ``O(n^2 (n + r))`` for a dense one.
 
     Args:
         q: ``tfd.MultivariateNormalDiagPlusLowRankCovariance``.
@@ -862,16 +867,14 @@ def low_rank_normal_kl(q, p, name=None):
     del name
     diag = tf.convert_to_tensor(q.parameters["cov_diag_factor"])
     factor = tf.convert_to_tensor(q.parameters["cov_perturb_factor"])
+    low_rank = kl_lib.LowRankGaussian(q.mean(), diag, factor)
     scale = p.scale
     if _is_diagonal(scale):
-        inv_var = 1.0 / tf.square(scale.diag_part())
-        trace = (tf.reduce_sum(diag * inv_var, -1)
-                 + tf.reduce_sum(tf.square(factor) * inv_var[..., None], [-2, -1]))
-    else:
-        trace = (tf.reduce_sum(tf.square(scale.solve(tf.linalg.diag(tf.sqrt(diag)))), [-2, -1])
-                 + tf.reduce_sum(tf.square(scale.solve(factor)), [-2, -1]))
+        return low_rank.kl_to_diagonal(p.mean(), scale.diag_part())
+    trace = (tf.reduce_sum(tf.square(scale.solve(tf.linalg.diag(tf.sqrt(diag)))), [-2, -1])
+             + tf.reduce_sum(tf.square(scale.solve(factor)), [-2, -1]))
     mahalanobis = tf.reduce_sum(tf.square(scale.solvevec(p.mean() - q.mean())), -1)
-    log_det_q = kl_lib.low_rank_log_det(diag, factor)
+    log_det_q = low_rank.log_det()
     log_det_p = 2.0 * scale.log_abs_determinant()
     n = tf.cast(tf.shape(diag)[-1], diag.dtype)
     return 0.5 * (trace + mahalanobis - n + log_det_p - log_det_q)

@@ -25,7 +25,11 @@ has a low-rank plus diagonal covariance over its ``n`` flattened weights,
 
 (Tomczak et al. 2020), sampled as ``W = mu + sigma * eps + L z`` (``eps ~ N(0, I_n)``,
 ``z ~ N(0, I_r)``), ``O(n r)``; the KL against a Normal prior is closed form in
-``O(n r^2)`` (:func:`tfbnn.kl.low_rank_kl`), never an ``n x n`` matrix.
+``O(n r^2)`` (:func:`tfbnn.kl.low_rank_kl`), never an ``n x n`` matrix. So the class
+holds a Gaussian posterior that is mean field by default and not with this option (the
+name keeps the default). The low-rank Gaussian itself (KL, log-density, log-determinant)
+is written once, :class:`tfbnn.kl.LowRankGaussian`, which
+:class:`tfbnn.posteriors.LowRankNormalWeights` (``DenseVariational(..., "low_rank")``) shares.
 """
 
 import keras
