@@ -484,6 +484,19 @@ def test_add_node_noise_to_a_trained_sequential_model():
         np.testing.assert_array_equal(b, w.numpy())  # the original is untouched
 
 
+def test_add_node_noise_takes_node_prior_and_the_deprecated_floats_once():
+    base = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8), keras.layers.Dense(2)])
+    prior = tfbnn.priors.Normal(1.0, 0.3)
+    model = ibnn.add_node_noise(base, node_prior=prior, seed=0)
+    assert [layer.node_prior for layer in ibnn.node_layers(model)] == [prior, prior]
+    with pytest.warns(DeprecationWarning, match="`prior_stddev=` is deprecated; pass node_prior=") as caught:
+        old = ibnn.add_node_noise(base, prior_stddev=0.3, seed=0)
+    assert len([w for w in caught if issubclass(w.category, DeprecationWarning)]) == 1  # once, not per layer
+    assert [layer.node_prior for layer in ibnn.node_layers(old)] == [prior, prior]
+    with pytest.raises(ValueError, match="Expected `node_prior` or the deprecated `prior_stddev`, not both"):
+        ibnn.add_node_noise(base, node_prior=prior, prior_stddev=0.3)
+
+
 def test_add_node_noise_to_a_functional_conv_model():
     inputs = keras.Input((8, 8, 2))
     h = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
