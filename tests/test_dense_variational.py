@@ -185,10 +185,24 @@ def test_a_prior_object_round_trips_through_the_config():
     assert restored.make_prior_fn == posteriors.NormalPrior(scale=0.5) and restored.get_config() == config
 
 
-def test_a_prior_object_without_a_closed_form_is_an_error_naming_make_prior_fn():
-    with pytest.raises(ValueError, match=r"Expected `make_prior_fn` to be a builder, a builder's name or a "
-                                         r"tfbnn\.priors\.Normal.*Received: make_prior_fn=ScaleMixture"):
-        tfbnn.layers.DenseVariational(2, make_prior_fn=tfbnn.priors.ScaleMixture())
+def test_a_scale_mixture_prior_object_gives_the_monte_carlo_kl_of_its_density():
+    prior = tfbnn.priors.ScaleMixture(0.25, 1.0, 0.1)
+    layer = _built_layer("mean_field", prior, seed=4)
+    assert layer.make_prior_fn == posteriors.IndependentPrior(prior)
+    q, p = layer.posterior.distribution(), layer.prior.distribution()
+    w = q.sample(seed=tf.constant([1, 2]))
+    # log p(w) is the prior's own density summed over the weights: the one the other layers use.
+    np.testing.assert_allclose(float(p.log_prob(w)), float(tf.reduce_sum(prior.log_prob(w))), rtol=1e-5)
+    assert np.isfinite(float(layer.kl_divergence()))  # Monte Carlo: TFP registers no KL for the pair
+    restored = tfbnn.layers.DenseVariational.from_config(layer.get_config())
+    assert restored.make_prior_fn == posteriors.IndependentPrior(prior)
+
+
+@pytest.mark.parametrize("prior", [tfbnn.priors.Graves(), tfbnn.priors.Posterior([0.0], [1.0])])
+def test_a_prior_object_that_is_not_one_fixed_prior_per_weight_is_an_error_naming_make_prior_fn(prior):
+    with pytest.raises(ValueError, match=r"Expected `make_prior_fn` to be a fixed prior of one weight.*"
+                                         r"Received: make_prior_fn=(Graves|Posterior)"):
+        tfbnn.layers.DenseVariational(2, make_prior_fn=prior)
 
 
 def test_full_covariance_scale_is_lower_triangular_and_starts_at_init_scale():
@@ -338,7 +352,8 @@ def test_mean_mode_is_the_distribution_mean():
 
 @pytest.mark.parametrize("builder", [posteriors.MeanFieldNormal(0.2, "zeros"), posteriors.LowRankNormal(3),
                                      posteriors.FullCovarianceNormal(), posteriors.NormalPrior(2.0, 0.5),
-                                     posteriors.TrainableNormalPrior(trainable_scale=True)])
+                                     posteriors.TrainableNormalPrior(trainable_scale=True),
+                                     posteriors.IndependentPrior(tfbnn.priors.ScaleMixture())])
 def test_builders_round_trip_through_keras_serialization(builder):
     config = keras.saving.serialize_keras_object(builder)
     assert keras.saving.deserialize_keras_object(config) == builder

@@ -90,6 +90,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from tfbnn import kl as kl_lib
+from tfbnn import priors as priors_lib
 from tfbnn._internal import checks
 from tfbnn._internal.configurable import Configurable
 
@@ -102,6 +103,7 @@ __all__ = [
     "LowRankNormalWeights",
     "FullCovarianceNormalWeights",
     "NormalPriorWeights",
+    "IndependentPriorWeights",
     "AffineCouplingFlow",
     "FlowNormalWeights",
     "VariableDistribution",
@@ -111,6 +113,8 @@ __all__ = [
     "FlowNormal",
     "NormalPrior",
     "TrainableNormalPrior",
+    "IndependentPrior",
+    "scalar_prior",
     "low_rank_normal_kl",
     "get",
     "serialize",
@@ -560,6 +564,46 @@ class NormalPriorWeights(_SizedWeights):
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
+class IndependentPriorWeights(_SizedWeights):
+    """A :mod:`tfbnn.priors` prior on each of ``n`` weights, independently: ``p(w) = prod_i p(w_i)``.
+
+    ``tfd.Sample(prior.distribution(), n)``, event shape ``[n]``, no variables. TFP
+    registers no KL between these posteriors and it, so the layer uses the Monte Carlo
+    KL (for a :class:`tfbnn.priors.Normal` use :class:`NormalPriorWeights`, closed form).
+
+    Args:
+        event_size: int > 0.
+        prior: a :class:`tfbnn.priors.Prior` of one weight (its name or serialized dict):
+            ``Normal``, ``ScaleMixture`` or a fixed ``Graves``.
+    """
+
+    def __init__(self, event_size, prior, **kwargs):
+        super().__init__(event_size, **kwargs)
+        self.prior = scalar_prior(prior, "prior")
+
+    def distribution(self):
+        return tfd.Sample(self.prior.distribution(self.variable_dtype), sample_shape=[self.event_size])
+
+    def get_config(self):
+        config = super().get_config()
+        config["prior"] = priors_lib.serialize(self.prior)
+        return config
+
+
+def scalar_prior(value, name="prior"):
+    """``value`` (a prior, its name or serialized dict) as a fixed :mod:`tfbnn.priors` prior of one weight.
+
+    A :class:`tfbnn.priors.Posterior` (per weight) or an adaptive :class:`tfbnn.priors.Graves`
+    (fitted to a mean-field posterior) is a ValueError naming ``name``.
+    """
+    prior = priors_lib.get(value, name=name)
+    if isinstance(prior, priors_lib.Posterior) or getattr(prior, "adaptive", False):
+        raise ValueError(f"Expected `{name}` to be a fixed prior of one weight (Normal, ScaleMixture, Graves with loc "
+                         f"and scale), broadcast over every weight. Received: {name}={prior!r}")
+    return prior
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
 class VariableDistribution(WeightDistribution):
     """One trainable parameter vector and a function that makes the distribution from it.
 
@@ -762,6 +806,31 @@ class TrainableNormalPrior(_Builder):
 
     def _layer_config(self):
         return {**self._config, "trainable_loc": True}
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class IndependentPrior(_Builder):
+    """Builds ``prod_i p(w_i)`` from a :mod:`tfbnn.priors` prior ``p`` of one weight (an :class:`IndependentPriorWeights`).
+
+    What :class:`tfbnn.layers.DenseVariational` makes of ``make_prior_fn=`` a prior object
+    other than a ``Normal`` (say ``tfbnn.priors.ScaleMixture()``, Blundell et al. 2015): the
+    same prior the other layers take as ``kernel_prior``, over the flattened weights. KL:
+    Monte Carlo.
+
+    Args:
+        prior: a :class:`tfbnn.priors.Prior` (or its name or serialized dict), fixed.
+
+    Example:
+        >>> import tfbnn
+        >>> p = tfbnn.posteriors.IndependentPrior(tfbnn.priors.ScaleMixture())(kernel_size=6, bias_size=2)
+        >>> p.distribution().event_shape
+        TensorShape([8])
+    """
+
+    layer_class = IndependentPriorWeights
+
+    def __init__(self, prior):
+        self._config = {"prior": priors_lib.serialize(scalar_prior(prior, "prior"))}
 
 
 def _initializer_config(value):

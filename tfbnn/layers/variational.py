@@ -22,15 +22,13 @@ __all__ = ["DenseVariational"]
 
 
 def _prior_builder(make_prior_fn):
-    """``make_prior_fn``, a :class:`tfbnn.priors.Normal` made the builder of ``N(loc, scale^2 I)``."""
+    """``make_prior_fn``, a prior object made a builder: a :class:`tfbnn.priors.Normal` the builder of
+    ``N(loc, scale^2 I)`` (closed-form KL), another fixed prior :class:`tfbnn.posteriors.IndependentPrior`."""
     if not isinstance(make_prior_fn, priors_lib.Prior):
         return make_prior_fn
-    if type(make_prior_fn) is not priors_lib.Normal:
-        raise ValueError(
-            "Expected `make_prior_fn` to be a builder, a builder's name or a tfbnn.priors.Normal (the prior "
-            "objects with a closed-form KL against these posteriors; write a builder for another prior, see "
-            f"tfbnn.posteriors.VariableDistribution). Received: make_prior_fn={make_prior_fn!r}")
-    return posteriors.NormalPrior(scale=make_prior_fn.scale, loc=make_prior_fn.loc)
+    if type(make_prior_fn) is priors_lib.Normal:
+        return posteriors.NormalPrior(scale=make_prior_fn.scale, loc=make_prior_fn.loc)
+    return posteriors.IndependentPrior(posteriors.scalar_prior(make_prior_fn, "make_prior_fn"))
 
 
 def exact_kl(posterior, prior):
@@ -136,9 +134,11 @@ class DenseVariational(BayesianLayer):
             Default ``"mean_field"``.
         make_prior_fn: the prior's builder, as ``make_posterior_fn`` (names
             ``"normal"``, ``"trainable_normal"``), or a prior object as the other layers
-            take it (their ``kernel_prior``): a :class:`tfbnn.priors.Normal` ``(loc, scale)`` is
-            the fixed prior ``N(loc, scale^2 I)`` over every weight, the builder
-            :class:`tfbnn.posteriors.NormalPrior` ``(scale, loc)`` (which ``get_config`` holds).
+            take it (their ``kernel_prior``), on every weight: a :class:`tfbnn.priors.Normal`
+            ``(loc, scale)`` is the fixed prior ``N(loc, scale^2 I)``, the builder
+            :class:`tfbnn.posteriors.NormalPrior` ``(scale, loc)`` (which ``get_config`` holds;
+            closed-form KL); another fixed prior (``tfbnn.priors.ScaleMixture()``) is
+            :class:`tfbnn.posteriors.IndependentPrior` (Monte Carlo KL).
             Default ``"normal"`` (``Normal(0, 1)``).
         kl_weight: float >= 0 or None, ``beta / N``; see :class:`BayesianLayer`.
         activation: activation name or callable. Default None (linear).
