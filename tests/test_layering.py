@@ -75,7 +75,7 @@ FUNCTION_LOCAL_IMPORTS = {
     ("tfbnn/datasets/_tfds.py", "load_train_test"): _TFDS,
     ("tfbnn/training/recipe.py", "Recipe.to_dict"): _TRAINING,
     **{("tfbnn/methods.py", name): _REGISTRY for name in (
-        "layer_class", "_multi_sample_model", "_check_bbb", "_check_vd", "_check_ibnn", "_ibnn_sample_model", "_ibnn_eval_samples",
+        "layer_class", "_multi_sample_model", "_check_bbb", "_check_vd", "_check_ibnn", "_ibnn_layer_kwargs", "_ibnn_sample_model", "_ibnn_eval_samples",
         "_ibnn_optimizer")},
     **{("tfbnn/training/run.py", name): _TRAINING for name in (
         "_is_mlp", "build_model", "convert_model", "fixed_noise_gaussian_nll", "_compile", "_fit", "arrays",

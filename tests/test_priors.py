@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+import tfbnn
 from tfbnn import priors
 
 tfd = tfp.distributions
@@ -142,3 +143,46 @@ def test_scale_mixture_log_density_is_stable_for_a_narrow_component():
     np.testing.assert_allclose(got, expected, rtol=1e-5)
     # Beyond float32 (log p(1e30) ~ -5e59) the density is 0: -inf, not NaN.
     assert p.log_prob(tf.constant(1e30)).numpy() == -np.inf
+
+
+# -- one prior vocabulary: every family takes a prior object ---------------------------------------------
+
+
+def _families():
+    return [
+        (lambda p: tfbnn.layers.DenseFlipout(2, kernel_prior=p, bias_prior=p), "kernel_prior"),
+        (lambda p: tfbnn.layers.NodeDense(2, node_prior=p), "node_prior"),
+        (lambda p: tfbnn.layers.NodeNoise(node_prior=p), "node_prior"),
+        (lambda p: tfbnn.layers.DenseRank1(2, fast_weight_prior=p), "fast_weight_prior"),
+        (lambda p: tfbnn.layers.Conv2DRank1(2, 3, fast_weight_prior=p), "fast_weight_prior"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_every_family_takes_one_prior_object_and_keeps_it_in_its_config(index):
+    make, argument = _families()[index]
+    prior = priors.Normal(1.0, 0.3)
+    layer = make(prior)
+    assert getattr(layer, argument) == prior
+    assert layer.get_config()[argument] == priors.serialize(prior)
+    restored = type(layer).from_config(layer.get_config())
+    assert getattr(restored, argument) == prior
+
+
+def test_dense_variational_takes_the_prior_object_as_make_prior_fn():
+    layer = tfbnn.layers.DenseVariational(2, make_prior_fn=priors.Normal(1.0, 0.3), seed=0)
+    layer.build((None, 3))
+    n = 3 * 2 + 2
+    p = layer.prior.distribution()
+    np.testing.assert_array_equal(p.mean().numpy(), np.full(n, 1.0, "float32"))
+    np.testing.assert_allclose(p.stddev().numpy(), np.full(n, 0.3), rtol=1e-6)
+
+
+def test_the_zoo_passes_one_prior_object_to_each_family():
+    prior = priors.Normal(0.0, 0.5)
+    bbb = tfbnn.models.LayerFactory("bbb", {"prior": prior}, num_examples=10, seed=0)
+    layer = bbb.dense(2)
+    assert bbb.prior() == prior and layer.kernel_prior == layer.bias_prior == prior
+    ibnn = tfbnn.models.LayerFactory("ibnn", {"prior_mean": 0.9, "prior_stddev": 0.2}, num_examples=10, seed=0)
+    assert ibnn.prior() == ibnn.dense(2).node_prior == priors.Normal(0.9, 0.2)
+    assert tfbnn.models.LayerFactory("vd", num_examples=10).prior() is None

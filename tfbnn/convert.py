@@ -212,7 +212,7 @@ class _Converter:
             if old.use_bias:
                 new.bias_loc.assign(old.bias.numpy())
             return
-        new.kernel_rho.assign(_rho(sigma, new.parameterization).astype(np.float32))
+        new.kernel_rho.assign(_rho(sigma, new.scale_parameterization).astype(np.float32))
         if old.use_bias:
             new.bias_loc.assign(old.bias.numpy())
 

@@ -56,6 +56,7 @@ import tensorflow as tf
 
 from tfbnn._internal import deprecation
 from tfbnn import inference
+from tfbnn.layers.base import FLOAT_PRIOR_ARGUMENTS
 from tfbnn.layers.node import VARIATIONAL_WEIGHT_NAMES, NodeNoise, NodeLayer
 from tfbnn.utils import NetworkWrapper, tile_rows, bayesian_layers, weight_samples
 
@@ -304,9 +305,10 @@ def node_optimizer(weight_optimizer=None, variational_learning_rate=None, variat
 # -- the pretrained start --------------------------------------------------------------------
 
 
-# What add_node_noise passes on to its NodeNoise layers (it sets their seeds and axes itself).
+# What add_node_noise passes on to its NodeNoise layers (it sets their seeds and axes itself),
+# and the deprecated floats of node_prior.
 _NODE_ARGUMENTS = tuple(p for p in inspect.signature(NodeLayer.__init__).parameters
-                        if p not in ("self", "seed", "kwargs"))
+                        if p not in ("self", "seed", "kwargs")) + FLOAT_PRIOR_ARGUMENTS[0]
 
 
 def _channel_axis(layer):
@@ -381,7 +383,7 @@ def add_node_noise(model, freeze_weights=False, layer_types=None, seed=None, ini
             the copy starts as the trained network plus small noise (``sigma ~ 0.05``),
             rather than a perturbed one.
         **node_arguments: the other arguments of the node layers, with their defaults
-            (``num_components``, ``prior_mean``, ``prior_stddev``, ``init_mean``,
+            (``num_components``, ``node_prior``, ``init_mean``,
             ``init_scale_mean``, ``init_scale_stddev``, ``kl_estimator``, ``num_kl_samples``,
             ``kl_weight``, ``inference_mode``; see :class:`tfbnn.layers.node.NodeLayer`).
 
@@ -417,7 +419,8 @@ def add_node_noise(model, freeze_weights=False, layer_types=None, seed=None, ini
     if unknown:
         raise ValueError(f"Expected node layer arguments ({', '.join(_NODE_ARGUMENTS)}). "
                          f"Received: {', '.join(f'{k}={node_arguments[k]!r}' for k in unknown)}")
-    node_kwargs = {"init_stddev": init_stddev, **node_arguments}
+    # The deprecated prior floats fold into node_prior here, once (one warning, not one per layer).
+    node_kwargs = NodeNoise.rename_arguments({"init_stddev": init_stddev, **node_arguments}, warn=True)
     NodeNoise(**node_kwargs)  # validates the arguments before any copying
     make_noise = _NoiseFactory(seed, node_kwargs)
     copies = []

@@ -19,12 +19,14 @@ examples).
   log-uniform prior ``p(|w|) ~ 1 / |w|``, functions of ``log alpha`` only
   (Molchanov et al. 2017, eq. 14; Kingma et al. 2015, eq. 7 / appendix C).
 
-* :func:`low_rank_kl`, :func:`low_rank_log_prob` and :func:`low_rank_log_det` -- the
-  low-rank plus diagonal posterior ``N(mu, diag(sigma^2) + L L^T)`` over a kernel
-  (``posterior="low_rank"``): its closed-form KL against a Normal (or per-weight
-  Normal) prior and its log-density, in ``O(n r^2)`` through the ``r x r``
-  capacitance matrix ``C = I_r + L^T diag(sigma^2)^-1 L`` (matrix determinant lemma,
-  Woodbury), never an ``n x n`` matrix.
+* :class:`LowRankGaussian` -- the low-rank plus diagonal Gaussian
+  ``N(mu, diag(sigma^2) + L L^T)``, the one implementation behind both low-rank
+  posteriors (a layer's kernel with ``posterior="low_rank"``, and
+  :class:`tfbnn.posteriors.LowRankNormalWeights`): its closed-form KL against a
+  diagonal Gaussian, log-density and log-determinant, in ``O(n r^2)`` through the
+  ``r x r`` capacitance matrix ``C = I_r + L^T diag(sigma^2)^-1 L`` (matrix
+  determinant lemma, Woodbury), never an ``n x n`` matrix. :func:`low_rank_kl`,
+  :func:`low_rank_log_prob` and :func:`low_rank_log_det` are its kernel-shaped forms.
 
 Priors that fit themselves to the posterior (Graves 2011's optimal Gaussian,
 :class:`tfbnn.priors.Graves`) compute their own KL through a
@@ -42,6 +44,7 @@ tfd = tfp.distributions
 
 __all__ = [
     "closed_form_kl",
+    "LowRankGaussian",
     "low_rank_kl",
     "low_rank_log_prob",
     "low_rank_log_det",
@@ -112,34 +115,116 @@ def _capacitance_cholesky(variance, factor, blocks=1):
     return tf.linalg.cholesky(tf.eye(rank, dtype=factor.dtype) + gram)
 
 
+def _blocks(kernel):
+    """The kernel's first axis (a divisor of its size) when it splits the capacitance product usefully, else 1."""
+    first = kernel.shape[0] if kernel.shape.rank else None
+    return first if first is not None and kernel.shape.rank > 1 else 1
+
+
+class LowRankGaussian:
+    """``N(mu, diag(d) + L L^T)`` over ``n`` values: tfbnn's one low-rank plus diagonal Gaussian.
+
+    Tomczak et al. (2020). Every quantity goes through the ``r x r`` capacitance matrix
+    ``C = I_r + L^T diag(d)^-1 L`` (its Cholesky factor is made once per object), never
+    an ``n x n`` matrix: ``O(n r^2)`` time, ``O(n r)`` memory.
+
+    * the log-determinant, by the matrix determinant lemma:
+      ``log det(diag(d) + L L^T) = sum log d + log det C``;
+    * the log-density, by Woodbury: ``Sigma^-1 = D^-1 - D^-1 L C^-1 L^T D^-1``;
+    * the KL against a diagonal Gaussian ``N(m, diag(s^2))`` (:meth:`kl_to_diagonal`).
+
+    Both low-rank posteriors use it: a layer's kernel with ``posterior="low_rank"``
+    (:meth:`from_kernel`; :func:`low_rank_kl` and :func:`low_rank_log_prob`) and
+    :class:`tfbnn.posteriors.LowRankNormalWeights` of :class:`tfbnn.layers.DenseVariational`,
+    whose KL (:func:`tfbnn.posteriors.low_rank_normal_kl`, registered with TFP) is this
+    class's for a diagonal prior.
+
+    Args:
+        loc: ``[..., n]``, ``mu`` (None where only the covariance is needed).
+        variance: ``[..., n]``, ``d``, positive.
+        factor: ``[..., n, r]``, ``L``.
+        blocks: int, splits the capacitance product into ``blocks`` matmuls (unbatched
+            values only; :meth:`from_kernel` picks it). Default 1.
+
+    Example:
+        >>> import numpy as np, tensorflow as tf
+        >>> from tfbnn.kl import LowRankGaussian
+        >>> q = LowRankGaussian(tf.zeros([3]), tf.ones([3]), tf.constant([[1.0], [0.0], [0.0]]))
+        >>> round(float(q.log_det()), 5) == round(float(np.log(2.0)), 5)    # det diag(2, 1, 1)
+        True
+    """
+
+    def __init__(self, loc, variance, factor, blocks=1):
+        self.loc, self.variance, self.factor, self.blocks = loc, variance, factor, blocks
+        self._chol = None
+
+    @classmethod
+    def from_kernel(cls, loc, scale, factor):
+        """The posterior of a kernel: ``loc`` (``mu``) and ``scale`` (``sqrt(d)``) of the kernel's shape,
+        ``factor`` of ``kernel_shape + (r,)``, flattened to ``n`` values. ``loc`` may be None."""
+        n = tf.size(scale)
+        flat_loc = None if loc is None else tf.reshape(loc, [n])
+        return cls(flat_loc, tf.reshape(tf.square(scale), [n]),
+                   tf.reshape(factor, tf.stack([n, tf.shape(factor)[-1]])), _blocks(scale))
+
+    def capacitance_cholesky(self):
+        """The lower Cholesky factor of ``C = I_r + L^T diag(d)^-1 L``, ``[..., r, r]``."""
+        if self._chol is None:
+            self._chol = _capacitance_cholesky(self.variance, self.factor, self.blocks)
+        return self._chol
+
+    def log_det(self):
+        """``log det(diag(d) + L L^T)``, ``[...]``."""
+        chol = self.capacitance_cholesky()
+        return tf.reduce_sum(tf.math.log(self.variance), -1) + 2.0 * tf.reduce_sum(
+            tf.math.log(tf.linalg.diag_part(chol)), -1)
+
+    def log_prob_of_offsets(self, delta):
+        """``log N(mu + delta; mu, Sigma)`` for ``delta`` of shape ``[T, n]`` (unbatched), ``[T]``."""
+        weighted = delta / self.variance
+        projected = tf.matmul(weighted, self.factor)  # [T, r]
+        # L_C^-1 L^T D^-1 delta
+        solved = tf.linalg.triangular_solve(self.capacitance_cholesky(), tf.transpose(projected), lower=True)
+        quadratic = tf.reduce_sum(delta * weighted, -1) - tf.reduce_sum(tf.square(solved), 0)
+        n = tf.cast(tf.shape(self.variance)[0], delta.dtype)
+        return -0.5 * (n * math.log(2.0 * math.pi) + self.log_det() + quadratic)
+
+    def kl_to_diagonal(self, prior_loc, prior_scale):
+        """``KL(N(mu, diag(d) + L L^T) || N(m, diag(s^2)))``, ``m`` and ``s`` broadcasting against ``mu``.
+
+        ::
+
+            KL = 1/2 [ sum_i ((d_i + (mu_i - m_i)^2) / s_i^2 - 1 + log s_i^2 - log d_i)
+                       + sum_ik L_ik^2 / s_i^2 - log det C ]
+
+        (the Gaussian KL with ``tr(Sigma_p^-1 L L^T) = ||S^-1 L||_F^2`` and the matrix
+        determinant lemma). The per-value terms are summed together, so that a float32
+        sum over a million weights does not cancel large opposite totals. ``[...]``.
+        """
+        inv_var = 1.0 / tf.square(prior_scale)
+        log_prior_var = 2.0 * tf.math.log(prior_scale)
+        per_value = ((self.variance + tf.square(self.loc - prior_loc)) * inv_var - 1.0 + log_prior_var
+                     - tf.math.log(self.variance))
+        factor_trace = tf.reduce_sum(tf.square(self.factor) * (inv_var[..., None] if inv_var.shape.rank else inv_var),
+                                     [-2, -1])
+        log_det_c = 2.0 * tf.reduce_sum(tf.math.log(tf.linalg.diag_part(self.capacitance_cholesky())), -1)
+        return 0.5 * (tf.reduce_sum(per_value, -1) + factor_trace - log_det_c)
+
+    def covariance(self):
+        """``diag(d) + L L^T``, ``[..., n, n]`` (dense: for checks and small ``n``)."""
+        return tf.matmul(self.factor, self.factor, transpose_b=True) + tf.linalg.diag(self.variance)
+
+
 def low_rank_log_det(variance, factor):
     """``log det(diag(variance) + L L^T)`` by the matrix determinant lemma, ``O(n r^2)``.
 
-    ``= sum log variance + log det(I_r + L^T diag(variance)^-1 L)``.
+    ``= sum log variance + log det(I_r + L^T diag(variance)^-1 L)`` (:meth:`LowRankGaussian.log_det`).
 
     Args:
         variance: ``[..., n]``, positive.
         factor: ``[..., n, r]``.
     """
-    return _log_det(variance, _capacitance_cholesky(variance, factor))
-
-
-def _log_det(variance, chol):
-    """``sum log variance + log det C`` from the Cholesky factor of the capacitance ``C``."""
-    return tf.reduce_sum(tf.math.log(variance), -1) + 2.0 * tf.reduce_sum(tf.math.log(tf.linalg.diag_part(chol)), -1)
-
-
-def _flat_low_rank(loc, scale, factor):
-    """``mu`` ``[n]``, ``sigma^2`` ``[n]`` and ``L`` ``[n, r]`` of a kernel's low-rank posterior."""
-    n = tf.size(loc)
-    return (tf.reshape(loc, [n]), tf.reshape(tf.square(scale), [n]),
-            tf.reshape(factor, tf.stack([n, tf.shape(factor)[-1]])))
-
-
-def _blocks(kernel):
-    """The kernel's first axis (a divisor of its size) when it splits the capacitance product usefully, else 1."""
-    first = kernel.shape[0] if kernel.shape.rank else None
-    return first if first is not None and kernel.shape.rank > 1 else 1
+    return LowRankGaussian(None, variance, factor).log_det()
 
 
 def _diagonal_prior(prior, loc):
@@ -164,10 +249,7 @@ def low_rank_kl(loc, scale, factor, prior):
         KL = 1/2 [ sum_i ((sigma_i^2 + (mu_i - m_i)^2) / s_i^2 - 1 + log s_i^2 - log sigma_i^2)
                    + sum_ik L_ik^2 / s_i^2 - log det C ],   C = I_r + L^T diag(sigma^2)^-1 L
 
-    (the Gaussian KL with ``tr(Sigma_p^-1 L L^T) = ||S^-1 L||_F^2`` and the matrix
-    determinant lemma ``log det Sigma_q = sum log sigma_i^2 + log det C``): ``O(n r^2)``
-    time, ``O(n r)`` memory. The per-weight terms are summed together, so the
-    float32 sum over a million weights does not cancel large opposite totals.
+    (:meth:`LowRankGaussian.kl_to_diagonal`): ``O(n r^2)`` time, ``O(n r)`` memory.
 
     Args:
         loc, scale: the kernel's posterior mean and diagonal scale.
@@ -179,22 +261,14 @@ def low_rank_kl(loc, scale, factor, prior):
     """
     # In float32 whatever the layer computes in (Cholesky has no float16 kernel; beta / N needs the digits).
     loc, scale, factor = (tf.cast(t, tf.float32) for t in (loc, scale, factor))
-    mu, variance, factor = _flat_low_rank(loc, scale, factor)
-    m, s = _diagonal_prior(prior, loc)
-    inv_var = 1.0 / tf.square(s)
-    log_prior_var = 2.0 * tf.math.log(s)
-    per_weight = (variance + tf.square(mu - m)) * inv_var - 1.0 + log_prior_var - tf.math.log(variance)
-    factor_trace = tf.reduce_sum(tf.square(factor) * (inv_var[..., None] if inv_var.shape.rank else inv_var))
-    chol = _capacitance_cholesky(variance, factor, _blocks(loc))
-    log_det_c = 2.0 * tf.reduce_sum(tf.math.log(tf.linalg.diag_part(chol)))
-    return 0.5 * (tf.reduce_sum(per_weight) + factor_trace - log_det_c)
+    return LowRankGaussian.from_kernel(loc, scale, factor).kl_to_diagonal(*_diagonal_prior(prior, loc))
 
 
 def low_rank_log_prob(delta, scale, factor):
     """``log N(mu + delta; mu, diag(sigma^2) + L L^T)`` by Woodbury, one per sample, ``O(n r^2)``.
 
     ``Sigma^-1 = D^-1 - D^-1 L C^-1 L^T D^-1`` with ``D = diag(sigma^2)`` and the
-    capacitance ``C = I_r + L^T D^-1 L``.
+    capacitance ``C = I_r + L^T D^-1 L`` (:meth:`LowRankGaussian.log_prob_of_offsets`).
 
     Args:
         delta: ``[T, *kernel_shape]``, samples minus the mean.
@@ -205,15 +279,8 @@ def low_rank_log_prob(delta, scale, factor):
         ``[T]`` log-densities, float32.
     """
     delta, scale, factor = (tf.cast(t, tf.float32) for t in (delta, scale, factor))
-    _, variance, factor = _flat_low_rank(scale, scale, factor)
     delta = tf.reshape(delta, tf.stack([tf.shape(delta)[0], -1]))
-    chol = _capacitance_cholesky(variance, factor, _blocks(scale))
-    weighted = delta / variance
-    projected = tf.matmul(weighted, factor)  # [T, r]
-    solved = tf.linalg.triangular_solve(chol, tf.transpose(projected), lower=True)  # L_C^-1 L^T D^-1 delta
-    quadratic = tf.reduce_sum(delta * weighted, -1) - tf.reduce_sum(tf.square(solved), 0)
-    n = tf.cast(tf.shape(variance)[0], delta.dtype)
-    return -0.5 * (n * math.log(2.0 * math.pi) + _log_det(variance, chol) + quadratic)
+    return LowRankGaussian.from_kernel(None, scale, factor).log_prob_of_offsets(delta)
 
 
 #: Molchanov et al. (2017), eq. 14: ``k1, k2, k3``.

@@ -501,7 +501,11 @@ def _vd_layer_kwargs(options):
 
 
 def _ibnn_layer_kwargs(options):
-    return dict(options)
+    """The node layers' one prior object, ``node_prior = Normal(prior_mean, prior_stddev)``, and the other options."""
+    from tfbnn import priors
+
+    rest = {k: v for k, v in options.items() if k not in ("prior_mean", "prior_stddev")}
+    return {"node_prior": priors.Normal(options["prior_mean"], options["prior_stddev"]), **rest}
 
 
 _BBB_DENSE = {"flipout": "DenseFlipout", "reparameterization": "DenseReparameterization",
@@ -641,7 +645,7 @@ _BUILT_IN_METHODS = (
     Method("graves", "Graves 2011, fixed N(0, 1) prior", build="convert", bayesian=True,
            conversions={"graves": Conversion(
                "GravesDense", "Conv2DFlipout", {"kernel_prior": PRIOR},
-               {"kernel_prior": PRIOR, "bias_prior": None, "parameterization": "log_variance"},
+               {"kernel_prior": PRIOR, "bias_prior": None, "scale_parameterization": "log_variance"},
                channels_last_only=True)}),
     Method("ensemble", "a deep ensemble of --members networks of --member-method, Lakshminarayanan et al. 2017",
            build="ensemble", stochastic=True, options=_ENSEMBLE_DEFAULTS,

@@ -90,6 +90,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from tfbnn import kl as kl_lib
+from tfbnn import priors as priors_lib
 from tfbnn._internal import checks
 from tfbnn._internal.configurable import Configurable
 
@@ -102,6 +103,7 @@ __all__ = [
     "LowRankNormalWeights",
     "FullCovarianceNormalWeights",
     "NormalPriorWeights",
+    "IndependentPriorWeights",
     "AffineCouplingFlow",
     "FlowNormalWeights",
     "VariableDistribution",
@@ -111,6 +113,8 @@ __all__ = [
     "FlowNormal",
     "NormalPrior",
     "TrainableNormalPrior",
+    "IndependentPrior",
+    "scalar_prior",
     "low_rank_normal_kl",
     "get",
     "serialize",
@@ -276,10 +280,14 @@ class LowRankNormalWeights(MeanFieldNormalWeights):
         super().build(input_shape)
         self.factor = self._variable("factor", (self.event_size, self.rank), self.factor_initializer)
 
+    def low_rank(self):
+        """This posterior as the :class:`tfbnn.kl.LowRankGaussian` ``N(mu, diag(d^2) + L L^T)``."""
+        return kl_lib.LowRankGaussian(tf.convert_to_tensor(self.loc), tf.square(self.scale()),
+                                      tf.convert_to_tensor(self.factor))
+
     def covariance(self):
         """``L L^T + diag(d^2)``, ``[n, n]`` (dense: for checks and small layers)."""
-        factor = tf.convert_to_tensor(self.factor)
-        return tf.matmul(factor, factor, transpose_b=True) + tf.linalg.diag(tf.square(self.scale()))
+        return self.low_rank().covariance()
 
     def distribution(self):
         return tfd.MultivariateNormalDiagPlusLowRankCovariance(
@@ -556,6 +564,46 @@ class NormalPriorWeights(_SizedWeights):
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
+class IndependentPriorWeights(_SizedWeights):
+    """A :mod:`tfbnn.priors` prior on each of ``n`` weights, independently: ``p(w) = prod_i p(w_i)``.
+
+    ``tfd.Sample(prior.distribution(), n)``, event shape ``[n]``, no variables. TFP
+    registers no KL between these posteriors and it, so the layer uses the Monte Carlo
+    KL (for a :class:`tfbnn.priors.Normal` use :class:`NormalPriorWeights`, closed form).
+
+    Args:
+        event_size: int > 0.
+        prior: a :class:`tfbnn.priors.Prior` of one weight (its name or serialized dict):
+            ``Normal``, ``ScaleMixture`` or a fixed ``Graves``.
+    """
+
+    def __init__(self, event_size, prior, **kwargs):
+        super().__init__(event_size, **kwargs)
+        self.prior = scalar_prior(prior, "prior")
+
+    def distribution(self):
+        return tfd.Sample(self.prior.distribution(self.variable_dtype), sample_shape=[self.event_size])
+
+    def get_config(self):
+        config = super().get_config()
+        config["prior"] = priors_lib.serialize(self.prior)
+        return config
+
+
+def scalar_prior(value, name="prior"):
+    """``value`` (a prior, its name or serialized dict) as a fixed :mod:`tfbnn.priors` prior of one weight.
+
+    A :class:`tfbnn.priors.Posterior` (per weight) or an adaptive :class:`tfbnn.priors.Graves`
+    (fitted to a mean-field posterior) is a ValueError naming ``name``.
+    """
+    prior = priors_lib.get(value, name=name)
+    if isinstance(prior, priors_lib.Posterior) or getattr(prior, "adaptive", False):
+        raise ValueError(f"Expected `{name}` to be a fixed prior of one weight (Normal, ScaleMixture, Graves with loc "
+                         f"and scale), broadcast over every weight. Received: {name}={prior!r}")
+    return prior
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
 class VariableDistribution(WeightDistribution):
     """One trainable parameter vector and a function that makes the distribution from it.
 
@@ -760,6 +808,31 @@ class TrainableNormalPrior(_Builder):
         return {**self._config, "trainable_loc": True}
 
 
+@keras.saving.register_keras_serializable(package="tfbnn")
+class IndependentPrior(_Builder):
+    """Builds ``prod_i p(w_i)`` from a :mod:`tfbnn.priors` prior ``p`` of one weight (an :class:`IndependentPriorWeights`).
+
+    What :class:`tfbnn.layers.DenseVariational` makes of ``make_prior_fn=`` a prior object
+    other than a ``Normal`` (say ``tfbnn.priors.ScaleMixture()``, Blundell et al. 2015): the
+    same prior the other layers take as ``kernel_prior``, over the flattened weights. KL:
+    Monte Carlo.
+
+    Args:
+        prior: a :class:`tfbnn.priors.Prior` (or its name or serialized dict), fixed.
+
+    Example:
+        >>> import tfbnn
+        >>> p = tfbnn.posteriors.IndependentPrior(tfbnn.priors.ScaleMixture())(kernel_size=6, bias_size=2)
+        >>> p.distribution().event_shape
+        TensorShape([8])
+    """
+
+    layer_class = IndependentPriorWeights
+
+    def __init__(self, prior):
+        self._config = {"prior": priors_lib.serialize(scalar_prior(prior, "prior"))}
+
+
 def _initializer_config(value):
     """A JSON-able form of an initializer argument (names stay names)."""
     if value is None or isinstance(value, str):
@@ -847,8 +920,9 @@ def low_rank_normal_kl(q, p, name=None):
         tr(Sigma_p^-1 Sigma_q) = ||S^-1 diag(D)^(1/2)||_F^2 + ||S^-1 U||_F^2
         log det Sigma_q = sum log D + log det(I_r + U^T diag(D)^-1 U)
 
-    (the matrix determinant lemma): ``O(r^2 n)`` for a diagonal ``S``,
-    ``O(n^2 (n + r))`` for a dense one.
+    (the matrix determinant lemma): ``O(r^2 n)`` for a diagonal ``S`` (then it is
+    :meth:`tfbnn.kl.LowRankGaussian.kl_to_diagonal`, the KL of the layers' low-rank
+    posteriors too), ``O(n^2 (n + r))`` for a dense one.
 
     Args:
         q: ``tfd.MultivariateNormalDiagPlusLowRankCovariance``.
@@ -862,16 +936,14 @@ def low_rank_normal_kl(q, p, name=None):
     del name
     diag = tf.convert_to_tensor(q.parameters["cov_diag_factor"])
     factor = tf.convert_to_tensor(q.parameters["cov_perturb_factor"])
+    low_rank = kl_lib.LowRankGaussian(q.mean(), diag, factor)
     scale = p.scale
     if _is_diagonal(scale):
-        inv_var = 1.0 / tf.square(scale.diag_part())
-        trace = (tf.reduce_sum(diag * inv_var, -1)
-                 + tf.reduce_sum(tf.square(factor) * inv_var[..., None], [-2, -1]))
-    else:
-        trace = (tf.reduce_sum(tf.square(scale.solve(tf.linalg.diag(tf.sqrt(diag)))), [-2, -1])
-                 + tf.reduce_sum(tf.square(scale.solve(factor)), [-2, -1]))
+        return low_rank.kl_to_diagonal(p.mean(), scale.diag_part())
+    trace = (tf.reduce_sum(tf.square(scale.solve(tf.linalg.diag(tf.sqrt(diag)))), [-2, -1])
+             + tf.reduce_sum(tf.square(scale.solve(factor)), [-2, -1]))
     mahalanobis = tf.reduce_sum(tf.square(scale.solvevec(p.mean() - q.mean())), -1)
-    log_det_q = kl_lib.low_rank_log_det(diag, factor)
+    log_det_q = low_rank.log_det()
     log_det_p = 2.0 * scale.log_abs_determinant()
     n = tf.cast(tf.shape(diag)[-1], diag.dtype)
     return 0.5 * (trace + mahalanobis - n + log_det_p - log_det_q)

@@ -224,7 +224,7 @@ class Graves(Prior):
     Pair it with the log-variance posterior of Graves (``sigma^2 = exp(rho)``):
     :class:`tfbnn.layers.GravesDense`, or
     ``DenseLocalReparameterization(..., kernel_prior="graves",
-    parameterization="log_variance")``. Graves pruned weights by their
+    scale_parameterization="log_variance")``. Graves pruned weights by their
     signal-to-noise ratio ``|mu| / sigma`` (:func:`tfbnn.pruning.snr_mask`).
 
     Args:

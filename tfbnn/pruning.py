@@ -544,14 +544,14 @@ def _scale_variable(layer):
     rho = getattr(layer, "kernel_rho", None)
     if rho is None:
         return None
-    return rho, _PRUNED_RHO.get(getattr(layer, "parameterization", "softplus"), -100.0)
+    return rho, _PRUNED_RHO.get(getattr(layer, "scale_parameterization", "softplus"), -100.0)
 
 
 def _noiseless_scale_value(layer):
     """The scale parameter of a (near) deterministic kept weight: the smallest noise the layer allows."""
     if isinstance(layer, VariationalDropoutLayer):
         return -1e4 if layer.parameterization == "additive" else layer.min_log_alpha  # log alpha at its lower clip
-    return _PRUNED_RHO.get(getattr(layer, "parameterization", "softplus"), -100.0)
+    return _PRUNED_RHO.get(getattr(layer, "scale_parameterization", "softplus"), -100.0)
 
 
 def _layer_map(model, masks):

@@ -81,6 +81,22 @@ def test_kl_to_a_per_weight_prior_is_tfd_kl():
                                rtol=1e-5)
 
 
+def test_the_layer_and_dense_variational_share_one_low_rank_kl():
+    """The layer's kernel posterior and the TFP-registered KL are one LowRankGaussian."""
+    layer = tfbnn.layers.DenseReparameterization(3, posterior="low_rank", posterior_rank=2, bias_prior=None,
+                                                 kernel_prior=tfbnn.priors.Normal(0.1, 0.6), seed=1)
+    layer.build((None, 4))
+    layer.kernel_factor.assign(np.random.default_rng(0).normal(scale=0.3, size=(4, 3, 2)).astype("float32"))
+    mu, scale = tf.reshape(layer.kernel_loc, [-1]), tf.reshape(layer.kernel_scale(), [-1])
+    q = tfd.MultivariateNormalDiagPlusLowRankCovariance(mu, cov_diag_factor=tf.square(scale),
+                                                        cov_perturb_factor=tf.reshape(layer.kernel_factor, [12, 2]))
+    p = tfd.MultivariateNormalDiag(tf.fill([12], 0.1), tf.fill([12], 0.6))
+    np.testing.assert_allclose(float(layer.kl_divergence()), float(tfd.kl_divergence(q, p)), rtol=1e-6)
+    low_rank = tfbnn.kl.LowRankGaussian.from_kernel(layer.kernel_loc, layer.kernel_scale(), layer.kernel_factor)
+    np.testing.assert_allclose(low_rank.covariance().numpy(), q.covariance().numpy(), rtol=1e-6, atol=1e-7)
+    assert float(low_rank.kl_to_diagonal(0.1, 0.6)) == float(layer.kl_divergence())
+
+
 def test_the_log_density_is_the_dense_multivariate_normal_log_prob():
     layer = _layer()
     mu, _, q = _dense_posterior(layer)

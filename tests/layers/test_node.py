@@ -180,17 +180,87 @@ def test_initial_means_and_scales_follow_the_arguments():
 
 
 def test_prior_and_initialisation_arguments_round_trip():
-    kwargs = {"num_components": 2, "prior_mean": 0.8, "prior_stddev": 0.3, "init_mean": 0.9, "init_stddev": 0.05,
-              "init_scale_mean": 0.3, "init_scale_stddev": 0.01, "seed": 4}
+    kwargs = {"num_components": 2, "node_prior": tfbnn.priors.Normal(0.8, 0.3), "init_mean": 0.9,
+              "init_stddev": 0.05, "init_scale_mean": 0.3, "init_scale_stddev": 0.01, "seed": 4}
     layer = testing.run_layer_test(NodeDense, {"units": 3, **kwargs}, input_shape=(4, 5), expected_output_shape=(4, 3),
                                    expected_num_trainable_weights=4, run_training=False)
     config = layer.get_config()
-    assert {k: config[k] for k in kwargs} == kwargs
+    assert {k: config[k] for k in kwargs} == {**kwargs, "node_prior": tfbnn.priors.serialize(kwargs["node_prior"])}
     assert NodeDense.from_config(config).get_config() == config
-    # A config written before these arguments existed loads with the former constants (mean 1).
-    old = {k: v for k, v in config.items() if k not in ("prior_mean", "init_mean")}
-    restored = NodeDense.from_config(old)
+    # A config written before prior_mean and init_mean existed (tfbnn 0.1: prior_stddev only)
+    # loads with the former constants (mean 1).
+    old = {k: v for k, v in config.items() if k not in ("node_prior", "init_mean")}
+    restored = NodeDense.from_config({**old, "prior_stddev": 0.3})
     assert restored.prior_mean == 1.0 and restored.init_mean == 1.0
+    assert restored.node_prior == tfbnn.priors.Normal(1.0, 0.3)
+
+
+# -- the prior object (node_prior) and its deprecated float aliases ------------------------------------
+
+
+def _built(layer, input_dim=5):
+    layer.build((None, input_dim))
+    return layer
+
+
+@pytest.mark.parametrize("make", [
+    lambda **kw: NodeNoise(num_components=2, init_stddev=0.4, seed=8, **kw),
+    lambda **kw: NodeNoise(num_components=2, init_stddev=0.4, kl_estimator="monte_carlo", num_kl_samples=3, seed=8,
+                           **kw),
+    lambda **kw: tfbnn.layers.NodeDenseFlow(3, hidden_units=4, seed=8, **kw),
+], ids=["mixture_mean", "monte_carlo", "flow"])
+def test_node_prior_gives_the_numbers_of_the_deprecated_floats(make):
+    layer = _built(make(node_prior=tfbnn.priors.Normal(0.6, 0.25)))
+    with pytest.warns(DeprecationWarning, match=r"`prior_mean=` is deprecated; pass node_prior=tfbnn\.priors\.Normal"):
+        old = _built(make(prior_mean=0.6, prior_stddev=0.25))
+    assert float(old.kl_divergence()) == float(layer.kl_divergence())  # seeded: the same numbers, bit for bit
+    assert old.node_prior == layer.node_prior == tfbnn.priors.Normal(0.6, 0.25)
+    assert (layer.prior_mean, layer.prior_stddev) == (0.6, 0.25)
+    assert {**old.get_config(), "name": None} == {**layer.get_config(), "name": None}
+
+
+def test_node_prior_gives_the_kl_of_tfd_kl_divergence():
+    layer = _built(NodeDense(3, num_components=2, node_prior=tfbnn.priors.Normal(0.6, 0.25), init_stddev=0.4, seed=8))
+    loc, scale = layer.node_loc.numpy().astype(np.float64), layer.node_scale().numpy().astype(np.float64)
+    q_hat = tfd.Normal(loc.mean(axis=0), np.sqrt(np.sum(scale**2, axis=0)) / 2)  # eqs. 22-24
+    expected = float(tf.reduce_sum(tfd.kl_divergence(q_hat, tfd.Normal(np.float64(0.6), np.float64(0.25)))))
+    np.testing.assert_allclose(float(layer.kl_divergence()), expected, rtol=1e-5)
+
+
+def test_node_prior_defaults_to_normal_1_0_1_and_one_old_float_keeps_the_other_default():
+    assert NodeDense(2).node_prior == tfbnn.priors.Normal(1.0, 0.1)
+    with pytest.warns(DeprecationWarning, match="prior_stddev"):
+        assert NodeConv2D(2, 3, prior_stddev=0.3).node_prior == tfbnn.priors.Normal(1.0, 0.3)
+    assert NodeDense(2, node_prior={"class_name": "Normal", "config": {"loc": 1.0, "scale": 0.2}}).prior_stddev == 0.2
+
+
+@pytest.mark.parametrize("old", [{"prior_mean": 0.9}, {"prior_stddev": 0.2}, {"prior_mean": 0.9, "prior_stddev": 0.2}])
+def test_node_prior_and_a_deprecated_float_together_are_an_error_naming_both(old):
+    with pytest.raises(ValueError, match=r"Expected `node_prior` or the deprecated `prior_.*`, not both\. "
+                                         r"Received: node_prior=Normal\(loc=1\.0, scale=0\.3\), prior_"):
+        NodeDense(2, node_prior=tfbnn.priors.Normal(1.0, 0.3), **old)
+
+
+def test_node_prior_must_be_a_normal():
+    for bad in (tfbnn.priors.ScaleMixture(), "scale_mixture"):
+        with pytest.raises(ValueError, match=r"Expected `node_prior` to be a tfbnn\.priors\.Normal.*Received: "
+                                             r"node_prior=ScaleMixture"):
+            NodeNoise(node_prior=bad)
+    with pytest.raises(ValueError, match="Received: node_prior=1.0"):
+        NodeNoise(node_prior=1.0)
+
+
+def test_a_saved_config_with_the_old_prior_keys_loads_silently_with_the_same_kl(recwarn):
+    layer = NodeDense(3, num_components=2, node_prior=tfbnn.priors.Normal(0.7, 0.2), seed=3)
+    layer.build((None, 4))
+    saved = keras.saving.serialize_keras_object(layer)
+    config = {k: v for k, v in saved["config"].items() if k != "node_prior"}
+    old = {**saved, "config": {**config, "prior_mean": 0.7, "prior_stddev": 0.2}}  # as tfbnn 0.2 wrote it
+    restored = keras.saving.deserialize_keras_object(old)  # built from the saved build config
+    restored.set_weights(layer.get_weights())
+    assert restored.node_prior == layer.node_prior and restored.get_config() == layer.get_config()
+    assert float(restored.kl_divergence()) == float(layer.kl_divergence())
+    assert not [w for w in recwarn if issubclass(w.category, DeprecationWarning) and "prior_" in str(w.message)]
 
 
 @pytest.mark.parametrize("prior_mean", [1.0, 0.6])
@@ -412,6 +482,19 @@ def test_add_node_noise_to_a_trained_sequential_model():
     model.fit(x, y, epochs=1, verbose=0, callbacks=[tfbnn.KLAnnealing(num_examples=40)])
     for b, w in zip(before, base.weights):
         np.testing.assert_array_equal(b, w.numpy())  # the original is untouched
+
+
+def test_add_node_noise_takes_node_prior_and_the_deprecated_floats_once():
+    base = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8), keras.layers.Dense(2)])
+    prior = tfbnn.priors.Normal(1.0, 0.3)
+    model = ibnn.add_node_noise(base, node_prior=prior, seed=0)
+    assert [layer.node_prior for layer in ibnn.node_layers(model)] == [prior, prior]
+    with pytest.warns(DeprecationWarning, match="`prior_stddev=` is deprecated; pass node_prior=") as caught:
+        old = ibnn.add_node_noise(base, prior_stddev=0.3, seed=0)
+    assert len([w for w in caught if issubclass(w.category, DeprecationWarning)]) == 1  # once, not per layer
+    assert [layer.node_prior for layer in ibnn.node_layers(old)] == [prior, prior]
+    with pytest.raises(ValueError, match="Expected `node_prior` or the deprecated `prior_stddev`, not both"):
+        ibnn.add_node_noise(base, node_prior=prior, prior_stddev=0.3)
 
 
 def test_add_node_noise_to_a_functional_conv_model():

@@ -1,6 +1,7 @@
 """BatchEnsemble and rank-1 Bayesian layers (tfbnn.layers.rank1) and their members as predict's samples."""
 
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -123,6 +124,55 @@ def test_rank1_kl_is_the_members_average_of_tfd_kl_divergence():
     np.testing.assert_allclose(layer.kl_divergence().numpy(), expected, rtol=1e-5)
     layer(_x((6, 5)))
     np.testing.assert_allclose(layer.losses[0].numpy(), 0.01 * expected, rtol=1e-5)
+
+
+# -- the prior object (fast_weight_prior) and its deprecated float aliases --------------------------------
+_RANK1 = [lambda **kw: tfbnn.layers.DenseRank1(4, ensemble_size=E, init_scale=0.05, seed=7, **kw),
+          lambda **kw: tfbnn.layers.Conv2DRank1(4, 3, ensemble_size=E, init_scale=0.05, seed=7, **kw)]
+
+
+def _built_rank1(layer):
+    layer.build((None, 5) if isinstance(layer, tfbnn.layers.DenseRank1) else (None, 6, 6, 5))
+    return layer
+
+
+@pytest.mark.parametrize("make", _RANK1, ids=["dense", "conv2d"])
+def test_fast_weight_prior_gives_the_kl_of_tfd_and_of_the_deprecated_floats(make):
+    layer = _built_rank1(make(fast_weight_prior=tfbnn.priors.Normal(0.9, 0.2)))
+    with pytest.warns(DeprecationWarning, match=r"`prior_stddev=` is deprecated; pass fast_weight_prior=tfbnn\.priors"):
+        old = _built_rank1(make(prior_mean=0.9, prior_stddev=0.2))
+    assert float(old.kl_divergence()) == float(layer.kl_divergence())  # seeded: bit for bit
+    assert old.fast_weight_prior == layer.fast_weight_prior and (layer.prior_mean, layer.prior_stddev) == (0.9, 0.2)
+    expected = sum(
+        tf.reduce_sum(tfd.kl_divergence(tfd.Normal(loc, tf.nn.softplus(rho)), tfd.Normal(0.9, 0.2))).numpy()
+        for loc, rho in ((layer.alpha_loc, layer.alpha_rho), (layer.gamma_loc, layer.gamma_rho))
+    ) / E
+    np.testing.assert_allclose(layer.kl_divergence().numpy(), expected, rtol=1e-5)
+
+
+def test_fast_weight_prior_defaults_round_trips_and_old_keys_load():
+    assert tfbnn.layers.DenseRank1(2).fast_weight_prior == tfbnn.priors.Normal(1.0, 0.1)
+    layer = testing.run_layer_test(
+        tfbnn.layers.DenseRank1, {"units": 3, "ensemble_size": 2, "fast_weight_prior": tfbnn.priors.Normal(1.0, 0.3),
+                                  "seed": 1},
+        input_shape=(4, 5), expected_output_shape=(4, 3), expected_num_losses=1, run_training=False)
+    config = layer.get_config()
+    assert config["fast_weight_prior"] == {"class_name": "Normal", "config": {"loc": 1.0, "scale": 0.3}}
+    assert "prior_mean" not in config and "prior_stddev" not in config
+    # A config as tfbnn 0.2 wrote it (the floats) loads, silently, to the same layer.
+    old = {**{k: v for k, v in config.items() if k != "fast_weight_prior"}, "prior_mean": 1.0, "prior_stddev": 0.3}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert tfbnn.layers.DenseRank1.from_config(old).get_config() == config
+
+
+def test_fast_weight_prior_with_a_deprecated_float_or_not_normal_is_an_error_naming_it():
+    with pytest.raises(ValueError, match=r"Expected `fast_weight_prior` or the deprecated `prior_mean`, not both\. "
+                                         r"Received: fast_weight_prior=Normal\(loc=1\.0, scale=0\.1\), prior_mean=0\.5"):
+        tfbnn.layers.DenseRank1(3, fast_weight_prior=tfbnn.priors.Normal(1.0, 0.1), prior_mean=0.5)
+    with pytest.raises(ValueError, match=r"Expected `fast_weight_prior` to be a tfbnn\.priors\.Normal.*"
+                                         r"Received: fast_weight_prior=ScaleMixture"):
+        tfbnn.layers.Conv2DRank1(3, 3, fast_weight_prior="scale_mixture")
 
 
 def test_rank1_posterior_and_kl_stay_float32_under_mixed_precision():

@@ -27,7 +27,7 @@ RENAMED_KEYS = {
     "bias_loc_initializer": "bias_initializer",
     "kernel_rho_initializer": "kernel_scale_initializer",
     "bias_rho_initializer": "bias_scale_initializer",
-    "posterior_parameterization": "parameterization",
+    "posterior_parameterization": "scale_parameterization",
 }
 # Variational dropout's two scale initializers: the one its parameterization used
 # is kernel_scale_initializer, the other had no effect and is gone.
@@ -37,10 +37,21 @@ ADDED_KEYS = {"data_format": "channels_last", "posterior": "mean_field", "poster
               "kernel_factor_initializer": None}
 
 
+# 0.1's floats of the node layers' prior, now a field of their prior object (tfbnn 0.3).
+FOLDED_KEYS = {"prior_mean": ("node_prior", "loc"), "prior_stddev": ("node_prior", "scale")}
+
+
+def current_value(config, key, new_key):
+    """The current config's value of the 0.1 key ``key``: under ``new_key``, or a field of it (an object)."""
+    if key in FOLDED_KEYS:
+        return config[new_key]["config"][FOLDED_KEYS[key][1]]
+    return config[new_key]
+
+
 def current_key(config, key):
     if key in VD_SCALE_KEYS.values():
         return "kernel_scale_initializer" if key == VD_SCALE_KEYS[config["parameterization"]] else None
-    return RENAMED_KEYS.get(key, key)
+    return FOLDED_KEYS.get(key, (RENAMED_KEYS.get(key, key),))[0]
 
 
 @pytest.mark.parametrize("name", sorted(SAVED))
@@ -64,7 +75,7 @@ def test_v0_1_config_values_kept_under_current_names(name):
     for key, value in saved["config"].items():
         new_key = current_key(saved["config"], key)
         if new_key is not None:
-            assert config[new_key] == value, (key, new_key)
+            assert current_value(config, key, new_key) == value, (key, new_key)
             kept.add(new_key)
     for key in set(config) - kept:  # arguments added since 0.1 take the 0.1 behaviour
         assert config[key] == ADDED_KEYS[key], key
@@ -75,7 +86,8 @@ def test_v0_1_config_values_kept_under_current_names(name):
     [
         (layers.DenseFlipout, "kernel_loc_initializer", "kernel_initializer", "ones"),
         (layers.DenseReparameterization, "bias_rho_initializer", "bias_scale_initializer", -3.0),
-        (layers.Conv2DFlipout, "posterior_parameterization", "parameterization", "log_variance"),
+        (layers.Conv2DFlipout, "posterior_parameterization", "scale_parameterization", "log_variance"),
+        (layers.DenseFlipout, "parameterization", "scale_parameterization", "log_variance"),  # renamed in 0.3
         (layers.GravesDense, "kernel_rho_initializer", "kernel_scale_initializer", -4.0),
         (layers.DenseVariationalDropout, "log_sigma2_initializer", "kernel_scale_initializer", -7.0),
     ],
@@ -88,6 +100,17 @@ def test_old_argument_names_construct_with_a_deprecation_warning(cls, old, new, 
     assert layer.get_config() == cls(*args, name="x", **{new: init}).get_config()
     with pytest.raises(ValueError, match=f"Expected `{new}` or its old name `{old}`, not both"):
         cls(*args, **{old: init, new: init})
+
+
+def test_parameterization_is_variational_dropouts_and_the_scale_one_is_scale_parameterization():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # variational dropout's name is not deprecated
+        assert layers.DenseVariationalDropout(3, parameterization="multiplicative").parameterization == "multiplicative"
+        flipout = layers.DenseFlipout(3, scale_parameterization="log_variance")
+    assert flipout.parameterization == flipout.scale_parameterization == "log_variance"  # the old attribute, read-only
+    assert "parameterization" not in flipout.get_config()
+    with pytest.warns(DeprecationWarning, match="PARAMETERIZATIONS is deprecated: use .*SCALE_PARAMETERIZATIONS"):
+        assert layers.mean_field.PARAMETERIZATIONS == layers.mean_field.SCALE_PARAMETERIZATIONS
 
 
 def test_vd_multiplicative_takes_the_old_log_alpha_initializer():

@@ -159,6 +159,52 @@ def test_low_rank_covariance_is_factor_factor_t_plus_diagonal():
     np.testing.assert_allclose(layer.posterior.distribution().covariance(), expected, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("family", ["mean_field", "low_rank"])
+def test_a_normal_prior_object_gives_the_kl_of_tfd_and_of_the_builder(family):
+    layer = _built_layer(family, tfbnn.priors.Normal(0.5, 0.7))
+    builder = _built_layer(family, posteriors.NormalPrior(scale=0.7, loc=0.5))
+    builder.posterior.set_weights(layer.posterior.get_weights())
+    assert layer.make_prior_fn == posteriors.NormalPrior(scale=0.7, loc=0.5)
+    assert float(layer.kl_divergence()) == float(builder.kl_divergence())  # the same posterior: bit for bit
+    q = layer.posterior.distribution()
+    n = q.event_shape[0]
+    expected = tfd.kl_divergence(q, tfd.MultivariateNormalDiag(tf.fill([n], 0.5), tf.fill([n], 0.7)))
+    np.testing.assert_allclose(float(layer.kl_divergence()), float(expected), rtol=1e-6)
+    # The default prior is the object Normal(0, 1).
+    standard, named = _built_layer(family, tfbnn.priors.Normal()), _built_layer(family, "normal")
+    named.posterior.set_weights(standard.posterior.get_weights())
+    assert float(standard.kl_divergence()) == float(named.kl_divergence())
+
+
+def test_a_prior_object_round_trips_through_the_config():
+    layer = testing.run_layer_test(
+        tfbnn.layers.DenseVariational, {"units": 2, "make_prior_fn": tfbnn.priors.Normal(0.0, 0.5), "seed": 1},
+        input_shape=(4, 3), expected_output_shape=(4, 2), run_training=False)
+    config = layer.get_config()
+    restored = tfbnn.layers.DenseVariational.from_config(config)
+    assert restored.make_prior_fn == posteriors.NormalPrior(scale=0.5) and restored.get_config() == config
+
+
+def test_a_scale_mixture_prior_object_gives_the_monte_carlo_kl_of_its_density():
+    prior = tfbnn.priors.ScaleMixture(0.25, 1.0, 0.1)
+    layer = _built_layer("mean_field", prior, seed=4)
+    assert layer.make_prior_fn == posteriors.IndependentPrior(prior)
+    q, p = layer.posterior.distribution(), layer.prior.distribution()
+    w = q.sample(seed=tf.constant([1, 2]))
+    # log p(w) is the prior's own density summed over the weights: the one the other layers use.
+    np.testing.assert_allclose(float(p.log_prob(w)), float(tf.reduce_sum(prior.log_prob(w))), rtol=1e-5)
+    assert np.isfinite(float(layer.kl_divergence()))  # Monte Carlo: TFP registers no KL for the pair
+    restored = tfbnn.layers.DenseVariational.from_config(layer.get_config())
+    assert restored.make_prior_fn == posteriors.IndependentPrior(prior)
+
+
+@pytest.mark.parametrize("prior", [tfbnn.priors.Graves(), tfbnn.priors.Posterior([0.0], [1.0])])
+def test_a_prior_object_that_is_not_one_fixed_prior_per_weight_is_an_error_naming_make_prior_fn(prior):
+    with pytest.raises(ValueError, match=r"Expected `make_prior_fn` to be a fixed prior of one weight.*"
+                                         r"Received: make_prior_fn=(Graves|Posterior)"):
+        tfbnn.layers.DenseVariational(2, make_prior_fn=prior)
+
+
 def test_full_covariance_scale_is_lower_triangular_and_starts_at_init_scale():
     layer = _built_layer("full_covariance", input_dim=2)
     np.testing.assert_allclose(layer.posterior.scale_tril(), 0.05 * np.eye(6), atol=1e-7)
@@ -306,7 +352,8 @@ def test_mean_mode_is_the_distribution_mean():
 
 @pytest.mark.parametrize("builder", [posteriors.MeanFieldNormal(0.2, "zeros"), posteriors.LowRankNormal(3),
                                      posteriors.FullCovarianceNormal(), posteriors.NormalPrior(2.0, 0.5),
-                                     posteriors.TrainableNormalPrior(trainable_scale=True)])
+                                     posteriors.TrainableNormalPrior(trainable_scale=True),
+                                     posteriors.IndependentPrior(tfbnn.priors.ScaleMixture())])
 def test_builders_round_trip_through_keras_serialization(builder):
     config = keras.saving.serialize_keras_object(builder)
     assert keras.saving.deserialize_keras_object(config) == builder

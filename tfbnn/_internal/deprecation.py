@@ -2,7 +2,8 @@
 
 :func:`renamed` serves old module attributes (a module's ``__getattr__``);
 :func:`keywords_moved` keeps old keyword arguments of a function that became the
-fields of an object passed as one argument.
+fields of an object passed as one argument; :func:`fold_keywords` does the same for
+a dict of constructor arguments (a layer's, or its config).
 """
 
 import dataclasses
@@ -76,3 +77,45 @@ def keywords_moved(argument, target, path, when, names=None):
         return wrapper
 
     return decorate
+
+
+def fold_keywords(arguments, argument, names, make, path, warn=True, stacklevel=2, owner=None):
+    """``arguments`` with its old keywords ``names`` folded into one object, ``argument=make(**them)``.
+
+    The constructor arguments ``names`` (floats, say ``prior_mean`` and ``prior_stddev``)
+    became one object argument (``node_prior=tfbnn.priors.Normal(loc, scale)``). The old
+    keywords given (a None counts as not given) are popped and ``make`` builds the object
+    from them, by their old names, so that it checks them under those names and fills
+    the others with their old defaults. Each one warns (with ``warn``)
+    ``"`name=` is deprecated; pass argument=path"``; given together with ``argument``
+    they are a ``ValueError`` naming both.
+
+    Args:
+        arguments: dict of keyword arguments (or a config); not modified.
+        argument: str, the new argument.
+        names: sequence of str, the old keywords.
+        make: callable taking the old keywords given, returning the new argument's value.
+        path: str, how to write the new argument's value (for the message).
+        warn: bool, emit a ``DeprecationWarning`` per old keyword (False for configs).
+        stacklevel: int, of the warnings, counted from the caller of this function.
+        owner: str or None, the class named at the start of the message.
+
+    Returns:
+        A new dict.
+    """
+    arguments = dict(arguments)
+    given = {name: arguments.pop(name) for name in names if name in arguments}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not given:
+        return arguments
+    old = ", ".join(f"{name}={value!r}" for name, value in given.items())
+    if arguments.get(argument) is not None:
+        raise ValueError(f"Expected `{argument}` or the deprecated {' and '.join(f'`{n}`' for n in given)}, "
+                         f"not both. Received: {argument}={arguments[argument]!r}, {old}")
+    if warn:
+        prefix = "" if owner is None else f"{owner}: "
+        for name in given:
+            warnings.warn(f"{prefix}`{name}=` is deprecated; pass {argument}={path}.", DeprecationWarning,
+                          stacklevel=stacklevel + 1)
+    arguments[argument] = make(**given)
+    return arguments

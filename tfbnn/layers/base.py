@@ -7,10 +7,11 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tfbnn._internal import checks
+from tfbnn import priors as priors_lib
+from tfbnn._internal import checks, deprecation
 
 __all__ = ["StochasticLayer", "BayesianLayer", "KernelArguments", "INFERENCE_MODES", "validate_kl_weight",
-           "input_features"]
+           "input_features", "multiplicative_prior", "FLOAT_PRIOR_ARGUMENTS", "FloatPriorAttributes"]
 
 INFERENCE_MODES = ("sample", "mean")
 _SEED_KEY = "seed_state"
@@ -45,6 +46,52 @@ def validate_kl_weight(value, name="kl_weight", allow_none=True):
         except (TypeError, ValueError):
             pass
     return checks.number(name, value, low=0, what="a non-negative finite float (beta / N)")
+
+
+def multiplicative_prior(value, name):
+    """The prior of a multiplicative latent (iBNN node noise, rank-1 factors) as a :class:`tfbnn.priors.Normal`.
+
+    ``value``: a prior name, a serialized prior or a :class:`tfbnn.priors.Prior`; None
+    gives the default ``Normal(1, 0.1)`` (the noise leaves its input as it is on
+    average). Only a ``Normal`` is accepted: these layers' KL is the closed form
+    against a Gaussian. A ValueError names ``name`` otherwise.
+    """
+    prior = priors_lib.Normal(1.0, 0.1) if value is None else priors_lib.get(value, name=name)
+    if type(prior) is not priors_lib.Normal:
+        raise ValueError(f"Expected `{name}` to be a tfbnn.priors.Normal (the layer's KL is the closed form against "
+                         f"a Gaussian prior). Received: {name}={prior!r}")
+    return prior
+
+
+def _normal_from_floats(prior_mean=1.0, prior_stddev=0.1):
+    """``Normal(prior_mean, prior_stddev)``, each checked under its old name (their defaults were 1 and 0.1)."""
+    return priors_lib.Normal(checks.number("prior_mean", prior_mean),
+                             checks.number("prior_stddev", prior_stddev, low=0, low_open=True))
+
+
+#: The deprecated float arguments of the node and rank-1 layers, folded into their prior
+#: object (an entry of :attr:`StochasticLayer.folded_arguments`).
+FLOAT_PRIOR_ARGUMENTS = (("prior_mean", "prior_stddev"), _normal_from_floats, "tfbnn.priors.Normal(loc, scale)")
+
+
+class FloatPriorAttributes:
+    """``prior_mean`` and ``prior_stddev``, read-only, of a layer whose prior is the Normal ``prior_argument``.
+
+    The attributes of the deprecated float arguments (:data:`FLOAT_PRIOR_ARGUMENTS`), read from
+    the prior object (``node_prior``, ``fast_weight_prior``).
+    """
+
+    prior_argument = None
+
+    @property
+    def prior_mean(self):
+        """The mean of the layer's prior object (read-only; the argument is deprecated)."""
+        return getattr(self, self.prior_argument).loc
+
+    @property
+    def prior_stddev(self):
+        """The standard deviation of the layer's prior object (read-only; the argument is deprecated)."""
+        return getattr(self, self.prior_argument).scale
 
 
 def input_features(layer, input_shape):
@@ -86,6 +133,14 @@ class StochasticLayer(keras.layers.Layer):
     #: with a ``DeprecationWarning`` naming the new one; ``from_config`` accepts it
     #: silently, so ``.keras`` files saved by tfbnn 0.1 load.
     renamed_arguments = {}
+    #: Constructor arguments that became one object since tfbnn 0.3 (merged along the class
+    #: hierarchy): ``{new argument: (old names, make, how to write it)}``, e.g. the floats
+    #: ``prior_mean`` and ``prior_stddev`` that became ``node_prior=tfbnn.priors.Normal(loc, scale)``.
+    #: The constructor accepts the old ones with a ``DeprecationWarning`` naming the new
+    #: argument (both together are a ``ValueError``); ``from_config`` folds them silently,
+    #: so configs and ``.keras`` files written with the old keys load
+    #: (:func:`tfbnn._internal.deprecation.fold_keywords`).
+    folded_arguments = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -119,6 +174,8 @@ class StochasticLayer(keras.layers.Layer):
             arguments: dict, constructor arguments or a config.
             warn: bool, emit a ``DeprecationWarning`` per old name.
 
+        The old arguments of :attr:`folded_arguments` are folded into their object the same way.
+
         Returns:
             A new dict. Raises ``ValueError`` if an old name and its new name are both given.
         """
@@ -141,6 +198,12 @@ class StochasticLayer(keras.layers.Layer):
                     stacklevel=4,
                 )
             arguments[new] = value
+        folds = {}
+        for klass in reversed(cls.__mro__):
+            folds.update(klass.__dict__.get("folded_arguments", {}))
+        for new, (names, make, path) in folds.items():
+            arguments = deprecation.fold_keywords(arguments, new, names, make, path, warn=warn, stacklevel=4,
+                                                  owner=cls.__name__)
         return arguments
 
     @classmethod

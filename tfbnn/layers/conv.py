@@ -2,7 +2,7 @@
 
 Same model as the dense layers (:mod:`tfbnn.layers.dense`): an independent
 Gaussian posterior per kernel weight, ``q(w) = N(mu, sigma^2)`` with
-``sigma = softplus(rho)`` (or the log-variance parameterization), priors by name or
+``sigma = softplus(rho)`` (or ``scale_parameterization="log_variance"``), priors by name or
 object, the KL closed form for a Normal prior and Monte Carlo for the scale mixture,
 added as ``kl_weight * KL``; the same sampling switch, seeds and serialization.
 
@@ -96,7 +96,7 @@ def _doc(rank, name, transpose=False):
             default, or ``"channels_first"``).
         activation, use_bias, kernel_prior, bias_prior, kernel_initializer,
             kernel_scale_initializer, bias_initializer, bias_scale_initializer,
-            parameterization, kl_weight, inference_mode, seed: as
+            scale_parameterization, kl_weight, inference_mode, seed: as
             :class:`tfbnn.layers.DenseReparameterization`.{low_rank}
 
     Input shape: ``(batch, {spatial}, channels)`` (channels_first: ``(batch, channels, {spatial})``).

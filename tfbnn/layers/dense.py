@@ -5,7 +5,7 @@ All three share one model. Each weight has an independent Gaussian posterior
     q(w_ij) = N(mu_ij, sigma_ij^2),   sigma_ij = softplus(rho_ij) + 1e-6,
 
 (Blundell et al. 2015, sec. 3.2) -- or, with
-``parameterization="log_variance"``, ``sigma_ij^2 = exp(rho_ij)``
+``scale_parameterization="log_variance"``, ``sigma_ij^2 = exp(rho_ij)``
 (Graves 2011; ``rho`` clipped to ``[-80, 40]`` so that ``sigma`` and ``log sigma``
 stay finite in float32) -- and a prior chosen by name or object
 (:mod:`tfbnn.priors`). They differ only in how a forward pass samples:
@@ -58,7 +58,7 @@ class DenseBayesian(DenseArguments, MeanFieldGaussian):
             (``activation``, ``use_bias``, ``kernel_prior``, ``bias_prior``,
             ``kernel_initializer``, ``kernel_scale_initializer``, ``bias_initializer``,
             ``bias_scale_initializer``, ``kl_weight``, ``inference_mode``, ``seed``,
-            ``parameterization``, ``posterior``, ``posterior_rank``,
+            ``scale_parameterization``, ``posterior``, ``posterior_rank``,
             ``kernel_factor_initializer``), after ``units``. ``posterior="low_rank"``
             gives the kernel a low-rank plus diagonal covariance; in Monte Carlo
             prediction per row (and in :class:`DenseLocalReparameterization`) its

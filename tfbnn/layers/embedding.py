@@ -2,7 +2,7 @@
 
 ``EmbeddingReparameterization`` is ``keras.layers.Embedding`` with a distribution over
 its ``(input_dim, output_dim)`` matrix ``E``: ``q(E_vj) = N(mu_vj, sigma_vj^2)``, the
-posterior of :class:`tfbnn.layers.MeanFieldGaussian` (priors, parameterizations, the
+posterior of :class:`tfbnn.layers.MeanFieldGaussian` (priors, scale parameterizations, the
 closed-form or Monte Carlo KL, ``kl_weight``, seeds, the sampling switch), Edward2's
 ``EmbeddingReparameterization`` in Keras 3.
 
@@ -52,8 +52,8 @@ class EmbeddingReparameterization(MeanFieldGaussian):
         mask_zero: bool. Whether id 0 is padding: the layer then returns a mask
             (``inputs != 0``) that later layers (RNNs, attention) use, as
             ``keras.layers.Embedding``. Default False.
-        parameterization: ``"softplus"`` (default) or ``"log_variance"``, see
-            :class:`tfbnn.layers.MeanFieldGaussian`.
+        scale_parameterization: ``"softplus"`` (default) or ``"log_variance"``, see
+            :class:`tfbnn.layers.MeanFieldGaussian` (before tfbnn 0.3 ``parameterization``).
         kl_weight, inference_mode, seed: see :class:`tfbnn.layers.BayesianLayer`.
 
     The weights are ``kernel_loc`` and ``kernel_rho`` (``(input_dim, output_dim)``),
@@ -88,7 +88,7 @@ class EmbeddingReparameterization(MeanFieldGaussian):
         kl_weight=None,
         inference_mode="sample",
         seed=None,
-        parameterization="softplus",
+        scale_parameterization="softplus",
         **kwargs,
     ):
         # Checked under their own names first (the base would name its kernel_* arguments).
@@ -106,7 +106,7 @@ class EmbeddingReparameterization(MeanFieldGaussian):
             kl_weight=kl_weight,
             inference_mode=inference_mode,
             seed=seed,
-            parameterization=parameterization,
+            scale_parameterization=scale_parameterization,
             **kwargs,
         )
         self.input_dim = checks.integer("input_dim", input_dim, 1)
@@ -174,7 +174,7 @@ class EmbeddingReparameterization(MeanFieldGaussian):
                 "embeddings_scale_initializer": keras.initializers.serialize(self.kernel_scale_initializer),
                 "embeddings_prior": priors_lib.serialize(self.kernel_prior),
                 "mask_zero": self.mask_zero,
-                "parameterization": self.parameterization,
+                "scale_parameterization": self.scale_parameterization,
             }
         )
         return config

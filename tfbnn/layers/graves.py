@@ -4,7 +4,7 @@
 Graves' choices as defaults:
 
 * posterior ``q(w_ij) = N(mu_ij, sigma_ij^2)`` with ``sigma_ij^2 = exp(rho_ij)``
-  (``parameterization="log_variance"``);
+  (``scale_parameterization="log_variance"``);
 * a fixed Gaussian prior ``N(0, sigma_p^2)`` the user picks, ``N(0, 1)`` by default
   (``kernel_prior="normal"``; Graves used ``N(0, 1)`` on MNIST, and ``N(0, 2^2)``
   suits regression: ``kernel_prior=tfbnn.priors.Normal(0.0, 2.0)``), closed-form KL;
@@ -17,7 +17,7 @@ network to a constant predictor (see :class:`tfbnn.priors.Graves`).
 
 The same model is reachable from every core dense layer::
 
-    tfbnn.layers.DenseFlipout(64, kernel_prior="normal", bias_prior=None, parameterization="log_variance")
+    tfbnn.layers.DenseFlipout(64, kernel_prior="normal", bias_prior=None, scale_parameterization="log_variance")
 
 Graves pruned weights whose signal-to-noise ratio ``|mu| / sigma`` is below a
 threshold: :func:`tfbnn.pruning.snr_mask` (default 0.83).
@@ -61,7 +61,8 @@ class GravesDense(DenseLocalReparameterization):
             fitted prior (``tfbnn.priors.Graves(0.0, None)`` fits the scale only);
             any prior of :mod:`tfbnn.priors` is accepted.
         bias_prior: default None (point-estimate bias).
-        parameterization: default ``"log_variance"``.
+        scale_parameterization: default ``"log_variance"`` (before tfbnn 0.3 ``parameterization``,
+            still accepted with a ``DeprecationWarning``).
         **kwargs: every other argument of :class:`DenseLocalReparameterization`
             (``activation``, initializers, ``kl_weight``, ``inference_mode``, ``seed``).
 
@@ -86,13 +87,13 @@ class GravesDense(DenseLocalReparameterization):
         units,
         kernel_prior="normal",
         bias_prior=None,
-        parameterization="log_variance",
+        scale_parameterization="log_variance",
         **kwargs,
     ):
         super().__init__(
             units,
             kernel_prior=kernel_prior,
             bias_prior=bias_prior,
-            parameterization=parameterization,
+            scale_parameterization=scale_parameterization,
             **kwargs,
         )

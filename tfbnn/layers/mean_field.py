@@ -4,7 +4,7 @@ Every weight has an independent Gaussian posterior
 
     q(w_ij) = N(mu_ij, sigma_ij^2),   sigma_ij = softplus(rho_ij) + 1e-6,
 
-(Blundell et al. 2015, sec. 3.2) -- or, with ``parameterization="log_variance"``,
+(Blundell et al. 2015, sec. 3.2) -- or, with ``scale_parameterization="log_variance"``,
 ``sigma_ij^2 = exp(rho_ij)`` (Graves 2011; ``rho`` clipped to ``[-80, 40]`` so that
 ``sigma`` and ``log sigma`` stay finite in float32) -- and a prior chosen by name or
 object (:mod:`tfbnn.priors`). The KL is closed form for a Normal prior and a Monte
@@ -25,23 +25,28 @@ has a low-rank plus diagonal covariance over its ``n`` flattened weights,
 
 (Tomczak et al. 2020), sampled as ``W = mu + sigma * eps + L z`` (``eps ~ N(0, I_n)``,
 ``z ~ N(0, I_r)``), ``O(n r)``; the KL against a Normal prior is closed form in
-``O(n r^2)`` (:func:`tfbnn.kl.low_rank_kl`), never an ``n x n`` matrix.
+``O(n r^2)`` (:func:`tfbnn.kl.low_rank_kl`), never an ``n x n`` matrix. So the class
+holds a Gaussian posterior that is mean field by default and not with this option (the
+name keeps the default). The low-rank Gaussian itself (KL, log-density, log-determinant)
+is written once, :class:`tfbnn.kl.LowRankGaussian`, which
+:class:`tfbnn.posteriors.LowRankNormalWeights` (``DenseVariational(..., "low_rank")``) shares.
 """
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, deprecation
 from tfbnn import kl as kl_lib
 from tfbnn import priors as priors_lib
 from tfbnn.layers.base import BayesianLayer, KernelArguments
 
-__all__ = ["MeanFieldGaussian", "MeanFieldFlipout", "PARAMETERIZATIONS", "POSTERIORS"]
+__all__ = ["MeanFieldGaussian", "MeanFieldFlipout", "SCALE_PARAMETERIZATIONS", "POSTERIORS"]
 
 _MIN_SCALE = kl_lib.SOFTPLUS_MIN_SCALE
-#: Values of ``parameterization``: how ``rho`` gives ``sigma``.
-PARAMETERIZATIONS = ("softplus", "log_variance")
+#: Values of ``scale_parameterization``: how ``rho`` gives ``sigma``. (Not variational
+#: dropout's ``parameterization``, additive or multiplicative noise, an unrelated choice.)
+SCALE_PARAMETERIZATIONS = ("softplus", "log_variance")
 #: Values of ``posterior``: the covariance of the kernel's Gaussian posterior.
 POSTERIORS = ("mean_field", "low_rank")
 # exp(-80) ~ 1.8e-35 is still a normal float32; exp(40) keeps x^2 sigma^2 sums finite.
@@ -106,10 +111,10 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         kernel_initializer, kernel_scale_initializer, bias_initializer, bias_scale_initializer:
             Keras initializers for the posterior mean and the untransformed scale
             ``rho`` (``sigma = softplus(rho)``, or
-            ``sigma^2 = exp(rho)`` with the log-variance parameterization).
+            ``sigma^2 = exp(rho)`` with ``scale_parameterization="log_variance"``).
             Default ``rho = -5`` (softplus) / ``rho = -10`` (log variance): sigma ~ 0.0067.
-        parameterization: ``"softplus"`` (default, Blundell et al. 2015:
-            ``sigma = softplus(rho) + 1e-6``) or ``"log_variance"`` (Graves 2011:
+        scale_parameterization: how ``rho`` gives ``sigma``: ``"softplus"`` (default,
+            Blundell et al. 2015: ``sigma = softplus(rho) + 1e-6``) or ``"log_variance"`` (Graves 2011:
             ``sigma^2 = exp(rho)``, ``rho`` clipped to ``[-80, 40]``). With
             ``bias_prior=None`` the latter is Graves' variational dense layer
             (:class:`tfbnn.layers.GravesDense`; ``kernel_prior="graves"`` for his adaptive prior).
@@ -136,7 +141,10 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
     ``kernel_initializer``, ``bias_loc_initializer`` -> ``bias_initializer``,
     ``kernel_rho_initializer`` -> ``kernel_scale_initializer``,
     ``bias_rho_initializer`` -> ``bias_scale_initializer``,
-    ``posterior_parameterization`` -> ``parameterization``.
+    ``posterior_parameterization`` -> ``parameterization``. Renamed in tfbnn 0.3, the same
+    way: ``parameterization`` -> ``scale_parameterization`` (variational dropout's
+    ``parameterization``, additive or multiplicative noise, keeps its name: the two were
+    unrelated choices under one name); the attribute ``parameterization`` stays, read-only.
 
     Example:
         A Bayesian element-wise scale ``y = x * w + b``, one ``N(mu_i, sigma_i^2)`` per
@@ -164,7 +172,8 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         "bias_loc_initializer": "bias_initializer",
         "kernel_rho_initializer": "kernel_scale_initializer",
         "bias_rho_initializer": "bias_scale_initializer",
-        "posterior_parameterization": "parameterization",
+        "posterior_parameterization": "scale_parameterization",
+        "parameterization": "scale_parameterization",
     }
 
     def __init__(
@@ -180,7 +189,7 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         kl_weight=None,
         inference_mode="sample",
         seed=None,
-        parameterization="softplus",
+        scale_parameterization="softplus",
         posterior="mean_field",
         posterior_rank=2,
         kernel_factor_initializer=None,
@@ -188,14 +197,14 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
         self._init_posterior(posterior, posterior_rank, kernel_factor_initializer)
-        if parameterization not in PARAMETERIZATIONS:
+        if scale_parameterization not in SCALE_PARAMETERIZATIONS:
             raise ValueError(
-                f"Expected `parameterization` in {PARAMETERIZATIONS}. "
-                f"Received: parameterization={parameterization!r}"
+                f"Expected `scale_parameterization` in {SCALE_PARAMETERIZATIONS}. "
+                f"Received: scale_parameterization={scale_parameterization!r}"
             )
-        self.parameterization = parameterization
+        self.scale_parameterization = scale_parameterization
         default_rho = (
-            _default_rho_initializer if parameterization == "softplus" else _default_log_variance_initializer
+            _default_rho_initializer if scale_parameterization == "softplus" else _default_log_variance_initializer
         )
         self.init_kernel_arguments(activation, use_bias, kernel_initializer, bias_initializer)
         self.kernel_prior = priors_lib.get(kernel_prior, name="kernel_prior")
@@ -226,6 +235,11 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         # mean-field model whose program seeded it (keras.utils.set_random_seed).
         self.kernel_factor_initializer = None if kernel_factor_initializer is None else checks.initializer(
             "kernel_factor_initializer", kernel_factor_initializer)
+
+    @property
+    def parameterization(self):
+        """:attr:`scale_parameterization`, under its name before tfbnn 0.3 (read-only)."""
+        return self.scale_parameterization
 
     @property
     def low_rank(self):
@@ -282,7 +296,7 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
 
     # -- posterior pieces ------------------------------------------------------
     def _scale(self, rho):
-        if self.parameterization == "log_variance":
+        if self.scale_parameterization == "log_variance":
             return _log_variance_scale(rho)
         return _softplus_scale(rho)
 
@@ -298,7 +312,7 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
         Softplus sigma with a Normal prior goes through one fused op with a
         hand-written gradient (:func:`tfbnn.kl.softplus_scale_and_normal_kl`).
         """
-        if self.parameterization == "softplus" and type(prior) is priors_lib.Normal:
+        if self.scale_parameterization == "softplus" and type(prior) is priors_lib.Normal:
             return kl_lib.softplus_scale_and_normal_kl(loc, rho, prior)
         scale = self._scale(rho)
         return scale, (kl_lib.closed_form_kl(loc, scale, prior) if prior.has_closed_form_kl else None)
@@ -472,7 +486,7 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
                 "bias_prior": None if self.bias_prior is None else priors_lib.serialize(self.bias_prior),
                 "kernel_scale_initializer": keras.initializers.serialize(self.kernel_scale_initializer),
                 "bias_scale_initializer": keras.initializers.serialize(self.bias_scale_initializer),
-                "parameterization": self.parameterization,
+                "scale_parameterization": self.scale_parameterization,
                 "posterior": self.posterior,
                 "posterior_rank": self.posterior_rank,
                 "kernel_factor_initializer": None if self._default_factor_initializer else
@@ -525,3 +539,6 @@ class MeanFieldFlipout(MeanFieldGaussian):
             kl = self._kl(loc, scale, self.kernel_prior, kl)
         bias, bias_kl = self._bias(sampling)
         return self._finish(outputs, bias, training, kl + bias_kl)
+
+
+__getattr__ = deprecation.renamed(__name__, {"PARAMETERIZATIONS": "SCALE_PARAMETERIZATIONS"})

@@ -13,7 +13,14 @@ latent variables per layer instead of ``d_l x d_{l+1}``.
 Variational posterior (eq. 19), prior (eq. 21), per layer::
 
     q(z_l) = (1 / K) sum_k N(z_l | mu_k, diag sigma_k^2),   sigma_k = softplus(rho_k)
-    p(z_l) = N(z_l | m_p, s^2 I)        m_p = prior_mean (default 1), s = prior_stddev
+    p(z_l) = N(z_l | m_p, s^2 I)        node_prior=tfbnn.priors.Normal(m_p, s), default Normal(1, 0.1)
+
+The prior is the ``node_prior`` argument, a :class:`tfbnn.priors.Normal` over each
+entry of ``z`` (the layer's random variables are the node noise, as a Bayes-by-Backprop
+layer's are its kernel, whose prior is ``kernel_prior``). The floats ``prior_mean``
+and ``prior_stddev`` of tfbnn 0.2 are deprecated aliases of ``node_prior=Normal(prior_mean,
+prior_stddev)``: they still work, with a ``DeprecationWarning``, and configs that hold
+them still load.
 
 KL (``kl_estimator="mixture_mean"``, the default; eqs. 22-24): the mixture is
 replaced by the Gaussian of the mean of K independent component draws,
@@ -77,9 +84,11 @@ import warnings
 import keras
 import tensorflow as tf
 
+from tfbnn import priors as priors_lib
 from tfbnn._internal import checks
 from tfbnn.layers.arguments import ConvArguments, DenseArguments
-from tfbnn.layers.base import BayesianLayer, KernelArguments
+from tfbnn.layers.base import (FLOAT_PRIOR_ARGUMENTS, BayesianLayer, FloatPriorAttributes, KernelArguments,
+                               multiplicative_prior)
 
 __all__ = [
     "NodeDense",
@@ -132,14 +141,14 @@ class _InverseSoftplusAbsNormal(keras.initializers.Initializer):
 # -- the shared node-noise machinery ------------------------------------------------
 
 
-class NodeLayer(BayesianLayer):
+class NodeLayer(FloatPriorAttributes, BayesianLayer):
     """Mixture posterior over per-node multiplicative noise; see the module docstring.
 
     Args:
         num_components: int >= 1, ``K``, mixture components (eq. 19). Default 4.
-        prior_mean: finite float, ``m_p``, the mean of the prior ``N(m_p, s^2)``
-            (eq. 21). Default 1 (the noise leaves the node as it is on average).
-        prior_stddev: float > 0, ``s``, the prior's standard deviation. Default 0.1.
+        node_prior: the prior ``p(z) = N(m_p, s^2)`` of each noise entry (eq. 21): a
+            :class:`tfbnn.priors.Normal` (or its name or serialized dict). Default None:
+            ``Normal(1.0, 0.1)`` (the noise leaves the node as it is on average).
         init_mean: finite float: component means start around it. Default 1.
         init_stddev: float >= 0, ``sigma0``, the spread of the initial component
             means, ``mu_k ~ N(init_mean, sigma0^2)``. Default 0.5 (the reference
@@ -154,12 +163,21 @@ class NodeLayer(BayesianLayer):
         num_kl_samples: int >= 1, draws per component of the Monte Carlo KL. Default 1.
         kl_weight, inference_mode, seed: see :class:`tfbnn.layers.BayesianLayer`.
             ``seed`` also seeds the initial ``mu_k`` and ``sigma_k``.
+
+    Deprecated in tfbnn 0.3: the floats ``prior_mean`` and ``prior_stddev`` (defaults 1
+    and 0.1) are ``node_prior=tfbnn.priors.Normal(prior_mean, prior_stddev)``. They still
+    construct, each with a ``DeprecationWarning`` naming ``node_prior``; together with
+    ``node_prior`` they are a ``ValueError``; configs that hold them load silently. The
+    attributes ``prior_mean`` and ``prior_stddev`` stay, read-only.
     """
+
+    folded_arguments = {"node_prior": FLOAT_PRIOR_ARGUMENTS}
+    prior_argument = "node_prior"
 
     def __init__(
         self,
         num_components=4,
-        prior_stddev=0.1,
+        node_prior=None,
         init_stddev=0.5,
         init_scale_mean=0.05,
         init_scale_stddev=0.02,
@@ -168,14 +186,12 @@ class NodeLayer(BayesianLayer):
         kl_weight=None,
         inference_mode="sample",
         seed=None,
-        prior_mean=1.0,
         init_mean=1.0,
         **kwargs,
     ):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
         self.num_components = _check_int("num_components", num_components, 1)
-        self.prior_mean = _check_finite("prior_mean", prior_mean)
-        self.prior_stddev = _check_float("prior_stddev", prior_stddev, positive=True)
+        self.node_prior = multiplicative_prior(node_prior, "node_prior")
         self.init_mean = _check_finite("init_mean", init_mean)
         self.init_stddev = _check_float("init_stddev", init_stddev, positive=False)
         self.init_scale_mean = _check_float("init_scale_mean", init_scale_mean, positive=True)
@@ -357,8 +373,7 @@ class NodeLayer(BayesianLayer):
         config.update(
             {
                 "num_components": self.num_components,
-                "prior_mean": self.prior_mean,
-                "prior_stddev": self.prior_stddev,
+                "node_prior": priors_lib.serialize(self.node_prior),
                 "init_mean": self.init_mean,
                 "init_stddev": self.init_stddev,
                 "init_scale_mean": self.init_scale_mean,
@@ -438,7 +453,7 @@ class NodeDense(DenseArguments, NodeKernelLayer):
             ``kernel_initializer`` and ``bias_initializer`` (of ``U`` and ``b``), in this
             order after ``units`` (:class:`NodeKernelLayer`).
         **kwargs: those four by name, and the arguments of :class:`NodeLayer` (``num_components``,
-            ``prior_mean``, ``prior_stddev``, ``init_mean``, ``init_stddev``,
+            ``node_prior``, ``init_mean``, ``init_stddev``,
             ``init_scale_mean``, ``init_scale_stddev``, ``kl_estimator``, ``num_kl_samples``,
             ``kl_weight``, ``inference_mode``, ``seed``; K = 4, prior N(1, 0.1^2), means
             from N(1, 0.5^2), scales from |N(0.05, 0.02^2)|).
@@ -459,6 +474,9 @@ class NodeDense(DenseArguments, NodeKernelLayer):
         ... ])
         >>> model(np.zeros((5, 4), "float32")).shape
         TensorShape([5, 3])
+        >>> wide = tfbnn.layers.NodeDense(3, node_prior=tfbnn.priors.Normal(1.0, 0.3))  # p(z) = N(1, 0.3^2)
+        >>> wide.prior_mean, wide.prior_stddev
+        (1.0, 0.3)
 
     Reference:
         Trinh, Heinonen, Acerbi, Kaski. Tackling Covariate Shift with Node-based
@@ -484,7 +502,7 @@ _CONV_DOC = """{rank}-D convolution with iBNN node noise per input channel: ``ac
         activation, use_bias, kernel_initializer, bias_initializer: as in
             ``keras.layers.Conv{rank}D``.
         **kwargs: the arguments of :class:`NodeLayer` (``num_components``,
-            ``prior_stddev``, ``init_stddev``, ...).
+            ``node_prior``, ``init_stddev``, ...).
 
     Input shape: ``(batch, {spatial}, C_in)`` (channels_first: ``(batch, C_in, {spatial})``).
     Output shape: ``(batch, {spatial}, filters)`` (channels_first: ``(batch, filters, {spatial})``).
@@ -529,7 +547,7 @@ class NodeNoise(NodeLayer):
         axis: int, the channel axis carrying the nodes (default -1; 1 for
             channels_first convolutions). Not the batch axis.
         **kwargs: the arguments of :class:`NodeLayer` (``num_components``,
-            ``prior_stddev``, ``init_stddev``, ...).
+            ``node_prior``, ``init_stddev``, ...).
 
     Input shape: any, rank >= 2, with a known ``axis`` dimension ``d``.
     Output shape: the input shape.

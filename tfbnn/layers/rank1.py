@@ -16,7 +16,9 @@ broadcast over the spatial positions.
   2020, sec. 3, eq. 2-3): ``W`` and ``b_k`` stay point estimates and the fast weights
   get a mean-field Gaussian posterior per member,
   ``q(r_k) = N(mu_r_k, softplus(rho_r_k)^2)``, ``q(s_k)`` alike, against the prior
-  ``p = N(prior_mean, prior_stddev^2)`` (default ``N(1, 0.1^2)``). With the posterior a
+  ``p = fast_weight_prior``, a :class:`tfbnn.priors.Normal` over each entry of ``r_k``
+  and ``s_k`` (default ``Normal(1.0, 0.1)``; the floats ``prior_mean`` and
+  ``prior_stddev`` are its deprecated aliases). With the posterior a
   uniform mixture of the E members, the ELBO is the members' average (Dusenberry et al.
   2020, eq. 3), so the layer's KL is the average of its members' closed-form KLs::
 
@@ -71,7 +73,8 @@ from tfbnn import kl as kl_lib
 from tfbnn import priors as priors_lib
 from tfbnn._internal import checks
 from tfbnn.layers.arguments import ConvArguments, DenseArguments
-from tfbnn.layers.base import BayesianLayer, KernelArguments
+from tfbnn.layers.base import (FLOAT_PRIOR_ARGUMENTS, BayesianLayer, FloatPriorAttributes, KernelArguments,
+                               multiplicative_prior)
 
 __all__ = [
     "EnsembleTile",
@@ -367,7 +370,7 @@ class BatchEnsemble(FastWeights, keras.layers.Layer):
         return config
 
 
-class Rank1(FastWeights, BayesianLayer):
+class Rank1(FastWeights, FloatPriorAttributes, BayesianLayer):
     """The rank-1 Bayesian layer family: Gaussian posteriors over ``r_k``, ``s_k`` (Dusenberry et al. 2020).
 
     See :mod:`tfbnn.layers.rank1`. Weights: ``kernel`` (shared, a point estimate),
@@ -378,26 +381,34 @@ class Rank1(FastWeights, BayesianLayer):
     Args:
         ensemble_size: int >= 1, E. Default 4.
         activation, use_bias, kernel_initializer, bias_initializer: as ``keras.layers.Dense``.
-        prior_mean: finite float, the prior's mean. Default 1.
-        prior_stddev: float > 0, the prior's standard deviation. Default 0.1.
+        fast_weight_prior: the prior ``p`` of each entry of the fast weights ``r_k``, ``s_k``:
+            a :class:`tfbnn.priors.Normal` (or its name or serialized dict). Default None:
+            ``Normal(1.0, 0.1)``.
         init_mean: finite float; the posterior means start as draws from
             ``N(init_mean, init_stddev^2)``. Default 1.
         init_stddev: float >= 0, see ``init_mean``. Default 0.5 (members differ from the start).
         init_scale: float > 0, the initial posterior standard deviation. Default 0.03.
         kl_weight, inference_mode, seed: see :class:`tfbnn.layers.BayesianLayer`.
+
+    Deprecated in tfbnn 0.3: the floats ``prior_mean`` and ``prior_stddev`` (defaults 1
+    and 0.1) are ``fast_weight_prior=tfbnn.priors.Normal(prior_mean, prior_stddev)``. They
+    still construct, each with a ``DeprecationWarning`` naming ``fast_weight_prior``;
+    together with ``fast_weight_prior`` they are a ``ValueError``; configs that hold them
+    load silently. The attributes ``prior_mean`` and ``prior_stddev`` stay, read-only.
     """
 
+    folded_arguments = {"fast_weight_prior": FLOAT_PRIOR_ARGUMENTS}
+    prior_argument = "fast_weight_prior"
+
     def __init__(self, ensemble_size=4, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
-                 bias_initializer="zeros", prior_mean=1.0, prior_stddev=0.1, init_mean=1.0, init_stddev=0.5,
+                 bias_initializer="zeros", fast_weight_prior=None, init_mean=1.0, init_stddev=0.5,
                  init_scale=0.03, kl_weight=None, inference_mode="sample", seed=None, **kwargs):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
         self.init_fast_weights(ensemble_size, activation, use_bias, kernel_initializer, bias_initializer)
-        self.prior_mean = checks.number("prior_mean", prior_mean)
-        self.prior_stddev = checks.number("prior_stddev", prior_stddev, low=0, low_open=True)
+        self.fast_weight_prior = multiplicative_prior(fast_weight_prior, "fast_weight_prior")
         self.init_mean = checks.number("init_mean", init_mean)
         self.init_stddev = checks.number("init_stddev", init_stddev, low=0)
         self.init_scale = checks.number("init_scale", init_scale, low=0, low_open=True)
-        self.prior = priors_lib.Normal(self.prior_mean, self.prior_stddev)
 
     def _factor_weights(self, name, shape, offset):
         rho = math.log(math.expm1(self.init_scale))
@@ -414,7 +425,7 @@ class Rank1(FastWeights, BayesianLayer):
 
     def kl_divergence(self):
         """``(1 / E) sum_k KL(q(r_k) || p) + KL(q(s_k) || p)``, float32, unscaled."""
-        total = sum(kl_lib.closed_form_kl(loc, tf.nn.softplus(rho), self.prior)
+        total = sum(kl_lib.closed_form_kl(loc, tf.nn.softplus(rho), self.fast_weight_prior)
                     for loc, rho in ((self.alpha_loc, self.alpha_rho), (self.gamma_loc, self.gamma_rho)))
         return total / self.ensemble_size
 
@@ -441,7 +452,7 @@ class Rank1(FastWeights, BayesianLayer):
     def get_config(self):
         config = super().get_config()
         config.update(self.fast_config())
-        config.update({"prior_mean": self.prior_mean, "prior_stddev": self.prior_stddev,
+        config.update({"fast_weight_prior": priors_lib.serialize(self.fast_weight_prior),
                        "init_mean": self.init_mean, "init_stddev": self.init_stddev, "init_scale": self.init_scale})
         return config
 
@@ -497,6 +508,8 @@ class DenseRank1(DenseArguments, Rank1):
         >>> layer = tfbnn.layers.DenseRank1(3, ensemble_size=2, kl_weight=1e-3, seed=0)
         >>> layer(np.ones((4, 5), "float32")).shape, tuple(layer.alpha_loc.shape), len(layer.losses)
         (TensorShape([4, 3]), (2, 5), 1)
+        >>> tfbnn.layers.DenseRank1(3, fast_weight_prior=tfbnn.priors.Normal(1.0, 0.2)).prior_stddev
+        0.2
 
     Reference:
         Dusenberry et al. Efficient and Scalable Bayesian Neural Nets with Rank-1

@@ -208,7 +208,7 @@ class LSTMCellReparameterization(RecurrentCellReparameterization):
         recurrent_initializer: of ``mu`` of ``U`` (default ``"orthogonal"``).
         **kwargs: as :class:`tfbnn.layers.DenseReparameterization`: ``kernel_prior``,
             ``bias_prior``, ``kernel_scale_initializer``, ``bias_initializer``,
-            ``bias_scale_initializer``, ``parameterization``, ``kl_weight``,
+            ``bias_scale_initializer``, ``scale_parameterization``, ``kl_weight``,
             ``inference_mode``, ``seed`` (``kernel_prior`` and ``kernel_scale_initializer``
             cover ``W`` and ``U``), and the base layer's (``name``, ``dtype``).
 

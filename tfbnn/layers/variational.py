@@ -12,12 +12,23 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from tfbnn import posteriors
+from tfbnn import priors as priors_lib
 from tfbnn._internal import checks
 from tfbnn.layers.base import BayesianLayer, input_features
 
 tfd = tfp.distributions
 
 __all__ = ["DenseVariational"]
+
+
+def _prior_builder(make_prior_fn):
+    """``make_prior_fn``, a prior object made a builder: a :class:`tfbnn.priors.Normal` the builder of
+    ``N(loc, scale^2 I)`` (closed-form KL), another fixed prior :class:`tfbnn.posteriors.IndependentPrior`."""
+    if not isinstance(make_prior_fn, priors_lib.Prior):
+        return make_prior_fn
+    if type(make_prior_fn) is priors_lib.Normal:
+        return posteriors.NormalPrior(scale=make_prior_fn.scale, loc=make_prior_fn.loc)
+    return posteriors.IndependentPrior(posteriors.scalar_prior(make_prior_fn, "make_prior_fn"))
 
 
 def exact_kl(posterior, prior):
@@ -130,7 +141,13 @@ class DenseVariational(BayesianLayer):
             it with ``keras.saving.register_keras_serializable`` to save the layer).
             Default ``"mean_field"``.
         make_prior_fn: the prior's builder, as ``make_posterior_fn`` (names
-            ``"normal"``, ``"trainable_normal"``). Default ``"normal"``.
+            ``"normal"``, ``"trainable_normal"``), or a prior object as the other layers
+            take it (their ``kernel_prior``), on every weight: a :class:`tfbnn.priors.Normal`
+            ``(loc, scale)`` is the fixed prior ``N(loc, scale^2 I)``, the builder
+            :class:`tfbnn.posteriors.NormalPrior` ``(scale, loc)`` (which ``get_config`` holds;
+            closed-form KL); another fixed prior (``tfbnn.priors.ScaleMixture()``) is
+            :class:`tfbnn.posteriors.IndependentPrior` (Monte Carlo KL).
+            Default ``"normal"`` (``Normal(0, 1)``).
         kl_weight: float >= 0 or None, ``beta / N``; see :class:`BayesianLayer`.
         activation: activation name or callable. Default None (linear).
         use_bias: bool. Default True.
@@ -164,6 +181,8 @@ class DenseVariational(BayesianLayer):
         >>> res = tfbnn.predict(model, x[:4], num_samples=20)
         >>> res.mean.shape, bool(np.all(res.epistemic_std > 0))
         ((4, 1), True)
+        >>> tfbnn.layers.DenseVariational(1, make_prior_fn=tfbnn.priors.Normal(0.0, 0.5)).make_prior_fn
+        NormalPrior(scale=0.5, loc=0.0)
 
     References:
         Blundell, Cornebise, Kavukcuoglu, Wierstra. Weight Uncertainty in Neural
@@ -190,7 +209,7 @@ class DenseVariational(BayesianLayer):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
         self.units = checks.integer("units", units, 1)
         self.make_posterior_fn = posteriors.get(make_posterior_fn, "make_posterior_fn")
-        self.make_prior_fn = posteriors.get(make_prior_fn, "make_prior_fn")
+        self.make_prior_fn = posteriors.get(_prior_builder(make_prior_fn), "make_prior_fn")
         self.activation = checks.activation(activation)
         self.use_bias = bool(use_bias)
         if not isinstance(kl_use_exact, bool):

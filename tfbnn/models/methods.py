@@ -253,6 +253,12 @@ class LayerFactory:
         """The ``kind`` layer class of ``method`` (a :class:`tfbnn.methods.Method`); None: Keras' own."""
         return registry.layer_class(method.layer_class(kind, self.options))
 
+    def prior(self):
+        """The one prior object the method's layers take (``kernel_prior`` for ``bbb``, ``node_prior`` for
+        ``ibnn``: ``Normal(prior_mean, prior_stddev)`` of its options), or None (a method without a prior)."""
+        kwargs = self._method.extra_layer_kwargs(self.options)
+        return next((kwargs[k] for k in ("kernel_prior", "node_prior") if k in kwargs), None)
+
     # -- weight layers -------------------------------------------------------------
     def dense(self, units, activation=None, use_bias=True, name=None):
         """A dense layer of the body: the method's (see the module table); Keras' with ``"last"``."""
