@@ -4,8 +4,9 @@
 ``tfbnn --help`` shows. ``tfbnn --help`` reads the table alone; only the chosen
 command's module is imported, and it adds its options (``add_arguments(parser)``,
 with its ``DESCRIPTION`` and optional ``EPILOG``) and runs (``run(args)``, or the
-``func`` its options set). So a study module may import TensorFlow at its top: that
-costs start-up time only when that study is asked for.
+``func`` its options set). The modules a parser imports stay TensorFlow-free at their
+top (``TENSORFLOW_FREE`` in ``tests/test_layering.py``); they load the numeric libraries
+inside the functions that run.
 
 Start-up: the console script's entry point is ``_tfbnn_command:main``, a module
 outside this package, which registers the ``tfbnn`` package before its ``__init__``

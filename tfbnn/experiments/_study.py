@@ -53,6 +53,7 @@ import sys
 import warnings
 
 from tfbnn._internal import argtypes
+from tfbnn.training import recipe as _recipe
 from tfbnn.experiments import _common
 from tfbnn.experiments._common import DEFAULT_ROOT
 
@@ -107,10 +108,9 @@ KINDS = {
     "recipe": _Kind(str, "recipe", "recipes"),
 }
 
-#: Recipe fields a study setting may set: field -> (kind, None allowed, help). A setting of that
-#: name (or with ``recipe=`` that field) takes them; ``tests/experiments/test_study.py`` checks
-#: that each kind accepts and rejects what :class:`tfbnn.training.Recipe` does.
-RECIPE_FIELDS = {
+#: Every setting a study may take by name: name -> (kind, None allowed, help). A setting of that
+#: name (or, for a recipe field, with ``recipe=`` naming it) takes its kind and help.
+_KNOWN_SETTINGS = {
     "dataset": ("name", False, "dataset (digits is offline; the tfds ones download once)"),
     "epochs": ("positive_int", False, "epochs per model"),
     "batch_size": ("positive_int", False, "minibatch size"),
@@ -127,11 +127,6 @@ RECIPE_FIELDS = {
     "max_examples": ("positive_int", True, "at most N training examples (tfds datasets)"),
     "max_test_examples": ("positive_int", True, "at most N test examples (tfds datasets)"),
     "seed": ("non_negative_int", False, "seed of data and models"),
-}
-
-#: Settings several studies share that are not recipe fields: name -> (kind, None allowed, help). A
-#: setting of that name takes them, as one of :data:`RECIPE_FIELDS` does.
-COMMON_SETTINGS = {
     "hidden_units": ("positive_int", False, "units per hidden layer"),
     "depth": ("positive_int", False, "hidden layers"),
     "num_components": ("positive_int", False, "iBNN mixture components"),
@@ -145,6 +140,12 @@ COMMON_SETTINGS = {
     "num_points": ("positive_int", False, "training points"),
     "quick": ("bool", False, "a smoke run"),
 }
+#: The settings that are :class:`tfbnn.training.Recipe` fields (their kinds accept and reject what
+#: ``Recipe`` does: ``tests/experiments/test_study.py`` checks it).
+RECIPE_FIELDS = {name: value for name, value in _KNOWN_SETTINGS.items()
+                 if name in {f.name for f in dataclasses.fields(_recipe.Recipe)}}
+#: Settings several studies share that are not recipe fields.
+COMMON_SETTINGS = {name: value for name, value in _KNOWN_SETTINGS.items() if name not in RECIPE_FIELDS}
 
 _METAVARS = {"max_examples": "N", "max_test_examples": "N", "eval_samples": "T", "train_samples": "S",
              "num_components": "K", "prior_stddev": "S", "samples_per_component": "n", "num_samples": "T",
