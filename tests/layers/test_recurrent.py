@@ -224,3 +224,10 @@ def test_keras_checks_through_the_one_harness(cls, return_sequences):
         expected_num_trainable_weights=4, expected_num_seed_generators=1, expected_num_losses=1,
         run_save_load=False, run_training=True, run_mixed_precision=False, keras_checks=True,
         expected_num_non_trainable_weights=1, supports_masking=True)
+
+
+@pytest.mark.parametrize("cls", [LSTMReparameterization, GRUReparameterization])
+def test_a_bad_recurrent_activation_is_named_as_such(cls):
+    """Found by tests/test_fuzz.py: the error named `activation` for a bad `recurrent_activation`."""
+    with pytest.raises(ValueError, match=r"Expected `recurrent_activation` .*Received: recurrent_activation=True"):
+        cls(3, recurrent_activation=True)

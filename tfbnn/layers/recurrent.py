@@ -90,7 +90,7 @@ class RecurrentCellReparameterization(MeanFieldGaussian, _PER_SEQUENCE_HOOK):
                  kernel_initializer="glorot_uniform", recurrent_initializer="orthogonal", **kwargs):
         super().__init__(activation=activation, use_bias=use_bias, kernel_initializer=kernel_initializer, **kwargs)
         self.units = checks.integer("units", units, 1)
-        self.recurrent_activation = checks.activation(recurrent_activation)
+        self.recurrent_activation = checks.activation(recurrent_activation, "recurrent_activation")
         self.recurrent_initializer = checks.initializer("recurrent_initializer", recurrent_initializer)
         # Per-sequence state of the hook, dropout-mixin attributes that keras.layers.RNN may read.
         self.dropout = self.recurrent_dropout = 0.0
