@@ -28,6 +28,20 @@ def _seeded(request):
 
 
 @pytest.fixture
+def eager():
+    """Functions run eagerly while the test runs: a big model's few steps cost seconds instead of the
+    minute that tracing its train, test and predict steps takes on 2 cores (the compiled path is
+    the same code, traced in the tests of the smaller models)."""
+    import tensorflow as tf
+
+    tf.config.run_functions_eagerly(True)
+    try:
+        yield
+    finally:
+        tf.config.run_functions_eagerly(False)
+
+
+@pytest.fixture
 def train_step_traces():
     """The names of the models whose ``train_step`` was traced, one entry per trace
     (Python runs the step's body once per trace). The patch of ``keras.Model`` is a

@@ -146,15 +146,6 @@ def _check_pair(name, method, shape, save_path):
     _check_train_step(model, x, y)
 
 
-@pytest.fixture
-def eager():
-    tf.config.run_functions_eagerly(True)
-    try:
-        yield
-    finally:
-        tf.config.run_functions_eagerly(False)
-
-
 # -- every (model, method) pair -------------------------------------------------------
 
 
