@@ -397,3 +397,15 @@ def test_the_printed_reading_follows_the_numbers():
     assert training.interpretation(dataclasses.replace(result, baseline=None)) == ""
     with pytest.raises(ValueError, match="compare_beta=1"):
         training.run(recipe.replace(method="deterministic"), compare_beta=1.0)
+
+
+def test_auto_xla_only_for_runs_long_enough_to_pay_for_its_compilation():
+    run_module = importlib.import_module("tfbnn.training.run")
+    main_job = training.get_recipe("digits-bbb-mlp")  # local reparameterization MLP: XLA helps it per step
+    limit = run_module.XLA_MIN_STEPS
+    assert run_module._jit("auto", main_job, 39 * main_job.epochs) is (39 * main_job.epochs >= limit) is True
+    assert run_module._jit("auto", main_job, limit - 1) is False  # a quick run: the compilation would not pay
+    assert run_module._jit("auto", main_job, limit) is True
+    assert run_module._jit(True, main_job, 3) is True and run_module._jit(False, main_job, 10 ** 6) is False
+    flipout = main_job.replace(method_options={"estimator": "flipout", "prior": "normal"})
+    assert run_module._jit("auto", flipout, 10 ** 6) is False

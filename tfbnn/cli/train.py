@@ -135,8 +135,8 @@ def add_arguments(parser):
                           "on a terminal, 2 when the output is redirected)")
     training.add_argument("--jit-compile", choices=("auto", "on", "off"), default="auto",
                           help="XLA: auto = on for local_reparameterization MLPs with the normal prior (no "
-                          "weight-sized draw; XLA helps), off otherwise (XLA makes weight-sized normal draws "
-                          "slow on CPU)")
+                          "weight-sized draw; XLA helps) in runs of 1,000 train steps or more (its compilation "
+                          "takes seconds), off otherwise (XLA makes weight-sized normal draws slow on CPU)")
     argtypes.add_strategy_argument(training)
 
     evaluation = parser.add_argument_group("evaluation and output")

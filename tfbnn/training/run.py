@@ -201,11 +201,19 @@ def convert_model(recipe, deterministic, num_examples):
                                num_examples=num_examples, seed=recipe.seed, **kwargs)
 
 
-def _jit(jit_compile, recipe):
+#: ``jit_compile="auto"`` compiles with XLA only for runs of at least this many train steps: XLA's
+#: compilation takes seconds (about 6 s for the digits MLP on 2 AMD cores) and saves about 2 ms a
+#: step there, so a short run (a quick recipe, a smoke test) is slower with it (6.0 s against 1.9 s).
+XLA_MIN_STEPS = 1_000
+
+
+def _jit(jit_compile, recipe, steps=None):
     if jit_compile != "auto":
         return bool(jit_compile)
     # XLA helps local reparameterization (no weight-sized draw) and slows weight-sized
     # normal draws on CPU (benchmarks/README.md, "Dense layers: a whole train step").
+    if steps is not None and steps < XLA_MIN_STEPS:
+        return False
     return registry.get(recipe.member_method).uses_xla(recipe.method_options) and _is_mlp(recipe)
 
 
@@ -439,7 +447,8 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=
         return _train_ensemble(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet)
 
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
-    jit = _jit(jit_compile, recipe)
+    per_epoch = _steps_per_epoch(recipe, data)
+    jit = _jit(jit_compile, recipe, None if per_epoch is None else per_epoch * (recipe.epochs + recipe.pretrain_epochs))
     if strategy is not None:
         from tfbnn import distribute
 
@@ -712,7 +721,8 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
         baseline: bool; also train the deterministic version of the same recipe and
             report its metrics beside (``RunResult.baseline``).
         jit_compile: ``"auto"`` (XLA for local reparameterization MLPs with a Normal
-            prior, where it helps on CPU), True or False.
+            prior, where it helps on CPU, in runs of at least :data:`XLA_MIN_STEPS` train
+            steps, where its compilation pays back), True or False.
         strategy: a ``tf.distribute.Strategy`` or None; the model is built and
             compiled in its scope.
         callbacks: extra Keras callbacks for the (main) fit.
