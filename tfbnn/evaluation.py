@@ -26,12 +26,16 @@ import os
 import numpy as np
 
 from tfbnn import calibration, inference, metrics, plots
-from tfbnn._internal import deprecation, files
+from tfbnn._internal import checks, deprecation, files
 from tfbnn._internal.files import markdown_table  # public here: results tables for reports and notebooks
 from tfbnn.datasets import corruptions
 from tfbnn.utils import bayesian_layers, posterior_mean
 
-__all__ = ["Evaluation", "evaluate_classifier", "shift_detection", "shift_sweep", "write_report", "markdown_table"]
+__all__ = ["Evaluation", "evaluate_classifier", "shift_detection", "shift_sweep", "write_report", "markdown_table",
+           "OOD_SCORES", "ood_scores", "ood_detection"]
+
+#: The out-of-distribution scores :func:`ood_scores` computes (higher: more likely out of distribution).
+OOD_SCORES = ("msp", "max_logit", "energy", "predictive_entropy", "mutual_information", "variation_ratio")
 
 
 @dataclasses.dataclass
@@ -153,6 +157,97 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
             **_numbers(scaling.transform_prediction(clean), scaling.transform_prediction(shifted), labels, num_bins),
         }
     return Evaluation(numbers=numbers, labels=labels, clean=clean, shifted=shifted, sweep=sweep)
+
+
+def ood_scores(prediction, logits=None, temperature=1.0):
+    """Out-of-distribution scores of a classifier's predictive, each higher for inputs less like the training data.
+
+    From a :class:`tfbnn.ClassificationPrediction` (``tfbnn.predict``) with Monte Carlo
+    samples ``p_t`` and predictive ``p_bar = mean_t p_t``:
+
+    * ``msp``: ``1 - max_c p_bar_c``, one minus the maximum softmax probability (Hendrycks &
+      Gimpel 2017);
+    * ``predictive_entropy``: ``H[p_bar]`` (total uncertainty);
+    * ``mutual_information``: ``H[p_bar] - mean_t H[p_t]`` (epistemic; Depeweg et al. 2018);
+    * ``variation_ratio``: ``1 - f / T`` with ``f`` the number of samples voting for the most
+      voted class (Freeman 1965; Gal 2016, sec. 3.3.1), when the prediction kept its samples;
+
+    and from the logits ``f(x)`` of a (deterministic or posterior-mean) forward pass, when given:
+
+    * ``max_logit``: ``-max_c f_c(x)`` (Hendrycks et al. 2022);
+    * ``energy``: ``-T log sum_c exp(f_c(x) / T)`` (Liu et al. 2020, eq. 6, T = ``temperature``).
+
+    Args:
+        prediction: a :class:`tfbnn.ClassificationPrediction`.
+        logits: ``(B, C)`` logits of the same inputs, or None.
+        temperature: float > 0, the energy's T. Default 1.
+
+    Returns:
+        dict of score name -> ``(B,)`` float64 array (the names of :data:`OOD_SCORES` that apply).
+
+    Example:
+        >>> import numpy as np
+        >>> from tfbnn import evaluation
+        >>> from tfbnn.inference import ClassificationPrediction
+        >>> p = np.array([[0.9, 0.1], [0.5, 0.5]])
+        >>> res = ClassificationPrediction(p, None, None, None, samples=np.stack([p, p[:, ::-1]]), num_samples=2)
+        >>> scores = evaluation.ood_scores(res, logits=np.log(p))
+        >>> [round(float(v), 3) for v in scores["msp"]], [abs(round(float(v), 3)) for v in scores["energy"]]
+        ([0.1, 0.5], [0.0, 0.0])
+    """
+    probs = checks.finite_array("prediction.mean_probs", getattr(prediction, "mean_probs", None), np.float64)
+    if probs.ndim != 2:
+        raise ValueError("Expected `prediction` to be a ClassificationPrediction (mean_probs of shape (B, C)). "
+                         f"Received: mean_probs of shape {probs.shape}")
+    entropy = -np.sum(probs * np.log(np.clip(probs, 1e-12, None)), axis=1)
+    scores = {"msp": 1.0 - probs.max(axis=1), "predictive_entropy": entropy}
+    if prediction.mutual_information is not None:
+        scores["mutual_information"] = np.asarray(prediction.mutual_information, np.float64)
+    samples = getattr(prediction, "samples", None)
+    if samples is not None:
+        votes = np.argmax(np.asarray(samples), axis=-1)  # (T, B)
+        counts = np.stack([np.sum(votes == c, axis=0) for c in range(probs.shape[1])], axis=1)
+        scores["variation_ratio"] = 1.0 - counts.max(axis=1) / votes.shape[0]
+    if logits is not None:
+        f = checks.finite_array("logits", logits, np.float64)
+        if f.shape != probs.shape:
+            raise ValueError(f"Expected `logits` of shape {probs.shape}, as the prediction's probabilities. "
+                             f"Received: logits.shape={f.shape}")
+        t = checks.number("temperature", temperature, low=0, low_open=True)
+        top = f.max(axis=1)
+        scores["max_logit"] = -top
+        scores["energy"] = -(t * np.log(np.sum(np.exp((f - top[:, None]) / t), axis=1)) + top)
+    return scores
+
+
+def ood_detection(in_scores, out_scores, tpr=0.95):
+    """How well each score separates out-of-distribution inputs from in-distribution ones.
+
+    Args:
+        in_scores: dict of score name -> ``(n_in,)`` scores of the in-distribution inputs
+            (:func:`ood_scores` of their prediction).
+        out_scores: the same for the out-of-distribution inputs (same names).
+        tpr: float in (0, 1], the detection rate of the false-positive rate. Default 0.95.
+
+    Returns:
+        dict of score name -> ``{"auroc", "aupr", "fpr_at_95_tpr"}`` (the last key named after
+        ``tpr``): :func:`tfbnn.metrics.auroc`, :func:`tfbnn.metrics.aupr` and
+        :func:`tfbnn.metrics.fpr_at_tpr`, the OOD inputs as positives.
+
+    Example:
+        >>> from tfbnn import evaluation
+        >>> evaluation.ood_detection({"msp": [0.1, 0.2]}, {"msp": [0.3, 0.15]})["msp"]["auroc"]
+        0.75
+    """
+    missing = sorted(set(in_scores) ^ set(out_scores))
+    if missing:
+        raise ValueError(f"Expected the same score names in `in_scores` and `out_scores`. Received: {missing} "
+                         "in one only")
+    key = f"fpr_at_{round(100 * tpr):d}_tpr"
+    return {name: {"auroc": metrics.auroc(in_scores[name], out_scores[name]),
+                   "aupr": metrics.aupr(in_scores[name], out_scores[name]),
+                   key: metrics.fpr_at_tpr(in_scores[name], out_scores[name], tpr)}
+            for name in in_scores}
 
 
 def _sampling_numbers(num_samples):

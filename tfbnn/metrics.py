@@ -49,6 +49,7 @@ References:
 """
 
 import dataclasses
+import math
 import statistics
 
 import keras
@@ -68,6 +69,8 @@ __all__ = [
     "selective_prediction",
     "SelectivePrediction",
     "auroc",
+    "aupr",
+    "fpr_at_tpr",
     "interval_coverage",
     "ExpectedCalibrationError",
     "NegativeLogLikelihood",
@@ -424,6 +427,72 @@ def auroc(in_scores, out_scores):
     ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
     u = ranks[len(neg):].sum() - len(pos) * (len(pos) + 1) / 2.0
     return float(u / (len(neg) * len(pos)))
+
+
+def aupr(in_scores, out_scores):
+    """Area under the precision-recall curve of detecting ``out_scores`` (positives), as average precision.
+
+    The out-of-distribution (or shifted) inputs are the positives and a higher score flags
+    them, as in :func:`auroc`. Sorting by score, descending, with ``P_k`` the precision and
+    ``R_k`` the recall at the ``k``-th distinct threshold::
+
+        AP = sum_k (R_k - R_{k-1}) P_k
+
+    (``sklearn.metrics.average_precision_score`` gives the same number; ties share one
+    threshold). Chance is the positives' share ``n_out / (n_in + n_out)``, not 0.5.
+
+    Args:
+        in_scores: ``(n_in,)`` scores of the in-distribution inputs (negatives).
+        out_scores: ``(n_out,)`` scores of the out-of-distribution inputs (positives).
+
+    Returns:
+        A float in (0, 1].
+
+    Example:
+        >>> import tfbnn
+        >>> tfbnn.metrics.aupr([0.1, 0.2, 0.3], [0.25, 0.4])   # thresholds 0.4, 0.3, 0.25: (1 + 2/3) / 2
+        0.8333333333333333
+    """
+    neg = _check_scores("in_scores", in_scores)
+    pos = _check_scores("out_scores", out_scores)
+    scores = np.concatenate([pos, neg])
+    is_pos = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+    order = np.argsort(-scores, kind="mergesort")
+    scores, is_pos = scores[order], is_pos[order]
+    last = np.r_[scores[1:] != scores[:-1], True]  # the last row of each run of equal scores: one threshold
+    tp = np.cumsum(is_pos)[last]
+    flagged = (np.arange(1, len(scores) + 1))[last]
+    recall = tp / len(pos)
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * tp / flagged))
+
+
+def fpr_at_tpr(in_scores, out_scores, tpr=0.95):
+    """The false-positive rate at the first threshold that detects a fraction ``tpr`` of the positives.
+
+    "FPR at 95% TPR" (Hendrycks & Gimpel 2017; Liang et al. 2018) with the
+    out-of-distribution inputs as positives and a higher score flagging them: the
+    threshold is the largest ``t`` with ``P(s_out >= t) >= tpr``, and the result is
+    ``P(s_in >= t)``, the share of in-distribution inputs flagged with it. 0 is perfect,
+    ``tpr`` is chance.
+
+    Args:
+        in_scores: ``(n_in,)`` scores of the in-distribution inputs.
+        out_scores: ``(n_out,)`` scores of the out-of-distribution inputs.
+        tpr: float in (0, 1]. Default 0.95.
+
+    Returns:
+        A float in [0, 1].
+
+    Example:
+        >>> import tfbnn
+        >>> tfbnn.metrics.fpr_at_tpr([0.1, 0.2, 0.3, 0.5], [0.25, 0.4, 0.6, 0.7], tpr=0.75)  # t = 0.4: 1 of 4
+        0.25
+    """
+    neg = _check_scores("in_scores", in_scores)
+    pos = np.sort(_check_scores("out_scores", out_scores))[::-1]
+    tpr = checks.number("tpr", tpr, low=0, high=1, low_open=True, what="a true-positive rate in (0, 1]")
+    threshold = pos[math.ceil(tpr * len(pos) - 1e-12) - 1]
+    return float(np.mean(neg >= threshold))
 
 
 def interval_coverage(targets, mean, std, levels=(0.5, 0.9)):

@@ -1,0 +1,353 @@
+"""Split conformal prediction on top of any tfbnn predictive: intervals and sets with a coverage guarantee.
+
+A predictive (a Bayesian network's Monte Carlo predictive, an ensemble, a Laplace
+approximation, a deterministic model) is turned into prediction intervals or sets that
+contain the true target with probability at least ``1 - alpha``, whatever the model and
+however wrong it is, as long as the calibration and test examples are exchangeable
+(Vovk et al. 2005; Angelopoulos & Bates 2023, sec. 1-2).
+
+Split conformal: a score ``s_i = s(x_i, y_i)`` ("how badly the predictive fits") on ``n``
+held-out calibration examples; its conformal quantile is the ``k``-th smallest score,
+
+    q_hat = s_(k),   k = ceil((n + 1)(1 - alpha)),
+
+(``q_hat = inf`` when ``k > n``: too few calibration examples for that ``alpha``), and the
+prediction set of a test input is every ``y`` whose score is at most ``q_hat``. Then
+
+    1 - alpha <= P(Y_test in C(X_test)) <= 1 - alpha + 1 / (n + 1)
+
+(the upper bound when the scores have no ties), over the draw of calibration and test
+examples (Angelopoulos & Bates 2023, Theorem D.1 / D.2).
+
+Scores:
+
+* regression, ``"absolute"``: ``|y - mu(x)|``; the interval ``mu -/+ q_hat`` (Lei et al. 2018);
+* regression, ``"normalized"``: ``|y - mu(x)| / sigma(x)`` with ``sigma`` the predictive
+  standard deviation (``tfbnn.predict``'s ``total_std``); the interval ``mu -/+ q_hat sigma``,
+  wide where the model is unsure (Papadopoulos et al. 2002; Angelopoulos & Bates 2023, sec. 2.3);
+* quantile regression (CQR, Romano et al. 2019, eq. 6): ``max(lo(x) - y, y - hi(x))`` for a
+  model's lower and upper quantiles; the interval ``[lo - q_hat, hi + q_hat]``;
+* classification, ``"lac"`` (Sadinle et al. 2019): ``1 - p_y(x)``; the smallest sets on average;
+* classification, ``"aps"`` (Romano et al. 2020, eq. 5): the probability mass of the classes
+  ranked at or above ``y``; sets that grow with the predictive's uncertainty;
+* classification, ``"raps"`` (Angelopoulos et al. 2021, eq. 3): APS plus
+  ``lambda * max(0, rank(y) - k_reg)``, which keeps sets small when many classes are unlikely.
+
+The set of a test input holds every class whose score is at most ``q_hat`` (the
+non-randomized rules: coverage at least ``1 - alpha``, sets at most one class larger than
+the randomized rules' on average).
+
+Example:
+    >>> import numpy as np
+    >>> from tfbnn import conformal
+    >>> rng = np.random.default_rng(0)
+    >>> y_cal, mu_cal = rng.normal(size=500), np.zeros(500)
+    >>> cp = conformal.SplitConformalRegressor(alpha=0.1).fit(mu_cal, y_cal)
+    >>> lower, upper = cp.predict(np.zeros(3))
+    >>> round(float(upper[0]), 2)      # this sample's; the 0.9 quantile of |N(0, 1)| is 1.64
+    1.51
+    >>> # with tfbnn: res = tfbnn.predict(model, x_cal); cp.fit(res, y_cal); cp.predict(tfbnn.predict(model, x))
+
+References:
+    Vovk, Gammerman, Shafer. Algorithmic Learning in a Random World. Springer 2005.
+    Angelopoulos, Bates. Conformal Prediction: A Gentle Introduction. Found. Trends ML 2023.
+    Lei, G'Sell, Rinaldo, Tibshirani, Wasserman. Distribution-Free Predictive Inference for
+    Regression. JASA 2018.
+    Papadopoulos, Proedrou, Vovk, Gammerman. Inductive Confidence Machines for Regression. ECML 2002.
+    Romano, Patterson, Candes. Conformalized Quantile Regression. NeurIPS 2019.
+    Sadinle, Lei, Wasserman. Least Ambiguous Set-Valued Classifiers with Bounded Error Levels. JASA 2019.
+    Romano, Sesia, Candes. Classification with Valid and Adaptive Coverage. NeurIPS 2020.
+    Angelopoulos, Bates, Malik, Jordan. Uncertainty Sets for Image Classifiers using Conformal
+    Prediction. ICLR 2021.
+"""
+
+import math
+
+import numpy as np
+
+from tfbnn._internal import checks
+
+__all__ = ["conformal_quantile", "SplitConformalRegressor", "ConformalizedQuantileRegressor",
+           "ConformalClassifier", "REGRESSION_SCORES", "CLASSIFICATION_SCORES", "coverage", "set_sizes"]
+
+#: Scores of :class:`SplitConformalRegressor`.
+REGRESSION_SCORES = ("absolute", "normalized")
+#: Scores of :class:`ConformalClassifier`.
+CLASSIFICATION_SCORES = ("lac", "aps", "raps")
+
+
+def _alpha(alpha):
+    return checks.number("alpha", alpha, low=0, high=1, low_open=True, high_open=True,
+                         what="a miscoverage level in (0, 1)")
+
+
+def _vector(name, value, length=None, positive=False):
+    """``value`` as a finite float64 vector (a column ``(n, 1)`` is flattened), of ``length`` when given."""
+    v = checks.finite_array(name, value, np.float64)
+    if v.ndim == 2 and v.shape[1] == 1:
+        v = v[:, 0]
+    if v.ndim != 1 or v.shape[0] == 0:
+        raise ValueError(f"Expected `{name}` of shape (n,) with n >= 1. Received: {name}.shape={v.shape}")
+    if length is not None and v.shape[0] != length:
+        raise ValueError(f"Expected `{name}` of length {length}, as the other inputs. Received: {name}.shape={v.shape}")
+    if positive and not np.all(v > 0):
+        raise ValueError(f"Expected `{name}` > 0 (standard deviations). Received: min {name}={v.min()!r}")
+    return v
+
+
+def conformal_quantile(scores, alpha):
+    """The split-conformal quantile of calibration ``scores``: ``s_(k)``, ``k = ceil((n + 1)(1 - alpha))``.
+
+    Args:
+        scores: ``(n,)`` finite calibration scores.
+        alpha: float in (0, 1), the miscoverage level.
+
+    Returns:
+        The ``k``-th smallest score, or ``inf`` when ``k > n`` (``n < 1 / alpha - 1``: no
+        finite set has the guarantee).
+
+    Example:
+        >>> from tfbnn.conformal import conformal_quantile
+        >>> conformal_quantile([3.0, 1.0, 2.0, 5.0, 4.0], alpha=0.4)   # k = ceil(6 * 0.6) = 4
+        4.0
+        >>> conformal_quantile([1.0, 2.0], alpha=0.1)
+        inf
+    """
+    s = np.sort(_vector("scores", scores))
+    k = math.ceil((len(s) + 1) * (1 - _alpha(alpha)) - 1e-12)  # (guard against (n + 1)(1 - alpha) = 9.000001)
+    return float("inf") if k > len(s) else float(s[k - 1])
+
+
+def _regression_moments(prediction, std):
+    """(mean, std) from a :class:`tfbnn.RegressionPrediction` (its ``total_std``) or from arrays."""
+    if hasattr(prediction, "mean") and hasattr(prediction, "total_std"):
+        if std is not None:
+            raise ValueError("Expected `std` only with an array `mean`: a RegressionPrediction brings its own "
+                             f"total_std. Received: std of shape {np.shape(std)}")
+        return prediction.mean, prediction.total_std
+    return prediction, std
+
+
+class SplitConformalRegressor:
+    """Split conformal intervals ``mu -/+ q_hat`` (``"absolute"``) or ``mu -/+ q_hat sigma`` (``"normalized"``).
+
+    Args:
+        alpha: float in (0, 1), the miscoverage level: the intervals cover the target with
+            probability at least ``1 - alpha``.
+        score: one of :data:`REGRESSION_SCORES`. ``"normalized"`` needs the predictive
+            standard deviation (``tfbnn.predict``'s ``total_std``, or ``std=``).
+
+    Attributes:
+        quantile: ``q_hat`` after :meth:`fit` (``inf`` when the calibration set is too small).
+        num_calibration: n.
+
+    Shapes: one target per example (``(n,)`` or ``(n, 1)``).
+
+    Example:
+        >>> import numpy as np
+        >>> from tfbnn.conformal import SplitConformalRegressor
+        >>> rng = np.random.default_rng(1)
+        >>> sigma = rng.uniform(0.1, 2.0, size=400)
+        >>> y = rng.normal(scale=sigma)
+        >>> cp = SplitConformalRegressor(alpha=0.2, score="normalized").fit(np.zeros(400), y, std=sigma)
+        >>> lower, upper = cp.predict(np.zeros(2), std=np.array([0.1, 2.0]))
+        >>> bool(upper[1] - lower[1] > 10 * (upper[0] - lower[0]))   # wide where sigma is large
+        True
+    """
+
+    def __init__(self, alpha=0.1, score="absolute"):
+        self.alpha = _alpha(alpha)
+        if score not in REGRESSION_SCORES:
+            raise ValueError(f"Expected `score` in {REGRESSION_SCORES}. Received: score={score!r}")
+        self.score = score
+        self.quantile = None
+        self.num_calibration = 0
+
+    def _scale(self, std, n):
+        if self.score == "absolute":
+            return np.ones(n)
+        if std is None:
+            raise ValueError("Expected `std` (the predictive standard deviation) with score='normalized'. "
+                             "Received: std=None")
+        return _vector("std", std, n, positive=True)
+
+    def fit(self, mean, y, std=None):
+        """Computes ``q_hat`` from calibration predictions and targets; returns ``self``.
+
+        Args:
+            mean: ``(n,)`` predictive means, or a :class:`tfbnn.RegressionPrediction`.
+            y: ``(n,)`` targets.
+            std: ``(n,)`` predictive standard deviations (``"normalized"`` with array means).
+        """
+        mean, std = _regression_moments(mean, std)
+        mu = _vector("mean", mean)
+        target = _vector("y", y, len(mu))
+        scores = np.abs(target - mu) / self._scale(std, len(mu))
+        self.quantile, self.num_calibration = conformal_quantile(scores, self.alpha), len(mu)
+        return self
+
+    def predict(self, mean, std=None):
+        """``(lower, upper)``, each ``(m,)``: the conformal intervals of test predictions."""
+        if self.quantile is None:
+            raise ValueError("Expected a fitted SplitConformalRegressor: call fit(mean, y) on calibration data first.")
+        mean, std = _regression_moments(mean, std)
+        mu = _vector("mean", mean)
+        half = self.quantile * self._scale(std, len(mu))
+        return mu - half, mu + half
+
+
+class ConformalizedQuantileRegressor:
+    """Conformalized quantile regression (CQR, Romano et al. 2019): ``[lo - q_hat, hi + q_hat]``.
+
+    The score ``max(lo(x) - y, y - hi(x))`` (negative inside the model's band); the band of a
+    quantile model (its ``alpha / 2`` and ``1 - alpha / 2`` quantiles) widened or narrowed so
+    that it covers with probability at least ``1 - alpha``.
+
+    Args:
+        alpha: float in (0, 1), the miscoverage level.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfbnn.conformal import ConformalizedQuantileRegressor
+        >>> y = np.linspace(-1.0, 1.0, 99)
+        >>> cqr = ConformalizedQuantileRegressor(alpha=0.1).fit(np.zeros(99), np.zeros(99), y)  # a band of width 0
+        >>> lower, upper = cqr.predict([0.0], [0.0])
+        >>> round(float(lower[0]), 3), round(float(upper[0]), 3)
+        (-0.918, 0.918)
+    """
+
+    def __init__(self, alpha=0.1):
+        self.alpha = _alpha(alpha)
+        self.quantile = None
+        self.num_calibration = 0
+
+    def fit(self, lower, upper, y):
+        """Computes ``q_hat`` from the calibration band ``[lower, upper]`` and targets ``y`` (each ``(n,)``)."""
+        lo = _vector("lower", lower)
+        hi = _vector("upper", upper, len(lo))
+        target = _vector("y", y, len(lo))
+        self.quantile = conformal_quantile(np.maximum(lo - target, target - hi), self.alpha)
+        self.num_calibration = len(lo)
+        return self
+
+    def predict(self, lower, upper):
+        """``(lower - q_hat, upper + q_hat)`` for a test band."""
+        if self.quantile is None:
+            raise ValueError("Expected a fitted ConformalizedQuantileRegressor: call fit(lower, upper, y) first.")
+        lo = _vector("lower", lower)
+        hi = _vector("upper", upper, len(lo))
+        return lo - self.quantile, hi + self.quantile
+
+
+def _probabilities(prediction):
+    """``(n, C)`` class probabilities from a :class:`tfbnn.ClassificationPrediction` or an array."""
+    probs = getattr(prediction, "mean_probs", prediction)
+    p = checks.finite_array("probs", probs, np.float64)
+    if p.ndim != 2 or p.shape[0] == 0 or p.shape[1] < 2:
+        raise ValueError(f"Expected `probs` of shape (n, C) with n >= 1, C >= 2. Received: probs.shape={p.shape}")
+    if np.any(p < 0) or not np.allclose(p.sum(axis=1), 1.0, atol=1e-4):
+        raise ValueError("Expected `probs` to hold probabilities (non-negative rows that sum to 1). "
+                         f"Received: row sums from {p.sum(axis=1).min():.4g} to {p.sum(axis=1).max():.4g}")
+    return p
+
+
+class ConformalClassifier:
+    """Conformal prediction sets for a classifier's predictive: LAC, APS or RAPS.
+
+    Args:
+        alpha: float in (0, 1), the miscoverage level.
+        score: one of :data:`CLASSIFICATION_SCORES`.
+        lam: float >= 0, RAPS' penalty per class beyond ``k_reg`` (Angelopoulos et al. 2021
+            use 0.01 to 0.1 on ImageNet). Default 0.01.
+        k_reg: int >= 0, RAPS' number of classes free of the penalty. Default 1.
+
+    Attributes:
+        quantile: ``q_hat`` after :meth:`fit`.
+
+    Shapes: ``probs`` ``(n, C)``; labels ``(n,)`` ints in ``[0, C)``; :meth:`predict` gives
+    a boolean ``(m, C)`` membership matrix.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfbnn.conformal import ConformalClassifier
+        >>> probs = np.array([[0.7, 0.2, 0.1]] * 20)
+        >>> labels = np.array([0] * 14 + [1] * 4 + [2] * 2)
+        >>> cc = ConformalClassifier(alpha=0.2, score="lac").fit(probs, labels)
+        >>> cc.predict(probs[:1]).astype(int).tolist()   # 0 alone covers 70%: {0, 1} covers 90% >= 80%
+        [[1, 1, 0]]
+    """
+
+    def __init__(self, alpha=0.1, score="aps", lam=0.01, k_reg=1):
+        self.alpha = _alpha(alpha)
+        if score not in CLASSIFICATION_SCORES:
+            raise ValueError(f"Expected `score` in {CLASSIFICATION_SCORES}. Received: score={score!r}")
+        self.score = score
+        self.lam = checks.number("lam", lam, low=0)
+        self.k_reg = checks.integer("k_reg", k_reg, 0)
+        self.quantile = None
+        self.num_calibration = 0
+
+    def scores(self, probs):
+        """``(n, C)``: the score of every class of every example (lower: more conforming)."""
+        p = _probabilities(probs)
+        if self.score == "lac":
+            return 1.0 - p
+        order = np.argsort(-p, axis=1, kind="stable")
+        ranked = np.take_along_axis(p, order, axis=1)
+        mass = np.cumsum(ranked, axis=1)  # mass of the classes ranked at or above each
+        if self.score == "raps":
+            ranks = np.arange(1, p.shape[1] + 1)
+            mass = mass + self.lam * np.maximum(0, ranks - self.k_reg)
+        out = np.empty_like(mass)
+        np.put_along_axis(out, order, mass, axis=1)
+        return out
+
+    def fit(self, probs, labels):
+        """Computes ``q_hat`` from calibration probabilities (or a ClassificationPrediction) and labels."""
+        s = self.scores(probs)
+        y = checks.array("labels", labels)
+        if y.ndim != 1 or len(y) != len(s) or not np.issubdtype(y.dtype, np.integer) or np.any(y < 0) \
+                or np.any(y >= s.shape[1]):
+            raise ValueError(f"Expected `labels` of shape ({len(s)},), ints in [0, {s.shape[1]}). "
+                             f"Received: labels of shape {y.shape}, dtype {y.dtype}")
+        self.quantile = conformal_quantile(s[np.arange(len(y)), y], self.alpha)
+        self.num_calibration = len(y)
+        return self
+
+    def predict(self, probs):
+        """Boolean ``(m, C)``: class ``c`` is in the set of example ``i`` when its score is at most ``q_hat``."""
+        if self.quantile is None:
+            raise ValueError("Expected a fitted ConformalClassifier: call fit(probs, labels) first.")
+        return self.scores(probs) <= self.quantile
+
+
+def coverage(y, lower_or_sets, upper=None):
+    """The fraction of examples whose target is in its interval ``[lower, upper]`` or its set.
+
+    Args:
+        y: ``(m,)`` targets (regression) or int labels (classification).
+        lower_or_sets: ``(m,)`` lower ends, or a boolean ``(m, C)`` set matrix.
+        upper: ``(m,)`` upper ends (regression only).
+
+    Example:
+        >>> from tfbnn.conformal import coverage
+        >>> coverage([0.0, 2.0], [-1.0, -1.0], [1.0, 1.0])
+        0.5
+        >>> coverage([1, 0], [[False, True], [False, True]])
+        0.5
+    """
+    if upper is None:
+        sets = np.asarray(lower_or_sets, bool)
+        labels = np.asarray(y, int)
+        if sets.ndim != 2 or labels.shape != (len(sets),):
+            raise ValueError(f"Expected `y` of shape ({len(sets)},) and sets of shape (m, C). "
+                             f"Received: y.shape={labels.shape}, sets.shape={sets.shape}")
+        return float(np.mean(sets[np.arange(len(labels)), labels]))
+    target = _vector("y", y)
+    lo, hi = _vector("lower", lower_or_sets, len(target)), _vector("upper", upper, len(target))
+    return float(np.mean((lo <= target) & (target <= hi)))
+
+
+def set_sizes(sets):
+    """``(m,)`` ints: the number of classes in each prediction set."""
+    return np.asarray(sets, bool).sum(axis=1)
