@@ -9,8 +9,6 @@ lane's exclusions to nothing.
 import ast
 import os
 
-import pytest
-
 from conftest import measured_heavy_tests, pytest_collection_modifyitems
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

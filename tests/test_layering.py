@@ -178,13 +178,6 @@ def test_the_tensorflow_free_modules_import_only_the_standard_library_and_each_o
     assert not offenders, "\n".join(offenders)
 
 
-def test_the_tensorflow_free_modules_load_no_numeric_library_in_a_fresh_process():
-    code = ("import importlib, sys, _tfbnn_command; "
-            f"[importlib.import_module(m) for m in {TENSORFLOW_FREE!r}]; "
-            f"print(sorted(m for m in {_HEAVY_LIBRARIES!r} if m in sys.modules))")
-    assert _fresh(code) == "[]"
-
-
 def test_the_list_is_every_module_the_command_loads_to_parse():
     """Every command's --help, run through the entry point: the tfbnn modules loaded are the listed ones."""
     code = ("import contextlib, io, sys, _tfbnn_command\nfrom tfbnn.cli import COMMANDS, main\n"
@@ -434,12 +427,11 @@ def test_function_local_imports_are_listed():
 
 
 def test_the_commands_load_no_numeric_library_before_they_run():
-    """What the reasons of FUNCTION_LOCAL_IMPORTS claim: every module the `tfbnn` command imports to parse
-    (its table's modules, the studies' shared module, tfbnn.training and the dataset catalog) loads no NumPy,
-    TensorFlow, Keras, matplotlib, KerasTuner, scikit-learn or tensorflow-datasets."""
-    code = ("import importlib, sys, _tfbnn_command; from tfbnn.cli import COMMANDS; "
-            "[importlib.import_module(m) for m, _ in COMMANDS.values()]; "
-            "import tfbnn.experiments._common, tfbnn.training, tfbnn.datasets; "
-            "print(sorted(m for m in ('numpy', 'tensorflow', 'keras', 'matplotlib', 'keras_tuner', 'sklearn', "
-            "'tensorflow_datasets') if m in sys.modules))")
+    """What the reasons of FUNCTION_LOCAL_IMPORTS claim: every TensorFlow-free module (:data:`TENSORFLOW_FREE`:
+    the command table's modules, the studies, tfbnn.training, the registry and the dataset catalog), imported
+    in a fresh process through the command's entry point, loads no NumPy, TensorFlow, Keras, TensorFlow
+    Probability, SciPy, matplotlib, KerasTuner, scikit-learn or tensorflow-datasets."""
+    code = ("import importlib, sys, _tfbnn_command; "
+            f"[importlib.import_module(m) for m in {TENSORFLOW_FREE!r}]; "
+            f"print(sorted(m for m in {_HEAVY_LIBRARIES!r} if m in sys.modules))")
     assert _fresh(code) == "[]"

@@ -199,8 +199,7 @@ def ood_scores(prediction, logits=None, temperature=1.0):
     if probs.ndim != 2:
         raise ValueError("Expected `prediction` to be a ClassificationPrediction (mean_probs of shape (B, C)). "
                          f"Received: mean_probs of shape {probs.shape}")
-    entropy = -np.sum(probs * np.log(np.clip(probs, 1e-12, None)), axis=1)
-    scores = {"msp": 1.0 - probs.max(axis=1), "predictive_entropy": entropy}
+    scores = {"msp": 1.0 - probs.max(axis=1), "predictive_entropy": inference.entropy(probs)}
     if prediction.mutual_information is not None:
         scores["mutual_information"] = np.asarray(prediction.mutual_information, np.float64)
     samples = getattr(prediction, "samples", None)

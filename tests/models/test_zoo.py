@@ -27,7 +27,6 @@ import re
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import tfbnn
 import tfbnn.models as zoo
