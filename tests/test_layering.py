@@ -19,7 +19,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 LAYERS = {
     "tfbnn._internal": 0,
     "tfbnn.priors": 1, "tfbnn.posteriors": 1, "tfbnn.kl": 1, "tfbnn.layers": 1, "tfbnn.schedules": 1, "tfbnn.callbacks": 1,
-    "tfbnn.inference": 1, "tfbnn.metrics": 1, "tfbnn.calibration": 1, "tfbnn.utils": 1, "tfbnn.likelihoods": 1,
+    "tfbnn.inference": 1, "tfbnn.metrics": 1, "tfbnn.calibration": 1, "tfbnn.utils": 1, "tfbnn.likelihoods": 1, "tfbnn.evidential": 1,
     "tfbnn.pruning": 1, "tfbnn.convert": 1, "tfbnn.export": 1, "tfbnn.distribute": 1, "tfbnn.ibnn": 1, "tfbnn.ensembles": 1, "tfbnn.continual": 1,
     "tfbnn.laplace": 1, "tfbnn.swag": 1, "tfbnn.hmc": 1, "tfbnn.conformal": 1, "tfbnn.methods": 1,
     "tfbnn.plots": 1, "tfbnn.testing": 1, "tfbnn.evaluation": 2,

@@ -12,6 +12,7 @@ from tfbnn.inference._summaries import (
     RegressionPrediction,
     class_probabilities,
     entropy,
+    head_epistemic,
     head_moments,
 )
 
@@ -156,6 +157,7 @@ class AdaptiveBatch:
         self.from_logits, self.head, self.keep = from_logits, head, keep_samples
         self.moments = None
         self.extra = None  # classification: summed sample entropies; regression head: summed variances
+        self.head_epistemic = None  # an evidential head's summed own epistemic variances
         # Probabilities lie in [0, 1]: a variance floor 1 / n keeps a run of identical samples (a rare class
         # not drawn yet) from stopping early. Regression outputs have no known range: no floor.
         self.variance_floor = 1.0 if task == "classification" else 0.0
@@ -170,7 +172,13 @@ class AdaptiveBatch:
             values = np.asarray(samples, dtype=np.float64)
             extra = None
             if self.head is not None:
+                own = head_epistemic(self.head, values)
                 values, extra = head_moments(self.head, values)
+                if own is not None:
+                    summed = _split_strata(own, self.strata).sum(axis=(0, 1))
+                    if self.head_epistemic is None:
+                        self.head_epistemic = np.zeros((self.size, *summed.shape[1:]))
+                    self.head_epistemic[rows] += summed
         chunk = _split_strata(values, self.strata)
         if self.moments is None:
             self.moments = _RunningMoments(self.strata, (self.size, *chunk.shape[3:]))
@@ -216,6 +224,8 @@ class AdaptiveBatch:
         aleatoric = None
         if self.head is not None:
             aleatoric = np.sqrt(self.extra / _expand(used.astype(np.float64), self.extra.ndim)).astype(np.float32)
+        if self.head_epistemic is not None:
+            variance = variance + self.head_epistemic / _expand(used.astype(np.float64), self.head_epistemic.ndim)
         return RegressionPrediction(mean=mean.astype(np.float32), epistemic_std=np.sqrt(variance).astype(np.float32),
                                     aleatoric_std=aleatoric, **common)
 

@@ -253,6 +253,13 @@ def head_moments(head, samples):
     return np.asarray(mean, dtype=np.float64), np.asarray(variance, dtype=np.float64)
 
 
+def head_epistemic(head, samples):
+    """A head's own per-sample epistemic variance (an evidential head's ``Var[mu]``), float64, or None."""
+    if not hasattr(head, "epistemic_variance"):
+        return None
+    return np.asarray(head.epistemic_variance(np.asarray(samples, dtype=np.float64)), dtype=np.float64)
+
+
 def summarize_regression(samples, gaussian_head=False, keep_samples=True, head=None):
     """Predictive mean and the epistemic / aleatoric split of T regression samples.
 
@@ -262,6 +269,10 @@ def summarize_regression(samples, gaussian_head=False, keep_samples=True, head=N
     (Depeweg et al. 2018, eq. 5 for the variance form)::
 
         mean = mean_t m_t,   epistemic_std = std_t m_t,   aleatoric_std = sqrt(mean_t v_t)
+
+    A head with its own single-pass epistemic variance ``e_t`` (an evidential head's
+    ``Var[mu]``, :class:`tfbnn.evidential.EvidentialRegressionHead`) adds its mean:
+    ``epistemic_std^2 = var_t m_t + mean_t e_t``.
 
     Args:
         samples: array ``(T, B, ...)`` of outputs; with a head, its outputs (for
@@ -289,13 +300,15 @@ def summarize_regression(samples, gaussian_head=False, keep_samples=True, head=N
     if gaussian_head and head is None:
         head = GaussianHead()
     aleatoric = None
-    means = raw
+    means, epistemic = raw, None
     if head is not None:
         means, variances = head_moments(head, raw)
         aleatoric = np.sqrt(np.mean(variances, axis=0)).astype(np.float32)
+        epistemic = head_epistemic(head, raw)
+    spread = means.var(axis=0) + (0.0 if epistemic is None else epistemic.mean(axis=0))
     return RegressionPrediction(
         mean=means.mean(axis=0).astype(np.float32),
-        epistemic_std=means.std(axis=0).astype(np.float32),
+        epistemic_std=np.sqrt(spread).astype(np.float32),
         aleatoric_std=aleatoric,
         samples=raw.astype(np.float32) if keep_samples else None,
         num_samples=raw.shape[0],
