@@ -150,8 +150,8 @@ def predict(
         task: ``"auto"`` (default), ``"classification"`` or ``"regression"``.
             ``"auto"`` reads the model, not the data: a distribution head's
             task; classification when ``from_logits=True`` or when the output
-            layer ends in a softmax (a ``softmax`` activation or a
-            ``keras.layers.Softmax``); regression for any other output layer. Only a model without a
+            layer ends in a softmax (a ``softmax`` activation, a
+            ``keras.layers.Softmax`` or a :class:`tfbnn.layers.HeteroscedasticSoftmax`); regression for any other output layer. Only a model without a
             readable output layer (a subclassed model) falls back to its first
             batch's outputs (probability vectors: classification). A single
             sigmoid unit needs ``task="classification"`` (it is expanded to two
@@ -352,7 +352,7 @@ def _check_head_outputs(head, samples, gaussian_head):
 
 
 def _ends_in_softmax(layer):
-    if isinstance(layer, keras.layers.Softmax):
+    if isinstance(layer, keras.layers.Softmax) or getattr(layer, "outputs_probabilities", False):
         return True
     activation = getattr(layer, "activation", None)
     return activation is not None and getattr(activation, "__name__", None) == "softmax"

@@ -22,6 +22,7 @@ from tfbnn.likelihoods import (
     StudentTHead,
 )
 from tfbnn.layers.mc_dropout import MCDropout, MCSpatialDropout2D
+from tfbnn.layers.heteroscedastic import HeteroscedasticSoftmax
 from tfbnn.layers.conv import (
     Conv1DFlipout,
     Conv1DReparameterization,
@@ -78,6 +79,7 @@ __all__ = [
     "BernoulliHead",
     "CategoricalHead",
     "DistributionLambdaHead",
+    "HeteroscedasticSoftmax",
     "MCDropout",
     "MCSpatialDropout2D",
     "DenseReparameterization",
