@@ -159,3 +159,40 @@ def test_tfbnn_predictions_plug_in():
 def test_bad_input_is_named(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_a_model_ending_in_a_quantile_head_covers_about_its_level_and_cqr_makes_it_valid():
+    import keras
+
+    import tfbnn
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-2, 2, size=(1200, 1)).astype("float32")
+    y = (np.sin(3 * x[:, 0]) + rng.normal(scale=0.1 + 0.5 * np.abs(x[:, 0]))).astype("float32")
+    head = tfbnn.likelihoods.QuantileHead((0.1, 0.9))
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(2),
+                              head])
+    model.compile(keras.optimizers.Adam(0.02), loss=tfbnn.likelihoods.PinballLoss(head.quantiles))
+    train, pool = slice(0, 600), slice(600, None)
+    # 400 full-batch steps as one epoch of the repeated training set (no per-epoch overhead)
+    model.fit(np.tile(x[train], (400, 1)), np.tile(y[train], 400), batch_size=600, epochs=1, verbose=0)
+    band = model.predict(x[pool], verbose=0)
+    assert np.all(band[:, 1] > band[:, 0])
+    raw = conformal.coverage(y[pool], band[:, 0], band[:, 1])
+    assert 0.72 <= raw <= 0.88, raw  # about 1 - 0.2 (3 standard errors of 600 draws: 0.05)
+    alpha, n = 0.1, 100
+    cqr = conformal.ConformalizedQuantileRegressor(alpha).fit_model(model, x[pool][:n], y[pool][:n])
+    direct = conformal.ConformalizedQuantileRegressor(alpha).fit(band[:n, 0], band[:n, 1], y[pool][:n])
+    assert cqr.quantile == pytest.approx(direct.quantile, abs=1e-6)
+    np.testing.assert_allclose(cqr.predict_model(model, x[pool][n:]), direct.predict(band[n:, 0], band[n:, 1]),
+                               atol=1e-5)
+    lo, hi, target = band[:, 0].astype(np.float64), band[:, 1].astype(np.float64), y[pool].astype(np.float64)
+    coverages = []
+    for cal, test in _splits(len(target), n, seed=12):
+        split = conformal.ConformalizedQuantileRegressor(alpha).fit(lo[cal], hi[cal], target[cal])
+        coverages.append(conformal.coverage(target[test], *split.predict(lo[test], hi[test])))
+    _assert_valid(coverages, alpha, n, len(target) - n)
+    with pytest.raises(ValueError, match=r"outputs \(n, 2\).*Received: outputs of shape \(5, 1\)"):
+        conformal.ConformalizedQuantileRegressor(alpha).fit_model(
+            keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]), x[:5], y[:5])

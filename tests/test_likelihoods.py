@@ -364,3 +364,35 @@ def test_exported_summary_of_a_mixture_head_is_its_law_of_total_variance(tmp_pat
     assert cli.main(["export", str(tmp_path / "mdn.keras"), "--task", "classification"]) == 2
     err = capsys.readouterr().err
     assert "ends in a MixtureNormalHead" in err and "--task=classification" in err
+
+
+# -- the quantile head and the pinball loss -----------------------------------------------
+
+
+def test_pinball_loss_is_numpy_and_the_quantile_head_never_crosses(tmp_path):
+    head = likelihoods.QuantileHead((0.2, 0.7), min_width=0.01)
+    raw = _raw(9, 2) * 3
+    band = head(raw).numpy().astype(np.float64)
+    np.testing.assert_allclose(band, np.stack([raw[:, 0], raw[:, 0] + _softplus(raw[:, 1]) + 0.01], 1), rtol=1e-5)
+    assert np.all(band[:, 1] > band[:, 0])
+    y = _raw(9).astype(np.float64)
+
+    def rho(q, u):
+        return np.where(u >= 0, q * u, (q - 1) * u)
+
+    loss = likelihoods.PinballLoss(head.quantiles, reduction=None)
+    np.testing.assert_allclose(loss(y, band), rho(0.2, y - band[:, 0]) + rho(0.7, y - band[:, 1]), rtol=1e-5)
+    np.testing.assert_allclose(loss(y[:, None], band), loss(y, band), rtol=1e-6)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), head])
+    model.compile("sgd", loss=likelihoods.PinballLoss(head.quantiles))
+    x = _raw(9, 3)
+    model.save(str(tmp_path / "q.keras"))
+    loaded = keras.saving.load_model(str(tmp_path / "q.keras"))
+    np.testing.assert_array_equal(loaded(x), model(x))
+    assert loaded.layers[-1].get_config() == head.get_config() and loaded.loss.quantiles == (0.2, 0.7)
+    for make, match in ((lambda: likelihoods.QuantileHead((0.9, 0.1)), r"quantiles=\(0.9, 0.1\)"),
+                        (lambda: likelihoods.PinballLoss((0.1, 1.0)), r"quantiles=\(0.1, 1.0\)"),
+                        (lambda: likelihoods.QuantileHead(min_width=-1), "min_width=-1"),
+                        (lambda: likelihoods.QuantileHead()(np.zeros((2, 3), "float32")), r"input_shape=\(2, 3\)")):
+        with pytest.raises(ValueError, match=match):
+            make()

@@ -214,6 +214,9 @@ class ConformalizedQuantileRegressor:
         >>> lower, upper = cqr.predict([0.0], [0.0])
         >>> round(float(lower[0]), 3), round(float(upper[0]), 3)
         (-0.918, 0.918)
+
+    A model ending in :class:`tfbnn.likelihoods.QuantileHead` plugs in directly:
+    ``cqr.fit_model(model, x_cal, y_cal)``, then ``lower, upper = cqr.predict_model(model, x_test)``.
     """
 
     def __init__(self, alpha=0.1):
@@ -237,6 +240,26 @@ class ConformalizedQuantileRegressor:
         lo = _vector("lower", lower)
         hi = _vector("upper", upper, len(lo))
         return lo - self.quantile, hi + self.quantile
+
+    def fit_model(self, model, x, y, batch_size=None):
+        """:meth:`fit` on the band a quantile model (one ending in :class:`tfbnn.likelihoods.QuantileHead`,
+        or any model with ``(n, 2)`` outputs ``[lower, upper]``) predicts for calibration inputs ``x``."""
+        return self.fit(*_band(model, x, batch_size), y)
+
+    def predict_model(self, model, x, batch_size=None):
+        """:meth:`predict` on the band the quantile model predicts for test inputs ``x``."""
+        return self.predict(*_band(model, x, batch_size))
+
+
+def _band(model, x, batch_size):
+    """``(lower, upper)`` of a quantile model's ``(n, 2)`` predictions."""
+    if not callable(getattr(model, "predict", None)):
+        raise ValueError(f"Expected `model` to be a Keras model predicting [lower, upper]. Received: model={model!r}")
+    band = checks.finite_array("model outputs", model.predict(x, batch_size=batch_size, verbose=0), np.float64)
+    if band.ndim != 2 or band.shape[1] != 2:
+        raise ValueError("Expected a quantile model with outputs (n, 2), [lower, upper] (a model ending in "
+                         f"tfbnn.likelihoods.QuantileHead). Received: outputs of shape {band.shape}")
+    return band[:, 0], band[:, 1]
 
 
 def _probabilities(prediction):

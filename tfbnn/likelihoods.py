@@ -87,6 +87,8 @@ __all__ = [
     "output_layer",
     "gaussian_nll",
     "split_gaussian",
+    "QuantileHead",
+    "PinballLoss",
 ]
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -847,3 +849,109 @@ def gaussian_nll(y_true, y_pred):
         y_true = y_true[..., None]
     z = (_checked_targets(y_true, mean, y_pred) - mean) / _checked_scales(scale)
     return tf.reduce_sum(tf.math.log(scale) + 0.5 * tf.square(z) + _HALF_LOG_2PI, axis=-1)
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class QuantileHead(keras.layers.Layer):
+    """Quantile regression head: 2 raw outputs -> a lower and an upper quantile that never cross.
+
+    For conformalized quantile regression (Romano et al. 2019): the model predicts the
+    ``quantiles = (alpha / 2, 1 - alpha / 2)`` quantiles of ``y | x``, trained with
+    :class:`PinballLoss`, and :class:`tfbnn.conformal.ConformalizedQuantileRegressor`
+    (:meth:`~tfbnn.conformal.ConformalizedQuantileRegressor.fit_model`) widens the band
+    to a guaranteed coverage. With raw inputs ``[a, b]`` it returns::
+
+        lower = a,   upper = a + softplus(b) + min_width
+
+    so ``upper > lower`` for any weights (no crossing quantiles). The head is weightless
+    and is not a :class:`DistributionHead`: its outputs are quantiles, not a distribution's
+    parameters (``tfbnn.predict`` reads them as two plain regression outputs).
+
+    Args:
+        quantiles: two floats ``0 < lower < upper < 1``, the levels (stored for the loss
+            and the conformal step). Default ``(0.05, 0.95)``.
+        min_width: float >= 0, the smallest band. Default 0.
+
+    Input shape: ``(batch, 2)``.
+    Output shape: ``(batch, 2)``: ``[lower, upper]``.
+
+    Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> head = tfbnn.likelihoods.QuantileHead((0.1, 0.9))
+        >>> model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2), head])
+        >>> model.compile("adam", loss=tfbnn.likelihoods.PinballLoss(head.quantiles))
+        >>> band = head(np.array([[1.0, 0.0]], "float32"))
+        >>> np.round(band.numpy(), 4).tolist()                          # [1, 1 + log 2]
+        [[1.0, 1.6931]]
+
+    Reference:
+        Romano, Patterson, Candes. Conformalized Quantile Regression. NeurIPS 2019 (sec. 3-4).
+    """
+
+    def __init__(self, quantiles=(0.05, 0.95), min_width=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.quantiles = _quantile_levels(quantiles)
+        self.min_width = checks.number("min_width", min_width, low=0)
+
+    def build(self, input_shape):
+        if input_shape[-1] != 2:
+            raise ValueError(f"Layer '{self.name}' expects a last dimension of 2 (raw lower, raw width). "
+                             f"Received: input_shape={tuple(input_shape)}")
+
+    def call(self, inputs):
+        lower = inputs[..., :1]
+        return tf.concat([lower, lower + _positive(inputs[..., 1:], self.min_width)], axis=-1)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"quantiles": list(self.quantiles), "min_width": self.min_width})
+        return config
+
+
+def _quantile_levels(quantiles):
+    levels = tuple(quantiles) if isinstance(quantiles, (list, tuple)) else None
+    if (levels is None or len(levels) != 2 or not all(checks.is_number(q) for q in levels)
+            or not 0 < levels[0] < levels[1] < 1):
+        raise ValueError(f"Expected `quantiles` to be two levels 0 < lower < upper < 1. Received: quantiles={quantiles!r}")
+    return tuple(float(q) for q in levels)
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class PinballLoss(keras.losses.Loss):
+    """Pinball (quantile) loss of a lower and an upper quantile, summed (Koenker & Bassett 1978; Romano et al. 2019, eq. 3).
+
+    For level ``q`` and prediction ``f``, ``rho_q(y - f) = max(q (y - f), (q - 1)(y - f))``;
+    per example the loss is ``rho_{q_lo}(y - lower) + rho_{q_hi}(y - upper)``, minimized in
+    expectation by the true ``q_lo`` and ``q_hi`` quantiles.
+
+    Args:
+        quantiles: the two levels, as :class:`QuantileHead`'s. Default ``(0.05, 0.95)``.
+        reduction, name, dtype: as for a Keras loss.
+
+    Targets ``(B,)`` or ``(B, 1)``; predictions ``(B, 2)`` ``[lower, upper]``.
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> loss = tfbnn.likelihoods.PinballLoss((0.1, 0.9), reduction=None)
+        >>> loss(np.array([0.0]), np.array([[1.0, 2.0]], "float32")).numpy()   # 0.9 * 1 + 0.1 * 2
+        array([1.1], dtype=float32)
+    """
+
+    def __init__(self, quantiles=(0.05, 0.95), reduction="sum_over_batch_size", name="pinball_loss", dtype=None):
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+        self.quantiles = _quantile_levels(quantiles)
+
+    def call(self, y_true, y_pred):
+        y_pred = checks.float_tensor("y_pred", y_pred)
+        y = tf.reshape(tf.cast(y_true, y_pred.dtype), [-1, 1])
+        q = tf.constant(self.quantiles, y_pred.dtype)
+        error = y - y_pred
+        return tf.reduce_sum(tf.maximum(q * error, (q - 1.0) * error), axis=-1)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"quantiles": list(self.quantiles)})
+        return config
