@@ -571,6 +571,39 @@ def test_evaluate_with_adaptive_sampling(trained, tmp_path, capsys):
     _assert_one_error_line(capsys.readouterr().err)
 
 
+def test_evaluate_conformalizes_on_the_validation_hold_out(trained, tmp_path, capsys):
+    import json
+
+    from tfbnn import conformal, datasets
+    from tfbnn.cli import evaluate
+
+    assert evaluate.CONFORMAL_SCORES == conformal.CLASSIFICATION_SCORES
+    out_dir = tmp_path / "conformal"
+    assert cli.main(["evaluate", str(trained), "--num-samples", "4", "--conformalize", "0.1", "--conformal-score",
+                     "aps", "--output-dir", str(out_dir)]) == 0
+    c = json.loads((out_dir / "metrics.json").read_text())["conformal"]
+    held_out = datasets.load_pipeline("digits", batch_size=1024, validation_fraction=0.15, seed=0, flatten=True)
+    n_val = sum(int(b[1].shape[0]) for b in held_out.validation)
+    assert (c["alpha"], c["score"], c["num_calibration"]) == (0.1, "aps", n_val)
+    m = 360  # test examples; 4 standard deviations of a split's coverage around its [1 - alpha, +1 / (n + 1)] range
+    margin = 4 * np.sqrt(0.1 * 0.9 * (1 / (n_val + 2) + 1 / m))
+    assert 0.9 - margin <= c["clean"]["coverage"] <= 0.9 + 1 / (n_val + 1) + margin
+    for part in ("clean", "shifted"):
+        assert 0 <= c[part]["coverage"] <= 1 and 1 <= c[part]["mean_set_size"] <= 10
+    assert 0 < c["quantile"] <= 1.0 + 1e-6  # an APS score is a probability mass
+    out = capsys.readouterr().out
+    assert "conformal sets (APS, alpha=0.1" in out and f"{c['clean']['mean_set_size']:.4f}" in out
+    for bad in ("0", "1", "1.5", "-0.1", "x"):
+        assert cli.main(["evaluate", str(trained), "--conformalize", bad]) == 2
+        err = capsys.readouterr().err
+        _assert_one_error_line(err)
+        assert "--conformalize" in err and "(0, 1)" in err
+    assert cli.main(["evaluate", str(trained), "--conformalize", "0.1", "--validation-fraction", "0"]) == 2
+    err = capsys.readouterr().err
+    _assert_one_error_line(err)
+    assert "--conformalize calibrates the sets on the validation hold-out. Received: --validation-fraction=0" in err
+
+
 def test_the_console_script_is_the_entry_module_and_parses_before_tensorflow():
     """`tfbnn` runs `_tfbnn_command:main` (pyproject.toml), which parses before the package's core runs: `--help` loads no TensorFlow,
     while a plain `import tfbnn` loads it (saved models deserialize)."""

@@ -7,6 +7,8 @@ from tfbnn._internal import argtypes, files
 from tfbnn._internal.errors import RunError
 from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
 
+CONFORMAL_SCORES = ("lac", "aps", "raps")  # tfbnn.conformal.CLASSIFICATION_SCORES (this module loads no NumPy)
+
 __all__ = ["DESCRIPTION", "add_arguments", "run", "load_model", "SHIFT_GAMMA"]
 
 SHIFT_GAMMA = 0.5  # x' = (1 - gamma) x + gamma * eps, eps ~ N(0, 1)
@@ -26,12 +28,20 @@ DESCRIPTION = (
     "--temperature T applies a known T (e.g. the one `tfbnn train` fitted, in its results.json);\n"
     "--fit-temperature fits T on the validation hold-out of the training split (--validation-fraction\n"
     "and --seed as in training, so that the model never saw those examples). The tempered numbers\n"
-    "are printed beside the raw ones and stored under temperature_scaled in metrics.json."
+    "are printed beside the raw ones and stored under temperature_scaled in metrics.json.\n"
+    "\n"
+    "Conformal prediction sets (split conformal; Angelopoulos & Bates 2023): --conformalize ALPHA\n"
+    "calibrates on the same validation hold-out (--validation-fraction, --seed) and builds LAC (default),\n"
+    "APS or RAPS sets (--conformal-score) that hold the true class with probability >= 1 - ALPHA on\n"
+    "exchangeable data; their empirical coverage and mean set size on the clean and shifted test inputs\n"
+    "are printed and stored under conformal in metrics.json (the shifted inputs are not exchangeable with\n"
+    "the calibration data: the guarantee does not cover them)."
 )
 EPILOG = (
     "examples:\n"
     "  tfbnn evaluate saved_models/bbb_mlp_digits.keras --fit-temperature\n"
-    "  tfbnn evaluate saved_models/bbb_mlp_digits.keras --temperature 0.9"
+    "  tfbnn evaluate saved_models/bbb_mlp_digits.keras --temperature 0.9\n"
+    "  tfbnn evaluate saved_models/bbb_mlp_digits.keras --conformalize 0.1 --conformal-score aps"
 )
 
 
@@ -60,8 +70,13 @@ def add_arguments(parser):
     scaling.add_argument("--fit-temperature", action="store_true",
                          help="fit T on the validation hold-out (minimum NLL) and evaluate the tempered predictive")
     parser.add_argument("--validation-fraction", type=argtypes.rate, default=0.15, metavar="F",
-                        help="with --fit-temperature: the hold-out fraction the model was trained with "
-                        "(tfbnn train's default)")
+                        help="with --fit-temperature or --conformalize: the hold-out fraction the model was trained "
+                        "with (tfbnn train's default)")
+    parser.add_argument("--conformalize", type=argtypes.open_unit_interval, default=None, metavar="ALPHA",
+                        help="build conformal prediction sets of miscoverage ALPHA in (0, 1), calibrated on the "
+                        "validation hold-out; report their coverage and mean size")
+    parser.add_argument("--conformal-score", choices=CONFORMAL_SCORES, default="lac",
+                        help="with --conformalize: the conformity score (default lac)")
     parser.add_argument("--output-dir", default=None, metavar="DIR",
                         help="where the JSON and PNGs go; default: MODEL without .keras + '_evaluation/'")
 
@@ -93,9 +108,11 @@ def _splits(args, model):
     from tfbnn.ensembles import DeepEnsemble
 
     shape = tuple((model.members[0] if isinstance(model, DeepEnsemble) else model).inputs[0].shape[1:])
-    fraction = args.validation_fraction if args.fit_temperature else 0.0
-    if args.fit_temperature and not fraction:
-        raise ValueError("--fit-temperature fits T on the validation hold-out. Received: --validation-fraction=0")
+    held_out = args.fit_temperature or args.conformalize is not None
+    fraction = args.validation_fraction if held_out else 0.0
+    if held_out and not fraction:
+        flag = "--fit-temperature fits T" if args.fit_temperature else "--conformalize calibrates the sets"
+        raise ValueError(f"{flag} on the validation hold-out. Received: --validation-fraction=0")
     try:
         data = datasets.load_pipeline(args.dataset, batch_size=1024, validation_fraction=fraction,
                                       standardize=args.dataset in datasets.CIFAR_DATASETS, flatten=len(shape) == 1,
@@ -125,17 +142,49 @@ def _num_samples(args):
     return args.num_samples
 
 
-def _temperature(args, model, validation, num_samples):
+def _validation_prediction(model, validation, num_samples):
+    """The Monte Carlo predictive on the validation hold-out, or None without one."""
+    from tfbnn import inference
+
+    if validation is None:
+        return None
+    return inference.predict(model, validation[0], num_samples=num_samples, task="classification")
+
+
+def _temperature(args, validation, prediction):
     """The :class:`tfbnn.TemperatureScaling` to apply, or None."""
-    from tfbnn import calibration, inference
+    from tfbnn import calibration
 
     if args.temperature is not None:
         return calibration.TemperatureScaling(temperature=args.temperature)
-    if validation is None:
+    if not args.fit_temperature:
         return None
-    x_val, y_val = validation
-    prediction = inference.predict(model, x_val, num_samples=num_samples, task="classification")
-    return calibration.TemperatureScaling().fit_prediction(prediction, y_val)
+    return calibration.TemperatureScaling().fit_prediction(prediction, validation[1])
+
+
+def _conformal_numbers(alpha, score, calibration, labels, result, y_test):
+    """Split-conformal sets calibrated on ``calibration`` (a ClassificationPrediction) with ``labels``, applied to
+    ``result``'s clean and shifted predictives: ``alpha``, ``score``, ``num_calibration``, ``quantile`` and, per
+    part, ``coverage`` and ``mean_set_size``."""
+    from tfbnn import conformal
+
+    sets = conformal.ConformalClassifier(alpha=alpha, score=score).fit(calibration, labels)
+    parts = {}
+    for part in ("clean", "shifted"):
+        membership = sets.predict(getattr(result, part))
+        parts[part] = {"coverage": conformal.coverage(y_test, membership),
+                       "mean_set_size": float(conformal.set_sizes(membership).mean())}
+    return {"alpha": alpha, "score": score, "num_calibration": sets.num_calibration, "quantile": sets.quantile,
+            **parts}
+
+
+def _conformal_rows(numbers):
+    c = numbers["conformal"]
+    rows = [(f"conformal sets ({c['score'].upper()}, alpha={c['alpha']:g}, n={c['num_calibration']})", "clean",
+             f"shifted (gamma={SHIFT_GAMMA:g})")]
+    return rows + [(label, f"{c['clean'][key]:.4f}", f"{c['shifted'][key]:.4f}")
+                   for key, label in (("coverage", f"coverage (target >= {1 - c['alpha']:g})"),
+                                      ("mean_set_size", "mean set size"))]
 
 
 def _metric_rows(title, part, keys, num_bins):
@@ -166,9 +215,13 @@ def run(args):
     num_samples = _num_samples(args)
     model = load_model(args.model)
     name, (x_test, y_test), validation = _splits(args, model)
+    held_out = _validation_prediction(model, validation, num_samples)
     result = evaluate_classifier(model, x_test, y_test, num_samples=num_samples, num_bins=args.num_bins,
                                  shift_gamma=SHIFT_GAMMA, seed=args.seed,
-                                 temperature=_temperature(args, model, validation, num_samples))
+                                 temperature=_temperature(args, validation, held_out))
+    if args.conformalize is not None:
+        result.numbers["conformal"] = _conformal_numbers(args.conformalize, args.conformal_score, held_out,
+                                                        validation[1], result, y_test)
     paths = write_report(result, folder, name=os.path.basename(args.model))
     adaptive = ("mean_samples_used",) if "mean_samples_used" in result.numbers["clean"] else ()
     blocks = [_metric_rows("metric", result.numbers, ("accuracy", "nll", "brier", "ece", "predictive_entropy",
@@ -178,6 +231,8 @@ def run(args):
         blocks.append(_metric_rows(f"temperature-scaled (temperature {scaled['temperature']:.4g})", scaled,
                                    ("nll", "brier", "ece", "predictive_entropy"), args.num_bins))
     blocks.append(_detection_rows(result.numbers))
+    if "conformal" in result.numbers:
+        blocks.append(_conformal_rows(result.numbers))
     sweep = [("Gaussian shift gamma", "accuracy", "total", "aleatoric", "epistemic")]
     sweep += [(f"{r['level']:g}", f"{r['accuracy']:.4f}", f"{r['predictive_entropy']:.4f}",
                f"{r['expected_entropy']:.4f}", f"{r['mutual_information']:.4f}") for r in result.sweep]
