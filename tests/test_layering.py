@@ -87,6 +87,8 @@ FUNCTION_LOCAL_IMPORTS = {
     ("tfbnn/cli/evaluate.py", "load_model"): _command("evaluate"),
     ("tfbnn/cli/evaluate.py", "_splits"): _command("evaluate"),
     ("tfbnn/cli/evaluate.py", "_temperature"): _command("evaluate"),
+    ("tfbnn/cli/evaluate.py", "_validation_prediction"): _command("evaluate"),
+    ("tfbnn/cli/evaluate.py", "_conformal_numbers"): _command("evaluate"),
     ("tfbnn/cli/evaluate.py", "_num_samples"): _command("evaluate"),
     ("tfbnn/cli/evaluate.py", "run"): _command("evaluate"),
     ("tfbnn/cli/export.py", "_output_layer"): _command("export"),

@@ -881,8 +881,8 @@ class QuantileHead(keras.layers.Layer):
         >>> model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2), head])
         >>> model.compile("adam", loss=tfbnn.likelihoods.PinballLoss(head.quantiles))
         >>> band = head(np.array([[1.0, 0.0]], "float32"))
-        >>> np.round(band.numpy(), 4).tolist()                          # [1, 1 + log 2]
-        [[1.0, 1.6931]]
+        >>> [round(float(v), 4) for v in band[0]]                      # [1, 1 + log 2]
+        [1.0, 1.6931]
 
     Reference:
         Romano, Patterson, Candes. Conformalized Quantile Regression. NeurIPS 2019 (sec. 3-4).

@@ -12,9 +12,10 @@ import keras
 import tensorflow as tf
 
 from tfbnn._internal import checks
-from tfbnn.layers.base import _SEED_KEY, _StoreWithout
 
 __all__ = ["HeteroscedasticSoftmax"]
+
+_SEED_KEY = "seed_state"  # the key tfbnn's stochastic layers save their seed state under
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
@@ -159,7 +160,7 @@ class HeteroscedasticSoftmax(keras.layers.Layer):
         store[_SEED_KEY] = self.seed_generator.state
 
     def load_own_variables(self, store):
-        super().load_own_variables(_StoreWithout(store, _SEED_KEY))
+        super().load_own_variables({key: store[key] for key in store.keys() if key != _SEED_KEY})
         if _SEED_KEY in store.keys():
             self.seed_generator.state.assign(store[_SEED_KEY])
 
