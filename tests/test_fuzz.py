@@ -80,7 +80,7 @@ def _init_arguments(cls):
     return [n for n in names if n not in ("name", "dtype")]
 
 
-_LAYER_REQUIRED = {"units": 3, "filters": 2, "kernel_size": 3, "rate": 0.5, "num_components": 2, "input_dim": 6,
+_LAYER_REQUIRED = {"units": 3, "num_classes": 3, "filters": 2, "kernel_size": 3, "rate": 0.5, "num_components": 2, "input_dim": 6,
                    "output_dim": 3}
 
 
@@ -99,6 +99,9 @@ CONSTRUCTORS = list(dict.fromkeys([
     tfbnn.KLAnnealing, tfbnn.SparsityMonitor,
     tfbnn.ExpectedCalibrationError, tfbnn.NegativeLogLikelihood, tfbnn.BrierScore,
     calibration.TemperatureScaling, tfbnn.GaussianHead,
+    tfbnn.evidential.EvidentialRegressionHead, tfbnn.evidential.DirichletHead,
+    tfbnn.evidential.EvidentialClassificationLoss, tfbnn.evidential.EvidentialAnnealing,
+    tfbnn.likelihoods.QuantileHead, tfbnn.likelihoods.PinballLoss,
 ]))
 # The flow layers have one base Gaussian: they refuse the node layers' `num_components`.
 _FLOW_REQUIRED = {k: v for k, v in _LAYER_REQUIRED.items() if k != "num_components"}
