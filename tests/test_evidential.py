@@ -86,6 +86,19 @@ def test_predict_reports_the_heads_aleatoric_and_epistemic_parts():
         np.testing.assert_allclose(res.aleatoric_std, np.sqrt((b / (a - 1)).mean(axis=0)), rtol=1e-5)
 
 
+def test_the_exported_summary_adds_the_heads_epistemic_variance_as_predict_does():
+    from tfbnn import export
+
+    head = evidential.EvidentialRegressionHead()
+    samples = head(_raw(7, 3, 4)).numpy().astype(np.float64)  # T = 7 samples of 3 examples
+    summary = export._regression_summary(tf.constant(samples), head)
+    expected = tfbnn.inference.summarize_regression(samples, head=head)
+    np.testing.assert_allclose(summary["epistemic_std"], expected.epistemic_std, rtol=1e-5)
+    np.testing.assert_allclose(summary["aleatoric_std"], expected.aleatoric_std, rtol=1e-5)
+    g, n, a, b = np.split(samples, 4, axis=-1)
+    np.testing.assert_allclose(summary["epistemic_std"], np.sqrt(g.var(0) + (b / (n * (a - 1))).mean(0)), rtol=1e-6)
+
+
 def _fit_constant(y, lam, steps=300):
     """Full-batch Adam on an evidential head whose four raw parameters are free (a constant input's bias):
     the loss of each step, and the fitted "epistemic" variance Var[mu]."""

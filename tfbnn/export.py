@@ -142,7 +142,10 @@ def _regression_summary(samples, head=None):
     if head is None:
         return {"mean": tf.reduce_mean(samples, axis=0), "epistemic_std": tf.math.reduce_std(samples, axis=0)}
     means, variances = head.moments(samples)
-    return {"mean": tf.reduce_mean(means, axis=0), "epistemic_std": tf.math.reduce_std(means, axis=0),
+    spread = tf.math.reduce_variance(means, axis=0)
+    if hasattr(head, "epistemic_variance"):  # an evidential head's own Var[mu], as tfbnn.predict adds it
+        spread += tf.reduce_mean(head.epistemic_variance(samples), axis=0)
+    return {"mean": tf.reduce_mean(means, axis=0), "epistemic_std": tf.sqrt(spread),
             "aleatoric_std": tf.sqrt(tf.reduce_mean(variances, axis=0))}
 
 

@@ -65,6 +65,9 @@ def predict(
 
         mean = mean_t mu_t,   epistemic_std^2 = var_t mu_t,   aleatoric_std^2 = mean_t v_t
 
+    (an evidential head, :class:`tfbnn.evidential.EvidentialRegressionHead`, adds its own
+    single-pass ``Var[mu]`` to the epistemic part: ``epistemic_std^2 = var_t mu_t + mean_t
+    Var[mu]_t``, with ``v_t`` its ``E[sigma^2]``),
     and a classification head (``BernoulliHead``, ``CategoricalHead``) by the entropy
     split above, on the head's class probabilities (``BernoulliHead``: one binary
     classification per label, results ``(N, d)`` and ``mean_probs (N, d, 2)``).
