@@ -394,11 +394,17 @@ def _walk(container, prefix="", owner=None):
     ``path`` joins the names of the enclosing models and layers with ``/``; ``owner`` is
     the path of the innermost enclosing subclassed (non-graph) layer, or None.
     """
+    for path, layer, owner, _ in _walk_parents(container, prefix, owner):
+        yield path, layer, owner
+
+
+def _walk_parents(container, prefix="", owner=None):
+    """:func:`_walk` with each layer's direct container as a fourth item."""
     for layer in container._flatten_layers(include_self=False, recursive=False):
         path = f"{prefix}{layer.name}"
-        yield path, layer, owner
+        yield path, layer, owner, container
         inner_owner = owner if _is_graph(layer) else (owner or path)
-        yield from _walk(layer, f"{path}/", inner_owner)
+        yield from _walk_parents(layer, f"{path}/", inner_owner)
 
 
 def layer_paths(model):
@@ -453,7 +459,16 @@ def _applies(method, layer):
     return type(layer) in _WEIGHT_TYPES
 
 
-def _refuse(path, layer, owner, method):
+def _calls(parent, layer):
+    """How many times the functional ``parent``'s own graph calls ``layer`` (other models built on
+    the same layers add nodes to the layer, not to this graph)."""
+    by_depth = getattr(parent, "_nodes_by_depth", None)
+    if not by_depth:
+        return 1
+    return sum(1 for nodes in by_depth.values() for node in nodes if node.operation is layer)
+
+
+def _refuse(path, layer, owner, method, parent):
     if isinstance(layer, keras.layers.EinsumDense):
         raise ValueError(
             f"The EinsumDense layer {path!r} (an attention projection) has no Bayesian counterpart in tfbnn. "
@@ -467,9 +482,10 @@ def _refuse(path, layer, owner, method):
             f"Layer {path!r} lives inside the subclassed layer {owner!r}, whose sublayers are code, not model "
             "graph, so it cannot be replaced and saved; " + hint + f". Received: method={method!r} "
             f"for {path!r}")
-    if len(getattr(layer, "_inbound_nodes", ())) > 1:
+    calls = _calls(parent, layer)
+    if calls > 1:
         raise ValueError(
-            f"Layer {path!r} is shared (called {len(layer._inbound_nodes)} times in the graph): its Bayesian copy "
+            f"Layer {path!r} is shared (called {calls} times in the graph): its Bayesian copy "
             "would need one posterior for several calls. Keep it with an entry "
             f"({path!r}, 'keep') before the one that matched. Received: method={method!r} for {path!r}")
 
@@ -479,9 +495,9 @@ def _plan(model, policy):
     entries = _check_policy(policy)
     if not isinstance(model, keras.Model):
         raise ValueError(f"Expected a Keras model. Received: model of type {type(model).__name__}")
-    walked = list(_walk(model))
+    walked = list(_walk_parents(model))
     used, seen, plan = set(), {}, []
-    for path, layer, owner in walked:
+    for path, layer, owner, parent in walked:
         for i, (pattern, method) in enumerate(entries):
             if _matches(pattern, path):
                 used.add(i)
@@ -495,13 +511,13 @@ def _plan(model, policy):
                 f"Layer {path!r} is shared: it is also at {seen[id(layer)]!r}. Keep it with an entry "
                 f"({path!r}, 'keep') before the one that matched. Received: method={method!r} for {path!r}")
         seen[id(layer)] = path
-        _refuse(path, layer, owner, method)
+        _refuse(path, layer, owner, method, parent)
         plan.append((path, layer, method))
     unused = [entries[i][0] for i in range(len(entries)) if i not in used]
     if unused:
         raise ValueError(
             f"Expected every pattern to match a layer path. Received: patterns {unused} that match none of "
-            f"{[p for p, _, _ in walked][:12]}{' ...' if len(walked) > 12 else ''}")
+            f"{[w[0] for w in walked][:12]}{' ...' if len(walked) > 12 else ''}")
     return plan
 
 
