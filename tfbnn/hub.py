@@ -162,18 +162,13 @@ def bayesian_head(task, method="flipout", num_examples=None, init_scale=1e-3, pr
     Returns:
         A new uncompiled ``keras.Model`` whose only trainable layer is the head.
     """
-    last = head_layer(task)
-    path = next(p for p, l in _paths(task) if l is last)
-    model = convert.by_policy(task, [(path, method)], init_scale=init_scale, prior=prior, num_examples=num_examples,
+    last = head_layer(task)  # a layer of the task's own graph: its path is its name
+    model = convert.by_policy(task, [(last.name, method)], init_scale=init_scale, prior=prior, num_examples=num_examples,
                               seed=seed, name=f"{task.name}_{method}_head")
     new_head = model.outputs[0]._keras_history.operation
     for layer in model.layers:
         layer.trainable = layer is new_head
     return model
-
-
-def _paths(model):
-    return [(path, layer) for path, layer, _ in convert._walk(model)]
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")

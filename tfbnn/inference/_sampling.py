@@ -253,6 +253,7 @@ def check_dropout(model, mc_dropout):
         )
     # Any stochastic layer that samples (Bayesian, MC dropout, iBNN node noise) makes the samples differ.
     sampling = any(layer.inference_mode == "sample" for layer in stochastic_layers(model))
+    sampling = sampling or bool(ensemble_means(model))  # an ensemble's members are its samples
     if dropouts and not mc_dropout and not sampling:
         warnings.warn(
             f"Model {model.name!r} has dropout layers, which Keras turns off at inference, and no "
