@@ -181,3 +181,20 @@ def test_ensemble_dense_config_and_bad_input():
         tfbnn.hub.head_layer(keras.Model(inp, keras.layers.Dropout(0.1, name="drop")(inp)))
     with pytest.raises(ValueError, match="batch_size=0"):
         tfbnn.hub.pooled_features(keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)]), np.ones((2, 2)), 0)
+
+
+def test_resnet_classifier_convolutions_convert_with_means_at_the_trained_weights():
+    keras.utils.set_random_seed(1)
+    backbone = keras_hub.models.ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[3], stackwise_num_filters=[64], stackwise_num_blocks=[1],
+        stackwise_num_strides=[1], block_type="basic_block", use_pre_activation=False, image_shape=(8, 8, 3))
+    task = keras_hub.models.ResNetImageClassifier(backbone=backbone, num_classes=2, preprocessor=None)
+    policy = {"re:.*_conv": "flipout", "predictions": "vd"}
+    assert tfbnn.convert.policy_plan(task, policy) == {
+        "res_net_backbone/conv1_conv": "flipout", "res_net_backbone/stack0_block0_1_conv": "flipout",
+        "res_net_backbone/stack0_block0_2_conv": "flipout", "predictions": "vd"}
+    bnn = tfbnn.convert.by_policy(task, policy, init_scale=1e-3, seed=0)
+    images = np.random.default_rng(1).normal(size=(2, 8, 8, 3)).astype("float32")
+    with tfbnn.posterior_mean(bnn):
+        np.testing.assert_allclose(bnn(images), task(images), atol=1e-5)
+    assert type(bnn.get_layer("res_net_backbone").get_layer("conv1_bn")) is keras.layers.BatchNormalization

@@ -30,7 +30,7 @@ Example:
     >>> tfbnn.hub.pooled_features(task, x).shape
     (32, 8)
     >>> la = tfbnn.hub.last_layer_laplace(task, x, y)
-    >>> la.predict(x[:2]).shape
+    >>> la.predict(tfbnn.hub.pooled_features(task, x[:2])).shape  # on the features
     (2, 2)
 
 References:
@@ -124,7 +124,7 @@ def last_layer_laplace(task, x, y, hessian="kron", prior_precision="marglik", ba
 
     Args:
         task: a trained functional classifier ending in a linear or softmax ``Dense``
-            head (a KerasHub task with ``preprocessor=None``, or its converted copy).
+            head (a KerasHub task with ``preprocessor=None``).
         x, y: training inputs and int labels ``(N,)``.
         hessian: ``"kron"`` (default), ``"full"`` or ``"diag"``.
         prior_precision: ``"marglik"`` (default, tuned) or a float > 0 (fixed).
