@@ -78,6 +78,8 @@ def test_converted_task_trains_predicts_and_round_trips(task, data, tmp_path):
     ([("logits", "bayes")], "Received: method='bayes' for pattern 'logits'"),
     ([("re:(", "flipout")], "valid regular expression"),
     ([("logits", "keep")], "changes no layer"),
+    (5, "Received: policy=5"),
+    ([], "Expected at least one (pattern, method) entry"),
 ])
 def test_refusals_name_the_layer(task, policy, message):
     with pytest.raises(ValueError) as e:
@@ -92,6 +94,16 @@ def test_shared_layer_is_refused():
     with pytest.raises(ValueError, match="Layer 'shared' is shared"):
         tfbnn.convert.by_policy(model, {"*": "flipout"})
     assert tfbnn.convert.policy_plan(model, [("shared", "keep"), ("*", "flipout")]) == {"out": "flipout"}
+
+
+def test_verbose_prints_the_report(capsys):
+    inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="hidden")], name="body")
+    model = keras.Sequential([keras.Input((3,)), inner, keras.layers.Dropout(0.5, name="drop"),
+                              keras.layers.Dense(2, name="out")])
+    bnn = tfbnn.convert.by_policy(model, [("body/*", "vd"), ("*", "mc_dropout")], seed=0, verbose=True)
+    assert capsys.readouterr().out.splitlines() == ["body/hidden -> vd", "drop -> mc_dropout"]
+    assert type(bnn.get_layer("body").get_layer("hidden")).__name__ == "DenseVariationalDropout"
+    assert bnn.get_layer("drop").rate == 0.5 and type(bnn.get_layer("out")) is keras.layers.Dense
 
 
 def test_mc_dropout_reaches_the_backbone_dropout(task, data):

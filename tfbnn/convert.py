@@ -626,9 +626,6 @@ def by_policy(
     if not plan:
         raise ValueError(
             f"The policy changes no layer (every match is 'keep' or applies to no layer). Received: policy={policy!r}")
-    for path, _, method in plan:
-        if method not in (MC_DROPOUT, KEEP):
-            registry.method_of_conversion(method)
     if verbose:
         print("\n".join(f"{path} -> {method}" for path, _, method in plan))
     return _rebuild(model, {id(layer): method for _, layer, method in plan}, options, name or f"{model.name}_bayesian")
