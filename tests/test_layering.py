@@ -101,6 +101,9 @@ FUNCTION_LOCAL_IMPORTS = {
     **{("tfbnn/experiments/posterior_comparison.py", name):
         _study("posterior-comparison") + " (its numeric side, tfbnn.experiments._posterior_study)"
         for name in ("train", "analyse")},
+    **{("tfbnn/experiments/shift_benchmark.py", name):
+        _study("shift-benchmark") + " (its numeric side, tfbnn.experiments._shift_benchmark)"
+        for name in ("_validate", "train", "analyse")},
     ("tfbnn/experiments/_common.py", "quiet_tensorflow"): _STUDIES,
     ("tfbnn/experiments/_common.py", "array_pipeline"): _STUDIES,
     ("tfbnn/experiments/_study.py", "Setting._one"):
@@ -140,7 +143,7 @@ TENSORFLOW_FREE = (
     "tfbnn.datasets", "tfbnn.datasets.catalog",
     "tfbnn.experiments", "tfbnn.experiments._common", "tfbnn.experiments._study", "tfbnn.experiments.ibnn_lenet",
     "tfbnn.experiments.ibnn_regression", "tfbnn.experiments.ibnn_shift", "tfbnn.experiments.posterior_comparison",
-    "tfbnn.experiments.uncertainty_comparison", "tfbnn.experiments.vcl_split_digits",
+    "tfbnn.experiments.shift_benchmark", "tfbnn.experiments.uncertainty_comparison", "tfbnn.experiments.vcl_split_digits",
     "tfbnn.experiments.vd_regression", "tfbnn.experiments.vd_sparsity", "tfbnn.experiments.vd_transformer",
     "tfbnn.methods", "tfbnn.training", "tfbnn.training.recipe", "tfbnn.training.recipes", "tfbnn.training.run",
 )
