@@ -289,7 +289,10 @@ class OutputMoments:
         :class:`tfbnn.GaussianHead` ``[m, r]``, ``mean = E[m]``, ``epistemic_std =
         sqrt(Var[m])`` and ``aleatoric_std = sqrt(E[(softplus(r) + min_scale)^2])`` by
         Gauss-Hermite quadrature over ``r ~ N(mean_r, var_r)`` (the law of total
-        variance, as :func:`tfbnn.predict` splits Monte Carlo samples).
+        variance, as :func:`tfbnn.predict` splits Monte Carlo samples). ``r`` is taken
+        as Gaussian with its propagated moments (DVI's assumption; a sum of rectified
+        terms is not exactly Gaussian), so ``aleatoric_std`` is an approximation even
+        where the moments are exact, as are the probit probabilities.
 
         Args:
             task: ``"classification"``, ``"regression"`` or None (default: classification
