@@ -703,18 +703,21 @@ def _output_task(model, task, from_logits, head):
 
 
 def _mode_endpoints(model, mode, num_samples, seed, task, head, from_logits, input_signature):
-    """``{name: tf.function}`` of a ``moments`` or ``frozen`` export (no random op in any of them)."""
-    @tf.function(input_signature=[input_signature])
+    """``{name: tf.function}`` of a ``moments`` or ``frozen`` export (no random op in any of them).
+
+    Without AutoGraph: their Python control flow is fixed at trace time, and converting the layer
+    walk costs seconds per trace."""
+    @tf.function(input_signature=[input_signature], autograph=False)
     def mean(x):
         with posterior_mean(model):
             return model(x, training=False)
 
     if mode == "moments":
-        @tf.function(input_signature=[input_signature])
+        @tf.function(input_signature=[input_signature], autograph=False)
         def summary(x):
             return moments_lib.propagate(model, x).summary(task, from_logits)
 
-        @tf.function(input_signature=[input_signature])
+        @tf.function(input_signature=[input_signature], autograph=False)
         def moments(x):
             out = moments_lib.propagate(model, x)
             return {"mean": out.mean, "variance": out.variance}
@@ -722,11 +725,11 @@ def _mode_endpoints(model, mode, num_samples, seed, task, head, from_logits, inp
         return {"summary": summary, "moments": moments, "mean": mean}
     draws = frozen_samples(model, num_samples, seed)
 
-    @tf.function(input_signature=[input_signature])
+    @tf.function(input_signature=[input_signature], autograph=False)
     def summary(x):
         return _summarize_samples(_frozen_outputs(model, draws, x), task, from_logits, head)
 
-    @tf.function(input_signature=[input_signature])
+    @tf.function(input_signature=[input_signature], autograph=False)
     def samples(x):
         return _frozen_outputs(model, draws, x)
 
