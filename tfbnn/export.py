@@ -605,8 +605,8 @@ def frozen_samples(model, num_samples, seed=0):
     Example:
         >>> import keras, numpy as np, tfbnn
         >>> model = keras.Sequential([keras.Input((4,)), tfbnn.layers.DenseFlipout(3, seed=0)])
-        >>> [(layer.name, k.shape, b.shape) for layer, k, b in tfbnn.export.frozen_samples(model, 5, seed=1)]
-        [('dense_flipout', (5, 4, 3), (5, 3))]
+        >>> [(k.shape, b.shape) for layer, k, b in tfbnn.export.frozen_samples(model, 5, seed=1)]
+        [((5, 4, 3), (5, 3))]
     """
     num_samples = checks.integer("num_samples", num_samples, 1)
     seed = checks.seed(seed)
