@@ -179,6 +179,16 @@ def test_random_inputs_through_mc_dropout_then_a_bayesian_convolution_or_a_dense
     _within_mc_error((out.mean.numpy()[0], out.variance.numpy()[0]), y)
 
 
+def test_keras_dropout_and_noise_layers_are_identities_as_at_inference():
+    model = _mlp(tfbnn.layers.DenseFlipout(2, seed=1))
+    noisy = keras.Sequential([keras.Input((3,)), keras.layers.GaussianNoise(1.0), model.layers[0],
+                              keras.layers.Dropout(0.5), model.layers[1]])
+    x = np.float32([[0.5, -1.0, 2.0]])
+    plain, with_noise = moments.propagate(model, x), moments.propagate(noisy, x)
+    np.testing.assert_array_equal(plain.mean.numpy(), with_noise.mean.numpy())
+    np.testing.assert_array_equal(plain.variance.numpy(), with_noise.variance.numpy())
+
+
 def test_posterior_mean_mode_has_zero_variance_and_the_mean_network():
     model = _mlp(tfbnn.layers.DenseFlipout(2, seed=1))
     x = np.float32([[0.5, -1.0, 2.0]])
@@ -261,3 +271,9 @@ def test_a_branching_model_is_refused():
     model = keras.Model(inputs, outputs, name="branches")
     with pytest.raises(ValueError, match="form a chain.*model 'branches'"):
         moments.propagate(model, np.zeros((1, 3), "float32"))
+
+
+def test_a_transposed_convolution_is_refused_by_name_and_class():
+    model = keras.Sequential([keras.Input((3, 3, 1)), tfbnn.layers.Conv2DTransposeReparameterization(1, 2, seed=0)])
+    with pytest.raises(ValueError, match=r"\(class Conv2DTransposeReparameterization\).*transposed"):
+        moments.propagate(model, np.zeros((1, 3, 3, 1), "float32"))

@@ -27,7 +27,9 @@ independent of its input ``x`` (mean ``m``, variance ``v``):
   rearranged so that no large terms cancel);
 * MC dropout with rate ``p`` (``x * mask / (1 - p)``): ``mean = m``,
   ``var = v / (1 - p) + m^2 p / (1 - p)``;
-* linear activations, ``Flatten``, ``Reshape`` and inference-time ``Dropout``: as they are;
+* linear activations, ``Flatten``, ``Reshape``, ``Permute`` and Keras' ``Dropout``,
+  ``GaussianDropout``, ``GaussianNoise`` and ``AlphaDropout`` (off at inference, as
+  :func:`tfbnn.predict` runs them without ``mc_dropout``): as they are;
 * the output softmax by the probit (mean-field) approximation (MacKay 1992; Lu, Ie & Sha
   2020; the same as :mod:`tfbnn.laplace`'s ``link_approx="probit"``)::
 
@@ -46,14 +48,14 @@ share its kernel across positions, so after ``Conv -> Flatten -> Dense`` the var
 an approximation.
 
 Supported layers (a clear ``ValueError`` naming the layer and its class otherwise): the
-Bayes-by-Backprop dense, convolution and transposed-convolution layers with
+Bayes-by-Backprop dense and convolution layers with
 ``posterior="mean_field"`` (:class:`tfbnn.layers.DenseArguments` or
 :class:`tfbnn.layers.ConvArguments` on :class:`tfbnn.layers.MeanFieldGaussian`),
 :class:`tfbnn.layers.DenseVariationalDropout` and the variational-dropout convolutions
 (their posterior is Gaussian too), :class:`tfbnn.layers.MCDropout` and
 ``MCSpatialDropout2D``, ``keras.layers.Dense``, ``keras.layers.Conv1D/2D/3D``, ``Flatten``,
-``Reshape``, ``Dropout``, ``Activation`` / ``ReLU`` / ``Softmax``, nested Sequential or
-functional models, and a :class:`tfbnn.GaussianHead` at the output. Activations: linear and
+``Reshape``, ``Permute``, Keras' dropout and noise layers, ``Activation`` / ``ReLU`` /
+``Softmax``, nested Sequential or functional models, and a :class:`tfbnn.GaussianHead` at the output. Activations: linear and
 ReLU anywhere, softmax and sigmoid at the output only. The iBNN node layers are refused:
 their mixture node noise assigns the mixture's components to rows (an ensemble inside the
 layer), which has no one-pass moment form here. Low-rank posteriors are refused (their
@@ -89,7 +91,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn.layers.arguments import ConvArguments, DenseArguments
+from tfbnn.layers.arguments import ConvArguments, ConvTransposeArguments, DenseArguments
 from tfbnn.layers.base import StochasticLayer
 from tfbnn.layers.mc_dropout import MCDropout
 from tfbnn.layers.mean_field import MeanFieldGaussian
@@ -418,8 +420,8 @@ def _linear_moments(apply, add_bias, mean, variance, loc, weight_variance, bias,
 
 
 def _bayesian_kernel_moments(layer, mean, variance):
-    if not isinstance(layer, (DenseArguments, ConvArguments)):
-        _refuse(layer, "its linear map is not a dense layer or a convolution")
+    if not isinstance(layer, (DenseArguments, ConvArguments)) or isinstance(layer, ConvTransposeArguments):
+        _refuse(layer, "its linear map is not a dense layer or a convolution (transposed convolutions not yet)")
     if getattr(layer, "low_rank", False):
         _refuse(layer, "its posterior is low rank (posterior='low_rank'): its weights are correlated")
     sampling = _sampling(layer)
@@ -456,6 +458,8 @@ def _keras_moments(layer, mean, variance):
 
 _SHAPE_LAYERS = (keras.layers.Flatten, keras.layers.Reshape, keras.layers.Permute)
 _KERAS_CONVOLUTIONS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)
+_INFERENCE_IDENTITY = (keras.layers.Dropout, keras.layers.GaussianDropout, keras.layers.GaussianNoise,
+                       keras.layers.AlphaDropout)
 
 
 def _layer_moments(layer, mean, variance, last):
@@ -479,7 +483,7 @@ def _layer_moments(layer, mean, variance, last):
         return _activation(layer, _activation_name(layer.activation), mean, variance, last)
     if isinstance(layer, _SHAPE_LAYERS):
         return layer(mean), layer(variance), None
-    if isinstance(layer, keras.layers.Dropout):  # off at inference
+    if isinstance(layer, _INFERENCE_IDENTITY):  # off at inference
         return mean, variance, None
     if isinstance(layer, keras.layers.Activation):
         return _activation(layer, _activation_name(layer.activation), mean, variance, last)
