@@ -21,7 +21,7 @@ LAYERS = {
     "tfbnn.priors": 1, "tfbnn.posteriors": 1, "tfbnn.kl": 1, "tfbnn.layers": 1, "tfbnn.schedules": 1, "tfbnn.callbacks": 1,
     "tfbnn.inference": 1, "tfbnn.metrics": 1, "tfbnn.calibration": 1, "tfbnn.utils": 1, "tfbnn.likelihoods": 1, "tfbnn.evidential": 1,
     "tfbnn.pruning": 1, "tfbnn.convert": 1, "tfbnn.export": 1, "tfbnn.distribute": 1, "tfbnn.ibnn": 1, "tfbnn.ensembles": 1, "tfbnn.continual": 1,
-    "tfbnn.laplace": 1, "tfbnn.swag": 1, "tfbnn.hmc": 1, "tfbnn.conformal": 1, "tfbnn.methods": 1,
+    "tfbnn.laplace": 1, "tfbnn.hub": 1, "tfbnn.swag": 1, "tfbnn.hmc": 1, "tfbnn.conformal": 1, "tfbnn.moments": 1, "tfbnn.methods": 1,
     "tfbnn.plots": 1, "tfbnn.testing": 1, "tfbnn.evaluation": 2,
     "tfbnn.models": 2, "tfbnn.datasets": 2,
     "tfbnn.training": 3,
@@ -103,6 +103,9 @@ FUNCTION_LOCAL_IMPORTS = {
     **{("tfbnn/experiments/posterior_comparison.py", name):
         _study("posterior-comparison") + " (its numeric side, tfbnn.experiments._posterior_study)"
         for name in ("train", "analyse")},
+    **{("tfbnn/experiments/shift_benchmark.py", name):
+        _study("shift-benchmark") + " (its numeric side, tfbnn.experiments._shift_benchmark)"
+        for name in ("_validate", "train", "analyse")},
     ("tfbnn/experiments/_common.py", "quiet_tensorflow"): _STUDIES,
     ("tfbnn/experiments/_common.py", "array_pipeline"): _STUDIES,
     ("tfbnn/experiments/_study.py", "Setting._one"):
@@ -142,7 +145,7 @@ TENSORFLOW_FREE = (
     "tfbnn.datasets", "tfbnn.datasets.catalog",
     "tfbnn.experiments", "tfbnn.experiments._common", "tfbnn.experiments._study", "tfbnn.experiments.ibnn_lenet",
     "tfbnn.experiments.ibnn_regression", "tfbnn.experiments.ibnn_shift", "tfbnn.experiments.posterior_comparison",
-    "tfbnn.experiments.uncertainty_comparison", "tfbnn.experiments.vcl_split_digits",
+    "tfbnn.experiments.shift_benchmark", "tfbnn.experiments.uncertainty_comparison", "tfbnn.experiments.vcl_split_digits",
     "tfbnn.experiments.vd_regression", "tfbnn.experiments.vd_sparsity", "tfbnn.experiments.vd_transformer",
     "tfbnn.methods", "tfbnn.training", "tfbnn.training.recipe", "tfbnn.training.recipes", "tfbnn.training.run",
 )

@@ -59,7 +59,9 @@ Reference:
     Networks with Empirical Bayes (MOPED). AAAI 2020.
 """
 
+import fnmatch
 import math
+import re
 
 import keras
 import numpy as np
@@ -69,7 +71,8 @@ from tfbnn import methods as registry
 from tfbnn import priors as priors_lib
 from tfbnn._internal import deprecation
 
-__all__ = ["CONVERSION_METHODS", "to_bayesian", "convertible_layers"]
+__all__ = ["CONVERSION_METHODS", "to_bayesian", "convertible_layers", "by_policy", "policy_plan", "layer_paths",
+           "policy_methods", "MC_DROPOUT", "KEEP"]
 
 #: Accepted ``method`` names (the built-in ones): each belongs to a method of the registry
 #: (:attr:`tfbnn.methods.Method.conversions`), which says what Dense and Conv2D become.
@@ -153,10 +156,12 @@ def _conv_args(layer):
 
 
 class _Converter:
-    def __init__(self, method, prior, mode, scale, seed, kl_weight, names, layer_kwargs):
-        self.method, self.prior, self.mode, self.scale = method, prior, mode, scale
+    """The clone function: ``plan`` maps ``id(layer)`` to the method that layer becomes."""
+
+    def __init__(self, plan, prior, mode, scale, seed, kl_weight, layer_kwargs):
+        self.plan, self.prior, self.mode, self.scale = plan, prior, mode, scale
         self.layer_kwargs = layer_kwargs
-        self.seed, self.kl_weight, self.names = seed, kl_weight, names
+        self.seed, self.kl_weight = seed, kl_weight
         self.pairs = []  # (original, new, converted)
         self.count = 0
 
@@ -164,31 +169,34 @@ class _Converter:
         self.count += 1
         return None if self.seed is None else self.seed + self.count
 
-    def _bayesian(self, layer):
+    def _bayesian(self, layer, method):
+        if method == MC_DROPOUT:
+            return layers_lib.MCDropout(layer.rate, noise_shape=layer.noise_shape, seed=self._next_seed(),
+                                        name=layer.name, dtype=layer.dtype_policy)
         is_conv = isinstance(layer, keras.layers.Conv2D)
         common = {**_common(layer), "seed": self._next_seed(), "kl_weight": self.kl_weight, **self.layer_kwargs}
-        _, conversion = registry.method_of_conversion(self.method)
+        _, conversion = registry.method_of_conversion(method)
         if is_conv:
             cls = registry.layer_class(conversion.conv2d)
             if cls is None:
                 raise ValueError(
-                    f"Method {self.method!r} has no Conv2D layer in tfbnn.layers, so Conv2D layer "
+                    f"Method {method!r} has no Conv2D layer in tfbnn.layers, so Conv2D layer "
                     f"{layer.name!r} cannot be converted. Keep it deterministic with "
-                    f"`exclude=[{layer.name!r}]`, or use method='vd' or 'flipout'. Received: method={self.method!r}"
+                    f"`exclude=[{layer.name!r}]`, or use method='vd' or 'flipout'. Received: method={method!r}"
                 )
             args = _conv_args(layer)
             if conversion.channels_last_only and args.pop("data_format") != "channels_last":
                 raise ValueError(
                     f"{cls.__name__} supports channels_last inputs only; Conv2D layer {layer.name!r} is "
-                    f"channels_first. Use method='vd' or exclude it. Received: method={self.method!r}"
+                    f"channels_first. Use method='vd' or exclude it. Received: method={method!r}"
                 )
             return cls(**args, **conversion.kwargs("conv2d", self.prior), **common)
         cls = registry.layer_class(conversion.dense)
         return cls(layer.units, **conversion.kwargs("dense", self.prior), **common)
 
     def __call__(self, layer):
-        if layer.name in self.names:
-            new = self._bayesian(layer)
+        if id(layer) in self.plan:
+            new = self._bayesian(layer, self.plan[id(layer)])
             self.pairs.append((layer, new, True))
             return new
         new = layer.__class__.from_config(layer.get_config())
@@ -196,6 +204,8 @@ class _Converter:
         return new
 
     def initialise(self, new, old):
+        if isinstance(new, layers_lib.MCDropout):
+            return
         kernel = old.kernel.numpy() if hasattr(old.kernel, "numpy") else np.asarray(old.kernel)
         new.kernel_loc.assign(kernel)
         sigma = _sigma(kernel.astype(np.float64), self.mode, self.scale)
@@ -293,6 +303,14 @@ def to_bayesian(
             scale, a subclassed model, or a Conv2D layer the method cannot convert.
     """
     method = _check_method(method)
+    options = _check_options(model, init_scale, moped_delta, prior, num_examples, kl_weight, seed, layer_kwargs)
+    chosen = _select(model, layers, exclude)
+    plan = {id(l): method for l in convertible_layers(model) if l.name in chosen}
+    return _rebuild(model, plan, options, name or f"{model.name}_{method}")
+
+
+def _check_options(model, init_scale, moped_delta, prior, num_examples, kl_weight, seed, layer_kwargs):
+    """The checked shared arguments of :func:`to_bayesian` and :func:`by_policy`, as a dict."""
     mode, scale = check_init_scale(init_scale, moped_delta)
     if num_examples is not None:
         if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)) or num_examples <= 0:
@@ -320,9 +338,13 @@ def to_bayesian(
         raise ValueError(
             f"`layer_kwargs` cannot set {reserved}: conversion sets them. Received: layer_kwargs={layer_kwargs}"
         )
-    converter = _Converter(
-        method, prior, mode, scale, seed, kl_weight, _select(model, layers, exclude), dict(layer_kwargs or {})
-    )
+    return {"prior": prior, "mode": mode, "scale": scale, "seed": seed, "kl_weight": kl_weight,
+            "layer_kwargs": dict(layer_kwargs or {})}
+
+
+def _rebuild(model, plan, options, name):
+    """Clones ``model`` (nested models included) with the layers of ``plan`` converted, weights copied."""
+    converter = _Converter(plan, **options)
     try:
         new_model = keras.models.clone_model(model, clone_function=converter, recursive=True)
     except ValueError as e:
@@ -333,14 +355,280 @@ def to_bayesian(
             ) from e
         raise
     for old, new, converted in converter.pairs:
+        if not isinstance(old, keras.layers.Layer):  # a graph operation (a KerasHub task's dict lookups)
+            continue
         if not new.built:
             raise ValueError(f"Layer {new.name!r} was not built by the cloned model; cannot copy its weights.")
         if converted:
             converter.initialise(new, old)
         else:
             new.set_weights(old.get_weights())
-    new_model.name = name or f"{model.name}_{method}"
+    new_model.name = name
     return new_model
+
+
+
+# -- conversion by policy -----------------------------------------------------------
+#: The policy method that replaces a ``keras.layers.Dropout`` by :class:`tfbnn.layers.MCDropout`.
+MC_DROPOUT = "mc_dropout"
+#: The policy method that leaves a layer as it is.
+KEEP = "keep"
+_WEIGHT_TYPES = (keras.layers.Dense, keras.layers.Conv2D, keras.layers.EinsumDense)
+_CONTAINERS = (keras.Sequential, keras.Model)
+
+
+def policy_methods():
+    """The ``method`` names a policy accepts: the conversion names, ``"mc_dropout"`` and ``"keep"``."""
+    return (*registry.conversion_names(), MC_DROPOUT, KEEP)
+
+
+def _is_graph(layer):
+    """Whether ``layer`` is a Sequential/functional model (its layers are rebuilt by cloning)."""
+    return isinstance(layer, _CONTAINERS) and bool(getattr(layer, "_operations", None) or
+                                                   isinstance(layer, keras.Sequential))
+
+
+def _walk(container, prefix="", owner=None):
+    """``(path, layer, owner)`` for every layer under ``container``, depth first.
+
+    ``path`` joins the names of the enclosing models and layers with ``/``; ``owner`` is
+    the path of the innermost enclosing subclassed (non-graph) layer, or None.
+    """
+    for path, layer, owner, _ in _walk_parents(container, prefix, owner):
+        yield path, layer, owner
+
+
+def _walk_parents(container, prefix="", owner=None):
+    """:func:`_walk` with each layer's direct container as a fourth item."""
+    for layer in container._flatten_layers(include_self=False, recursive=False):
+        path = f"{prefix}{layer.name}"
+        yield path, layer, owner, container
+        inner_owner = owner if _is_graph(layer) else (owner or path)
+        yield from _walk_parents(layer, f"{path}/", inner_owner)
+
+
+def layer_paths(model):
+    """Every layer's path in ``model``: the names of its enclosing models and layers joined by ``/``.
+
+    For a KerasHub ``BertTextClassifier`` e.g. ``"logits"``, ``"bert_backbone/pooled_dense"``,
+    ``"bert_backbone/transformer_layer_0/self_attention_layer/query"``. (Keras' own
+    ``layer.path`` is the name scope the layer was created in: it leaves out the functional
+    models a layer belongs to, and is None for some layers.)
+    """
+    return [path for path, _, _ in _walk(model)]
+
+
+def _check_policy(policy):
+    entries = list(policy.items()) if isinstance(policy, dict) else policy
+    try:
+        entries = [(pattern, method) for pattern, method in entries]
+    except (TypeError, ValueError):
+        raise ValueError(
+            "Expected `policy` to be a dict or a list of (pattern, method) pairs. "
+            f"Received: policy={policy!r}") from None
+    if not entries:
+        raise ValueError(f"Expected at least one (pattern, method) entry. Received: policy={policy!r}")
+    for pattern, method in entries:
+        if not isinstance(pattern, str) or not pattern or pattern == "re:":
+            raise ValueError(f"Expected each pattern to be a non-empty string. Received: pattern={pattern!r}")
+        if method not in policy_methods():
+            raise ValueError(
+                f"Expected each method in {list(policy_methods())}. Received: method={method!r} "
+                f"for pattern {pattern!r}")
+        if pattern.startswith("re:"):
+            try:
+                re.compile(pattern[3:])
+            except re.error as e:
+                raise ValueError(f"Expected a valid regular expression ({e}). Received: pattern={pattern!r}") from None
+    return entries
+
+
+def _matches(pattern, path):
+    if pattern.startswith("re:"):
+        return re.fullmatch(pattern[3:], path) is not None
+    return fnmatch.fnmatchcase(path, pattern)
+
+
+def _applies(method, layer):
+    """Whether a policy entry's ``method`` is meant for ``layer``: dropout for MC dropout,
+    a weight layer for a Bayesian method, any layer for ``"keep"``."""
+    if method == KEEP:
+        return True
+    if method == MC_DROPOUT:
+        return type(layer) is keras.layers.Dropout
+    return type(layer) in _WEIGHT_TYPES
+
+
+def _calls(parent, layer):
+    """How many times the functional ``parent``'s own graph calls ``layer`` (other models built on
+    the same layers add nodes to the layer, not to this graph)."""
+    by_depth = getattr(parent, "_nodes_by_depth", None)
+    if not by_depth:
+        return 1
+    return sum(1 for nodes in by_depth.values() for node in nodes if node.operation is layer)
+
+
+def _refuse(path, layer, owner, method, parent):
+    if isinstance(layer, keras.layers.EinsumDense):
+        raise ValueError(
+            f"The EinsumDense layer {path!r} (an attention projection) has no Bayesian counterpart in tfbnn. "
+            f"Keep it: put ({path!r}, 'keep') (or a pattern such as '*/self_attention_layer/*') before the entry "
+            "that matched it; for uncertainty in attention use MC dropout "
+            f"(tfbnn.predict(..., mc_dropout=True)). Received: method={method!r} for {path!r}")
+    if owner is not None:
+        hint = ("MC dropout reaches it at prediction: tfbnn.predict(..., mc_dropout=True)" if method == MC_DROPOUT
+                else f"keep it with an entry ({owner + '/*'!r}, 'keep') before the one that matched")
+        raise ValueError(
+            f"Layer {path!r} lives inside the subclassed layer {owner!r}, whose sublayers are code, not model "
+            "graph, so it cannot be replaced and saved; " + hint + f". Received: method={method!r} "
+            f"for {path!r}")
+    calls = _calls(parent, layer)
+    if calls > 1:
+        raise ValueError(
+            f"Layer {path!r} is shared (called {calls} times in the graph): its Bayesian copy "
+            "would need one posterior for several calls. Keep it with an entry "
+            f"({path!r}, 'keep') before the one that matched. Received: method={method!r} for {path!r}")
+
+
+def _plan(model, policy):
+    """``[(path, layer, method)]`` of the layers the policy changes, checked."""
+    entries = _check_policy(policy)
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"Expected a Keras model. Received: model of type {type(model).__name__}")
+    walked = list(_walk_parents(model))
+    used, seen, plan = set(), {}, []
+    for path, layer, owner, parent in walked:
+        for i, (pattern, method) in enumerate(entries):
+            if _matches(pattern, path):
+                used.add(i)
+        if not isinstance(layer, (*_WEIGHT_TYPES, keras.layers.Dropout)) or _is_graph(layer):
+            continue
+        method = next((m for p, m in entries if _matches(p, path) and _applies(m, layer)), KEEP)
+        if method == KEEP:
+            continue
+        if id(layer) in seen:
+            raise ValueError(
+                f"Layer {path!r} is shared: it is also at {seen[id(layer)]!r}. Keep it with an entry "
+                f"({path!r}, 'keep') before the one that matched. Received: method={method!r} for {path!r}")
+        seen[id(layer)] = path
+        _refuse(path, layer, owner, method, parent)
+        plan.append((path, layer, method))
+    unused = [entries[i][0] for i in range(len(entries)) if i not in used]
+    if unused:
+        raise ValueError(
+            f"Expected every pattern to match a layer path. Received: patterns {unused} that match none of "
+            f"{[w[0] for w in walked][:12]}{' ...' if len(walked) > 12 else ''}")
+    return plan
+
+
+def policy_plan(model, policy):
+    """What :func:`by_policy` would do to ``model``: ``{layer path: method}`` of the layers it changes.
+
+    Args:
+        model: a Keras model.
+        policy: as for :func:`by_policy`.
+
+    Returns:
+        A dict, in the order of :func:`layer_paths`, of the layers that change (``"keep"``
+        ones are left out).
+
+    Example:
+        >>> import keras, tfbnn
+        >>> inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="hidden")], name="body")
+        >>> model = keras.Sequential([keras.Input((4,)), inner, keras.layers.Dropout(0.1, name="drop"),
+        ...                           keras.layers.Dense(2, name="out")])
+        >>> tfbnn.convert.policy_plan(model, [("body/*", "flipout"), ("drop", "mc_dropout"), ("*", "keep")])
+        {'body/hidden': 'flipout', 'drop': 'mc_dropout'}
+    """
+    return {path: method for path, _, method in _plan(model, policy)}
+
+
+def by_policy(
+    model,
+    policy,
+    init_scale=1e-3,
+    moped_delta=0.1,
+    prior="normal",
+    num_examples=None,
+    kl_weight=None,
+    seed=None,
+    name=None,
+    layer_kwargs=None,
+    verbose=False,
+):
+    """A Bayesian copy of any Sequential/functional model, each layer converted as a policy says.
+
+    The policy is an ordered list of ``(pattern, method)`` pairs (or a dict, in its order).
+    Each layer's *path* (:func:`layer_paths`: the names of its enclosing models and
+    layers joined by ``/``, e.g. ``"bert_backbone/pooled_dense"``) is matched against the
+    patterns in order and **the first entry that matches and applies to the layer wins**:
+
+    * a pattern is a shell glob (:func:`fnmatch.fnmatchcase`; ``*`` also crosses ``/``),
+      or a regular expression after ``"re:"`` (:func:`re.fullmatch`);
+    * a Bayesian method (any of :data:`CONVERSION_METHODS`: Bayes by Backprop with the
+      ``"reparameterization"``, ``"flipout"`` or ``"local_reparameterization"`` estimator,
+      ``"graves"``, variational dropout ``"vd"`` / ``"vd_multiplicative"``) applies to
+      weight layers (``Dense``, ``Conv2D``, ``EinsumDense``);
+      ``"mc_dropout"`` applies to ``keras.layers.Dropout`` (it becomes
+      :class:`tfbnn.layers.MCDropout`, on at inference, seeded); ``"keep"`` to any layer;
+    * a layer no entry applies to is kept, with its trained weights;
+    * a pattern that matches no layer path at all is an error (a typo would otherwise
+      convert nothing).
+
+    The converted weights start as in :func:`to_bayesian`: posterior means at the
+    trained weights, standard deviations ``init_scale`` or MOPED ``moped_delta * |w|``
+    (Krishnan et al. 2020). The KL follows the ELBO convention
+    ``loss = mean NLL + beta * KL / N`` (``num_examples`` = N sets ``kl_weight = 1/N``).
+
+    Nested functional models (a KerasHub task holds its backbone) are rebuilt as plain
+    functional ``keras.Model`` s with the same layers, so the result saves and loads as
+    ``.keras`` whatever the original's class (a KerasHub task's own ``get_config`` would
+    rebuild a deterministic backbone); its preprocessor is not carried over.
+
+    Refused with a ``ValueError`` that names the layer path and what to do: an
+    ``EinsumDense`` (attention projections: keep them, use MC dropout), a layer inside
+    a subclassed layer (e.g. the feed-forward ``Dense`` of a KerasHub
+    ``TransformerEncoder``, which is code, not graph), and a shared layer.
+
+    Args:
+        model: a built Sequential or functional Keras model (a KerasHub task or backbone).
+        policy: list of ``(pattern, method)`` pairs, or a dict pattern -> method.
+        init_scale, moped_delta, prior, num_examples, kl_weight, seed, layer_kwargs:
+            as for :func:`to_bayesian` (converted layer ``i`` gets ``seed + i``).
+        name: str or None, the new model's name (default ``<name>_bayesian``).
+        verbose: bool, print the report (path -> method) of what was converted.
+
+    Returns:
+        A new, uncompiled ``keras.Model``; ``model`` is not changed. The report is
+        :func:`policy_plan` ``(model, policy)``.
+
+    Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+        >>> inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, "relu", name="hidden")],
+        ...                          name="body")
+        >>> model = keras.Sequential([keras.Input((4,)), inner, keras.layers.Dropout(0.1, name="drop"),
+        ...                           keras.layers.Dense(2, name="out")])
+        >>> bnn = tfbnn.convert.by_policy(model, {"body/*": "flipout", "drop": "mc_dropout"},
+        ...                               num_examples=32, seed=0, verbose=True)
+        body/hidden -> flipout
+        drop -> mc_dropout
+        >>> with tfbnn.posterior_mean(bnn):                    # means = the trained weights
+        ...     np.allclose(bnn(x), model(x), atol=1e-5)
+        True
+
+    Reference:
+        Krishnan, Subedar, Tickoo. Specifying Weight Priors in Bayesian Deep Neural
+        Networks with Empirical Bayes (MOPED). AAAI 2020.
+    """
+    plan = _plan(model, policy)
+    options = _check_options(model, init_scale, moped_delta, prior, num_examples, kl_weight, seed, layer_kwargs)
+    if not plan:
+        raise ValueError(
+            f"The policy changes no layer (every match is 'keep' or applies to no layer). Received: policy={policy!r}")
+    if verbose:
+        print("\n".join(f"{path} -> {method}" for path, _, method in plan))
+    return _rebuild(model, {id(layer): method for _, layer, method in plan}, options, name or f"{model.name}_bayesian")
 
 
 __getattr__ = deprecation.renamed(__name__, {"METHODS": "CONVERSION_METHODS"})

@@ -56,16 +56,22 @@ import shutil
 import tempfile
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfbnn._internal import checks
+from tfbnn import moments as moments_lib
 from tfbnn.ensembles import DeepEnsemble
+from tfbnn.layers.arguments import ConvArguments, ConvTransposeArguments, DenseArguments
+from tfbnn.layers.base import StochasticLayer
+from tfbnn.layers.mean_field import MeanFieldGaussian
+from tfbnn.layers.variational_dropout import VariationalDropoutLayer
 from tfbnn.layers.variational import DenseVariational
 from tfbnn.likelihoods import DistributionHead, output_layer
 from tfbnn.utils import posterior_mean, stochastic_layers, weight_samples
 
-__all__ = ["export", "export_saved_model", "portable_noise", "seed_generators", "FORMATS", "QUANTIZATIONS",
-           "PORTABLE_ENDPOINTS"]
+__all__ = ["export", "export_saved_model", "portable_noise", "seed_generators", "frozen_samples", "FORMATS",
+           "QUANTIZATIONS", "PORTABLE_ENDPOINTS", "MODES", "RANDOM_OPS", "random_ops"]
 
 _TASKS = ("classification", "regression")
 
@@ -223,14 +229,19 @@ def _summarizer(model, num_samples, task, from_logits, head=None):
                 outputs = model(tiled, training=False)
                 samples = tf.reshape(outputs, tf.concat([[num_samples, batch], tf.shape(outputs)[1:]], axis=0))
                 samples.set_shape([None, None, *outputs.shape[1:]])
-        samples = tf.cast(samples, tf.float32)
-        if task == "classification":
-            if head is not None:
-                return _classification_summary(head.class_probabilities(samples), False)
-            return _classification_summary(samples, from_logits)
-        return _regression_summary(samples, head)
+        return _summarize_samples(samples, task, from_logits, head)
 
     return summarize
+
+
+def _summarize_samples(samples, task, from_logits, head):
+    """The summary dict of ``(T, B, ...)`` output samples, as :func:`tfbnn.predict` summarises them."""
+    samples = tf.cast(samples, tf.float32)
+    if task == "classification":
+        if head is not None:
+            return _classification_summary(head.class_probabilities(samples), False)
+        return _classification_summary(samples, from_logits)
+    return _regression_summary(samples, head)
 
 
 def export_saved_model(model, filepath, num_samples=100, task=None, from_logits=False,
@@ -521,8 +532,248 @@ def _replace(staging, filepath):
     os.replace(staging, filepath)
 
 
+# -- random-free modes: moment propagation and frozen weight samples -------------------------------
+
+#: Values of :func:`export`'s ``mode``: ``"monte_carlo"`` (random endpoints, the default),
+#: ``"moments"`` (:mod:`tfbnn.moments`' one-pass graph) and ``"frozen"`` (K weight samples as constants).
+MODES = ("monte_carlo", "moments", "frozen")
+#: The TensorFlow op types that draw random numbers: a ``"moments"`` or ``"frozen"`` export has none of them.
+RANDOM_OPS = (
+    "RandomStandardNormal", "RandomUniform", "RandomUniformInt", "TruncatedNormal", "RandomShuffle", "RandomGamma",
+    "RandomPoisson", "RandomPoissonV2", "Multinomial", "ParameterizedTruncatedNormal", "StatelessRandomNormal",
+    "StatelessRandomUniform", "StatelessRandomUniformInt", "StatelessRandomUniformFullInt",
+    "StatelessTruncatedNormal", "StatelessRandomNormalV2", "StatelessRandomUniformV2",
+    "StatelessRandomUniformIntV2", "StatelessRandomUniformFullIntV2", "StatelessTruncatedNormalV2",
+    "StatelessRandomGetKeyCounter", "StatelessRandomGetKeyCounterAlg", "StatelessMultinomial",
+    "StatefulStandardNormalV2", "StatefulUniform", "StatefulUniformInt", "StatefulUniformFullInt",
+    "StatefulTruncatedNormal", "RngReadAndSkip", "RngSkip",
+)
+
+
+def random_ops(concrete_function):
+    """The random op types (:data:`RANDOM_OPS`) in a concrete function's graph, its function library included.
+
+    Args:
+        concrete_function: a ``tf.function``'s concrete function (or a loaded SavedModel's endpoint).
+
+    Returns:
+        A sorted list of op type names; empty for a graph that draws nothing.
+
+    Example:
+        >>> import tensorflow as tf, tfbnn
+        >>> fn = tf.function(lambda x: x + tf.random.normal(tf.shape(x)))
+        >>> tfbnn.export.random_ops(fn.get_concrete_function(tf.TensorSpec([2])))
+        ['RandomStandardNormal']
+    """
+    graph_def = concrete_function.graph.as_graph_def()
+    nodes = list(graph_def.node) + [node for fn in graph_def.library.function for node in fn.node_def]
+    return sorted({node.op for node in nodes} & set(RANDOM_OPS))
+
+
+def _frozen_layer(layer):
+    """Whether ``layer``'s weights are frozen as samples; a ValueError for other stochastic layers."""
+    if not isinstance(layer, StochasticLayer):
+        return False
+    supported = (isinstance(layer, (MeanFieldGaussian, VariationalDropoutLayer))
+                 and isinstance(layer, (DenseArguments, ConvArguments))
+                 and not isinstance(layer, ConvTransposeArguments) and not getattr(layer, "low_rank", False))
+    if not supported:
+        raise ValueError(
+            f"A frozen export stacks weight samples of the mean-field Bayes-by-Backprop and variational-dropout dense "
+            f"and convolution layers; layer '{layer.name}' (class {type(layer).__name__}) draws other noise. "
+            "Use mode='moments' where supported, or mode='monte_carlo'.")
+    return True
+
+
+def frozen_samples(model, num_samples, seed=0):
+    """``num_samples`` posterior weight samples of every Bayesian layer of ``model``, drawn once with ``seed``.
+
+    The draw (what :func:`export` with ``mode="frozen"`` bakes in): one
+    ``numpy.random.default_rng(seed)``; for each Bayesian layer in the order of the
+    model's layers, ``K`` standard normals of the kernel's shape ``eps`` (float32) and
+    then, for a Bayesian bias, ``K`` of the bias's shape ``eps_b``; the samples are
+    ``kernel = mu + sigma * eps`` and ``bias = b_mu + b_sigma * eps_b`` (a point-estimate
+    bias repeated; variational dropout's ``sigma = sqrt(alpha) |theta|``; a layer in
+    ``inference_mode="mean"`` gets ``sigma = 0``, its noise still drawn).
+
+    Args:
+        model: a built Sequential or functional model of chained layers (see
+            :func:`tfbnn.moments.model_layers`).
+        num_samples: int >= 1, ``K``.
+        seed: int >= 0, the seed of the draw. Default 0.
+
+    Returns:
+        A list of ``(layer, kernels (K, ...), biases (K, ...) or None)`` NumPy float32 arrays.
+
+    Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> model = keras.Sequential([keras.Input((4,)), tfbnn.layers.DenseFlipout(3, seed=0)])
+        >>> [(k.shape, b.shape) for layer, k, b in tfbnn.export.frozen_samples(model, 5, seed=1)]
+        [((5, 4, 3), (5, 3))]
+    """
+    num_samples = checks.integer("num_samples", num_samples, 1)
+    seed = checks.seed(seed)
+    rng = np.random.default_rng(seed)
+    draws = []
+    for layer in moments_lib.model_layers(model):
+        if not _frozen_layer(layer):
+            continue
+        sampling = layer.inference_mode != "mean"
+        loc = np.asarray(layer.kernel_loc, np.float32)
+        if isinstance(layer, VariationalDropoutLayer):
+            scale = np.sqrt(np.asarray(layer.kernel_variance(), np.float32))
+        else:
+            scale = np.asarray(layer.kernel_scale(), np.float32)
+        eps = rng.standard_normal((num_samples, *loc.shape), dtype=np.float32)
+        kernels = loc + (scale if sampling else 0.0) * eps
+        biases = None
+        if layer.use_bias:
+            bias = np.asarray(layer.bias_loc, np.float32)
+            biases = np.broadcast_to(bias, (num_samples, *bias.shape)).copy()
+            if getattr(layer, "bayesian_bias", False):
+                eps_b = rng.standard_normal((num_samples, *bias.shape), dtype=np.float32)
+                biases = bias + (np.asarray(layer.bias_scale(), np.float32) if sampling else 0.0) * eps_b
+        draws.append((layer, kernels, biases))
+    return draws
+
+
+def _fold_samples(x, channel_axis):
+    """``(K, B, ..., C, ...)`` -> ``(B, ..., K * C, ...)``: the K samples moved into the channel axis (K-major)."""
+    rank = len(x.shape)
+    axis = channel_axis % (rank - 1)  # the channel axis of one sample's (B, ...) tensor
+    moved = tf.transpose(x, [*range(1, axis + 1), 0, *range(axis + 1, rank)])
+    shape = tf.shape(moved)
+    return tf.reshape(moved, tf.concat([shape[:axis], [-1], shape[axis + 2:]], 0))
+
+
+def _unfold_samples(y, channel_axis, num_samples):
+    """The inverse of :func:`_fold_samples`: ``(B, ..., K * F, ...)`` -> ``(K, B, ..., F, ...)``."""
+    rank = len(y.shape)
+    axis = channel_axis % rank
+    shape = tf.shape(y)
+    split = tf.reshape(y, tf.concat([shape[:axis], [num_samples, -1], shape[axis + 1:]], 0))
+    return tf.transpose(split, [axis, *range(axis), *range(axis + 1, rank + 1)])
+
+
+def _stacked_layer(layer, h, kernels, biases):
+    """``layer`` with its K kernels (and biases) applied to the K blocks of ``h`` ``(K, B, ...)``: one op each."""
+    num_samples = kernels.shape[0]
+    kernels = tf.constant(kernels)
+    if isinstance(layer, DenseArguments):
+        shape = tf.shape(h)
+        flat = tf.reshape(h, tf.stack([num_samples, -1, shape[-1]]))
+        out = tf.reshape(tf.matmul(flat, kernels), tf.concat([shape[:-1], [layer.units]], 0))
+        bias_shape = [num_samples] + [1] * (len(h.shape) - 2) + [layer.units]
+    else:  # a grouped convolution: group k holds sample k's input channels and kernel
+        rank = layer.rank
+        folded_kernel = tf.reshape(tf.transpose(kernels, [*range(1, rank + 2), 0, rank + 2]),
+                                   [*kernels.shape[1:rank + 2], -1])
+        out = layer.channels_last(keras.ops.conv, _fold_samples(h, layer.channel_axis), folded_kernel,
+                                  strides=layer.strides, padding=layer.padding, dilation_rate=layer.dilation_rate)
+        out = _unfold_samples(out, layer.channel_axis, num_samples)
+        bias_shape = layer.channel_shape(leading=(num_samples, 1))
+    if biases is not None:
+        out = out + tf.reshape(tf.constant(biases), bias_shape)
+    return out if layer.activation is None else layer.activation(out)
+
+
+def _frozen_outputs(model, draws, x):
+    """The K frozen networks on ``x``: outputs ``(K, B, ...)``, one batched graph (no loop over K)."""
+    num_samples = draws[0][1].shape[0] if draws else 1
+    stacked = {id(layer): (kernels, biases) for layer, kernels, biases in draws}
+    shape = tf.shape(x)
+    h = tf.broadcast_to(x[tf.newaxis], tf.concat([[num_samples], shape], 0))
+    for layer in moments_lib.model_layers(model):
+        if id(layer) in stacked:
+            h = _stacked_layer(layer, h, *stacked[id(layer)])
+            continue
+        merged = tf.reshape(h, tf.concat([[-1], tf.shape(h)[2:]], 0))  # (K * B, ...), sample-major
+        out = layer(merged, training=False)
+        h = tf.reshape(out, tf.concat([[num_samples, shape[0]], tf.shape(out)[1:]], 0))
+    return h
+
+
+def _output_task(model, task, from_logits, head):
+    """The task of a ``moments`` / ``frozen`` export: ``task``, or the head's, or read from the output layer."""
+    if task is not None or head is not None:
+        return task or head.task
+    if from_logits:
+        return "classification"
+    activation = getattr(output_layer(model), "activation", None)
+    ends_in = getattr(activation, "__name__", None)
+    return "classification" if ends_in in ("softmax", "sigmoid") or isinstance(
+        output_layer(model), keras.layers.Softmax) else "regression"
+
+
+def _mode_endpoints(model, mode, num_samples, seed, task, head, from_logits, input_signature):
+    """``{name: tf.function}`` of a ``moments`` or ``frozen`` export (no random op in any of them).
+
+    Without AutoGraph: their Python control flow is fixed at trace time, and converting the layer
+    walk costs seconds per trace."""
+    @tf.function(input_signature=[input_signature], autograph=False)
+    def mean(x):
+        with posterior_mean(model):
+            return model(x, training=False)
+
+    if mode == "moments":
+        @tf.function(input_signature=[input_signature], autograph=False)
+        def summary(x):
+            return moments_lib.propagate(model, x).summary(task, from_logits)
+
+        @tf.function(input_signature=[input_signature], autograph=False)
+        def moments(x):
+            out = moments_lib.propagate(model, x)
+            return {"mean": out.mean, "variance": out.variance}
+
+        return {"summary": summary, "moments": moments, "mean": mean}
+    draws = frozen_samples(model, num_samples, seed)
+
+    @tf.function(input_signature=[input_signature], autograph=False)
+    def summary(x):
+        return _summarize_samples(_frozen_outputs(model, draws, x), task, from_logits, head)
+
+    @tf.function(input_signature=[input_signature], autograph=False)
+    def samples(x):
+        return _frozen_outputs(model, draws, x)
+
+    return {"summary": summary, "samples": samples, "mean": mean}
+
+
+def _export_mode(model, filepath, format, mode, num_samples, task, from_logits, input_signature, seed):
+    """:func:`export` with ``mode="moments"`` or ``"frozen"``: the endpoints traced, checked and written."""
+    if format != "saved_model":  # TFLite lacks Erfc (the ReLU moments) and a grouped convolution of unknown shape
+        raise ValueError(f"mode={mode!r} exports format='saved_model'. Received: format={format!r}")
+    if isinstance(model, DeepEnsemble):
+        raise ValueError(f"A DeepEnsemble exports with mode='monte_carlo'. Received: mode={mode!r}")
+    if mode == "moments" and seed is not None:
+        raise ValueError(f"mode='moments' draws nothing: `seed` is for mode='frozen'. Received: seed={seed!r}")
+    head = _task_and_head(model, task)[1]
+    task = _output_task(model, task, from_logits, head)
+    input_signature = _input_signature(model, input_signature)
+    endpoints = _mode_endpoints(model, mode, num_samples, 0 if seed is None else seed, task, head, from_logits,
+                                input_signature)
+    for name, fn in endpoints.items():  # trace now: an unsupported layer fails before anything is written
+        ops = random_ops(fn.get_concrete_function())
+        if ops:
+            raise ValueError(f"The {name!r} endpoint of mode={mode!r} would hold random ops {sorted(ops)}. "
+                             f"Received: a model with layers {[layer.name for layer in stochastic_layers(model)]}")
+    folder = os.path.dirname(os.path.abspath(filepath))
+    staging = tempfile.mkdtemp(dir=folder, prefix=f".{os.path.basename(filepath)}.partial-")
+    try:
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+        for name, fn in endpoints.items():  # the first, summary, is also serving_default
+            archive.add_endpoint(name, fn)
+        target = os.path.join(staging, "saved_model")
+        archive.write_out(target, verbose=False)
+        _replace(target, filepath)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return filepath
+
+
 def export(model, filepath, format="saved_model", num_samples=100, task=None, from_logits=False,
-           input_signature=None, overwrite=False, seed=None, quantize=None):
+           input_signature=None, overwrite=False, seed=None, quantize=None, mode="monte_carlo"):
     """Exports ``model`` for serving: a SavedModel, a TFLite flatbuffer or ONNX graphs.
 
     Every format serves the posterior predictive and its uncertainty without tfbnn:
@@ -555,6 +806,35 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
     model, so every fresh process that loads a ``model.export`` SavedModel replays the
     same "random" draws. Export with this function instead.
 
+    Random-free modes, for runtimes without random number generation (TF.js, TensorRT,
+    Core ML, which convert from a SavedModel), ``format="saved_model"`` only (TFLite has no
+    built-in ``Erfc``, which the ReLU moments use, nor a grouped convolution of unknown
+    shape; not offered yet); no endpoint holds a random op
+    (:data:`RANDOM_OPS`, checked when exporting):
+
+    - ``mode="moments"``: the one-pass moment-propagation graph of :mod:`tfbnn.moments`
+      (diagonal DVI, Wu et al. 2019). Endpoints ``summary`` (``serving_default``:
+      ``mean_probs`` by the probit approximation and ``predictive_entropy``; for
+      regression ``mean``, ``epistemic_std`` and, behind a :class:`tfbnn.GaussianHead`,
+      ``aleatoric_std``; no aleatoric / epistemic entropy split), ``moments`` (``mean``
+      and ``variance`` of the outputs, of the logits for a softmax / sigmoid output) and
+      ``mean`` (the posterior-mean network). Cost: about two to three times the
+      posterior-mean network. Loses: correlations between units (an approximation
+      beyond the first layers), the entropy split, and layers without a moment rule.
+    - ``mode="frozen"``: ``K = num_samples`` weight samples of every Bayesian layer drawn
+      once with ``seed`` (None: 0; :func:`frozen_samples`) and stored as constants; the
+      K networks run stacked in one batched graph (a batched matmul per dense layer, a
+      grouped convolution per convolution). Endpoints ``summary`` (the Monte Carlo summary
+      over the K networks, with the entropy split), ``samples`` (``(K, B, ...)``) and
+      ``mean``. Loses: fresh randomness (every call sees the same K functions, a fixed
+      K-member ensemble), and the weights grow K-fold; layers that draw per-example noise
+      (MC dropout, iBNN, Flipout's and local reparameterization's per-example noise is
+      replaced by the K shared weight samples) are refused when they are not mean-field
+      weight posteriors.
+
+    With these modes ``task=None`` reads the task from the output: a distribution head's,
+    classification for a softmax or sigmoid output or ``from_logits``, else regression.
+
     Quantization (``format="tflite"`` only): ``"float16"`` stores every float weight
     as float16 (half the weights' bytes; the file shrinks to about 55-70%, and for
     Flipout / reparameterization layers, whose T draws are separate ops, it grows with T:
@@ -585,8 +865,11 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
         input_signature: a ``tf.TensorSpec`` for ``x``; default from ``model.inputs``.
         overwrite: bool. If False and ``filepath`` exists, raise instead of replacing it.
         seed: int >= 0 or None, the fixed seed of a ``tflite`` / ``onnx`` export (see
-            above); None for a ``saved_model`` (it has seeded endpoints).
+            above); None for a ``saved_model`` (it has seeded endpoints). With
+            ``mode="frozen"``: the seed of the K weight samples (None: 0).
         quantize: one of :data:`QUANTIZATIONS`, for ``tflite``.
+        mode: one of :data:`MODES`: ``"monte_carlo"`` (default; random endpoints),
+            ``"moments"`` or ``"frozen"`` (random-free, above).
 
     Returns:
         ``filepath``. Nothing is replaced when the export fails.
@@ -603,11 +886,19 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
     """
     if format not in FORMATS:
         raise ValueError(f"Expected `format` in {FORMATS}. Received: format={format!r}")
+    if mode not in MODES:
+        raise ValueError(f"Expected `mode` in {MODES}. Received: mode={mode!r}")
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"Expected `quantize` in {QUANTIZATIONS}. Received: quantize={quantize!r}")
     if quantize is not None and format != "tflite":
         raise ValueError(f"Quantization is offered for format='tflite'. Received: quantize={quantize!r}, "
                          f"format={format!r}")
+    if mode != "monte_carlo":
+        filepath = _check_target(model, filepath)
+        num_samples = checks.integer("num_samples", num_samples, 1)
+        if os.path.exists(filepath) and not overwrite:
+            raise ValueError(f"{filepath!r} exists; pass overwrite=True to replace it. Received: filepath={filepath!r}")
+        return _export_mode(model, filepath, format, mode, num_samples, task, from_logits, input_signature, seed)
     if format == "saved_model":
         if seed is not None:
             raise ValueError("A SavedModel takes its seed per call (sample_seeded, summary_seeded); "

@@ -626,3 +626,39 @@ def test_the_old_adaptive_keywords_still_work_with_a_deprecation_warning():
             tfbnn.predict(model, _x(), num_samples=AdaptiveSampling(), per="batch")
     with pytest.raises(TypeError, match="tolerence"):  # a misspelt keyword is still a TypeError
         tfbnn.predict(model, _x(), num_samples="auto", tolerence=0.1)
+
+
+class _Block(keras.layers.Layer):
+    """A subclassed layer with its own sublayers, as a KerasHub TransformerEncoder (and optionally batch norm)."""
+
+    def __init__(self, norm=False, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(4)
+        self.drop = keras.layers.Dropout(0.5, seed=0)
+        self.norm = keras.layers.BatchNormalization() if norm else None
+
+    def call(self, x, training=None):
+        h = self.drop(self.dense(x), training=training)
+        return self.norm(h, training=training) if self.norm is not None else h
+
+
+def test_mc_dropout_reaches_dropout_inside_a_subclassed_layer():
+    inp = keras.Input((3,))
+    model = keras.Model(inp, keras.layers.Dense(2)(_Block()(inp)))
+    x = np.ones((2, 3), "float32")
+    samples = tfbnn.predict(model, x, num_samples=6, mc_dropout=True, task="regression", return_samples=True).samples
+    # Inverted dropout keeps a unit as h / (1 - rate) or drops it: each unit's output takes both values.
+    hidden = keras.Model(inp, model.layers[1].output)
+    h = tfbnn.predict(hidden, x, num_samples=64, mc_dropout=True, task="regression", return_samples=True).samples
+    clean = hidden(x).numpy()
+    assert np.all(np.isclose(h, 0) | np.isclose(h, 2 * clean, atol=1e-6))
+    assert np.isclose(h, 0).any() and not np.isclose(h, 0).all()
+    assert np.std(samples, axis=0).max() > 0
+    np.testing.assert_allclose(model(x), model(x))  # the model itself keeps its dropout off
+
+
+def test_mc_dropout_refuses_a_subclassed_layer_whose_training_mode_changes_more():
+    inp = keras.Input((3,))
+    model = keras.Model(inp, keras.layers.Dense(2)(_Block(norm=True, name="block")(inp)))
+    with pytest.raises(ValueError, match="could not reach the dropout layers inside a subclassed layer"):
+        tfbnn.predict(model, np.ones((2, 3), "float32"), num_samples=2, mc_dropout=True, task="regression")

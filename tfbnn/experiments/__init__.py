@@ -39,6 +39,10 @@ module                          experiment
 ``vcl_split_digits``            continual learning on split digits (5 class-pair tasks):
                                 variational continual learning (posterior as the next
                                 prior) vs fine-tuning; accuracy matrices, forgetting
+``shift_benchmark``             deterministic, MC dropout, BbB, VD, iBNN, ensemble,
+                                Laplace, SWAG under 10 image corruptions x 5
+                                severities, OOD classes / synthetic inputs, conformal
+                                coverage under shift (one table, plots)
 ==============================  ====================================================
 """
 
@@ -67,4 +71,6 @@ STUDIES = {
                              "MAP, MC dropout, BbB x3, VD, iBNN, ensemble, Laplace, SWAG vs HMC (1-D gap + sklearn)"),
     "vcl-split-digits": ("tfbnn.experiments.vcl_split_digits",
                          "split digits: VCL (posterior as prior) vs fine-tuning; forgetting table + plots"),
+    "shift-benchmark": ("tfbnn.experiments.shift_benchmark",
+                        "every method under 10 corruptions x 5 severities, OOD AUROC, conformal coverage (table + plots)"),
 }

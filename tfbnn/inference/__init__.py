@@ -36,7 +36,7 @@ References:
 """
 
 # The API reference lists these names in the order they are imported here.
-from tfbnn.inference._predict import TASKS, predict
+from tfbnn.inference._predict import METHODS, TASKS, predict
 from tfbnn.inference._adaptive import SAMPLING_PER, AdaptiveSampling
 from tfbnn.inference._summaries import (
     ClassificationPrediction,
@@ -62,4 +62,5 @@ __all__ = [
     "GaussianHead",
     "gaussian_nll",
     "TASKS",
+    "METHODS",
 ]

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfbnn._internal import checks, deprecation
+from tfbnn import moments
 from tfbnn.ensembles import DeepEnsemble
 from tfbnn.layers.rank1 import EnsembleMean, ensemble_size, members_as_samples
 from tfbnn.inference._adaptive import AdaptiveBatch, AdaptiveSampling, sample_adaptively, sampling_rule
@@ -20,12 +21,21 @@ from tfbnn.inference._sampling import (
     input_signature,
     reference_model,
 )
-from tfbnn.inference._summaries import class_probabilities, concat, summarize_classification, summarize_regression
+from tfbnn.inference._summaries import (
+    ClassificationPrediction,
+    RegressionPrediction,
+    class_probabilities,
+    concat,
+    summarize_classification,
+    summarize_regression,
+)
 from tfbnn.inference._weights import WeightPosterior
 from tfbnn.likelihoods import DistributionHead, GaussianHead, output_layer
 from tfbnn.utils import stochastic_layers, weight_samples
 
 TASKS = ("auto", "classification", "regression")
+#: Values of :func:`predict`'s ``method``.
+METHODS = ("monte_carlo", "moments")
 
 
 # Until the next release predict also takes AdaptiveSampling's fields as keywords (with num_samples="auto").
@@ -42,6 +52,7 @@ def predict(
     mc_dropout=False,
     joint=False,
     head=None,
+    method="monte_carlo",
 ):
     """Monte Carlo prediction: T posterior predictive samples per example, summarised.
 
@@ -182,6 +193,20 @@ def predict(
         head: a :class:`tfbnn.likelihoods.DistributionHead` whose parameters the
             outputs are, or None (default): the output layer of a Sequential or
             functional model when it is a head (a subclassed model needs ``head``).
+        method: ``"monte_carlo"`` (default, all of the above) or ``"moments"``: one
+            deterministic pass of moment propagation (:mod:`tfbnn.moments`, diagonal
+            DVI after Wu et al. 2019), no samples. Classification: ``mean_probs`` by the
+            probit approximation ``softmax(m / sqrt(1 + pi/8 v))`` of the logits' moments
+            and ``predictive_entropy = H[mean_probs]``; ``expected_entropy`` and
+            ``mutual_information`` (the aleatoric / epistemic split) need the
+            distribution of the probabilities, which two moments do not give: they are
+            NaN. Regression: ``mean`` and ``epistemic_std`` (the propagated standard
+            deviation), and ``aleatoric_std`` behind a :class:`GaussianHead` (by
+            Gauss-Hermite quadrature over its scale input); other heads are refused.
+            ``num_samples`` is unused; ``samples`` is None, ``num_samples`` 0 and
+            ``samples_used`` 0. Sequential or functional chains of the layers that
+            :mod:`tfbnn.moments` supports; ``return_samples``, ``mc_dropout``, ``joint``,
+            adaptive sampling, ensembles and weight posteriors are Monte Carlo only.
 
     Returns:
         A :class:`ClassificationPrediction` (``mean_probs (N, C)``, entropies
@@ -212,6 +237,11 @@ def predict(
         Chan, Golub, LeVeque. Updating Formulae and a Pairwise Algorithm for
         Computing Sample Variances. Stanford CS report STAN-CS-79-773, 1979.
     """
+    if method not in METHODS:
+        raise ValueError(f"Expected `method` in {METHODS}. Received: method={method!r}")
+    if method == "moments":
+        return _predict_moments(model, x, num_samples, batch_size, return_samples, task, from_logits, gaussian_head,
+                                mc_dropout, joint, head)
     if isinstance(model, WeightPosterior):
         return _predict_weight_posterior(model, x, num_samples, batch_size, return_samples, task, from_logits,
                                          gaussian_head, mc_dropout)
@@ -300,6 +330,53 @@ def _predict_weight_posterior(posterior, x, num_samples, batch_size, return_samp
         return summarize_classification(probs, from_logits=from_logits and head is None,
                                         keep_samples=return_samples)
     return summarize_regression(samples, keep_samples=return_samples, head=head)
+
+
+def _predict_moments(model, x, num_samples, batch_size, return_samples, task, from_logits, gaussian_head,
+                     mc_dropout, joint, head):
+    """``predict`` with ``method="moments"``: one moment-propagation pass per batch (:mod:`tfbnn.moments`)."""
+    if isinstance(model, (WeightPosterior, DeepEnsemble)):
+        raise ValueError("method='moments' propagates through one network's layers; an ensemble or weight "
+                         f"posterior is sampled. Received: model of type {type(model).__name__}")
+    monte_carlo_only = {"return_samples": return_samples, "mc_dropout": mc_dropout, "joint": joint}
+    for name, value in monte_carlo_only.items():
+        if value:
+            raise ValueError(f"`{name}` is for method='monte_carlo'. Received: {name}={value!r}, method='moments'")
+    if not checks.is_integer(num_samples):
+        raise ValueError("Adaptive sampling is for method='monte_carlo'. "
+                         f"Received: num_samples={num_samples!r}, method='moments'")
+    batch_size = _check_args(model, batch_size, task, from_logits, gaussian_head)
+    if head is not None or gaussian_head:
+        raise ValueError("With method='moments' the head is read from the model (a GaussianHead at the output). "
+                         f"Received: head={head!r}, gaussian_head={gaussian_head!r}")
+    parts, seen = [], 0
+    for batch in input_batches(x, batch_size):  # eager: one pass per batch, nothing to compile for
+        check_finite(batch, seen)
+        seen += int(tf.nest.flatten(batch)[0].shape[0])
+        if not model.built:
+            model(batch, training=False)
+        out = moments.propagate(model, batch)
+        resolved = out.task(task, from_logits)
+        summary = {k: v.numpy() for k, v in out.summary(resolved, from_logits).items()}
+        parts.append(_moments_prediction(summary, resolved))
+    if not parts:
+        raise ValueError("Expected at least one batch of inputs. Received: an empty dataset")
+    return concat(parts)
+
+
+def _moments_prediction(summary, task):
+    """The prediction object of a one-pass moments summary (no samples; the entropy split NaN)."""
+    rows = len(next(iter(summary.values())))
+    common = {"samples": None, "num_samples": 0, "samples_used": np.zeros(rows, np.int64)}
+    if task == "classification":
+        missing = np.full(rows, np.nan, np.float32)
+        return ClassificationPrediction(mean_probs=summary["mean_probs"].astype(np.float32),
+                                        predictive_entropy=summary["predictive_entropy"].astype(np.float32),
+                                        expected_entropy=missing, mutual_information=missing.copy(), **common)
+    aleatoric = summary.get("aleatoric_std")
+    return RegressionPrediction(mean=summary["mean"].astype(np.float32),
+                                epistemic_std=summary["epistemic_std"].astype(np.float32),
+                                aleatoric_std=None if aleatoric is None else aleatoric.astype(np.float32), **common)
 
 
 def _chain(first, rest):

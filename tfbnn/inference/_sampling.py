@@ -39,6 +39,36 @@ class _AlwaysOnDropout(keras.layers.Layer):
         return input_shape
 
 
+class _AlwaysTraining(keras.layers.Layer):
+    """Calls a subclassed layer with ``training=True`` (the MC dropout view of its inner dropout).
+
+    Used only for a layer whose dropout the clone cannot reach and whose only
+    training-dependent sublayers are dropout (a KerasHub ``TransformerEncoder``), so
+    that ``training=True`` changes nothing but the dropout.
+    """
+
+    def __init__(self, source):
+        super().__init__(name=f"{source.name}_mc", dtype=source.dtype_policy)
+        self.source = source
+
+    def call(self, *args, **kwargs):
+        kwargs["training"] = True
+        return self.source(*args, **kwargs)
+
+    def compute_output_spec(self, *args, **kwargs):
+        return self.source.compute_output_spec(*args, **kwargs)
+
+
+def _only_dropout_depends_on_training(layer):
+    """Whether the subclassed ``layer`` has dropout inside and no other sublayer known to act
+    differently in training (normalization statistics, noise, Bayesian sampling)."""
+    inner = layer._flatten_layers(include_self=False, recursive=True)
+    other = (keras.layers.BatchNormalization, keras.layers.GaussianNoise, keras.layers.ActivityRegularization)
+    sampling = {id(l) for l in stochastic_layers(layer)}
+    return (any(isinstance(l, _DROPOUT_TYPES) for l in inner)
+            and not any(isinstance(l, other) or id(l) in sampling for l in inner))
+
+
 def _dropout_layers(model):
     return [l for l in model._flatten_layers(include_self=False, recursive=True) if isinstance(l, _DROPOUT_TYPES)]
 
@@ -56,6 +86,10 @@ def _mc_dropout_view(model):
         if isinstance(layer, _DROPOUT_TYPES):
             replaced.append(layer)
             return _AlwaysOnDropout(layer)
+        if (isinstance(layer, keras.layers.Layer) and not isinstance(layer, keras.Model)
+                and _only_dropout_depends_on_training(layer)):
+            replaced.extend(_dropout_layers(layer))  # e.g. a KerasHub TransformerEncoder's dropout
+            return _AlwaysTraining(layer)
         return layer
 
     try:
@@ -219,6 +253,7 @@ def check_dropout(model, mc_dropout):
         )
     # Any stochastic layer that samples (Bayesian, MC dropout, iBNN node noise) makes the samples differ.
     sampling = any(layer.inference_mode == "sample" for layer in stochastic_layers(model))
+    sampling = sampling or bool(ensemble_means(model))  # an ensemble's members are its samples
     if dropouts and not mc_dropout and not sampling:
         warnings.warn(
             f"Model {model.name!r} has dropout layers, which Keras turns off at inference, and no "

@@ -1,0 +1,284 @@
+"""Uncertainty heads for a fine-tuned backbone (a KerasHub task model or any functional model).
+
+A KerasHub task (``keras_hub.models.BertTextClassifier``, ``ImageClassifier``, ...) is a
+backbone, a pooled feature ``phi(x)`` (BERT's ``[CLS]`` pooler, an image model's global
+pool) and a last ``Dense`` layer ``f(x) = phi(x) W + b``. This module puts the
+uncertainty on that head, where it is cheap, while the backbone stays as fine-tuned:
+
+* :func:`last_layer_laplace`: the last-layer Laplace approximation
+  ``N(theta*, (H + delta I)^-1)`` of ``[W; b]`` (:mod:`tfbnn.laplace`) with the prior
+  precision ``delta`` tuned by the Laplace marginal likelihood (Immer et al. 2021, eq. 4);
+  the pooled features are computed once.
+* :func:`bayesian_head`: the last ``Dense`` converted to Bayes by Backprop
+  (:func:`tfbnn.convert.by_policy`, posterior means at the trained weights) and the
+  backbone frozen; trains with ``fit`` on the ELBO ``mean NLL + KL / N``.
+* MC dropout with the backbone's own dropout kept on at prediction:
+  ``tfbnn.predict(task, x, mc_dropout=True)`` (it reaches the dropout inside KerasHub's
+  ``TransformerEncoder`` layers too).
+* :func:`ensemble_heads` / :class:`EnsembleDense`: a deep ensemble (Lakshminarayanan et
+  al. 2017) of M heads over one frozen backbone, as one batched layer
+  ``f_m(x) = phi(x) W_m + b_m`` (``(B, d) -> (B, M, K)``), so the backbone runs once for
+  all M heads; :func:`ensemble_model` turns it into a model whose members
+  :func:`tfbnn.predict` reads as samples.
+
+Example:
+    >>> import keras, numpy as np, tfbnn
+    >>> x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+    >>> y = (x[:, 0] > 0).astype("int32")
+    >>> inp = keras.Input((4,))
+    >>> task = keras.Model(inp, keras.layers.Dense(2, name="logits")(keras.layers.Dense(8, "tanh")(inp)))
+    >>> tfbnn.hub.pooled_features(task, x).shape
+    (32, 8)
+    >>> la = tfbnn.hub.last_layer_laplace(task, x, y)
+    >>> la.predict(tfbnn.hub.pooled_features(task, x[:2])).shape  # on the features
+    (2, 2)
+
+References:
+    Daxberger, Kristiadi, Immer, Eschenhagen, Bauer, Hennig. Laplace Redux -- Effortless
+    Bayesian Deep Learning. NeurIPS 2021 (last-layer Laplace, sec. 3).
+    Immer, Bauer, Fortuin, Ratsch, Khan. Scalable Marginal Likelihood Estimation for Model
+    Selection in Deep Learning. ICML 2021 (eq. 4).
+    Lakshminarayanan, Pritzel, Blundell. Simple and Scalable Predictive Uncertainty
+    Estimation using Deep Ensembles. NeurIPS 2017.
+    Gal, Ghahramani. Dropout as a Bayesian Approximation. ICML 2016.
+"""
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfbnn import convert
+from tfbnn import laplace as laplace_lib
+from tfbnn.layers.rank1 import EnsembleMean
+
+__all__ = ["head_layer", "feature_model", "pooled_features", "last_layer_laplace", "bayesian_head",
+           "EnsembleDense", "ensemble_heads", "ensemble_model", "tile_labels"]
+
+
+def head_layer(task):
+    """The last ``keras.layers.Dense`` of a functional ``task`` model (its output layer).
+
+    Raises:
+        ValueError: ``task`` is not a functional model with one output made by a Dense layer.
+    """
+    if not isinstance(task, keras.Model):
+        raise ValueError(f"Expected a Keras model. Received: task of type {type(task).__name__}")
+    try:
+        outputs = task.outputs
+    except (AttributeError, ValueError):
+        outputs = None
+    if not outputs or len(outputs) != 1:
+        raise ValueError(
+            "Expected a functional model with one output (a KerasHub task, or keras.Model(inputs, outputs)). "
+            f"Received: task={task.name!r} with outputs {outputs}")
+    last = outputs[0]._keras_history.operation
+    if type(last) is not keras.layers.Dense:
+        raise ValueError(
+            "Expected the task to end in a keras.layers.Dense head on pooled features. "
+            f"Received: last layer {last.name!r} of type {type(last).__name__}")
+    return last
+
+
+def feature_model(task):
+    """The model ``x -> phi(x)``: the task's inputs to its head's input (the pooled features).
+
+    It shares the task's layers (no copy). Dropout between the pooler and the head is
+    part of it and is off at inference.
+    """
+    last = head_layer(task)
+    return keras.Model(task.inputs, last.input, name=f"{task.name}_features")
+
+
+def pooled_features(task, x, batch_size=32):
+    """``phi(x)``, the pooled features the head sees, as a ``(N, d)`` NumPy array (backbone run once).
+
+    Args:
+        task: a functional model ending in a ``Dense`` head (:func:`head_layer`).
+        x: the task's inputs (an array, or a dict of arrays for a KerasHub text task).
+        batch_size: int > 0. Default 32.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"Expected `batch_size` to be a positive integer. Received: batch_size={batch_size!r}")
+    return np.asarray(feature_model(task).predict(x, batch_size=batch_size, verbose=0))
+
+
+def _plain_head(last, name):
+    """A Sequential ``Input(d) -> Dense`` copy of ``last`` (same weights and activation)."""
+    head = keras.Sequential([keras.Input((last.kernel.shape[0],)), keras.layers.Dense.from_config(last.get_config())],
+                            name=name)
+    head.set_weights(last.get_weights())
+    return head
+
+
+def last_layer_laplace(task, x, y, hessian="kron", prior_precision="marglik", batch_size=32):
+    """The last-layer Laplace approximation of a fine-tuned task's head, on its pooled features.
+
+    The posterior over the head's ``[W; b]`` is ``N(theta*, (H + delta I)^-1)`` with
+    ``H = sum_n (phi_n phi_n^T) kron Lambda_n`` (``Lambda_n = diag(p_n) - p_n p_n^T``, the
+    softmax Hessian): :class:`tfbnn.laplace.Laplace` on a plain ``Dense`` model over the
+    features ``phi(x)``, computed once. With ``prior_precision="marglik"`` ``delta``
+    maximizes the Laplace evidence ``log p(D|theta*) - delta/2 ||theta*||^2 -
+    1/2 log det(H + delta I) + P/2 log delta`` (Immer et al. 2021, eq. 4).
+
+    Args:
+        task: a trained functional classifier ending in a linear or softmax ``Dense``
+            head (a KerasHub task with ``preprocessor=None``).
+        x, y: training inputs and int labels ``(N,)``.
+        hessian: ``"kron"`` (default), ``"full"`` or ``"diag"``.
+        prior_precision: ``"marglik"`` (default, tuned) or a float > 0 (fixed).
+        batch_size: int > 0, for the features. Default 32.
+
+    Returns:
+        A fitted :class:`tfbnn.laplace.Laplace` over the head model
+        ``Input(d) -> Dense``; predict with ``la.predict(tfbnn.hub.pooled_features(task, x))``.
+    """
+    features = pooled_features(task, x, batch_size)
+    head = _plain_head(head_layer(task), f"{task.name}_head")
+    if prior_precision == "marglik":
+        return laplace_lib.fit(head, features, y, likelihood="classification", hessian=hessian,
+                               batch_size=batch_size).optimize_prior_precision(method="marglik")
+    if isinstance(prior_precision, str):
+        raise ValueError(
+            f"Expected `prior_precision` to be 'marglik' or a positive number. Received: prior_precision={prior_precision!r}")
+    return laplace_lib.Laplace(head, likelihood="classification", hessian=hessian,
+                               prior_precision=prior_precision).fit(features, y, batch_size=batch_size)
+
+
+def bayesian_head(task, method="flipout", num_examples=None, init_scale=1e-3, prior="normal", seed=None):
+    """The task with its last ``Dense`` made Bayesian and every other weight frozen.
+
+    The head becomes the ``method`` layer (Bayes by Backprop with any estimator,
+    ``"vd"``, ...; :func:`tfbnn.convert.by_policy`) with posterior means at the trained
+    weights; training then fits the head's posterior on the ELBO ``mean NLL + KL / N``.
+
+    Args:
+        task: a functional model ending in a ``Dense`` head.
+        method: a :data:`tfbnn.convert.CONVERSION_METHODS` name. Default ``"flipout"``.
+        num_examples: N, the training set size (``kl_weight = 1 / N``).
+        init_scale, prior, seed: as for :func:`tfbnn.convert.by_policy`.
+
+    Returns:
+        A new uncompiled ``keras.Model`` whose only trainable layer is the head.
+    """
+    last = head_layer(task)  # a layer of the task's own graph: its path is its name
+    model = convert.by_policy(task, [(last.name, method)], init_scale=init_scale, prior=prior, num_examples=num_examples,
+                              seed=seed, name=f"{task.name}_{method}_head")
+    new_head = model.outputs[0]._keras_history.operation
+    for layer in model.layers:
+        layer.trainable = layer is new_head
+    return model
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class EnsembleDense(keras.layers.Layer):
+    """M independent ``Dense`` heads as one batched layer: ``y_m = activation(x W_m + b_m)``.
+
+    One ``einsum("bd,mdk->bmk")`` evaluates all M heads, so a backbone's features are
+    computed once for the whole ensemble (a deep ensemble of heads, Lakshminarayanan et
+    al. 2017). Each ``W_m`` starts Glorot-uniform, ``U(-l, l)`` with ``l = sqrt(6 / (d + K))``,
+    drawn independently per member from the layer's seed; biases start at 0.
+
+    Args:
+        num_members: int >= 1, M.
+        units: int >= 1, K.
+        activation: activation name or None (linear). Default None.
+        seed: int or None, the initial weights' seed.
+
+    Input shape: ``(B, d)``. Output shape: ``(B, M, K)``.
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> layer = tfbnn.hub.EnsembleDense(3, 2, seed=0)
+        >>> layer(np.ones((4, 5), "float32")).shape
+        TensorShape([4, 3, 2])
+    """
+
+    def __init__(self, num_members, units, activation=None, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        for arg, value in (("num_members", num_members), ("units", units)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"Expected `{arg}` to be a positive integer. Received: {arg}={value!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"Expected `seed` to be an int or None. Received: seed={seed!r}")
+        self.num_members, self.units, self.seed = int(num_members), int(units), seed
+        self.activation = keras.activations.get(activation)
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def _glorot(self, shape, dtype=None):
+        limit = math.sqrt(6.0 / (shape[1] + shape[2]))
+        return keras.random.uniform(shape, -limit, limit, dtype=dtype, seed=self.seed_generator)
+
+    def build(self, input_shape):
+        if len(input_shape) != 2:
+            raise ValueError(f"Expected inputs of shape (batch, features). Received: input_shape={input_shape}")
+        self.kernel = self.add_weight(shape=(self.num_members, input_shape[-1], self.units), initializer=self._glorot,
+                                      name="kernel")
+        self.bias = self.add_weight(shape=(self.num_members, self.units), initializer="zeros", name="bias")
+
+    def call(self, inputs):
+        return self.activation(tf.einsum("bd,mdk->bmk", inputs, self.kernel) + self.bias)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.num_members, self.units)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_members=self.num_members, units=self.units,
+                      activation=keras.activations.serialize(self.activation), seed=self.seed)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class MembersToRows(keras.layers.Layer):
+    """``(B, M, K) -> (M B, K)``, member-major: the rows :class:`tfbnn.layers.EnsembleMean` averages."""
+
+    def call(self, inputs):
+        shape = tf.shape(inputs)
+        return tf.reshape(tf.transpose(inputs, [1, 0, 2]), [-1, shape[2]])
+
+    def compute_output_shape(self, input_shape):
+        return (None, input_shape[2])
+
+
+def ensemble_heads(task, num_members, seed=None):
+    """A deep ensemble of M heads for ``task``'s pooled features: ``Input(d) -> EnsembleDense``.
+
+    The heads have the task head's K outputs and are linear (logits, ``(B, M, K)``).
+    Train them on :func:`pooled_features` (the frozen backbone runs once) with the labels
+    repeated per member (:func:`tile_labels`) and
+    ``SparseCategoricalCrossentropy(from_logits=True)``: the loss is the members' mean,
+    so each member gets its own gradient, scaled by ``1/M`` (Adam is invariant to it).
+
+    Args:
+        task: a functional model ending in a ``Dense`` head.
+        num_members: int >= 1, M.
+        seed: int or None, the heads' initial weights.
+    """
+    last = head_layer(task)
+    inp = keras.Input((last.kernel.shape[0],), name="features")
+    out = EnsembleDense(num_members, last.units, seed=seed, name="heads")(inp)
+    return keras.Model(inp, out, name=f"{task.name}_heads")
+
+
+def tile_labels(y, num_members):
+    """Labels ``(N,)`` repeated for M heads: ``(N, M)``, the targets of :func:`ensemble_heads`."""
+    y = np.asarray(y)
+    return np.repeat(y.reshape(len(y), 1), num_members, axis=1)
+
+
+def ensemble_model(task, heads):
+    """The task's backbone with the trained ensemble ``heads`` on top: ``x -> mean_m softmax(f_m(x))``.
+
+    The output is the ensemble's predictive ``(1/M) sum_m softmax(f_m(x))``
+    (:class:`tfbnn.layers.EnsembleMean`); :func:`tfbnn.predict` reads the M members as
+    its samples (mutual information = the members' disagreement). Saves as ``.keras``.
+    """
+    features = feature_model(task)
+    layer = next((l for l in heads.layers if isinstance(l, EnsembleDense)), None)
+    if layer is None:
+        raise ValueError(f"Expected a model from ensemble_heads. Received: heads={heads.name!r} with no EnsembleDense")
+    rows = MembersToRows(name="members")(keras.layers.Softmax(name="member_probs")(layer(features.outputs[0])))
+    probs = EnsembleMean(layer.num_members, name="ensemble_mean")(rows)
+    return keras.Model(task.inputs, probs, name=f"{task.name}_ensemble")

@@ -1,0 +1,546 @@
+"""Deterministic moment propagation (diagonal DVI): a one-pass predictive without random numbers.
+
+Each activation of a network is summarised by a mean ``m`` and a per-unit variance ``v``
+under the posterior, and those two are pushed through the layers in closed form, so a
+trained Bayesian network gives its predictive mean and spread in one deterministic pass
+(Wu et al. 2019, "Deterministic variational inference for robust Bayesian neural
+networks"; Edward2's ``DenseDVI``). The rules, with a weight ``w ~ N(mu, s^2)``
+independent of its input ``x`` (mean ``m``, variance ``v``):
+
+* a mean-field Gaussian layer (Bayes-by-Backprop dense or convolution, any estimator:
+  reparameterization, Flipout and local reparameterization share the posterior
+  ``N(mu, sigma^2)``), or variational dropout's ``N(theta, alpha theta^2)``, with ``op``
+  the layer's linear map (a matmul, a convolution)::
+
+      mean = op(m, mu) + b_mu
+      var  = op(v, mu^2 + s^2) + op(m^2, s^2) + b_s^2        (Var[x w] = v (mu^2 + s^2) + m^2 s^2)
+
+  (Wu et al. 2019, eq. 4-5 with the covariances dropped); a deterministic
+  ``keras.layers.Dense`` / ``Conv*D`` is the case ``s = 0``;
+* ReLU, from the rectified Gaussian (Wu et al. 2019, eq. 10; Frey & Hinton 1999), with
+  ``z = m / sqrt(v)``, ``Phi`` and ``phi`` the standard normal CDF and density::
+
+      E[relu(a)]   = m Phi(z) + sqrt(v) phi(z)
+      Var[relu(a)] = v [z^2 Phi(z) (1 - Phi(z)) + Phi(z) - phi(z)^2 + z phi(z) (1 - 2 Phi(z))]
+
+  (the second moment ``(m^2 + v) Phi(z) + m sqrt(v) phi(z)`` minus the squared mean,
+  rearranged so that no large terms cancel);
+* MC dropout with rate ``p`` (``x * mask / (1 - p)``): ``mean = m``,
+  ``var = v / (1 - p) + m^2 p / (1 - p)``;
+* linear activations, ``Flatten``, ``Reshape``, ``Permute`` and Keras' ``Dropout``,
+  ``GaussianDropout``, ``GaussianNoise`` and ``AlphaDropout`` (off at inference, as
+  :func:`tfbnn.predict` runs them without ``mc_dropout``): as they are;
+* the output softmax by the probit (mean-field) approximation (MacKay 1992; Lu, Ie & Sha
+  2020; the same as :mod:`tfbnn.laplace`'s ``link_approx="probit"``)::
+
+      p = softmax(m / sqrt(1 + pi/8 v))        (a sigmoid output: sigmoid(m / sqrt(1 + pi/8 v)))
+
+  not Wu et al.'s own approximation of the softmax's expectation.
+
+**Diagonal only.** This is *diagonal* DVI: every unit is treated as independent of the
+others, so covariances between units are ignored. Wu et al.'s method propagates the full
+covariance matrix between units of a layer; this is not that. The rules above are exact
+for the marginals of a layer whose inputs are independent (the first Bayesian layer, and
+the layer after it when the first has a mean-field posterior and a deterministic input);
+deeper in the network the units of a layer share the weights below and are correlated,
+and the diagonal propagation approximates. In particular the outputs of a convolution
+share its kernel across positions, so after ``Conv -> Flatten -> Dense`` the variance is
+an approximation.
+
+Supported layers (a clear ``ValueError`` naming the layer and its class otherwise): the
+Bayes-by-Backprop dense and convolution layers with
+``posterior="mean_field"`` (:class:`tfbnn.layers.DenseArguments` or
+:class:`tfbnn.layers.ConvArguments` on :class:`tfbnn.layers.MeanFieldGaussian`),
+:class:`tfbnn.layers.DenseVariationalDropout` and the variational-dropout convolutions
+(their posterior is Gaussian too), :class:`tfbnn.layers.MCDropout` and
+``MCSpatialDropout2D``, ``keras.layers.Dense``, ``keras.layers.Conv1D/2D/3D``, ``Flatten``,
+``Reshape``, ``Permute``, Keras' dropout and noise layers, ``Activation`` / ``ReLU`` /
+``Softmax``, nested Sequential or functional models, and a :class:`tfbnn.GaussianHead` at the output. Activations: linear and
+ReLU anywhere, softmax and sigmoid at the output only. The iBNN node layers are refused:
+their mixture node noise assigns the mixture's components to rows (an ensemble inside the
+layer), which has no one-pass moment form here. Low-rank posteriors are refused (their
+weights are correlated). A layer in ``inference_mode="mean"`` propagates with zero weight
+variance, as Monte Carlo prediction would sample it.
+
+Example:
+    >>> import keras, numpy as np, tfbnn
+    >>> model = keras.Sequential([
+    ...     keras.Input((3,)),
+    ...     tfbnn.layers.DenseFlipout(8, activation="relu", seed=0),
+    ...     tfbnn.layers.DenseFlipout(2, seed=1),
+    ... ])
+    >>> out = tfbnn.moments.propagate(model, np.ones((4, 3), "float32"))
+    >>> out.mean.shape, bool(np.all(out.variance.numpy() > 0)), out.link
+    (TensorShape([4, 2]), True, None)
+
+References:
+    Wu, Nowozin, Meeds, Turner, Hernandez-Lobato, Gaunt. Deterministic Variational
+    Inference for Robust Bayesian Neural Networks. ICLR 2019 (eq. 4-5, 10).
+    Frey, Hinton. Variational Learning in Nonlinear Gaussian Belief Networks. Neural
+    Computation 11, 1999 (the rectified Gaussian's moments).
+    MacKay. The Evidence Framework Applied to Classification Networks. Neural
+    Computation 4(5), 1992 (the probit approximation).
+    Lu, Ie, Sha. Mean-Field Approximation to Gaussian-Softmax Integral with Application
+    to Uncertainty Estimation. arXiv:2006.07584, 2020.
+"""
+
+import dataclasses
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfbnn.layers.arguments import ConvArguments, ConvTransposeArguments, DenseArguments
+from tfbnn.layers.base import StochasticLayer
+from tfbnn.layers.mc_dropout import MCDropout
+from tfbnn.layers.mean_field import MeanFieldGaussian
+from tfbnn.layers.node import NodeLayer
+from tfbnn.layers.variational_dropout import VariationalDropoutLayer
+from tfbnn.likelihoods import DistributionHead, GaussianHead
+
+__all__ = ["OutputMoments", "propagate", "relu_moments", "probit_softmax", "probit_sigmoid", "gaussian_expectation",
+           "model_layers", "LINKS"]
+
+#: What :attr:`OutputMoments.link` can be: the output nonlinearity left out of the propagated moments.
+LINKS = (None, "softmax", "sigmoid", "gaussian_head")
+# Beyond |z| = 40 the normal CDF is 0 or 1 and the density 0 in float32 and float64: clipping z
+# there changes nothing but keeps z^2 (a variance of 1e-30 under a mean of 1e4) from overflowing.
+_Z_MAX = 40.0
+_HERMITE_POINTS = 32
+
+
+def relu_moments(mean, variance):
+    """Mean and variance of ``relu(a)`` for ``a ~ N(mean, variance)``, elementwise (the rectified Gaussian).
+
+    With ``s = sqrt(variance)``, ``z = mean / s`` (Frey & Hinton 1999; Wu et al. 2019, eq. 10)::
+
+        E[relu(a)]   = mean Phi(z) + s phi(z)
+        Var[relu(a)] = s^2 [z^2 Phi(z) Phi(-z) + Phi(z) - phi(z)^2 + z phi(z) (Phi(-z) - Phi(z))]
+
+    A variance of 0 gives ``(relu(mean), 0)``. The variance form needs no subtraction of
+    large numbers (``E[relu^2] - E[relu]^2`` would lose it all in float32 when ``|z|`` is
+    large); it is clipped at 0 against round-off.
+
+    Args:
+        mean: float tensor or array.
+        variance: float tensor or array >= 0, broadcastable against ``mean``.
+
+    Returns:
+        ``(mean, variance)`` of the rectified variable, tensors in the dtype of ``mean``.
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> m, v = tfbnn.moments.relu_moments(np.float32([0.0, 3.0]), np.float32([1.0, 0.0]))
+        >>> np.round(m.numpy(), 4), np.round(v.numpy(), 4)   # 1/sqrt(2 pi), 1/2 - 1/(2 pi)
+        (array([0.3989, 3.    ], dtype=float32), array([0.3408, 0.    ], dtype=float32))
+    """
+    mean = tf.convert_to_tensor(mean)
+    if not mean.dtype.is_floating:
+        mean = tf.cast(mean, tf.float32)
+    variance = tf.cast(variance, mean.dtype)
+    mean, variance = mean + tf.zeros_like(variance), variance + tf.zeros_like(mean)
+    positive = variance > 0
+    std = tf.sqrt(tf.where(positive, variance, tf.ones_like(variance)))
+    z = tf.clip_by_value(mean / std, -_Z_MAX, _Z_MAX)
+    cdf, tail = 0.5 * tf.math.erfc(-z / math.sqrt(2.0)), 0.5 * tf.math.erfc(z / math.sqrt(2.0))
+    pdf = tf.exp(-0.5 * tf.square(z)) / math.sqrt(2.0 * math.pi)
+    first = mean * cdf + std * pdf
+    spread = tf.square(z) * cdf * tail + cdf - tf.square(pdf) + z * pdf * (tail - cdf)
+    second = tf.maximum(tf.square(std) * spread, 0.0)
+    return tf.where(positive, first, tf.nn.relu(mean)), tf.where(positive, second, tf.zeros_like(second))
+
+
+def _probit_scaled(mean, variance):
+    mean = tf.convert_to_tensor(mean)
+    return mean / tf.sqrt(1.0 + (math.pi / 8.0) * tf.cast(variance, mean.dtype))
+
+
+def probit_softmax(mean, variance, axis=-1):
+    """The probit (mean-field) approximation of ``E[softmax(a)]`` for ``a ~ N(mean, diag(variance))``.
+
+    ``softmax(mean / sqrt(1 + pi/8 variance))`` (MacKay 1992 for two classes; Lu, Ie & Sha
+    2020 for the softmax): each logit is shrunk towards 0 by its own variance, so
+    uncertain logits give flatter probabilities. Not Wu et al.'s approximation.
+
+    Args:
+        mean, variance: float tensors ``(..., C)`` of the logits' means and variances (>= 0).
+        axis: the class axis.
+
+    Returns:
+        Probabilities ``(..., C)``, summing to 1 along ``axis``.
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> p = tfbnn.moments.probit_softmax(np.float32([[2.0, 0.0]]), np.float32([[8 / np.pi * 3, 0.0]]))
+        >>> np.round(p.numpy(), 4)                 # softmax([2 / sqrt(4), 0]) = softmax([1, 0])
+        array([[0.7311, 0.2689]], dtype=float32)
+    """
+    return tf.nn.softmax(_probit_scaled(mean, variance), axis=axis)
+
+
+def probit_sigmoid(mean, variance):
+    """MacKay's (1992) probit approximation ``E[sigmoid(a)] ~ sigmoid(mean / sqrt(1 + pi/8 variance))``.
+
+    Args:
+        mean, variance: float tensors of the logit's mean and variance (>= 0).
+
+    Returns:
+        Probabilities shaped like ``mean``.
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> float(tfbnn.moments.probit_sigmoid(np.float32(0.0), np.float32(5.0)))
+        0.5
+    """
+    return tf.sigmoid(_probit_scaled(mean, variance))
+
+
+def gaussian_expectation(fn, mean, variance, points=_HERMITE_POINTS):
+    """``E[fn(a)]`` for ``a ~ N(mean, variance)`` elementwise, by Gauss-Hermite quadrature (no random numbers).
+
+    ``E[fn(a)] ~ (1 / sqrt(pi)) sum_i w_i fn(mean + sqrt(2 variance) x_i)`` with the
+    ``points`` nodes ``x_i`` and weights ``w_i`` of ``numpy.polynomial.hermite.hermgauss``:
+    exact for polynomials of degree up to ``2 points - 1``, and accurate for smooth ``fn``
+    such as a softplus scale.
+
+    Args:
+        fn: elementwise TensorFlow function.
+        mean, variance: float tensors of the same shape (variance >= 0).
+        points: int >= 1, the number of nodes. Default 32.
+
+    Returns:
+        A tensor shaped like ``mean``.
+
+    Example:
+        >>> import numpy as np, tensorflow as tf, tfbnn
+        >>> e = tfbnn.moments.gaussian_expectation(tf.square, np.float32([1.0]), np.float32([4.0]))
+        >>> np.round(e.numpy(), 4)                    # m^2 + v
+        array([5.], dtype=float32)
+    """
+    if not isinstance(points, (int, np.integer)) or isinstance(points, bool) or points < 1:
+        raise ValueError(f"Expected `points` to be an int >= 1. Received: points={points!r}")
+    mean = tf.convert_to_tensor(mean)
+    nodes, weights = np.polynomial.hermite.hermgauss(int(points))
+    nodes = tf.constant(nodes, mean.dtype)
+    weights = tf.constant(weights / np.sqrt(np.pi), mean.dtype)
+    std = tf.sqrt(2.0 * tf.maximum(tf.cast(variance, mean.dtype), 0.0))
+    values = fn(mean[..., None] + std[..., None] * nodes)
+    return tf.reduce_sum(values * weights, axis=-1)
+
+
+def _entropy(probs):
+    safe = tf.where(probs > 0, probs, tf.ones_like(probs))
+    return -tf.reduce_sum(probs * tf.math.log(safe), axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputMoments:
+    """The propagated moments of a model's output, and the output nonlinearity they stop before.
+
+    Attributes:
+        mean: tensor ``(B, ...)``, the propagated mean of the outputs; when ``link`` is
+            ``"softmax"`` or ``"sigmoid"``, of the logits (the output layer's
+            pre-activations), and for ``"gaussian_head"`` of the head's inputs ``[m, r]``.
+        variance: tensor like ``mean``, the per-unit variance (covariances between
+            units are not propagated: diagonal DVI).
+        link: one of :data:`LINKS`: ``None`` (the outputs themselves), ``"softmax"`` or
+            ``"sigmoid"`` (the model's output activation, applied by :meth:`probabilities`
+            through the probit approximation), ``"gaussian_head"`` (a
+            :class:`tfbnn.GaussianHead` at the output).
+        head: the :class:`tfbnn.GaussianHead` when ``link == "gaussian_head"``, else None.
+    """
+
+    mean: tf.Tensor
+    variance: tf.Tensor
+    link: str = None
+    head: GaussianHead = None
+
+    def probabilities(self, from_logits=False):
+        """Class probabilities ``(B, C)`` by the probit approximation (a one-unit sigmoid as two classes).
+
+        Args:
+            from_logits: bool: the outputs are logits (``link`` None): apply a softmax
+                (sigmoid for one unit).
+
+        Returns:
+            A float tensor ``(B, C)`` (``C = 2`` for one sigmoid unit: ``[1 - p, p]``).
+        """
+        link = self.link
+        if link is None and from_logits:
+            link = "sigmoid" if self.mean.shape[-1] == 1 else "softmax"
+        if link == "softmax":
+            return probit_softmax(self.mean, self.variance)
+        if link == "sigmoid":
+            if self.mean.shape[-1] != 1:
+                raise ValueError("Expected one sigmoid output unit for a classification predictive (more are "
+                                 f"independent labels). Received: outputs of shape {tuple(self.mean.shape)}")
+            p = probit_sigmoid(self.mean, self.variance)
+            return tf.concat([1.0 - p, p], axis=-1)
+        raise ValueError("Class probabilities need a softmax or sigmoid output (or logits, from_logits=True). "
+                         f"Received: link={self.link!r}, from_logits={from_logits!r}")
+
+    def summary(self, task=None, from_logits=False):
+        """The one-pass predictive summary as a dict of tensors.
+
+        Classification: ``mean_probs`` (:meth:`probabilities`) and ``predictive_entropy``
+        ``H[mean_probs]`` (nats). The split into expected entropy (aleatoric) and mutual
+        information (epistemic) needs the distribution of the probabilities, which two
+        moments of the logits do not give: it is not part of this summary.
+        Regression: ``mean`` and ``epistemic_std = sqrt(variance)``; behind a
+        :class:`tfbnn.GaussianHead` ``[m, r]``, ``mean = E[m]``, ``epistemic_std =
+        sqrt(Var[m])`` and ``aleatoric_std = sqrt(E[(softplus(r) + min_scale)^2])`` by
+        Gauss-Hermite quadrature over ``r ~ N(mean_r, var_r)`` (the law of total
+        variance, as :func:`tfbnn.predict` splits Monte Carlo samples). ``r`` is taken
+        as Gaussian with its propagated moments (DVI's assumption; a sum of rectified
+        terms is not exactly Gaussian), so ``aleatoric_std`` is an approximation even
+        where the moments are exact, as are the probit probabilities.
+
+        Args:
+            task: ``"classification"``, ``"regression"`` or None (default: classification
+                for a softmax or sigmoid output or ``from_logits``, else regression).
+            from_logits: bool, the outputs are logits.
+
+        Returns:
+            A dict of float tensors, ``(B, C)`` / ``(B,)`` or ``(B, ..., d)``.
+        """
+        task = self.task(task, from_logits)
+        if task == "classification":
+            probs = self.probabilities(from_logits)
+            return {"mean_probs": probs, "predictive_entropy": _entropy(probs)}
+        if self.link == "gaussian_head":
+            d = self.mean.shape[-1] // 2
+            head = self.head
+
+            def squared_scale(r):
+                return tf.square(tf.nn.softplus(r) + tf.cast(head.min_scale, r.dtype))
+
+            aleatoric = gaussian_expectation(squared_scale, self.mean[..., d:], self.variance[..., d:])
+            return {"mean": self.mean[..., :d], "epistemic_std": tf.sqrt(self.variance[..., :d]),
+                    "aleatoric_std": tf.sqrt(aleatoric)}
+        return {"mean": self.mean, "epistemic_std": tf.sqrt(self.variance)}
+
+    def task(self, task=None, from_logits=False):
+        """``"classification"`` or ``"regression"``: ``task`` checked against the output, or read from it."""
+        if task not in (None, "auto", "classification", "regression"):
+            raise ValueError(f"Expected `task` in (None, 'auto', 'classification', 'regression'). Received: task={task!r}")
+        classifies = self.link in ("softmax", "sigmoid") or (self.link is None and from_logits)
+        if task in (None, "auto"):
+            return "classification" if classifies else "regression"
+        if task == "classification" and not classifies:
+            raise ValueError("A moment-propagated classification predictive needs the model to end in a softmax or "
+                             "sigmoid (or logits with from_logits=True): the approximation is applied to the logits' "
+                             f"moments. Received: task='classification', an output with link={self.link!r}")
+        if task == "regression" and self.link in ("softmax", "sigmoid"):
+            raise ValueError(f"The model ends in a {self.link}: a classifier. Received: task='regression'")
+        return task
+
+
+# -- the layers of a model ---------------------------------------------------------------------
+def _refuse(layer, why):
+    raise ValueError(f"Moment propagation does not support layer '{layer.name}' (class {type(layer).__name__}): "
+                     f"{why}. Use Monte Carlo prediction (method='monte_carlo') for this model.")
+
+
+def _is_chain(model, layers):
+    """Whether ``model``'s (functional) graph is the chain ``layers``: one input, each layer fed by the last."""
+    try:
+        if len(model.inputs) != 1 or len(model.outputs) != 1:
+            return False
+        previous = model.inputs[0]
+        for layer in layers:
+            if layer.input is not previous:
+                return False
+            previous = layer.output
+        return previous is model.outputs[0]
+    except (AttributeError, ValueError, TypeError):
+        return False
+
+
+def model_layers(model):
+    """The layers of a Sequential or functional model whose layers form a chain, nested models expanded.
+
+    Args:
+        model: a ``keras.Sequential``, or a functional ``keras.Model`` with one input and
+            one output whose layers each take the previous layer's output.
+
+    Returns:
+        The list of layers in order (``InputLayer`` left out).
+
+    Raises:
+        ValueError: for another model (a subclassed model, a graph with branches), naming its class.
+    """
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"Expected a keras.Model. Received: model of type {type(model).__name__}")
+    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    if not isinstance(model, keras.Sequential) and not _is_chain(model, layers):
+        raise ValueError("Moment propagation and frozen export walk a Sequential or functional model whose layers "
+                         "form a chain (one input, each layer fed by the previous one). "
+                         f"Received: model '{model.name}' of type {type(model).__name__}")
+    flat = []
+    for layer in layers:
+        flat.extend(model_layers(layer) if isinstance(layer, keras.Model) else [layer])
+    return flat
+
+
+def _activation_name(activation):
+    if activation is None:
+        return "linear"
+    return getattr(activation, "__name__", repr(activation))
+
+
+def _activation(layer, name, mean, variance, last):
+    """The moments through the activation ``name``; a softmax / sigmoid at the output becomes the link."""
+    if name == "linear":
+        return mean, variance, None
+    if name == "relu":
+        return (*relu_moments(mean, variance), None)
+    if name in ("softmax", "sigmoid") and last:
+        return mean, variance, name
+    _refuse(layer, f"its activation {name!r} has no moment rule here (supported: linear and relu anywhere, softmax "
+                   "and sigmoid at the output)")
+
+
+def _sampling(layer):
+    return not (isinstance(layer, StochasticLayer) and layer.inference_mode == "mean")
+
+
+def _linear_moments(apply, add_bias, mean, variance, loc, weight_variance, bias, bias_variance):
+    """``op(m, mu) + b`` and ``op(v, mu^2 + s^2) + op(m^2, s^2) + b_s^2`` for a bilinear ``op`` (``apply``)."""
+    out_mean = apply(mean, loc)
+    if weight_variance is None:
+        out_variance = apply(variance, tf.square(loc))
+    else:
+        out_variance = apply(variance, tf.square(loc) + weight_variance) + apply(tf.square(mean), weight_variance)
+    if bias is not None:
+        out_mean = add_bias(out_mean, bias)
+    if bias_variance is not None:
+        out_variance = add_bias(out_variance, bias_variance)
+    return out_mean, out_variance
+
+
+def _bayesian_kernel_moments(layer, mean, variance):
+    if not isinstance(layer, (DenseArguments, ConvArguments)) or isinstance(layer, ConvTransposeArguments):
+        _refuse(layer, "its linear map is not a dense layer or a convolution (transposed convolutions not yet)")
+    if getattr(layer, "low_rank", False):
+        _refuse(layer, "its posterior is low rank (posterior='low_rank'): its weights are correlated")
+    sampling = _sampling(layer)
+    loc = tf.convert_to_tensor(layer.kernel_loc)
+    bias = layer.bias_loc if layer.use_bias else None
+    bias_variance = None
+    if isinstance(layer, VariationalDropoutLayer):
+        weight_variance = layer.kernel_variance() if sampling else None
+    else:
+        weight_variance = tf.square(layer.kernel_scale()) if sampling else None
+        if sampling and layer.bayesian_bias:
+            bias_variance = tf.square(layer.bias_scale())
+    return _linear_moments(layer.forward, layer.add_bias, mean, variance, loc, weight_variance, bias, bias_variance)
+
+
+def _keras_bias(layer):
+    def add(outputs, bias):
+        if getattr(layer, "data_format", "channels_last") == "channels_first":
+            bias = tf.reshape(bias, [-1] + [1] * (len(outputs.shape) - 2))
+        return outputs + tf.cast(bias, outputs.dtype)
+    return add
+
+
+def _keras_moments(layer, mean, variance):
+    bias = layer.bias if layer.use_bias else None
+    if isinstance(layer, keras.layers.Dense):
+        def apply(x, kernel):
+            return keras.ops.matmul(x, kernel)
+    else:
+        apply = layer.convolution_op
+    return _linear_moments(apply, _keras_bias(layer), mean, variance, tf.convert_to_tensor(layer.kernel), None,
+                           bias, None)
+
+
+_SHAPE_LAYERS = (keras.layers.Flatten, keras.layers.Reshape, keras.layers.Permute)
+_KERAS_CONVOLUTIONS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)
+_INFERENCE_IDENTITY = (keras.layers.Dropout, keras.layers.GaussianDropout, keras.layers.GaussianNoise,
+                       keras.layers.AlphaDropout)
+
+
+def _layer_moments(layer, mean, variance, last):
+    """``(mean, variance, link)`` after ``layer``; ``last``: it is the model's output layer."""
+    if isinstance(layer, NodeLayer):
+        _refuse(layer, "the iBNN node noise is a mixture whose components are assigned to rows (an ensemble "
+                       "inside the layer), which has no one-pass moment form here")
+    if isinstance(layer, (MeanFieldGaussian, VariationalDropoutLayer)):
+        mean, variance = _bayesian_kernel_moments(layer, mean, variance)
+        return _activation(layer, _activation_name(layer.activation), mean, variance, last)
+    if isinstance(layer, MCDropout):
+        if not _sampling(layer) or layer.rate == 0:
+            return mean, variance, None
+        keep = 1.0 - layer.rate
+        return mean, variance / keep + tf.square(mean) * (layer.rate / keep), None
+    if isinstance(layer, StochasticLayer):
+        _refuse(layer, "its noise has no closed-form moments here")
+    if isinstance(layer, keras.layers.Dense) or (isinstance(layer, _KERAS_CONVOLUTIONS)
+                                                 and not isinstance(layer, keras.layers.Conv2DTranspose)):
+        mean, variance = _keras_moments(layer, mean, variance)
+        return _activation(layer, _activation_name(layer.activation), mean, variance, last)
+    if isinstance(layer, _SHAPE_LAYERS):
+        return layer(mean), layer(variance), None
+    if isinstance(layer, _INFERENCE_IDENTITY):  # off at inference
+        return mean, variance, None
+    if isinstance(layer, keras.layers.Activation):
+        return _activation(layer, _activation_name(layer.activation), mean, variance, last)
+    if isinstance(layer, keras.layers.ReLU):
+        if layer.max_value is not None or layer.negative_slope or layer.threshold:
+            _refuse(layer, "only the plain ReLU (no max_value, negative_slope or threshold) has a moment rule")
+        return _activation(layer, "relu", mean, variance, last)
+    if isinstance(layer, keras.layers.Softmax):
+        if layer.axis not in (-1, len(mean.shape) - 1):
+            _refuse(layer, f"a softmax over axis {layer.axis} (not the last)")
+        return _activation(layer, "softmax", mean, variance, last)
+    if isinstance(layer, GaussianHead) and last:
+        return mean, variance, "gaussian_head"
+    if isinstance(layer, DistributionHead):
+        _refuse(layer, "of the distribution heads only a GaussianHead, at the output, is supported")
+    _refuse(layer, "it has no moment rule (supported: Bayes-by-Backprop and variational-dropout dense and "
+                   "convolution layers, MC dropout, keras Dense and Conv1D/2D/3D, Flatten, Reshape, Permute, "
+                   "Dropout, Activation / ReLU / Softmax, a GaussianHead at the output)")
+
+
+def _check_built(layers):
+    for layer in layers:
+        if not layer.built:
+            raise ValueError(f"Expected a built model: layer '{layer.name}' is not built; call the model on data "
+                             "first. Received: a model with unbuilt layers")
+
+
+def propagate(model, inputs):
+    """Propagates the inputs' moments (a point: variance 0) through ``model``: the output's mean and variance.
+
+    One deterministic pass with about twice the matmuls / convolutions of the
+    posterior-mean network (three for a Bayesian layer whose input is random). See the
+    module docstring for the rules, the supported layers and what is approximated.
+
+    Args:
+        model: a built Sequential or functional model whose layers form a chain (nested
+            models expanded), of the supported layers.
+        inputs: a float array or tensor ``(B, ...)``, the model's input.
+
+    Returns:
+        An :class:`OutputMoments`: ``mean`` and ``variance`` of the outputs (of the
+        logits when the model ends in a softmax or sigmoid, of the head's inputs for a
+        :class:`tfbnn.GaussianHead`) and the ``link`` left out.
+
+    Raises:
+        ValueError: naming the layer and its class when a layer has no moment rule.
+    """
+    layers = model_layers(model)
+    _check_built(layers)
+    mean = tf.convert_to_tensor(inputs)
+    if not mean.dtype.is_floating:
+        mean = tf.cast(mean, tf.float32)
+    variance = tf.zeros_like(mean)
+    link, head = None, None
+    for i, layer in enumerate(layers):
+        last = i == len(layers) - 1
+        mean, variance, link = _layer_moments(layer, mean, variance, last)
+        if link == "gaussian_head":
+            head = layer
+    return OutputMoments(mean=mean, variance=variance, link=link, head=head)
