@@ -14,7 +14,7 @@ from tfbnn import continual, layers, priors, testing
 
 tfd = tfp.distributions
 
-_RNG = np.random.default_rng(0)
+_RNG = np.random.default_rng(0)  # restarted at every test (tests/conftest.py)
 
 # (layer class, constructor arguments, input shape); the kernel shapes follow from them.
 _FAMILIES = [

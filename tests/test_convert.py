@@ -8,7 +8,7 @@ import pytest
 import tfbnn
 from tfbnn import convert
 
-RNG = np.random.default_rng(0)
+RNG = np.random.default_rng(0)  # restarted at every test (tests/conftest.py)
 X_IMG = RNG.normal(size=(12, 8, 8, 1)).astype("float32")
 
 

@@ -14,7 +14,7 @@ import tfbnn
 from tfbnn import evidential
 
 tfd = tfp.distributions
-RNG = np.random.default_rng(0)
+RNG = np.random.default_rng(0)  # restarted at every test (tests/conftest.py)
 
 
 def _softplus(x):

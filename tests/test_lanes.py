@@ -62,3 +62,25 @@ def test_the_tests_mirror_the_package():
     assert not missing, f"tfbnn/layers modules without tests/layers/test_<module>.py: {missing}"
     basenames = [f for _, _, files in os.walk(tests) for f in files if f.startswith("test_") and f.endswith(".py")]
     assert len(basenames) == len(set(basenames)), "two test files share a name (pytest imports them by basename)"
+
+
+def test_module_level_generators_are_restarted_at_every_test():
+    """A NumPy generator at a test module's top is shared by its tests, so a test's data would
+    depend on the order the tests ran in (xdist, -k). conftest.py restarts the generators named in
+    MODULE_RNG_NAMES before each test; one under another name would not be."""
+    from conftest import MODULE_RNG_NAMES
+
+    shared = []
+    for folder, _, names in os.walk(os.path.join(ROOT, "tests")):
+        for name in names:
+            if not (name.startswith("test_") and name.endswith(".py")):
+                continue
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            for node in tree.body:
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                        and ast.unparse(node.value.func).endswith("default_rng"):
+                    shared += [(os.path.relpath(path, ROOT), t.id) for t in node.targets
+                               if isinstance(t, ast.Name) and t.id not in MODULE_RNG_NAMES]
+    assert not shared, f"name these generators one of {MODULE_RNG_NAMES} (or make them per test): {shared}"

@@ -16,7 +16,7 @@ from tfbnn.cli.export import model_task
 
 tfd = tfp.distributions
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "heads")
-RNG = np.random.default_rng(0)
+RNG = np.random.default_rng(0)  # restarted at every test (tests/conftest.py)
 
 
 @keras.saving.register_keras_serializable(package="tests_likelihoods")

@@ -18,7 +18,7 @@ def test_get_by_name_and_object():
     assert priors.get(p) is p
 
 
-_RNG = np.random.default_rng(0)
+_RNG = np.random.default_rng(0)  # restarted at every test (tests/conftest.py)
 _POSTERIOR = priors.Posterior(_RNG.normal(size=(3, 4)), _RNG.uniform(1e-3, 2.0, size=(3, 4)))
 
 
