@@ -20,10 +20,11 @@ from tfbnn.training import recipe as recipe_module
 
 # -- the old tuples are the registry's --------------------------------------------------------------
 def test_the_derived_tuples_equal_the_registry():
-    assert models.ZOO_METHODS == methods.names(zoo=True) == ("deterministic", "mc_dropout", "bbb", "vd", "ibnn")
+    assert models.ZOO_METHODS == methods.names(zoo=True) == ("deterministic", "mc_dropout", "bbb", "vd", "ibnn",
+                                                              "sngp")
     assert models.BAYESIAN_METHODS == methods.names(zoo=True, bayesian=True) == ("bbb", "vd", "ibnn")
     assert training.RECIPE_METHODS == methods.names() == (
-        "deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble")
+        "deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble", "sngp")
     assert recipe_module.MEMBER_METHODS == models.ZOO_METHODS
     assert recipe_module.DEFAULT_MEMBERS == 5
     assert models.ESTIMATORS == methods.ESTIMATORS == ("flipout", "reparameterization", "local_reparameterization")

@@ -265,7 +265,12 @@ class LayerFactory:
         return self._dense(self._body, units, activation, use_bias, name)
 
     def head(self, units, activation="softmax", use_bias=True, name=None):
-        """The classification head's dense layer: the method's, also with ``bayesian_layers="last"``."""
+        """The classification head's dense layer: the method's, also with ``bayesian_layers="last"``
+        (the method's ``"head"`` layer where it has one: ``sngp``'s GP output layer)."""
+        if self.ensemble is None and "head" in self._method.layers:
+            cls = self._layer_class(self._method, "head")
+            return cls(units, activation=activation, use_bias=use_bias, name=name, seed=self.next_seed(),
+                       **self._method.extra_head_kwargs(self.options))
         return self._dense(self._method, units, activation, use_bias, name)
 
     def _dense(self, method, units, activation, use_bias, name):
