@@ -709,7 +709,7 @@ def _sngp_callbacks(model):
 
 
 register(Method(
-    "sngp", "SNGP: spectrally normalized hidden layers and a random-feature GP output, Liu et al. 2020",
+    "sngp", "SNGP, Liu et al. 2020",
     options=_SNGP_DEFAULTS, check_options=_check_sngp,
     layers={"dense": "SpectralDense", "conv2d": "SpectralConv2D", "head": "RandomFeatureGaussianProcess"},
     layer_kwargs=lambda o: {k: o[k] for k in _SNGP_BODY},
