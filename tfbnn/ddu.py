@@ -6,7 +6,8 @@ a covariance and a prior,
 
     mu_c = mean_{i: y_i = c} z_i,    Sigma_c = cov_{i: y_i = c} z_i + j I,    pi_c = N_c / N
 
-(the unbiased covariance, ``N_c - 1``; ``j`` the smallest jitter of :data:`JITTERS` that makes
+(the unbiased covariance, divided by ``N_c - 1`` as in the reference code and ``np.cov``; scikit-learn
+1.9's ``QuadraticDiscriminantAnalysis`` divides by ``N_c``; ``j`` the smallest jitter of :data:`JITTERS` that makes
 every ``Sigma_c`` positive definite). The feature density is the epistemic score and the
 softmax entropy of the network's own prediction the aleatoric one (Mukhoti et al. 2023,
 Algorithm 1, eq. 2-3):

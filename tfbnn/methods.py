@@ -684,7 +684,10 @@ del _method
 
 # -- SNGP (Liu et al. 2020): spectrally normalized hidden layers, a random-feature GP output layer ---------------
 _SNGP_DEFAULTS = {"norm_multiplier": 0.95, "power_iterations": 1, "num_inducing": 1024, "gp_kernel_scale": 1.0,
-                  "gp_cov_momentum": -1.0, "gp_cov_ridge_penalty": 1.0, "normalize_input": False}
+                  "gp_cov_momentum": -1.0, "gp_cov_ridge_penalty": 1.0, "gp_cov_likelihood": "auto",
+                  "normalize_input": False}
+# tfbnn.layers.gp.GP_COV_LIKELIHOODS (the registry loads no TensorFlow, so not imported from there)
+_GP_COV_LIKELIHOODS = ("auto", "gaussian", "logistic")
 _SNGP_BODY = ("norm_multiplier", "power_iterations")
 
 
@@ -698,6 +701,9 @@ def _check_sngp(options):
                                                 high_open=True)
     for key in ("power_iterations", "num_inducing"):
         resolved[key] = checks.integer(key, resolved[key], 1)
+    if resolved["gp_cov_likelihood"] not in _GP_COV_LIKELIHOODS:
+        raise ValueError(f"Expected `gp_cov_likelihood` in {list(_GP_COV_LIKELIHOODS)}. "
+                         f"Received: gp_cov_likelihood={resolved['gp_cov_likelihood']!r}")
     resolved["normalize_input"] = bool(resolved["normalize_input"])
     return resolved
 
