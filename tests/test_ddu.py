@@ -33,10 +33,10 @@ def fitted():
 
 def test_gda_matches_scipy_and_scikit_learn(fitted):
     model, gda, x, y = fitted
-    z = keras.Model(model.inputs, model.get_layer("features").output).predict(x, verbose=0).astype(np.float64)
+    z = keras.Model(model.input, model.get_layer("features").output).predict(x, verbose=0).astype(np.float64)
     assert gda.jitter_ == 0.0  # 20 examples per class in 4 dimensions: positive definite as it is
     test = _data(n=9, seed=1)[0]
-    z_test = keras.Model(model.inputs, model.get_layer("features").output).predict(test, verbose=0).astype(np.float64)
+    z_test = keras.Model(model.input, model.get_layer("features").output).predict(test, verbose=0).astype(np.float64)
     per_class = np.stack([np.log(np.mean(y == c)) + stats.multivariate_normal(
         z[y == c].mean(0), np.cov(z[y == c], rowvar=False)).logpdf(z_test) for c in range(3)], axis=1)
     np.testing.assert_allclose(gda.class_log_densities(test), per_class, rtol=1e-6, atol=1e-6)
@@ -60,7 +60,7 @@ def test_aleatoric_is_the_softmax_entropy_and_the_default_features_are_the_head_
     np.testing.assert_allclose(gda.aleatoric(x), inference.entropy(model.predict(x, verbose=0)), rtol=1e-6)
     default = ddu.DDU(model).fit(x, y)  # the output layer's input: the same features here
     np.testing.assert_allclose(default.means_, gda.means_, rtol=1e-6)
-    by_model = ddu.DDU(model, feature_layer=keras.Model(model.inputs, model.get_layer("features").output)).fit(x, y)
+    by_model = ddu.DDU(model, feature_layer=keras.Model(model.input, model.get_layer("features").output)).fit(x, y)
     np.testing.assert_allclose(by_model.log_density(x[:5]), gda.log_density(x[:5]), rtol=1e-6)
 
 

@@ -47,19 +47,25 @@ __all__ = ["DDU", "JITTERS"]
 JITTERS = (0.0, *(10.0 ** e for e in range(-12, 1)))
 
 
+def _batched(model, x, batch_size):
+    """``model(x)`` in batches, eagerly (no ``predict`` graph to trace for a few calls), as float64."""
+    return np.concatenate([np.asarray(model(x[i:i + batch_size], training=False), np.float64)
+                           for i in range(0, len(x), batch_size)])
+
+
 def _feature_model(model, feature_layer):
     if not isinstance(model, keras.Model):
         raise ValueError(f"Expected `model` to be a keras.Model. Received: model={model!r}")
     if isinstance(feature_layer, keras.Model):
         return feature_layer
     if feature_layer is None:  # the penultimate features: the output layer's input
-        return keras.Model(model.inputs, model.layers[-1].input)
+        return keras.Model(model.input, model.layers[-1].input)
     if isinstance(feature_layer, str):
         names = [layer.name for layer in model.layers]
         if feature_layer not in names:
             raise ValueError(f"Expected `feature_layer` to name a layer of the model ({names}). "
                              f"Received: feature_layer={feature_layer!r}")
-        return keras.Model(model.inputs, model.get_layer(feature_layer).output)
+        return keras.Model(model.input, model.get_layer(feature_layer).output)
     raise ValueError("Expected `feature_layer` to be a layer name, a keras.Model or None. "
                      f"Received: feature_layer={feature_layer!r}")
 
@@ -91,7 +97,7 @@ class DDU:
     def features(self, x):
         """``z = f(x)``: ``(B, d)`` float64 features (flattened)."""
         x = checks.finite_array("x", x, np.float32)
-        z = np.asarray(self.feature_model.predict(x, batch_size=self.batch_size, verbose=0), np.float64)
+        z = _batched(self.feature_model, x, self.batch_size)
         z = z.reshape(len(z), -1)
         if not np.all(np.isfinite(z)):
             raise ValueError("The features of `x` are not finite (a diverged network?). "
@@ -152,4 +158,4 @@ class DDU:
     def aleatoric(self, x):
         """The entropy of the model's predicted class probabilities ``H[p(y | x)]``: ``(B,)`` float64."""
         x = checks.finite_array("x", x, np.float32)
-        return entropy(self.model.predict(x, batch_size=self.batch_size, verbose=0))
+        return entropy(_batched(self.model, x, self.batch_size))

@@ -72,8 +72,8 @@ class RandomFeatureGaussianProcess(keras.layers.Layer):
         >>> gp = tfbnn.layers.RandomFeatureGaussianProcess(3, num_inducing=16, activation="softmax", seed=0)
         >>> h = np.random.default_rng(0).normal(size=(5, 4)).astype("float32")
         >>> _ = gp(h, training=True)                       # adds the batch to the precision
-        >>> gp.posterior_covariance(h).shape, gp.predictive_variance(h).shape
-        (TensorShape([5, 5]), TensorShape([5]))
+        >>> tuple(gp.posterior_covariance(h).shape), tuple(gp.predictive_variance(h).shape)
+        ((5, 5), (5,))
 
     References:
         Liu et al. Simple and Principled Uncertainty Estimation with Deterministic Deep Learning via

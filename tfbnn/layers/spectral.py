@@ -197,7 +197,7 @@ class SpectralDense(_ZooSpectral):
     Example:
         >>> import numpy as np, tfbnn
         >>> layer = tfbnn.layers.SpectralDense(3, activation="relu", seed=0)
-        >>> layer(np.ones((2, 5), "float32")).shape
+        >>> tuple(layer(np.ones((2, 5), "float32")).shape)
         (2, 3)
     """
 
@@ -222,7 +222,7 @@ class SpectralConv2D(_ZooSpectral):
     Example:
         >>> import numpy as np, tfbnn
         >>> layer = tfbnn.layers.SpectralConv2D(2, 3, padding="same", seed=0)
-        >>> layer(np.ones((1, 5, 5, 1), "float32")).shape
+        >>> tuple(layer(np.ones((1, 5, 5, 1), "float32")).shape)
         (1, 5, 5, 2)
     """
 
