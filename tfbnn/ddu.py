@@ -53,19 +53,24 @@ def _batched(model, x, batch_size):
                            for i in range(0, len(x), batch_size)])
 
 
+def _model_input(model):
+    """The model's input tensor (its list for several inputs): calling with a bare array then matches it."""
+    return model.inputs[0] if len(model.inputs) == 1 else model.inputs
+
+
 def _feature_model(model, feature_layer):
     if not isinstance(model, keras.Model):
         raise ValueError(f"Expected `model` to be a keras.Model. Received: model={model!r}")
     if isinstance(feature_layer, keras.Model):
         return feature_layer
     if feature_layer is None:  # the penultimate features: the output layer's input
-        return keras.Model(model.input, model.layers[-1].input)
+        return keras.Model(_model_input(model), model.layers[-1].input)
     if isinstance(feature_layer, str):
         names = [layer.name for layer in model.layers]
         if feature_layer not in names:
             raise ValueError(f"Expected `feature_layer` to name a layer of the model ({names}). "
                              f"Received: feature_layer={feature_layer!r}")
-        return keras.Model(model.input, model.get_layer(feature_layer).output)
+        return keras.Model(_model_input(model), model.get_layer(feature_layer).output)
     raise ValueError("Expected `feature_layer` to be a layer name, a keras.Model or None. "
                      f"Received: feature_layer={feature_layer!r}")
 

@@ -87,6 +87,7 @@ def predictive_variance(model, x, batch_size=256):
     layer = _only_gp_layer(model)
     batch_size = checks.integer("batch_size", batch_size, 1)
     x = checks.finite_array("x", x, np.float32)
-    features = keras.Model(model.input, layer.input)  # called eagerly in batches: no predict graph to trace
+    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs  # a bare array matches one input
+    features = keras.Model(inputs, layer.input)  # called eagerly in batches: no predict graph to trace
     return np.concatenate([np.asarray(layer.predictive_variance(features(x[i:i + batch_size], training=False)),
                                       np.float64) for i in range(0, len(x), batch_size)])
