@@ -21,7 +21,8 @@ LAYERS = {
     "tfbnn.priors": 1, "tfbnn.posteriors": 1, "tfbnn.kl": 1, "tfbnn.layers": 1, "tfbnn.schedules": 1, "tfbnn.callbacks": 1,
     "tfbnn.inference": 1, "tfbnn.metrics": 1, "tfbnn.calibration": 1, "tfbnn.utils": 1, "tfbnn.likelihoods": 1, "tfbnn.evidential": 1,
     "tfbnn.pruning": 1, "tfbnn.convert": 1, "tfbnn.export": 1, "tfbnn.distribute": 1, "tfbnn.ibnn": 1, "tfbnn.ensembles": 1, "tfbnn.continual": 1,
-    "tfbnn.laplace": 1, "tfbnn.hub": 1, "tfbnn.swag": 1, "tfbnn.hmc": 1, "tfbnn.conformal": 1, "tfbnn.moments": 1, "tfbnn.methods": 1,
+    "tfbnn.laplace": 1, "tfbnn.hub": 1, "tfbnn.swag": 1, "tfbnn.hmc": 1, "tfbnn.conformal": 1, "tfbnn.moments": 1,
+    "tfbnn.sngp": 1, "tfbnn.ddu": 1, "tfbnn.methods": 1,
     "tfbnn.plots": 1, "tfbnn.testing": 1, "tfbnn.evaluation": 2,
     "tfbnn.models": 2, "tfbnn.datasets": 2,
     "tfbnn.training": 3,
@@ -76,7 +77,7 @@ FUNCTION_LOCAL_IMPORTS = {
     ("tfbnn/training/recipe.py", "Recipe.to_dict"): _TRAINING,
     **{("tfbnn/methods.py", name): _REGISTRY for name in (
         "layer_class", "_multi_sample_model", "_check_bbb", "_check_vd", "_check_ibnn", "_ibnn_layer_kwargs", "_ibnn_sample_model", "_ibnn_eval_samples",
-        "_ibnn_optimizer")},
+        "_ibnn_optimizer", "_check_sngp", "_sngp_callbacks")},
     **{("tfbnn/training/run.py", name): _TRAINING for name in (
         "_is_mlp", "build_model", "convert_model", "fixed_noise_gaussian_nll", "_compile", "_fit", "arrays",
         "fit_temperature", "_evaluate_regression", "_evaluate", "_member_data", "_train_ensemble",

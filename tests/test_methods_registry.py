@@ -20,10 +20,11 @@ from tfbnn.training import recipe as recipe_module
 
 # -- the old tuples are the registry's --------------------------------------------------------------
 def test_the_derived_tuples_equal_the_registry():
-    assert models.ZOO_METHODS == methods.names(zoo=True) == ("deterministic", "mc_dropout", "bbb", "vd", "ibnn")
+    assert models.ZOO_METHODS == methods.names(zoo=True) == ("deterministic", "mc_dropout", "bbb", "vd", "ibnn",
+                                                              "sngp")
     assert models.BAYESIAN_METHODS == methods.names(zoo=True, bayesian=True) == ("bbb", "vd", "ibnn")
     assert training.RECIPE_METHODS == methods.names() == (
-        "deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble")
+        "deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble", "sngp")
     assert recipe_module.MEMBER_METHODS == models.ZOO_METHODS
     assert recipe_module.DEFAULT_MEMBERS == 5
     assert models.ESTIMATORS == methods.ESTIMATORS == ("flipout", "reparameterization", "local_reparameterization")
@@ -69,11 +70,12 @@ def test_the_built_in_methods_say_what_each_part_needs():
 # -- unknown names ------------------------------------------------------------------------------------
 def test_an_unknown_method_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"Unknown method\. Expected one of \['deterministic', 'mc_dropout', "
-                                         r"'bbb', 'vd', 'ibnn', 'graves', 'ensemble'\]\. Received: method='nope'"):
+                                         r"'bbb', 'vd', 'ibnn', 'graves', 'ensemble', 'sngp'\]\. "
+                                         r"Received: method='nope'"):
         methods.get("nope")
-    with pytest.raises(ValueError, match=r"Expected one of \['deterministic', .*'ibnn'\]\. Received: method='graves'"):
+    with pytest.raises(ValueError, match=r"Expected one of \['deterministic', .*'ibnn', 'sngp'\]\. Received: method='graves'"):
         models.build("mlp", method="graves")  # a recipe-level method, not the zoo's
-    with pytest.raises(ValueError, match=r"recipe field `method` to be one of \[.*'ensemble'\]"):
+    with pytest.raises(ValueError, match=r"recipe field `method` to be one of \[.*'ensemble', 'sngp'\]"):
         training.Recipe(method="nope")
     with pytest.raises(ValueError, match=r"Unknown conversion method\. Expected one of \[.*'kingma'.*\]"):
         convert.to_bayesian(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]), method="bbb")
@@ -196,7 +198,8 @@ def test_a_registered_method_is_offered_by_tfbnn_train(toy):
         "prior_scale": 0.5}
     with pytest.raises(ValueError, match=r"--toy-scale \(toy only\)"):
         train_command.recipe_from_args(parser.parse_args(["train", "--method", "bbb", "--toy-scale", "0.2"]))
-    help_text = parser._subparsers._group_actions[0].choices["train"].format_help()
+    # argparse wraps the help where the methods registered before it put the line ends
+    help_text = " ".join(parser._subparsers._group_actions[0].choices["train"].format_help().split())
     assert "toy (Bayes by Backprop with a N(0, s^2) prior)" in help_text and "--toy-scale" in help_text
 
 

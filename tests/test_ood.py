@@ -54,8 +54,11 @@ def _prediction(seed, confident):
 
 def test_the_scores_by_hand():
     res, logits = _prediction(0, confident=True)
-    scores = evaluation.ood_scores(res, logits=logits, temperature=2.0)
+    density, variance = np.linspace(-3.0, 1.0, 50), np.linspace(0.1, 2.0, 50)
+    scores = evaluation.ood_scores(res, logits=logits, temperature=2.0, log_density=density, gp_variance=variance)
     assert set(scores) == set(evaluation.OOD_SCORES)
+    np.testing.assert_array_equal(scores["ddu_density"], -density)  # higher: more likely OOD
+    np.testing.assert_array_equal(scores["sngp_variance"], variance)
     np.testing.assert_allclose(scores["msp"], 1 - res.mean_probs.max(1))
     np.testing.assert_allclose(scores["predictive_entropy"], res.predictive_entropy, rtol=1e-10)
     np.testing.assert_allclose(scores["mutual_information"], res.mutual_information)
@@ -82,7 +85,45 @@ def test_detection_tells_unsure_inputs_from_confident_ones():
     (lambda: metrics.aupr([0.1, np.nan], [0.2]), r"in_scores"),
     (lambda: evaluation.ood_detection({"msp": [0.1]}, {"energy": [0.2]}), r"same score names"),
     (lambda: evaluation.ood_scores(_prediction(0, True)[0], logits=np.zeros((3, 4))), r"`logits` of shape \(50, 4\)"),
+    (lambda: evaluation.ood_scores(_prediction(0, True)[0], log_density=np.zeros(3)), r"`log_density` of shape"),
+    (lambda: evaluation.ood_scores(_prediction(0, True)[0], gp_variance=np.full(50, np.nan)), r"gp_variance"),
 ])
 def test_bad_input_is_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_single_pass_scores_flag_a_held_out_digit():
+    """The wiring of ``ddu_density`` and ``sngp_variance`` on the digits 0-8, the digit 9 held out: DDU on a
+    spectrally normalized softmax net (Mukhoti et al.'s setting), the variance of an SNGP net."""
+    import keras
+
+    import tfbnn
+    from tfbnn import ddu, sngp
+    from tfbnn.layers import SpectralDense
+
+    keras.utils.set_random_seed(0)
+    data = tfbnn.datasets.load_digits(seed=0)
+    known = data.y_train < 9
+    x, y = data.x_train[known], data.y_train[known]
+    x_in, x_out = data.x_test[data.y_test < 9], data.x_test[data.y_test == 9]
+    softmax_net = keras.Sequential([keras.Input((64,)), SpectralDense(32, activation="relu", seed=0),
+                                    keras.layers.Dense(9, activation="softmax")])
+    # The Gaussian precision weights and a normalized GP input: with the Laplace weights p (1 - p) the confidently
+    # classified training digits add almost nothing to the precision (AUROC 0.31 here; docs/guides/single-pass.md).
+    gp_net = tfbnn.models.mlp("sngp", hidden_units=(32,), input_shape=(64,), num_classes=9, num_inducing=128, seed=0,
+                              gp_cov_likelihood="gaussian", normalize_input=True)
+    for model, callbacks in ((softmax_net, []), (gp_net, [sngp.ResetCovariance()])):
+        model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=64, epochs=6, verbose=0, callbacks=callbacks)
+    density = ddu.DDU(softmax_net).fit(x, y)
+
+    def scores(inputs):
+        return evaluation.ood_scores(tfbnn.predict(softmax_net, inputs), log_density=density.log_density(inputs),
+                                     gp_variance=sngp.predictive_variance(gp_net, inputs))
+
+    s_in, s_out = scores(x_in), scores(x_out)
+    np.testing.assert_allclose(s_out["ddu_density"], -density.log_density(x_out))
+    np.testing.assert_allclose(s_out["sngp_variance"], sngp.predictive_variance(gp_net, x_out))
+    table = evaluation.ood_detection(s_in, s_out)
+    assert table["ddu_density"]["auroc"] > 0.8 and table["sngp_variance"]["auroc"] > 0.7, table

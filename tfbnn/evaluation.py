@@ -35,7 +35,8 @@ __all__ = ["Evaluation", "evaluate_classifier", "shift_detection", "shift_sweep"
            "OOD_SCORES", "ood_scores", "ood_detection"]
 
 #: The out-of-distribution scores :func:`ood_scores` computes (higher: more likely out of distribution).
-OOD_SCORES = ("msp", "max_logit", "energy", "predictive_entropy", "mutual_information", "variation_ratio")
+OOD_SCORES = ("msp", "max_logit", "energy", "predictive_entropy", "mutual_information", "variation_ratio",
+              "ddu_density", "sngp_variance")
 
 
 @dataclasses.dataclass
@@ -159,7 +160,7 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
     return Evaluation(numbers=numbers, labels=labels, clean=clean, shifted=shifted, sweep=sweep)
 
 
-def ood_scores(prediction, logits=None, temperature=1.0):
+def ood_scores(prediction, logits=None, temperature=1.0, log_density=None, gp_variance=None):
     """Out-of-distribution scores of a classifier's predictive, each higher for inputs less like the training data.
 
     From a :class:`tfbnn.ClassificationPrediction` (``tfbnn.predict``) with Monte Carlo
@@ -175,12 +176,21 @@ def ood_scores(prediction, logits=None, temperature=1.0):
     and from the logits ``f(x)`` of a (deterministic or posterior-mean) forward pass, when given:
 
     * ``max_logit``: ``-max_c f_c(x)`` (Hendrycks et al. 2022);
-    * ``energy``: ``-T log sum_c exp(f_c(x) / T)`` (Liu et al. 2020, eq. 6, T = ``temperature``).
+    * ``energy``: ``-T log sum_c exp(f_c(x) / T)`` (Liu et al. 2020, eq. 6, T = ``temperature``);
+
+    and from single-pass models, when given:
+
+    * ``ddu_density``: ``-log q(f(x))``, the negative log feature density of DDU
+      (:meth:`tfbnn.ddu.DDU.log_density`; Mukhoti et al. 2023, eq. 2);
+    * ``sngp_variance``: the GP posterior variance ``diag(Phi Sigma Phi^T)`` of SNGP
+      (:func:`tfbnn.sngp.predictive_variance`; Liu et al. 2020, eq. 9).
 
     Args:
         prediction: a :class:`tfbnn.ClassificationPrediction`.
         logits: ``(B, C)`` logits of the same inputs, or None.
         temperature: float > 0, the energy's T. Default 1.
+        log_density: ``(B,)`` DDU log densities of the same inputs, or None.
+        gp_variance: ``(B,)`` SNGP posterior variances of the same inputs, or None.
 
     Returns:
         dict of score name -> ``(B,)`` float64 array (the names of :data:`OOD_SCORES` that apply).
@@ -216,6 +226,14 @@ def ood_scores(prediction, logits=None, temperature=1.0):
         top = f.max(axis=1)
         scores["max_logit"] = -top
         scores["energy"] = -(t * np.log(np.sum(np.exp((f - top[:, None]) / t), axis=1)) + top)
+    for name, values, sign in (("ddu_density", log_density, -1.0), ("sngp_variance", gp_variance, 1.0)):
+        if values is not None:
+            arg = "log_density" if name == "ddu_density" else "gp_variance"
+            v = checks.finite_array(arg, values, np.float64)
+            if v.shape != probs.shape[:1]:
+                raise ValueError(f"Expected `{arg}` of shape {probs.shape[:1]}, one value per input. "
+                                 f"Received: {arg}.shape={v.shape}")
+            scores[name] = sign * v
     return scores
 
 

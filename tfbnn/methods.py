@@ -17,7 +17,8 @@ field                    who asks and what it means
 ``stochastic``           its predictions are random (``train_samples > 1`` makes sense)
 ``options``              the options and their defaults (:class:`tfbnn.models.LayerFactory`)
 ``check_options``        ``f(options) -> options``: validates and resolves the filled-in options
-``layers``               the zoo's layer per kind (``"dense"``, ``"conv2d"``, ``"lstm"``, ``"gru"``):
+``layers``               the zoo's layer per kind (``"dense"``, ``"conv2d"``, ``"lstm"``, ``"gru"``, and
+                         ``"head"``, the output layer when it differs from ``"dense"``):
                          a :mod:`tfbnn.layers` class name (or a layer class of your own), or
                          ``f(options) -> name``; empty:
                          Keras' own layers (``deterministic``, ``mc_dropout``); a kind missing
@@ -25,6 +26,11 @@ field                    who asks and what it means
 ``layer_kwargs``         ``f(options) -> dict``: the arguments the zoo adds to every layer of
                          ``layers`` (priors, parameterization, ...; ``kl_weight`` and ``seed``
                          are the zoo's)
+``head_kwargs``          ``f(options) -> dict``: the arguments the zoo gives a ``"head"`` layer of
+                         ``layers`` (the classifier's output layer, when it is not the dense one;
+                         ``seed`` is the zoo's), instead of ``layer_kwargs``
+``callbacks``            ``f(model) -> list``: Keras callbacks :func:`tfbnn.training.run` adds to the
+                         method's training (``sngp``: :class:`tfbnn.sngp.ResetCovariance`), or None
 ``dropout_option``       the option holding the rate of the MC dropout the zoo adds after a
                          block (``mc_dropout``: ``"rate"``), or None
 ``ensembles``            the in-network ensembles (``"batch_ensemble"``, ``"rank1"``) it goes with
@@ -187,6 +193,8 @@ class Method:
         check_options: ``f(options) -> options`` or None.
         layers: dict of layer kind -> :mod:`tfbnn.layers` class name or ``f(options) -> name``.
         layer_kwargs: ``f(options) -> dict`` or None.
+        head_kwargs: ``f(options) -> dict`` or None (no arguments).
+        callbacks: ``f(model) -> list`` of Keras callbacks, or None.
         dropout_option: str or None.
         ensembles: tuple of in-network ensemble names.
         conversions: dict of :func:`tfbnn.convert.to_bayesian` method name -> :class:`Conversion`.
@@ -215,6 +223,8 @@ class Method:
     check_options: object = None
     layers: dict = dataclasses.field(default_factory=dict)
     layer_kwargs: object = None
+    head_kwargs: object = None
+    callbacks: object = None
     dropout_option: object = None
     ensembles: tuple = ()
     conversions: dict = dataclasses.field(default_factory=dict)
@@ -239,8 +249,9 @@ class Method:
             raise ValueError(f"Expected `dropout_option` to be one of the options {sorted(self.options)}. "
                              f"Received: dropout_option={self.dropout_option!r}")
         for kind in self.layers:
-            if kind not in ("dense", "conv2d", "lstm", "gru"):
-                raise ValueError(f"Expected `layers` keys in ['dense', 'conv2d', 'lstm', 'gru']. Received: {kind!r}")
+            if kind not in ("dense", "conv2d", "lstm", "gru", "head"):
+                raise ValueError(f"Expected `layers` keys in ['dense', 'conv2d', 'lstm', 'gru', 'head']. "
+                                 f"Received: {kind!r}")
         set_ = object.__setattr__
         set_(self, "options", types.MappingProxyType(dict(self.options)))
         set_(self, "layers", types.MappingProxyType(dict(self.layers)))
@@ -286,7 +297,15 @@ class Method:
         """The arguments :attr:`layer_kwargs` adds to every layer of the method."""
         return dict((self.layer_kwargs or _no_kwargs)(options))
 
+    def extra_head_kwargs(self, options):
+        """The arguments :attr:`head_kwargs` gives a ``"head"`` layer."""
+        return dict((self.head_kwargs or _no_kwargs)(options))
+
     # -- what the runner asks ------------------------------------------------------------
+    def training_callbacks(self, model):
+        """The Keras callbacks the method's training of ``model`` needs (:attr:`callbacks`)."""
+        return list(self.callbacks(model)) if self.callbacks is not None else []
+
     def conversion_name(self, options):
         """The :func:`tfbnn.convert.to_bayesian` method converting to this one, or None."""
         if self.conversion_for is not None:
@@ -661,3 +680,45 @@ for _method in _BUILT_IN_METHODS:
     register(_method)
 _BUILT_IN = frozenset(m.name for m in _BUILT_IN_METHODS)
 del _method
+
+
+# -- SNGP (Liu et al. 2020): spectrally normalized hidden layers, a random-feature GP output layer ---------------
+_SNGP_DEFAULTS = {"norm_multiplier": 0.95, "power_iterations": 1, "num_inducing": 1024, "gp_kernel_scale": 1.0,
+                  "gp_cov_momentum": -1.0, "gp_cov_ridge_penalty": 1.0, "gp_cov_likelihood": "auto",
+                  "normalize_input": False}
+# tfbnn.layers.gp.GP_COV_LIKELIHOODS (the registry loads no TensorFlow, so not imported from there)
+_GP_COV_LIKELIHOODS = ("auto", "gaussian", "logistic")
+_SNGP_BODY = ("norm_multiplier", "power_iterations")
+
+
+def _check_sngp(options):
+    from tfbnn._internal import checks
+
+    resolved = dict(options)
+    for key in ("norm_multiplier", "gp_kernel_scale", "gp_cov_ridge_penalty"):
+        resolved[key] = checks.number(key, resolved[key], low=0, low_open=True)
+    resolved["gp_cov_momentum"] = checks.number("gp_cov_momentum", resolved["gp_cov_momentum"], high=1,
+                                                high_open=True)
+    for key in ("power_iterations", "num_inducing"):
+        resolved[key] = checks.integer(key, resolved[key], 1)
+    if resolved["gp_cov_likelihood"] not in _GP_COV_LIKELIHOODS:
+        raise ValueError(f"Expected `gp_cov_likelihood` in {list(_GP_COV_LIKELIHOODS)}. "
+                         f"Received: gp_cov_likelihood={resolved['gp_cov_likelihood']!r}")
+    resolved["normalize_input"] = bool(resolved["normalize_input"])
+    return resolved
+
+
+def _sngp_callbacks(model):
+    from tfbnn import sngp
+
+    return [sngp.ResetCovariance()]
+
+
+register(Method(
+    "sngp", "SNGP, Liu et al. 2020",
+    options=_SNGP_DEFAULTS, check_options=_check_sngp,
+    layers={"dense": "SpectralDense", "conv2d": "SpectralConv2D", "head": "RandomFeatureGaussianProcess"},
+    layer_kwargs=lambda o: {k: o[k] for k in _SNGP_BODY},
+    head_kwargs=lambda o: {k: v for k, v in o.items() if k not in _SNGP_BODY},
+    callbacks=_sngp_callbacks, label="SNGP"))
+_BUILT_IN = _BUILT_IN | {"sngp"}

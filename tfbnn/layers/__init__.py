@@ -59,6 +59,8 @@ from tfbnn.layers.rank1 import (
     ensemble_size,
     members_as_samples,
 )
+from tfbnn.layers.spectral import SpectralConv2D, SpectralDense, SpectralNormalization
+from tfbnn.layers.gp import RandomFeatureGaussianProcess
 from tfbnn.layers.variational_dropout import (
     Conv1DVariationalDropout,
     Conv2DVariationalDropout,
@@ -121,4 +123,8 @@ __all__ = [
     "EnsembleMean",
     "ensemble_size",
     "members_as_samples",
+    "SpectralNormalization",
+    "SpectralDense",
+    "SpectralConv2D",
+    "RandomFeatureGaussianProcess",
 ]

@@ -34,6 +34,12 @@ those layers are; it reads them from the method's entry in the method registry
   ``|N(init_scale_mean, init_scale_stddev^2)|``, default ``|N(0.05, 0.02^2)|``; the
   defaults are NodeDense's, the reference code's layer defaults): NodeDense / NodeConv2D.
 
+* ``sngp`` (Liu et al. 2020; options ``norm_multiplier``, ``power_iterations``, ``num_inducing``,
+  ``gp_kernel_scale``, ``gp_cov_momentum``, ``gp_cov_ridge_penalty``, ``gp_cov_likelihood``,
+  ``normalize_input``): :class:`~tfbnn.layers.SpectralDense` / :class:`~tfbnn.layers.SpectralConv2D`
+  and, as the classifier's head, :class:`~tfbnn.layers.RandomFeatureGaussianProcess` (the method's
+  ``"head"`` layer); deterministic, no ``num_examples``.
+
 So for ``bbb``, ``vd`` and ``ibnn`` *every* convolution and dense layer of a zoo model
 is Bayesian (the stem, the residual shortcuts and the softmax head included), and
 ``mc_dropout`` keeps deterministic weights and adds dropout that stays on at
@@ -265,7 +271,12 @@ class LayerFactory:
         return self._dense(self._body, units, activation, use_bias, name)
 
     def head(self, units, activation="softmax", use_bias=True, name=None):
-        """The classification head's dense layer: the method's, also with ``bayesian_layers="last"``."""
+        """The classification head's dense layer: the method's, also with ``bayesian_layers="last"``
+        (the method's ``"head"`` layer where it has one: ``sngp``'s GP output layer)."""
+        if self.ensemble is None and "head" in self._method.layers:
+            cls = self._layer_class(self._method, "head")
+            return cls(units, activation=activation, use_bias=use_bias, name=name, seed=self.next_seed(),
+                       **self._method.extra_head_kwargs(self.options))
         return self._dense(self._method, units, activation, use_bias, name)
 
     def _dense(self, method, units, activation, use_bias, name):

@@ -267,7 +267,7 @@ def _fit(model, recipe, data, epochs, verbose, extra_callbacks):
     from tfbnn.training.optim import kl_schedule
 
     guard = callbacks.NaNGuard()
-    cbs = [guard, callbacks.EpochTimer(), *extra_callbacks]
+    cbs = [guard, callbacks.EpochTimer(), *registry.get(recipe.method).training_callbacks(model), *extra_callbacks]
     if recipe.is_bayesian:
         schedule = kl_schedule(recipe.kl_schedule, recipe.ramp_epochs, recipe.beta, recipe.warmup_epochs)
         cbs.insert(0, callbacks.KLAnnealing(num_examples=data.num_examples, schedule=schedule))

@@ -1,0 +1,132 @@
+"""SNGP end to end (tfbnn.sngp, method="sngp"): the epoch's reset, the zoo, training.run, predict, save and export."""
+
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfbnn
+from tfbnn import export, methods, models, sngp, training
+from tfbnn.layers import RandomFeatureGaussianProcess, SpectralConv2D, SpectralDense
+
+
+def _small_mlp(**options):
+    return models.mlp("sngp", hidden_units=(6,), input_shape=(4,), num_classes=3, seed=0,
+                      **{"num_inducing": 16, **options})
+
+
+def _epoch_precision(model, x):
+    """``I + sum_i p_i (1 - p_i) phi_i phi_i^T`` over ``x``, in NumPy from the model's features and weights."""
+    gp = sngp.gp_layers(model)[0]
+    h = keras.Model(model.inputs, gp.input).predict(x, verbose=0).astype(np.float64)
+    phi = np.cos(h @ gp.feature_kernel.numpy() + gp.feature_bias.numpy()) * math.sqrt(2.0 / gp.num_inducing)
+    logits = phi @ gp.kernel.numpy() + gp.bias.numpy()
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p = (p / p.sum(1, keepdims=True)).max(1)
+    return np.eye(gp.num_inducing) + (phi * (p * (1 - p))[:, None]).T @ phi
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_reset_covariance_keeps_one_epoch_s_exact_sum(reset):
+    # A learning rate of 0 and a bound c no kernel reaches: every epoch sees the same features.
+    model = _small_mlp(norm_multiplier=100.0)
+    model.compile(keras.optimizers.SGD(0.0), "sparse_categorical_crossentropy")
+    x = np.random.default_rng(0).normal(size=(12, 4)).astype("float32")
+    callbacks = [sngp.ResetCovariance()] if reset else []
+    model.fit(x, np.arange(12) % 3, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+    one_epoch = _epoch_precision(model, x)
+    expected = one_epoch if reset else 2 * one_epoch - np.eye(16)  # without the reset: two epochs' sums
+    np.testing.assert_allclose(sngp.gp_layers(model)[0].precision.numpy(), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_the_zoo_builds_spectral_layers_and_the_gp_head():
+    model = _small_mlp(norm_multiplier=0.5, gp_cov_ridge_penalty=2.0)
+    hidden, head = model.layers[1], model.layers[-1]
+    assert type(hidden) is SpectralDense and hidden.norm_multiplier == 0.5 and hidden.seed == 1
+    assert type(head) is RandomFeatureGaussianProcess and head.name == "predictions" and head.seed == 2
+    assert (head.num_inducing, head.gp_cov_ridge_penalty, head.is_classifier) == (16, 2.0, True)
+    lenet = models.lenet5("sngp", input_shape=(12, 12, 1), num_classes=3, num_inducing=8, padding="same")
+    kinds = {type(layer) for layer in lenet.layers}
+    assert {SpectralConv2D, SpectralDense, RandomFeatureGaussianProcess} <= kinds
+    assert not kinds & {keras.layers.Dense, keras.layers.Conv2D}
+    last = models.mlp("sngp", hidden_units=(6,), input_shape=(4,), num_inducing=8, bayesian_layers="last")
+    assert type(last.layers[1]) is keras.layers.Dense and type(last.layers[-1]) is RandomFeatureGaussianProcess
+    regression = models.mlp("sngp", hidden_units=(6,), input_shape=(4,), num_inducing=8, outputs=1)
+    assert not regression.layers[-1].is_classifier  # no softmax: the Gaussian weights, no adjustment
+    assert [type(c).__name__ for c in methods.get("sngp").training_callbacks(model)] == ["ResetCovariance"]
+
+
+def test_sngp_options_are_checked():
+    with pytest.raises(ValueError, match="num_inducing=0"):
+        _small_mlp(num_inducing=0)
+    with pytest.raises(ValueError, match="gp_cov_momentum=1.5"):
+        _small_mlp(gp_cov_momentum=1.5)
+    with pytest.raises(ValueError, match=r"Unknown option for method='sngp'"):
+        _small_mlp(rate=0.1)
+
+
+def test_predictive_variance_and_reset_need_a_gp_layer():
+    plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="exactly one RandomFeatureGaussianProcess layer"):
+        sngp.predictive_variance(plain, np.ones((2, 3), "float32"))
+    plain.compile("sgd", "mse")
+    with pytest.raises(ValueError, match="ResetCovariance needs a model with a RandomFeatureGaussianProcess"):
+        plain.fit(np.ones((2, 3)), np.ones((2, 2)), verbose=0, callbacks=[sngp.ResetCovariance()])
+
+
+class _PrecisionAtEpochStart(keras.callbacks.Callback):
+    """Records the GP precision at each epoch's start (after the method's reset, which comes first)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.seen.append(sngp.gp_layers(self.model)[0].precision.numpy().copy())
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    recipe = training.Recipe(name="sngp-digits", model="mlp", model_options={"hidden_units": (16,)}, method="sngp",
+                             method_options={"num_inducing": 32}, dataset="digits", epochs=2).quick(epochs=2)
+    probe = _PrecisionAtEpochStart()
+    result = training.run(recipe, output_dir=str(tmp_path_factory.mktemp("run")), verbose=0, quiet=True,
+                          jit_compile=False, callbacks=[probe])
+    return result, probe
+
+
+def test_run_trains_sngp_with_the_reset(trained):
+    result, probe = trained
+    assert len(probe.seen) == 2
+    for precision in probe.seen:  # training.run added ResetCovariance
+        np.testing.assert_array_equal(precision, np.eye(32))
+    precision = sngp.gp_layers(result.model)[0].precision.numpy()
+    assert not np.allclose(precision, np.eye(32)) and np.all(np.linalg.eigvalsh(precision) >= 1.0 - 1e-4)
+    assert np.isfinite(result.test["nll"]) and result.test["epistemic"] == 0.0  # one deterministic pass
+
+
+def test_predict_save_and_export_give_the_mean_field_predictive(trained, tmp_path):
+    model = trained[0].model
+    x = np.random.default_rng(1).normal(size=(5, 64)).astype("float32")
+    gp = sngp.gp_layers(model)[0]
+    h = keras.Model(model.inputs, gp.input).predict(x, verbose=0)
+    raw = (gp.features(h).numpy() @ gp.kernel.numpy() + gp.bias.numpy()).astype(np.float64)
+    var = sngp.predictive_variance(model, x)
+    adjusted = raw / np.sqrt(1 + math.pi / 8 * var)[:, None]
+    expected = np.exp(adjusted - adjusted.max(1, keepdims=True))
+    expected /= expected.sum(1, keepdims=True)
+    res = tfbnn.predict(model, x, num_samples=3)
+    np.testing.assert_allclose(res.mean_probs, expected, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(res.mutual_information, 0.0, atol=1e-6)
+    path = os.path.join(tmp_path, "sngp.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, rtol=1e-4, atol=1e-6)
+    folder = os.path.join(tmp_path, "exported")
+    export.export(model, folder, num_samples=2)
+    served = tf.saved_model.load(folder)
+    np.testing.assert_allclose(served.mean(x).numpy(), expected, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(served.summary(x)["mean_probs"].numpy(), expected, rtol=1e-4, atol=1e-6)
