@@ -403,6 +403,27 @@ class _KroneckerBasis:
         return _KroneckerProjection(np.square(phi @ self.qa), self.qg)
 
 
+class _BlockKroneckerBasis:
+    """Eigenvectors ``blockdiag(Q_A1 kron Q_G1, Q_A2 kron Q_G2, ...)``: KFAC per weight matrix, from the factors
+    ``(A_1, G_1, A_2, G_2, ...)`` (``subset="all"`` with per-layer factors, :class:`tfbnn.lora.LoRALaplace`)."""
+
+    def __init__(self, factors):
+        self.blocks = [_KroneckerBasis.of_factors(a, g) for a, g in zip(factors[::2], factors[1::2])]
+        self.values = np.concatenate([b.values for b in self.blocks])
+        self.splits = np.cumsum([b.values.size for b in self.blocks])[:-1]
+
+    def rotate(self, e):
+        return np.concatenate([b.rotate(part) for b, part in zip(self.blocks, np.split(e, self.splits, axis=-1))],
+                              axis=-1)
+
+    def project_jacobian(self, jac):
+        parts = []
+        for b, part in zip(self.blocks, np.split(jac, self.splits, axis=-1)):
+            m = part.reshape(part.shape[:2] + (len(b.qa), len(b.qg)))
+            parts.append(np.einsum("nkio,ia,ob->nkab", m, b.qa, b.qg).reshape(part.shape))
+        return _Projection(np.concatenate(parts, axis=-1))
+
+
 class _DiagonalBasis:
     """The identity: a diagonal GGN over all weights."""
 
@@ -563,6 +584,10 @@ class Laplace:
             return f, np.square(root).sum(axis=(0, 1))
         return f, np.tensordot(root, root, axes=([0, 1], [0, 1]))
 
+    def _hessian_root(self, f, jac):
+        """``L_n^T J_n`` (B, K, P) with ``L_n L_n^T = Lambda_n``, for Jacobians ``jac`` (B, K, P) of the outputs ``f``."""
+        return _output_hessian_root(f, self.likelihood, jac)
+
     def _average_output_factors(self, factors, num):
         """KFAC's ``(A, G)`` summed over ``num`` examples -> ``(A, G / num)``."""
         return factors[0], factors[1] / num
@@ -589,6 +614,8 @@ class Laplace:
         if self.hessian == "full":
             return _DenseBasis(curvature)
         if self.hessian == "kron":
+            if self.subset == "all":  # one (A, G) pair per weight matrix
+                return _BlockKroneckerBasis(curvature)
             return _KroneckerBasis.of_factors(*curvature)
         if self.subset == "last_layer":  # the diagonal as a Kronecker basis with identities
             return _KroneckerBasis(np.eye(self._net.input_dim), np.eye(self._net.units), curvature)

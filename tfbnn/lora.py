@@ -75,7 +75,7 @@ from tfbnn.layers.base import BayesianLayer
 
 __all__ = ["lora_layers", "LoRALaplace", "fit_laplace", "VariationalLoRA", "variational", "HESSIANS"]
 
-HESSIANS = ("full", "kron", "diag")
+HESSIANS = laplace_lib.HESSIANS
 _LORA_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)
 
 
@@ -146,26 +146,6 @@ class _Probes:
             del layer.call
 
 
-class _BlockKroneckerBasis:
-    """Eigenvectors ``blockdiag(Q_A1 kron Q_G1, Q_A2 kron Q_G2, ...)``: KFAC per LoRA factor."""
-
-    def __init__(self, factors):
-        self.blocks = [laplace_lib._KroneckerBasis.of_factors(a, g) for a, g in zip(factors[::2], factors[1::2])]
-        self.values = np.concatenate([b.values for b in self.blocks])
-        self.splits = np.cumsum([b.values.size for b in self.blocks])[:-1]
-
-    def rotate(self, e):
-        return np.concatenate([b.rotate(part) for b, part in zip(self.blocks, np.split(e, self.splits, axis=-1))],
-                              axis=-1)
-
-    def project_jacobian(self, jac):
-        parts = []
-        for b, part in zip(self.blocks, np.split(jac, self.splits, axis=-1)):
-            m = part.reshape(part.shape[:2] + (len(b.qa), len(b.qg)))
-            parts.append(np.einsum("nkio,ia,ob->nkab", m, b.qa, b.qg).reshape(part.shape))
-        return laplace_lib._Projection(np.concatenate(parts, axis=-1))
-
-
 class LoRALaplace(laplace_lib.Laplace):
     """Laplace-LoRA: the Laplace approximation over a model's LoRA factors only (Yang et al. 2024).
 
@@ -209,7 +189,6 @@ class LoRALaplace(laplace_lib.Laplace):
     _kron_all = True
 
     def __init__(self, model, likelihood="classification", hessian="kron", prior_precision=1.0, sigma_noise=1.0):
-        laplace_lib._choice("hessian", hessian, HESSIANS)
         super().__init__(model, likelihood=likelihood, subset="all", hessian=hessian,
                          prior_precision=prior_precision, sigma_noise=sigma_noise)
         self._activations = None
@@ -253,7 +232,7 @@ class LoRALaplace(laplace_lib.Laplace):
         s = _scale(layer)
         x = x.reshape(-1, x.shape[-1])
         rows = f.shape[0]
-        root = laplace_lib._output_hessian_root(f, self.likelihood, sensitivity.reshape(rows, f.shape[1], -1))
+        root = self._hessian_root(f, sensitivity.reshape(rows, f.shape[1], -1))
         root = root.reshape(-1, sensitivity.shape[-1])  # d (L^T f)_k / d y_t, (N K S, out)
         b = np.asarray(layer.lora_kernel_b.numpy(), np.float64)
         if which == "a":
@@ -286,11 +265,6 @@ class LoRALaplace(laplace_lib.Laplace):
                 f = probes.attach(last, phi, f)
         sensitivities = [tape.batch_jacobian(f, probes.probes[id(layer)]) for layer in layers]
         return f, [probes.inputs[id(layer)] for layer in layers], sensitivities
-
-    def _make_basis(self, curvature):
-        if self.hessian == "kron":
-            return _BlockKroneckerBasis(curvature)
-        return super()._make_basis(curvature)
 
     def save(self, path):
         """Not available for Laplace-LoRA (refit instead: the GGN costs one pass over the data)."""
