@@ -21,7 +21,7 @@ LAYERS = {
     "tfbnn.priors": 1, "tfbnn.posteriors": 1, "tfbnn.kl": 1, "tfbnn.layers": 1, "tfbnn.schedules": 1, "tfbnn.callbacks": 1,
     "tfbnn.inference": 1, "tfbnn.metrics": 1, "tfbnn.calibration": 1, "tfbnn.utils": 1, "tfbnn.likelihoods": 1,
     "tfbnn.pruning": 1, "tfbnn.convert": 1, "tfbnn.export": 1, "tfbnn.distribute": 1, "tfbnn.ibnn": 1, "tfbnn.ensembles": 1, "tfbnn.continual": 1,
-    "tfbnn.laplace": 1, "tfbnn.swag": 1, "tfbnn.hmc": 1, "tfbnn.conformal": 1, "tfbnn.methods": 1,
+    "tfbnn.laplace": 1, "tfbnn.lora": 1, "tfbnn.swag": 1, "tfbnn.hmc": 1, "tfbnn.conformal": 1, "tfbnn.methods": 1,
     "tfbnn.plots": 1, "tfbnn.testing": 1, "tfbnn.evaluation": 2,
     "tfbnn.models": 2, "tfbnn.datasets": 2,
     "tfbnn.training": 3,

@@ -226,7 +226,7 @@ def test_variational_lora_samples_have_the_posterior_moments():
 
 
 def test_variational_lora_loss_is_the_elbo():
-    """``train_on_batch``'s loss is ``mean (y - f_A(x))^2 + kl_weight * KL`` for the A drawn from the same seed state."""
+    """``train_on_batch``'s loss is ``mean (y - f_A(x))^2 + kl_weight * KL``, A drawn from the same seed state."""
     bayes, layer = _variational(kl_weight=0.05)
     layer.rho.assign(np.full(layer.rho.shape, -2.0, "float32"))
     bayes.compile(keras.optimizers.SGD(0.0), "mse")
@@ -323,3 +323,33 @@ def test_variational_lora_rejects_bad_input():
         lora.VariationalLoRA(keras.layers.Dense(2, lora_rank=1), kl_weight=-1.0)
     with pytest.raises(ValueError, match="without them"):
         lora.variational(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+
+
+def test_laplace_lora_on_a_kerashub_classifier():
+    """A tiny BERT classifier with ``backbone.enable_lora(2)`` (query and value EinsumDense, 3-D kernels): the
+    diagonal GGN over the LoRA factors equals ``sum_n diag(J_n^T Lambda_n J_n)`` from the Jacobian of the logits
+    in the LoRA variables (taken here with a GradientTape), ``Lambda_n = diag(p_n) - p_n p_n^T``."""
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.BertBackbone(vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length=6)
+    classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None, dropout=0.0)
+    backbone.enable_lora(2)
+    for layer in lora.lora_layers(classifier):  # B = 0 after enable_lora: a nonzero adapter
+        layer.lora_kernel_b.assign(np.full(layer.lora_kernel_b.shape, 0.3, "float32"))
+    rng = np.random.default_rng(0)
+    x = {"token_ids": rng.integers(0, 30, (6, 6)).astype("int32"), "segment_ids": np.zeros((6, 6), "int32"),
+         "padding_mask": np.ones((6, 6), "int32")}
+    y = rng.integers(0, 2, 6)
+    la = lora.fit_laplace(classifier, x, y, hessian="diag")
+    variables = [getattr(layer, f"lora_kernel_{w}") for layer, w in la.factors]
+    with tf.GradientTape() as tape:
+        logits = classifier(x, training=False)
+    jac = np.concatenate([j.numpy().reshape(6, 2, -1) for j in tape.jacobian(logits, variables)], axis=-1)
+    p = _softmax(logits.numpy().astype(np.float64))
+    lam = np.einsum("nk,kl->nkl", p, np.eye(2)) - np.einsum("nk,nl->nkl", p, p)
+    expected = np.einsum("nkp,nkl,nlp->p", jac, lam, jac)
+    assert la.num_parameters == expected.size == sum(int(np.prod(v.shape)) for v in variables)
+    np.testing.assert_allclose(la.hessian_factors, expected, rtol=1e-4, atol=1e-9)
+    with pytest.raises(ValueError, match="hessian='kron' needs"):
+        lora.LoRALaplace(classifier, hessian="kron")

@@ -585,7 +585,7 @@ class Laplace:
         return f, np.tensordot(root, root, axes=([0, 1], [0, 1]))
 
     def _hessian_root(self, f, jac):
-        """``L_n^T J_n`` (B, K, P) with ``L_n L_n^T = Lambda_n``, for Jacobians ``jac`` (B, K, P) of the outputs ``f``."""
+        """``L_n^T J_n`` (B, K, P), ``L_n L_n^T = Lambda_n``, for Jacobians ``jac`` (B, K, P) of the outputs ``f``."""
         return _output_hessian_root(f, self.likelihood, jac)
 
     def _average_output_factors(self, factors, num):

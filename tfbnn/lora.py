@@ -11,16 +11,16 @@ Keras' ``Dense`` and ``EinsumDense`` fine-tune with LoRA natively:
 attention projections). This module puts a posterior on the adapter only, every
 other weight staying at its fine-tuned value.
 
-**Laplace-LoRA** (Yang et al. 2024, sec. 3): the Laplace approximation
+**Laplace-LoRA** (Yang et al. 2024): the Laplace approximation
 :class:`tfbnn.laplace.Laplace` over the trainable LoRA factors ``theta = (vec A_1,
 vec B_1, vec A_2, ...)`` (each row-major, layers in the model's order), at the
 fine-tuned MAP, with the prior ``N(0, delta^-1 I)``: ``q(theta) = N(theta*, (H +
 delta I)^-1)`` with ``H`` the GGN ``sum_n J_n^T Lambda_n J_n`` in one of three
 structures (:class:`LoRALaplace`): ``"full"``, ``"diag"``, or ``"kron"``, KFAC per
-LoRA factor as Yang et al. (sec. 3, "the Kronecker-factored approximation ... for each
-of the LoRA weight matrices"). A factor is a linear map from inputs ``a`` to outputs
-``z``: for ``A`` the layer's input ``x`` -> ``x A``, for ``B`` the input ``s x A`` ->
-``s x A B``. Its GGN block is approximated by::
+LoRA factor, as Yang et al. (a Kronecker factorization per LoRA weight matrix). A
+factor is a linear map from inputs ``a`` to outputs ``z``: for ``A`` the layer's input
+``x`` -> ``x A``, for ``B`` the input ``s x A`` -> ``s x A B``. Its GGN block is
+approximated by::
 
     H_factor ~ A_f kron G_f,   A_f = sum_{n,t} a_nt a_nt^T,
                                G_f = 1/(N S) sum_{n,t} sum_k g_ntk g_ntk^T
@@ -30,12 +30,12 @@ for a ``Dense`` on ``(batch, features)``) and ``g_ntk = d (L_n^T f_n)_k / d z_nt
 sensitivity of the ``k``-th row of the output-Hessian root ``L_n`` (``L_n L_n^T =
 Lambda_n``). For ``S = 1`` this is Ritter et al.'s KFAC (``A = sum phi phi^T``, ``G =
 mean J^T Lambda J``), exact for one example; for ``S > 1`` it is the "expand" variant
-of Eschenhagen et al. (2023, eq. 9). The prior precision (and the regression noise)
+of Eschenhagen et al. (2023). The prior precision (and the regression noise)
 is tuned by the marginal likelihood (:meth:`tfbnn.laplace.Laplace.optimize_prior_precision`,
-Yang et al. sec. 3.2) and the predictive is the linearized (GLM) one
-(:meth:`tfbnn.laplace.Laplace.predict`, Yang et al. eq. 8-9).
+as Yang et al.) and the predictive is the linearized (GLM) one
+(:meth:`tfbnn.laplace.Laplace.predict`, as Yang et al.; Immer et al. 2021).
 
-**Variational LoRA** (BLoB, Wang et al. 2024, sec. 3): a mean-field Gaussian
+**Variational LoRA** (BLoB, Wang et al. 2024): a mean-field Gaussian
 ``q(A) = N(M, diag(sigma^2))`` over the ``A`` factor, ``B`` deterministic, trained
 by the ELBO (:class:`VariationalLoRA`, :func:`variational`).
 
@@ -157,7 +157,7 @@ class LoRALaplace(laplace_lib.Laplace):
     and the KFAC structure are in the module docstring (:mod:`tfbnn.lora`). Everything
     else is :class:`tfbnn.laplace.Laplace` with ``subset="all"``: :meth:`fit`,
     :meth:`optimize_prior_precision` (marginal likelihood, Immer et al. 2021 eq. 4),
-    :meth:`predict` (the GLM predictive, Yang et al. eq. 8-9; ``pred_type="nn"``
+    :meth:`predict` (the GLM predictive, as Yang et al.; ``pred_type="nn"``
     samples adapters), :meth:`log_marginal_likelihood`, :meth:`sample`,
     :attr:`posterior_precision` (``"kron"``: dense ``(P, P)`` from the factors).
 
@@ -346,7 +346,7 @@ class VariationalLoRA(BayesianLayer):
     The wrapped layer computes with ``W = W0 + s A B`` (module docstring); here ``A``
     has the mean-field posterior ``q(A) = N(M, diag(sigma^2))``, ``M`` the layer's
     ``lora_kernel_a``, ``sigma = softplus(rho) + 1e-6``, and ``B`` (``lora_kernel_b``)
-    stays deterministic (Wang et al. 2024, sec. 3.1, eq. 6). A call samples ``A = M +
+    stays deterministic (Wang et al. 2024, BLoB's asymmetric parameterization). A call samples ``A = M +
     sigma * eps`` (reparameterization) and returns::
 
         activation(x (*) (W0 + s A B) + b) = activation(x (*) W_M + b + s (x (*) ((sigma * eps) B)))
@@ -358,10 +358,12 @@ class VariationalLoRA(BayesianLayer):
         KL = sum log(p / sigma) + (sigma^2 + (M - m)^2) / (2 p^2) - 1/2
 
     added as ``kl_weight * KL`` (``kl_weight = beta / N``, the ELBO convention of
-    :class:`tfbnn.layers.BayesianLayer`), so ``fit`` minimises Wang et al.'s eq. 7
-    per example. With ``inference_mode="mean"`` (or :func:`tfbnn.posterior_mean`) it
-    is the wrapped layer at ``A = M``. In Monte Carlo prediction
-    (:func:`tfbnn.predict`) each of the ``T`` blocks of rows gets its own ``A``.
+    :class:`tfbnn.layers.BayesianLayer`), so ``fit`` minimises the negative ELBO of
+    Wang et al. per example (without BLoB's KL re-weighting schedule: use
+    :class:`tfbnn.KLAnnealing` for one). With ``inference_mode="mean"`` (or
+    :func:`tfbnn.posterior_mean`) it is the wrapped layer at ``A = M``. In Monte Carlo
+    prediction (:func:`tfbnn.weight_samples`) each of the ``T`` blocks of rows gets its own
+    ``A`` (``joint=True``), or each row (``joint=False``, what :func:`tfbnn.predict` uses).
 
     Args:
         layer: a built, LoRA-enabled ``keras.layers.Dense`` or ``EinsumDense`` (its
@@ -391,7 +393,7 @@ class VariationalLoRA(BayesianLayer):
 
     Reference:
         Wang, Shi, Han, Metaxas, Wang. BLoB: Bayesian Low-Rank Adaptation by
-        Backpropagation for Large Language Models. NeurIPS 2024 (eq. 6-7).
+        Backpropagation for Large Language Models. NeurIPS 2024.
     """
 
     def __init__(self, layer, prior=None, rho_initializer=None, kl_weight=None, inference_mode="sample", seed=None,
