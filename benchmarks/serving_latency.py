@@ -129,20 +129,31 @@ def table(rows, load_before, load_after):
     return "\n".join(lines)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def latency_parser(doc, name):
+    """The options of a latency benchmark: ``--calls`` and ``--output`` (``--write-readme`` is added by the script)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300, help="timed calls at batch 1 (a third, >= 100, at 32)")
-    parser.add_argument("--output", default=default_path("serving_latency.json"))
-    _readme.add_flag(parser)
-    args = parser.parse_args()
+    parser.add_argument("--output", default=default_path(f"{name}.json"))
+    return parser
+
+
+def timed_run(measure_rows, calls):
+    """``measure_rows(folder, calls)`` in a temporary folder: its rows, and the run's record for the JSON
+    (``calls``, the load average before and after, the seconds it took, the rows)."""
     load_before = os.getloadavg()[0]
     start = time.time()
     with tempfile.TemporaryDirectory() as folder:
-        rows = measure(folder, args.calls)
-    load_after = os.getloadavg()[0]
-    finish("serving_latency", table(rows, load_before, load_after), args.output,
-           {"calls": args.calls, "load_average": [load_before, load_after], "seconds": time.time() - start,
-            "rows": rows}, args.write_readme)
+        rows = measure_rows(folder, calls)
+    return rows, {"calls": calls, "load_average": [load_before, os.getloadavg()[0]], "seconds": time.time() - start,
+                  "rows": rows}
+
+
+def main():
+    parser = latency_parser(__doc__, "serving_latency")
+    _readme.add_flag(parser)
+    args = parser.parse_args()
+    rows, record = timed_run(measure, args.calls)
+    finish("serving_latency", table(rows, *record["load_average"]), args.output, record, args.write_readme)
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ class _Network:
     """A trained model seen as ``f(x) = phi(x) @ kernel + bias``: its last ``Dense`` layer's
     pre-activation (logits or regression means) on top of a feature model sharing its layers."""
 
-    def __init__(self, model, likelihood, subset):
+    def __init__(self, model, likelihood, subset, variables=None):
         if not isinstance(model, keras.Model):
             raise ValueError(f"Expected a Keras model. Received: model of type {type(model).__name__}")
         try:
@@ -189,7 +189,10 @@ class _Network:
         self.features = keras.Model(self.inputs, last.input)
         self.units = last.units
         self.use_bias = last.use_bias
-        self.variables = list(model.trainable_variables) if subset == "all" else None
+        if subset == "all":
+            self.variables = list(model.trainable_variables) if variables is None else list(variables)
+        else:
+            self.variables = None
         self._jacobian = None
 
     @property
@@ -400,6 +403,27 @@ class _KroneckerBasis:
         return _KroneckerProjection(np.square(phi @ self.qa), self.qg)
 
 
+class _BlockKroneckerBasis:
+    """Eigenvectors ``blockdiag(Q_A1 kron Q_G1, Q_A2 kron Q_G2, ...)``: KFAC per weight matrix, from the factors
+    ``(A_1, G_1, A_2, G_2, ...)`` (``subset="all"`` with per-layer factors, :class:`tfbnn.lora.LoRALaplace`)."""
+
+    def __init__(self, factors):
+        self.blocks = [_KroneckerBasis.of_factors(a, g) for a, g in zip(factors[::2], factors[1::2])]
+        self.values = np.concatenate([b.values for b in self.blocks])
+        self.splits = np.cumsum([b.values.size for b in self.blocks])[:-1]
+
+    def rotate(self, e):
+        return np.concatenate([b.rotate(part) for b, part in zip(self.blocks, np.split(e, self.splits, axis=-1))],
+                              axis=-1)
+
+    def project_jacobian(self, jac):
+        parts = []
+        for b, part in zip(self.blocks, np.split(jac, self.splits, axis=-1)):
+            m = part.reshape(part.shape[:2] + (len(b.qa), len(b.qg)))
+            parts.append(np.einsum("nkio,ia,ob->nkab", m, b.qa, b.qg).reshape(part.shape))
+        return _Projection(np.concatenate(parts, axis=-1))
+
+
 class _DiagonalBasis:
     """The identity: a diagonal GGN over all weights."""
 
@@ -478,7 +502,7 @@ class Laplace:
         if hessian is None:
             hessian = "kron" if subset == "last_layer" else "diag"
         self.hessian = _choice("hessian", hessian, HESSIANS)
-        if subset == "all" and hessian == "kron":
+        if subset == "all" and hessian == "kron" and not self._kron_all:
             raise ValueError("Expected `hessian` in ('full', 'diag') with subset='all' (KFAC is implemented for "
                              "the last layer). Received: hessian='kron'")
         self.prior_precision = _positive("prior_precision", prior_precision)
@@ -487,12 +511,19 @@ class Laplace:
             raise ValueError("`sigma_noise` is the regression noise std; classification has none. "
                              f"Received: likelihood='classification', sigma_noise={sigma_noise!r}")
         self.model = model
-        self._net = _Network(model, likelihood, subset)
+        self._net = _Network(model, likelihood, subset, self._subset_variables(model))
         self.mean = None
         self.num_data = 0
         self.hessian_factors = None
         self._fit_terms = None  # classification: summed NLL; regression: SSE and output count
         self._basis = None
+
+    #: Whether ``subset="all"`` takes ``hessian="kron"`` (a subclass with per-layer factors).
+    _kron_all = False
+
+    def _subset_variables(self, model):
+        """The weights of ``subset="all"``: None for every trainable weight (a subclass picks others)."""
+        return None
 
     # -- fitting ------------------------------------------------------------------
     @property
@@ -533,23 +564,33 @@ class Laplace:
         terms = {"nll": 0.0, "sse": 0.0, "outputs": 0}
         curvature, num = None, 0
         for xb, yb in batches:
-            if self.subset == "last_layer":
-                phi = self._net.phi(xb)
-                f = phi @ self._net.last_layer_weights()
-                part = self._last_layer_curvature(phi, _output_hessian(f, self.likelihood))
-            else:
-                f, jac = self._net.outputs_and_jacobian(xb)
-                root = _output_hessian_root(f, self.likelihood, jac)
-                if self.hessian == "diag":
-                    part = np.square(root).sum(axis=(0, 1))
-                else:
-                    part = np.tensordot(root, root, axes=([0, 1], [0, 1]))
+            f, part = self._batch_curvature(xb)
             curvature = part if curvature is None else _add(curvature, part)
             self._add_loss_terms(terms, f, _targets(yb, f, self.likelihood))
             num += len(f)
         if self.hessian == "kron" and curvature is not None:
-            curvature = (curvature[0], curvature[1] / num)
+            curvature = self._average_output_factors(curvature, num)
         return curvature, terms, num
+
+    def _batch_curvature(self, x):
+        """``f(x; theta*)`` (B, K) and the batch's GGN in the structure of ``hessian`` (summed over the batch)."""
+        if self.subset == "last_layer":
+            phi = self._net.phi(x)
+            f = phi @ self._net.last_layer_weights()
+            return f, self._last_layer_curvature(phi, _output_hessian(f, self.likelihood))
+        f, jac = self._net.outputs_and_jacobian(x)
+        root = _output_hessian_root(f, self.likelihood, jac)
+        if self.hessian == "diag":
+            return f, np.square(root).sum(axis=(0, 1))
+        return f, np.tensordot(root, root, axes=([0, 1], [0, 1]))
+
+    def _hessian_root(self, f, jac):
+        """``L_n^T J_n`` (B, K, P), ``L_n L_n^T = Lambda_n``, for Jacobians ``jac`` (B, K, P) of the outputs ``f``."""
+        return _output_hessian_root(f, self.likelihood, jac)
+
+    def _average_output_factors(self, factors, num):
+        """KFAC's ``(A, G)`` summed over ``num`` examples -> ``(A, G / num)``."""
+        return factors[0], factors[1] / num
 
     def _last_layer_curvature(self, phi, lam):
         if self.hessian == "kron":
@@ -573,6 +614,8 @@ class Laplace:
         if self.hessian == "full":
             return _DenseBasis(curvature)
         if self.hessian == "kron":
+            if self.subset == "all":  # one (A, G) pair per weight matrix
+                return _BlockKroneckerBasis(curvature)
             return _KroneckerBasis.of_factors(*curvature)
         if self.subset == "last_layer":  # the diagonal as a Kronecker basis with identities
             return _KroneckerBasis(np.eye(self._net.input_dim), np.eye(self._net.units), curvature)

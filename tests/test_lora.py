@@ -1,0 +1,356 @@
+"""tfbnn.lora: Laplace-LoRA against closed forms and NumPy definitions; variational LoRA (BLoB)."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import scipy.linalg
+import scipy.special
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+import tfbnn
+from tfbnn import lora
+
+tfd = tfp.distributions
+D, R, K = 3, 2, 2
+
+
+def _lora_dense(units=K, d=D, rank=R, alpha=4, activation=None, seed=0, b_scale=0.5):
+    """A one-layer LoRA model ``f = x (W0 + s A B)``, ``s = alpha / rank``, with random W0, A and B."""
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((d,)), keras.layers.Dense(units, use_bias=False, activation=activation)])
+    layer = model.layers[0]
+    layer.enable_lora(rank, lora_alpha=alpha)
+    rng = np.random.default_rng(seed)
+    layer.lora_kernel_b.assign(b_scale * rng.normal(size=(rank, units)).astype("float32"))
+    return model, layer
+
+
+def _data(n, d=D, seed=1):
+    return np.random.default_rng(seed).normal(size=(n, d)).astype("float32")
+
+
+def _weights(layer):
+    as64 = lambda v: np.asarray(v.numpy(), np.float64)  # noqa: E731
+    return as64(layer._kernel), as64(layer.lora_kernel_a), as64(layer.lora_kernel_b), layer.lora_alpha / layer.lora_rank
+
+
+def _softmax(f):
+    return scipy.special.softmax(f, axis=-1)
+
+
+# -- Laplace-LoRA --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("hessian", lora.HESSIANS)
+def test_laplace_lora_over_b_is_bayesian_linear_regression(hessian):
+    """With ``A`` frozen, ``f(x) = x W0 + (s x A) B`` is linear in ``B``: on features ``u = s x A`` the model is
+    a linear regression with the offset ``x W0``. The GGN is then the exact Hessian, ``N(B*, (U^T U / sigma^2 + delta
+    I)^-1 kron I_K)`` the exact posterior (rows of ``B`` row-major), the Laplace evidence the exact one, and with
+    ``Lambda = I / sigma^2`` constant KFAC (``A_f = U^T U``, ``G_f = I``) and the full GGN coincide. (With both
+    factors free the model is bilinear: the GGN drops the second-order term and nothing is closed-form.)"""
+    delta, sigma = 2.0, 0.3
+    model, layer = _lora_dense()
+    layer.lora_kernel_a.trainable = False
+    x = _data(40)
+    w0, a, _, s = _weights(layer)
+    rng = np.random.default_rng(2)
+    u = s * x @ a
+    y = x @ w0 + u @ rng.normal(size=(R, K)) + sigma * rng.normal(size=(40, K))
+    precision = u.T @ u / sigma**2 + delta * np.eye(R)
+    b_map = np.linalg.solve(precision, u.T @ (y - x @ w0) / sigma**2)
+    layer.lora_kernel_b.assign(b_map.astype("float32"))
+
+    la = lora.fit_laplace(model, x, y, likelihood="regression", hessian=hessian, prior_precision=delta,
+                          sigma_noise=sigma)
+    full = np.kron(precision, np.eye(K))
+    np.testing.assert_allclose(la.mean, b_map.ravel(), rtol=1e-5, atol=1e-6)
+    expected = np.diag(full) if hessian == "diag" else full
+    np.testing.assert_allclose(la.posterior_precision, expected, rtol=1e-5, atol=1e-6)
+
+    if hessian != "diag":
+        resid = y - x @ w0
+        cov = sigma**2 * np.eye(len(x)) + u @ u.T / delta
+        evidence = -0.5 * (K * (np.linalg.slogdet(cov)[1] + len(x) * np.log(2 * np.pi))
+                           + np.einsum("nk,nk->", resid, np.linalg.solve(cov, resid)))
+        # the Laplace evidence is computed at the float32 MAP: equal to float32 round-off
+        np.testing.assert_allclose(la.log_marginal_likelihood(), evidence, rtol=1e-6)
+        xt = _data(5, seed=3)
+        ut = s * xt @ a
+        pred = la.predict(xt)
+        np.testing.assert_allclose(pred.mean, xt @ w0 + ut @ b_map, rtol=1e-4, atol=1e-5)
+        std = np.sqrt(np.einsum("nr,rq,nq->n", ut, np.linalg.inv(precision), ut))
+        np.testing.assert_allclose(pred.epistemic_std, np.repeat(std[:, None], K, 1), rtol=1e-4)
+        # marginal likelihood tuning finds the exact evidence's maximum over delta (sigma fixed)
+        grid = np.logspace(-2, 3, 201)
+        best = grid[np.argmax([la.log_marginal_likelihood(g) for g in grid])]
+        tuned = la.optimize_prior_precision(tune_sigma_noise=False).prior_precision
+        assert abs(np.log(tuned) - np.log(best)) < np.log(grid[1] / grid[0])
+
+
+def _np_lora_jacobian(x, w0, a, b, s):
+    """``J_n = d f_n / d (vec A, vec B)`` (N, K, d r + r K) of ``f = x (W0 + s A B)``, written out."""
+    n, d = x.shape
+    r, k = b.shape
+    ja = s * np.einsum("ni,jk->nkij", x, b).reshape(n, k, d * r)  # d f_k / d A_ij = s x_i B_jk
+    jb = s * np.einsum("nj,kl->nkjl", x @ a, np.eye(k)).reshape(n, k, r * k)  # d f_k / d B_jl = s u_j [k = l]
+    return np.concatenate([ja, jb], axis=-1)
+
+
+@pytest.mark.parametrize("likelihood", ["regression", "classification"])
+def test_laplace_lora_structures_match_their_numpy_definitions(likelihood):
+    """Both factors free: the full GGN ``sum J^T Lambda J``, its diagonal, and KFAC per factor (``A_f = sum a a^T``,
+    ``G_f = mean_n sum_k g g^T``: for ``A`` ``a = x``, ``g = s B L e_k``; for ``B`` ``a = s x A``, ``g = L e_k``,
+    ``L L^T = Lambda``) from the written-out Jacobian of ``f = x (W0 + s A B)``."""
+    model, layer = _lora_dense(units=3)
+    x = _data(12)
+    w0, a, b, s = _weights(layer)
+    f = x @ (w0 + s * a @ b)
+    if likelihood == "regression":
+        lam = np.broadcast_to(np.eye(3), (len(x), 3, 3))
+        y = f + 0.1
+    else:
+        p = _softmax(f)
+        lam = np.einsum("nk,kl->nkl", p, np.eye(3)) - np.einsum("nk,nl->nkl", p, p)
+        y = np.arange(len(x)) % 3
+    jac = _np_lora_jacobian(x, w0, a, b, s)
+    ggn = np.einsum("nkp,nkl,nlq->pq", jac, lam, jac)
+    fits = {h: lora.fit_laplace(model, x, y, likelihood=likelihood, hessian=h) for h in lora.HESSIANS}
+    np.testing.assert_allclose(fits["full"].hessian_factors, ggn, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(fits["diag"].hessian_factors, np.diag(ggn), rtol=1e-4, atol=1e-6)
+    a_in, g_a, b_in, g_b = fits["kron"].hessian_factors
+    u = s * x @ a
+    np.testing.assert_allclose(a_in, x.T @ x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g_a, s**2 * np.einsum("jk,nkl,il->ji", b, lam, b) / len(x), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(b_in, u.T @ u, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g_b, lam.mean(axis=0), rtol=1e-4, atol=1e-6)
+    # the KFAC posterior precision is block-diagonal, (A_f kron G_f) / sigma^2 + delta I per factor
+    blocks = scipy.linalg.block_diag(np.kron(a_in, g_a), np.kron(b_in, g_b))
+    np.testing.assert_allclose(fits["kron"].posterior_precision, blocks + np.eye(len(blocks)), rtol=1e-5, atol=1e-6)
+
+
+def _sequence_model(length, seed=0):
+    """EinsumDense over tokens ``btd,de->bte`` (LoRA rank 2), flattened, then a Dense head (no LoRA)."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((length, 4))
+    proj = keras.layers.EinsumDense("btd,de->bte", output_shape=(length, 3))
+    outputs = keras.layers.Dense(2)(keras.layers.Flatten()(proj(inputs)))
+    model = keras.Model(inputs, outputs)
+    proj.enable_lora(2)
+    proj.lora_kernel_b.assign(np.random.default_rng(seed).normal(size=(2, 3)).astype("float32"))
+    return model, proj
+
+
+def test_kfac_over_tokens_of_an_einsum_dense():
+    """KFAC "expand" over S = 3 positions against its definition: ``A_f = sum_{n,t} a a^T``, ``G_f = 1/(N S) sum_{n,t,k}
+    g g^T`` with ``d f_k / d y_t = W_head[t, :, k]`` (regression, ``Lambda = I``); and for one example at one
+    position KFAC is the exact GGN block (``H = a a^T kron g g^T``)."""
+    model, proj = _sequence_model(3)
+    x = np.random.default_rng(4).normal(size=(6, 3, 4)).astype("float32")
+    y = np.zeros((6, 2), "float32")
+    _, a, b, s = _weights(proj)
+    head = np.asarray(model.layers[-1].kernel.numpy(), np.float64).reshape(3, 3, 2)  # (t, e, k)
+    a_in, g_a, b_in, g_b = lora.fit_laplace(model, x, y, "regression", "kron").hessian_factors
+    xs = x.reshape(-1, 4).astype(np.float64)
+    g_out = np.einsum("tek,tfk->ef", head, head) / 3  # (1 / S) sum_t W_t W_t^T
+    np.testing.assert_allclose(a_in, xs.T @ xs, rtol=1e-5)
+    np.testing.assert_allclose(g_a, s**2 * b @ g_out @ b.T, rtol=1e-4)
+    np.testing.assert_allclose(b_in, s**2 * (xs @ a).T @ (xs @ a), rtol=1e-4)
+    np.testing.assert_allclose(g_b, g_out, rtol=1e-4)
+
+    model1, _ = _sequence_model(1)
+    x1, y1 = x[:1, :1], y[:1]
+    kron = lora.fit_laplace(model1, x1, y1, "classification", "kron", prior_precision=0.5).posterior_precision
+    full = lora.fit_laplace(model1, x1, y1, "classification", "full", prior_precision=0.5).posterior_precision
+    size_a = 4 * 2
+    np.testing.assert_allclose(kron[:size_a, :size_a], full[:size_a, :size_a], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(kron[size_a:, size_a:], full[size_a:, size_a:], rtol=1e-4, atol=1e-6)
+
+
+def test_laplace_lora_rejects_bad_input():
+    plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="without LoRA layers"):
+        lora.LoRALaplace(plain)
+    model, layer = _lora_dense()
+    with pytest.raises(ValueError, match="hessian='block'"):
+        lora.LoRALaplace(model, hessian="block")
+    layer.lora_kernel_a.trainable = layer.lora_kernel_b.trainable = False
+    with pytest.raises(ValueError, match="every LoRA factor frozen"):
+        lora.LoRALaplace(model)
+    inputs = keras.Input((5, 4))
+    heads = keras.layers.EinsumDense("btd,dhe->bthe", output_shape=(5, 2, 3))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(heads(inputs))))
+    heads.enable_lora(2)
+    with pytest.raises(ValueError, match="'btd,dhe->bthe'"):
+        lora.LoRALaplace(model, hessian="kron")
+    with pytest.raises(ValueError, match="prior_precision=-1"):
+        lora.LoRALaplace(model, hessian="diag", prior_precision=-1)
+
+
+# -- variational LoRA --------------------------------------------------------------------------------
+def _variational(seed=0, kl_weight=0.01, prior=None):
+    model, layer = _lora_dense(units=2, activation=None, seed=seed)
+    bayes = lora.variational(model, kl_weight=kl_weight, seed=seed, prior=prior)
+    return bayes, bayes.layers[-1]
+
+
+def test_variational_lora_kl_matches_tfp():
+    _, layer = _variational(prior=tfbnn.priors.Normal(0.3, 0.5))
+    rng = np.random.default_rng(0)
+    layer.rho.assign(rng.normal(size=layer.rho.shape).astype("float32"))
+    loc = layer.layer.lora_kernel_a
+    q = tfd.Normal(loc, tf.nn.softplus(layer.rho) + 1e-6)
+    expected = tf.reduce_sum(tfd.kl_divergence(q, tfd.Normal(0.3, 0.5)))
+    np.testing.assert_allclose(layer.kl_divergence(), expected, rtol=1e-5)
+
+
+def test_variational_lora_samples_have_the_posterior_moments():
+    """Draws of A have mean M and std sigma; the outputs of T joint samples at a fixed x have mean ``x W_M`` and
+    covariance ``s^2 B^T diag(sum_i x_i^2 sigma_ij^2) B``, the law of ``s x (sigma eps) B``."""
+    bayes, layer = _variational()
+    layer.rho.assign(np.full(layer.rho.shape, -1.0, "float32"))
+    sigma = np.log1p(np.exp(-1.0)) + 1e-6
+    t = 20000
+    draws = layer.sample_a(t).numpy()
+    m = layer.layer.lora_kernel_a.numpy()
+    np.testing.assert_allclose(draws.mean(0), m, atol=5 * sigma / np.sqrt(t))
+    np.testing.assert_allclose(draws.std(0), sigma, rtol=0.03)
+    x = _data(1)
+    w0, a, b, s = _weights(layer.layer)
+    with tfbnn.weight_samples(bayes, t, joint=True):
+        out = bayes(np.repeat(x, t, 0), training=False).numpy()
+    np.testing.assert_allclose(out.mean(0), (x @ (w0 + s * a @ b))[0], atol=5 * out.std(0).max() / np.sqrt(t))
+    cov = s**2 * b.T @ np.diag((x[0] ** 2).sum() * sigma**2 * np.ones(R)) @ b
+    np.testing.assert_allclose(np.cov(out.T), cov, rtol=0.05, atol=0.02 * np.abs(cov).max())
+    assert len(np.unique(out[:, 0])) > 0.99 * t  # distinct draws (up to float32 ties), not one repeated
+
+
+def test_variational_lora_loss_is_the_elbo():
+    """``train_on_batch``'s loss is ``mean (y - f_A(x))^2 + kl_weight * KL``, A drawn from the same seed state."""
+    bayes, layer = _variational(kl_weight=0.05)
+    layer.rho.assign(np.full(layer.rho.shape, -2.0, "float32"))
+    bayes.compile(keras.optimizers.SGD(0.0), "mse")
+    x, y = _data(8), np.ones((8, 2), "float32")
+    state = layer.seed_generator.state.numpy()
+    a_draw = layer.sample_a(1).numpy()[0]  # the draw the next call makes
+    layer.seed_generator.state.assign(state)
+    w0, _, b, s = _weights(layer.layer)
+    sigma = np.log1p(np.exp(-2.0)) + 1e-6
+    m = layer.layer.lora_kernel_a.numpy().astype(np.float64)
+    kl = np.sum(np.log(1.0 / sigma) + (sigma**2 + m**2) / 2 - 0.5)
+    expected = np.mean((y - x @ (w0 + s * a_draw @ b)) ** 2) + 0.05 * kl
+    np.testing.assert_allclose(bayes.train_on_batch(x, y), expected, rtol=1e-5)
+
+
+def test_variational_lora_trains_predicts_and_saves(tmp_path):
+    bayes, layer = _variational(kl_weight=None, seed=3)
+    w0 = layer.layer._kernel.numpy().copy()
+    m0, rho0 = layer.layer.lora_kernel_a.numpy().copy(), layer.rho.numpy().copy()
+    x = _data(32)
+    y = x[:, :2] * 2.0
+    bayes.compile(keras.optimizers.Adam(0.05), "mse")
+    with pytest.raises(ValueError, match="kl_weight=None"):
+        bayes.fit(x, y, epochs=1, verbose=0)
+    tfbnn.set_kl_weight(bayes, 1.0 / len(x))
+    bayes.compile(keras.optimizers.Adam(0.05), "mse")  # a fresh train step after the failed trace
+    history = bayes.fit(x, y, epochs=5, batch_size=16, verbose=0).history["loss"]
+    assert history[-1] < history[0]
+    np.testing.assert_array_equal(layer.layer._kernel.numpy(), w0)  # W0 stays frozen
+    assert not np.allclose(layer.layer.lora_kernel_a.numpy(), m0) and not np.allclose(layer.rho.numpy(), rho0)
+
+    res = tfbnn.predict(bayes, x[:4], num_samples=16, task="regression")
+    assert res.mean.shape == (4, 2) and np.all(res.epistemic_std > 0)
+    with tfbnn.posterior_mean(bayes):
+        np.testing.assert_allclose(bayes(x[:4]), layer.layer(x[:4]), rtol=1e-6, atol=1e-6)
+
+    path = os.path.join(tmp_path, "blob.keras")
+    bayes.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(loaded(x[:4]), bayes(x[:4]))  # the seed state travels: equal draws
+    np.testing.assert_array_equal(loaded(x[:4]), bayes(x[:4]))
+    config = loaded.layers[-1].get_config()
+    assert config["seed"] == 3 and config["layer"]["config"]["lora_rank"] == R
+
+
+
+def test_variational_lora_exports_its_predictive(tmp_path):
+    bayes, _ = _variational(kl_weight=0.01, seed=3)
+    x = _data(4)
+    served = tf.saved_model.load(tfbnn.export.export(bayes, os.path.join(tmp_path, "sm"), num_samples=8,
+                                                     task="regression"))
+    summary = served.summary(tf.constant(x[:4]))
+    assert summary["mean"].shape == (4, 2) and np.all(summary["epistemic_std"].numpy() > 0)
+    with tfbnn.posterior_mean(bayes):
+        np.testing.assert_allclose(served.mean(tf.constant(x[:4])), bayes(x[:4]), rtol=1e-5)
+
+
+def test_variational_lora_on_einsum_dense_samples_per_block():
+    inputs = keras.Input((3, 4))
+    proj = keras.layers.EinsumDense("btd,de->bte", output_shape=(3, 5), bias_axes="e")
+    model = keras.Model(inputs, proj(inputs))
+    proj.enable_lora(2)
+    proj.lora_kernel_b.assign(np.ones((2, 5), "float32"))
+    bayes = lora.variational(model, kl_weight=0.0, seed=1)
+    layer = bayes.layers[-1]
+    layer.rho.assign(np.zeros(layer.rho.shape, "float32"))
+    x = np.random.default_rng(0).normal(size=(2, 3, 4)).astype("float32")
+    with tfbnn.posterior_mean(bayes):
+        np.testing.assert_allclose(bayes(x), proj(x), rtol=1e-6, atol=1e-6)
+    with tfbnn.weight_samples(bayes, 4, joint=True):
+        out = bayes(np.tile(x, (4, 1, 1))).numpy().reshape(4, 2, 3, 5)
+    # each block shares its A: its deviation from the mean is x (sigma eps_t) B s, different across blocks
+    assert len({round(float(v), 5) for v in out[:, 0, 0, 0]}) == 4
+    state = layer.seed_generator.state.numpy()
+    a_draws = layer.sample_a(4).numpy()
+    layer.seed_generator.state.assign(state)
+    with tfbnn.weight_samples(bayes, 4, joint=True):
+        out = bayes(np.tile(x, (4, 1, 1))).numpy().reshape(4, 2, 3, 5)
+    s = proj.lora_alpha / proj.lora_rank
+    for t in range(4):
+        kernel = proj._kernel.numpy() + s * a_draws[t] @ proj.lora_kernel_b.numpy()
+        # float32 round-off of two summation orders; a draw other than A_t would differ by O(sigma) ~ 0.7
+        np.testing.assert_allclose(out[t], np.einsum("btd,de->bte", x, kernel) + proj.bias.numpy(), rtol=1e-4,
+                                   atol=1e-4)
+
+
+def test_variational_lora_rejects_bad_input():
+    with pytest.raises(ValueError, match="without LoRA"):
+        lora.VariationalLoRA(keras.layers.Dense(2))
+    with pytest.raises(ValueError, match="type Conv1D"):
+        lora.VariationalLoRA(keras.layers.Conv1D(2, 3))
+    with pytest.raises(ValueError, match="prior=.*ScaleMixture"):
+        lora.VariationalLoRA(keras.layers.Dense(2, lora_rank=1), prior=tfbnn.priors.ScaleMixture(0.5, 1.0, 0.01))
+    with pytest.raises(ValueError, match="kl_weight"):
+        lora.VariationalLoRA(keras.layers.Dense(2, lora_rank=1), kl_weight=-1.0)
+    with pytest.raises(ValueError, match="without them"):
+        lora.variational(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+
+
+def test_laplace_lora_on_a_kerashub_classifier():
+    """A tiny BERT classifier with ``backbone.enable_lora(2)`` (query and value EinsumDense, 3-D kernels): the
+    diagonal GGN over the LoRA factors equals ``sum_n diag(J_n^T Lambda_n J_n)`` from the Jacobian of the logits
+    in the LoRA variables (taken here with a GradientTape), ``Lambda_n = diag(p_n) - p_n p_n^T``."""
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.BertBackbone(vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length=6)
+    classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None, dropout=0.0)
+    backbone.enable_lora(2)
+    for layer in lora.lora_layers(classifier):  # B = 0 after enable_lora: a nonzero adapter
+        layer.lora_kernel_b.assign(np.full(layer.lora_kernel_b.shape, 0.3, "float32"))
+    rng = np.random.default_rng(0)
+    x = {"token_ids": rng.integers(0, 30, (6, 6)).astype("int32"), "segment_ids": np.zeros((6, 6), "int32"),
+         "padding_mask": np.ones((6, 6), "int32")}
+    y = rng.integers(0, 2, 6)
+    la = lora.fit_laplace(classifier, x, y, hessian="diag")
+    variables = [getattr(layer, f"lora_kernel_{w}") for layer, w in la.factors]
+    with tf.GradientTape() as tape:
+        logits = classifier(x, training=False)
+    jac = np.concatenate([j.numpy().reshape(6, 2, -1) for j in tape.jacobian(logits, variables)], axis=-1)
+    p = _softmax(logits.numpy().astype(np.float64))
+    lam = np.einsum("nk,kl->nkl", p, np.eye(2)) - np.einsum("nk,nl->nkl", p, p)
+    expected = np.einsum("nkp,nkl,nlp->p", jac, lam, jac)
+    assert la.num_parameters == expected.size == sum(int(np.prod(v.shape)) for v in variables)
+    np.testing.assert_allclose(la.hessian_factors, expected, rtol=1e-4, atol=1e-9)
+    with pytest.raises(ValueError, match="hessian='kron' needs"):
+        lora.LoRALaplace(classifier, hessian="kron")
