@@ -91,8 +91,11 @@ def test_initial_scales_fixed_and_moped():
     w = det.get_layer("h1").kernel.numpy()
     for method in ("vd", "graves", "flipout"):
         fixed = convert.to_bayesian(det, method=method, init_scale=0.01)
-        # Variational dropout's log alpha >= -8 floors sigma at e^-4 |w|.
-        expected = np.maximum(0.01, np.exp(-4.0) * np.abs(w)) if method == "vd" else 0.01
+        expected = 0.01
+        if method == "vd":  # log alpha in [min, max] ([-8, 8]): sigma in [e^(min/2) |w|, e^(max/2) |w|]
+            layer = fixed.get_layer("h1")
+            expected = np.clip(0.01, np.exp(layer.min_log_alpha / 2) * np.abs(w),
+                               np.exp(layer.max_log_alpha / 2) * np.abs(w))
         np.testing.assert_allclose(fixed.get_layer("h1").kernel_scale().numpy(), expected, rtol=1e-2)
         moped = convert.to_bayesian(det, method=method, init_scale="moped", moped_delta=0.1)
         np.testing.assert_allclose(moped.get_layer("h1").kernel_scale().numpy(), 0.1 * np.abs(w), rtol=1e-3, atol=2e-6)
