@@ -46,7 +46,8 @@ from tfbnn.experiments._study import Setting, Study
 __all__ = ["STUDY", "DEFAULTS", "base_recipe", "DEFAULT_METHODS", "run_experiment", "add_arguments", "run", "main"]
 
 #: The methods the benchmark runs by default (the names of ``_shift_benchmark.METHODS``).
-DEFAULT_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "ensemble", "laplace", "swag")
+DEFAULT_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "ensemble", "laplace", "swag", "dvi", "sngp",
+                   "ddu", "evidential", "heteroscedastic")
 _CORRUPTIONS = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "motion_blur", "zoom_blur",
                 "contrast", "brightness", "pixelate", "jpeg_compression")
 #: A quick run's corruptions (those asked among them): one noise, one blur, one digital.
@@ -63,6 +64,7 @@ SETTINGS = (
             kind="positive_int", metavar="K"),
     Setting("hidden_units", 64), Setting("depth", 2), Setting("epochs", 40), Setting("batch_size", 32),
     Setting("learning_rate", 3e-3), Setting("dropout_rate", 0.2), Setting("members", 5),
+    Setting("num_inducing", 1024, "SNGP's random features", kind="positive_int"),
     Setting("num_samples", 32, "Monte Carlo samples of the predictive"),
     Setting("calibration_fraction", 0.2, "fraction of the training images held out to calibrate the conformal sets",
             kind="open_unit"),
@@ -92,7 +94,8 @@ def _validate(s):
     if s["quick"]:
         kept = tuple(c for c in s["corruptions"] if c in _QUICK_CORRUPTIONS) or s["corruptions"][:1]
         s.update(epochs=min(s["epochs"], 4), hidden_units=min(s["hidden_units"], 16), depth=1,
-                 members=min(s["members"], 2), num_samples=min(s["num_samples"], 4), corruptions=kept)
+                 members=min(s["members"], 2), num_samples=min(s["num_samples"], 4), corruptions=kept,
+                 num_inducing=min(s["num_inducing"], 128))
     return s
 
 
@@ -115,7 +118,7 @@ def train(s, output_dir, verbose):
         print(f"{len(data['x_train'])} training, {len(data['x_cal'])} calibration, {len(data['x_test'])} test and "
               f"{len(data['x_ood'])} held-out-class images", flush=True)
     sets = _shift_benchmark.evaluation_sets(data, s, verbose)
-    return data, _shift_benchmark.predict_all(s, data, sets, output_dir, verbose)
+    return (data, *_shift_benchmark.predict_all(s, data, sets, output_dir, verbose))
 
 
 def analyse(results, s, output_dir, verbose):
@@ -126,8 +129,8 @@ def analyse(results, s, output_dir, verbose):
     """
     from tfbnn.experiments import _shift_benchmark
 
-    data, predictions = results
-    table, text, files = _shift_benchmark.write(predictions, data["y_test"], data["y_cal"], s, output_dir)
+    data, predictions, scores = results
+    table, text, files = _shift_benchmark.write(predictions, data["y_test"], data["y_cal"], s, output_dir, scores)
     if verbose:
         print("\n" + text, flush=True)
     return {"table": table, "markdown": text, "files": files}
