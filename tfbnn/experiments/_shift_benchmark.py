@@ -41,7 +41,7 @@ from tfbnn.experiments._posterior_study import pipeline
 from tfbnn.experiments.shift_benchmark import base_recipe
 from tfbnn.inference import entropy
 
-__all__ = ["BenchmarkMethod", "Context", "METHODS", "load", "evaluation_sets", "predict_all", "tables"]
+__all__ = ["BenchmarkMethod", "Context", "METHODS", "load", "evaluation_sets", "predict_all", "normalized", "tables"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,8 +301,17 @@ def predict_all(s, data, sets, output_dir, verbose=False):
 # -- the numbers ----------------------------------------------------------------------------------
 
 
+def normalized(probs):
+    """``probs`` renormalized in float64 to sum to 1: the conformal sets' input. APS's score of a confident right
+    prediction is ``p_y``, near 1; probabilities whose float32 sum rounds a few 1e-7 off 1 would then set the
+    threshold ``q_hat`` to exactly 1 and fill the sets with classes of mass ~1e-16 (coverage 1, 4 of 8 classes,
+    seen with the heteroscedastic softmax's Monte Carlo averages)."""
+    probs = np.asarray(probs, np.float64)
+    return probs / probs.sum(axis=1, keepdims=True)
+
+
 def _metrics(probs, labels, predictor, num_bins):
-    sets = predictor.predict(probs)
+    sets = predictor.predict(normalized(probs))
     return {"accuracy": metrics.accuracy(probs, labels), "nll": metrics.negative_log_likelihood(probs, labels),
             "ece": metrics.expected_calibration_error(probs, labels, num_bins=num_bins),
             "coverage": conformal.coverage(labels, sets), "set_size": float(np.mean(conformal.set_sizes(sets)))}
@@ -331,14 +340,15 @@ def tables(predictions, y_test, y_cal, s, scores=None):
         clean and mean corrupted (over corruptions and severities) accuracy / NLL / ECE, the OOD
         AUROCs by predictive entropy (held-out classes; synthetic inputs), the same AUROCs by the
         method's own score (None without one: SNGP's GP variance, DDU's negative log density,
-        evidential ``u = K / S``) and the coverage and set size of the conformal sets (APS,
-        calibrated on clean data) clean and corrupted.
+        evidential ``u = K / S``) and the coverage and set size of the conformal sets (APS on
+        the :func:`normalized` probabilities, calibrated on clean data) clean and corrupted.
     """
     scores = scores or {}
     table, by_corruption, by_severity = [], [], []
     for name, sets in predictions.items():
         label = METHODS[name].label if name in METHODS else name
-        predictor = conformal.ConformalClassifier(alpha=s["alpha"], score="aps").fit(sets["calibration"], y_cal)
+        predictor = conformal.ConformalClassifier(alpha=s["alpha"], score="aps").fit(normalized(sets["calibration"]),
+                                                                                     y_cal)
         clean = {"method": label, "corruption": "clean", "severity": 0,
                  **_metrics(sets["clean"], y_test, predictor, s["ece_bins"])}
         rows = [{"method": label, "corruption": c, "severity": k,

@@ -10,22 +10,30 @@ mnist and fashion_mnist through tensorflow-datasets where present):
   corruption of :data:`tfbnn.datasets.corruptions.IMAGE_CORRUPTIONS` (Hendrycks & Dietterich
   2019) at severities 1-5: accuracy, NLL, ECE;
 * out-of-distribution AUROC (predictive entropy as the score) against the test images of the
-  held-out classes and against synthetic inputs (uniform noise, constant images);
+  held-out classes and against synthetic inputs (uniform noise, constant images); for the
+  methods with their own score also by that score (SNGP: the GP posterior variance, Liu et al.
+  2020 eq. 9; DDU: ``-log q(z)``, Mukhoti et al. 2023 eq. 2; evidential: ``u = K / S``, Sensoy
+  et al. 2018);
 * conformal prediction sets (APS, :class:`tfbnn.conformal.ConformalClassifier` calibrated on
   the clean calibration split at ``1 - alpha``): their coverage and size under shift.
 
 The methods are a table (``tfbnn.experiments._shift_benchmark.METHODS``, name -> label and
 ``fit(context) -> predict``): ``deterministic``, ``mc_dropout``, ``bbb``, ``vd``, ``ibnn``,
-``ensemble``, ``laplace`` (last-layer KFAC of the deterministic network) and ``swag``. A new
-method (SNGP, DDU, ...) is one entry there; ``--methods`` then accepts its name.
+``ensemble``, ``laplace`` (last-layer KFAC of the deterministic network), ``swag``, and the
+single-pass ones: ``dvi`` (the ``bbb`` network predicted by moment propagation,
+:mod:`tfbnn.moments`), ``sngp`` (:mod:`tfbnn.sngp`, ``--num-inducing`` random features),
+``ddu`` (:mod:`tfbnn.ddu` on a softmax MLP with spectrally normalized layers), ``evidential``
+(a :class:`tfbnn.evidential.DirichletHead`) and ``heteroscedastic``
+(:class:`tfbnn.layers.HeteroscedasticSoftmax`). A new method is one entry there;
+``--methods`` then accepts its name.
 
 Outputs (``--output-dir``, default ``saved_models/experiments/shift_benchmark/``):
 ``table.csv`` / ``table.json`` / ``table.md`` (rows: method; columns: clean accuracy / NLL /
-ECE, mean corrupted accuracy / NLL / ECE, OOD AUROCs, coverage), ``by_corruption.csv``
+ECE, mean corrupted accuracy / NLL / ECE, OOD AUROCs by entropy and by the own score, coverage), ``by_corruption.csv``
 (method x corruption x severity), ``by_severity.csv`` (means over the corruptions),
 ``accuracy_vs_severity.png``, ``ece_vs_severity.png`` and ``predictions.npz`` (every
-method's probabilities on every set, with the labels). ``--quick`` is a smoke run of a few
-seconds (few epochs, small subsets).
+method's probabilities on every set, with the labels, and the own scores as ``score|<method>|<set>``).
+``--quick`` is a smoke run of a few seconds (few epochs, small subsets).
 
 Run: ``tfbnn shift-benchmark`` or ``python -m tfbnn.experiments.shift_benchmark``.
 
@@ -37,6 +45,16 @@ References:
     Perturbations. ICLR 2019.
     Nado et al. Uncertainty Baselines: Benchmarks for Uncertainty & Robustness in Deep
     Learning. arXiv:2106.04015, 2021.
+    Liu et al. Simple and Principled Uncertainty Estimation with Deterministic Deep Learning
+    via Distance Awareness (SNGP). NeurIPS 2020.
+    Mukhoti, Kirsch, van Amersfoort, Torr, Gal. Deep Deterministic Uncertainty: A New Simple
+    Baseline (DDU). CVPR 2023.
+    Sensoy, Kaplan, Kandemir. Evidential Deep Learning to Quantify Classification Uncertainty.
+    NeurIPS 2018.
+    Collier, Mustafa, Kokiopoulou, Jenatton, Berent. Correlated Input-Dependent Label Noise in
+    Large-Scale Image Classification. CVPR 2021.
+    Wu, Nowozin, Meeds, Turner, Hernandez-Lobato, Gaunt. Deterministic Variational Inference
+    for Robust Bayesian Neural Networks (DVI). ICLR 2019.
 """
 
 from tfbnn import training
@@ -71,7 +89,8 @@ SETTINGS = (
     Setting("alpha", 0.1, "conformal miscoverage: sets of 1 - alpha coverage", kind="open_unit"),
     Setting("ece_bins", 15, "bins of the ECE", kind="positive_int"),
     Setting("max_examples", None), Setting("max_test_examples", None), Setting("seed", 0),
-    Setting("quick", False, "a smoke run: 4 epochs of 16 units on 256 images, 48 test images, 2 members, 4 samples, 3 corruptions"),
+    Setting("quick", False, "a smoke run: 4 epochs of 16 units on 256 images, 48 test images, 2 members, 4 samples, "
+                             "128 random features, 3 corruptions"),
 )
 
 DESCRIPTION = (
