@@ -27,7 +27,8 @@ def test_quick_run_writes_the_table_and_it_matches_the_stored_predictions(quick)
     y, y_cal = stored["y_test"], stored["y_cal"]
     saved = json.loads((out / "table.json").read_text())
     corruptions = saved["settings"]["corruptions"]
-    for method, label in (("bbb", "BbB"), ("laplace", "Laplace (last layer)")):
+    for method, label in (("bbb", "BbB"), ("laplace", "Laplace (last layer)"), ("ddu", "DDU"),
+                          ("evidential", "evidential"), ("dvi", "DVI (BbB, moments)")):
         probs = stored[f"{method}|clean"].astype(np.float64)
         row = table[label]
         # independent recomputation: NumPy accuracy, NLL and a 15-bin ECE, scikit-learn's AUROC
@@ -47,12 +48,34 @@ def test_quick_run_writes_the_table_and_it_matches_the_stored_predictions(quick)
         h_in, h_out = entropy(probs), entropy(stored[f"{method}|ood_classes"].astype(np.float64))
         expected = roc_auc_score(np.r_[np.zeros(len(h_in)), np.ones(len(h_out))], np.r_[h_in, h_out])
         assert row["ood_auroc_classes"] == pytest.approx(expected, abs=1e-3)
+        cal = stored[f"{method}|calibration"].astype(np.float64)
         sets = conformal.ConformalClassifier(alpha=0.1, score="aps").fit(
-            stored[f"{method}|calibration"].astype(np.float64), y_cal).predict(probs)
+            cal / cal.sum(1, keepdims=True), y_cal).predict(probs / probs.sum(1, keepdims=True))
         assert row["coverage_clean"] == pytest.approx(np.mean(sets[np.arange(len(y)), y]))
+    from sklearn.metrics import roc_auc_score
+
+    for method, label in (("sngp", "SNGP"), ("ddu", "DDU"), ("evidential", "evidential")):
+        # the own score's AUROC: scikit-learn's on the stored scores
+        s_in = stored[f"score|{method}|clean"]
+        for kind in ("classes", "synthetic"):
+            s_out = stored[f"score|{method}|ood_{kind}"]
+            expected = roc_auc_score(np.r_[np.zeros(len(s_in)), np.ones(len(s_out))], np.r_[s_in, s_out])
+            assert table[label][f"ood_auroc_own_{kind}"] == pytest.approx(expected, abs=1e-9)
+    # evidential: p = alpha / S and u = K / S, so alpha = p K / u, each >= 1 (evidence + 1), u in (0, 1]
+    u, p = stored["score|evidential|clean"], stored["evidential|clean"]
+    assert np.all((u > 0) & (u <= 1)) and np.all(p * 8 / u[:, None] >= 1 - 1e-4)
+    # DVI predicts the network of the bbb row (one cached training run) by moments, not by sampling
+    runs = os.listdir(out / "runs")
+    assert "bbb" in runs and "dvi" not in runs
+    assert not np.allclose(stored["dvi|clean"], stored["bbb|clean"], atol=1e-6)
+    own = {"SNGP", "DDU", "evidential"}
+    assert "own scores: SNGP: GP variance; DDU: -log feature density; evidential: u = K / S" in (
+        out / "table.md").read_text()
     for r in result["table"]:
         for key, value in r.items():
-            if key != "method":
+            if key.startswith("ood_auroc_own") and r["method"] not in own:
+                assert value is None
+            elif key != "method":
                 assert np.isfinite(value) and (value >= 0)
         assert 0 <= r["clean_accuracy"] <= 1 and 0 <= r["ood_auroc_synthetic"] <= 1
     assert metrics.accuracy(stored["bbb|clean"], y) == pytest.approx(table["BbB"]["clean_accuracy"])
@@ -60,16 +83,17 @@ def test_quick_run_writes_the_table_and_it_matches_the_stored_predictions(quick)
 
 @pytest.mark.heavy
 def test_seeded_reproducibility_and_methods_independent_of_each_other(quick, tmp_path):
-    """A second run of one method alone gives its row of the full run exactly: each method is seeded on
-    its own (Laplace trains its own deterministic network here, after the same seed)."""
+    """A second run of some methods alone gives their rows of the full run exactly: each method is seeded on
+    its own (Laplace trains its own deterministic network here, after the same seed); DDU's own score too."""
     _, result = quick
     alone = shift_benchmark.run_experiment(output_dir=str(tmp_path / "a"), quick=True, verbose=False,
-                                           methods=("laplace",))["table"]
-    assert alone == [r for r in result["table"] if r["method"] == "Laplace (last layer)"]
+                                           methods=("laplace", "ddu"))["table"]
+    assert alone == [r for r in result["table"] if r["method"] in ("Laplace (last layer)", "DDU")]
 
 
 @pytest.mark.parametrize("overrides, match", [
-    ({"methods": ("deterministic", "sngp")}, r"Expected names from \['deterministic'.*methods=\['deterministic', 'sngp'\]"),
+    ({"methods": ("deterministic", "gp")}, r"Expected names from \['deterministic'.*methods=\['deterministic', 'gp'\]"),
+    ({"num_inducing": 0}, "num_inducing=0"),
     ({"corruptions": ("fog",)}, "corruptions"),
     ({"in_classes": 1}, "in_classes=1"),
     ({"alpha": 1.5}, "alpha=1.5"),

@@ -2,17 +2,21 @@
 
 The methods are one table, :data:`METHODS`: name -> :class:`BenchmarkMethod` (a label and
 ``fit(context) -> predict``, where ``predict(x)`` returns the ``(n, K)`` predictive class
-probabilities of the images ``x``). The study trains each asked method, predicts every
-evaluation set (clean, each corruption at each severity, held-out classes, synthetic
-inputs and the clean calibration split) and keeps the probabilities; :func:`tables` turns
-them into the numbers.
+probabilities of the images ``x``, or, for a method with its own out-of-distribution score,
+a pair ``(probs, score)`` with ``score`` ``(n,)``, higher for inputs less like the training
+data). The study trains each asked method, predicts every evaluation set (clean, each
+corruption at each severity, held-out classes, synthetic inputs and the clean calibration
+split) and keeps the probabilities and scores; :func:`tables` turns them into the numbers.
 
-Adding a method (SNGP, DDU, evidential, heteroscedastic, DVI, ...) is one entry::
+Adding a method is one entry::
 
-    def fit_sngp(context):
-        result = context.train("sngp", {"num_inducing": 128})   # a tfbnn.methods method, or train your own
-        return lambda x: my_predictive(result.model, x)           # (n, K) probabilities
-    METHODS["sngp"] = BenchmarkMethod("SNGP", fit_sngp)
+    def fit_mine(context):
+        result = context.train("vd", {"parameterization": "multiplicative"})  # a tfbnn.methods method
+        return lambda x: my_predictive(result.model, x)                        # (n, K) probabilities
+    METHODS["vd_kingma"] = BenchmarkMethod("VD (Kingma)", fit_mine)
+
+:func:`_network` trains the study's MLP with another body layer or head (DDU, evidential,
+heteroscedastic do).
 
 ``context`` (:class:`Context`) holds the settings, the training arrays, a seeded
 :func:`tfbnn.training.run` of the study's recipe with another method (``context.train``,
@@ -29,7 +33,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 import tfbnn
-from tfbnn import conformal, laplace, metrics, plots, swag, training
+from tfbnn import conformal, ddu, evidential, laplace, metrics, plots, sngp, swag, training
 from tfbnn._internal import files
 from tfbnn.datasets import corruptions
 from tfbnn.experiments import _common
@@ -37,15 +41,17 @@ from tfbnn.experiments._posterior_study import pipeline
 from tfbnn.experiments.shift_benchmark import base_recipe
 from tfbnn.inference import entropy
 
-__all__ = ["BenchmarkMethod", "Context", "METHODS", "load", "evaluation_sets", "predict_all", "tables"]
+__all__ = ["BenchmarkMethod", "Context", "METHODS", "load", "evaluation_sets", "predict_all", "normalized", "tables"]
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchmarkMethod:
-    """One row of the benchmark: its label in the tables and ``fit(context) -> predict(x) -> (n, K) probs``."""
+    """One row of the benchmark: its label in the tables and ``fit(context) -> predict(x) -> (n, K) probs``
+    (or ``(probs, score)``; ``score`` then names the method's own OOD score in the tables)."""
 
     label: str
     fit: object
+    score: str = ""
 
 
 class Context:
@@ -93,6 +99,86 @@ def _trained(method, options=lambda s: {}):
     return fit
 
 
+def _network(context, head, loss, body=None, callbacks=()):
+    """The study's MLP (``hidden_units`` x ``depth`` ReLU layers ``body(units)``, default ``keras.layers.Dense``)
+    ending in the layers ``head``,
+    trained as the recipe trains (Adam at ``learning_rate``, ``epochs``, ``batch_size``, the same seeded data
+    order) on ``loss``: the methods whose head or body :mod:`tfbnn.methods` does not build."""
+    s = context.s
+    layers = [keras.Input(context.x.shape[1:]), keras.layers.Flatten()]
+    body = body or (lambda units: keras.layers.Dense(units, activation="relu"))
+    layers += [body(s["hidden_units"]) for _ in range(s["depth"])]
+    model = keras.Sequential(layers + list(head))
+    model.compile(keras.optimizers.Adam(s["learning_rate"]), loss=loss)
+    data = pipeline(context.x, context.y, s["dataset"], s["batch_size"], context.num_classes, s["seed"])
+    model.fit(data.train, epochs=s["epochs"], verbose=0, shuffle=False, callbacks=list(callbacks))  # shuffled data
+    return model
+
+
+def _batches(fn, x, batch_size=512):
+    """``fn`` of ``x`` in batches, concatenated as float64 (eager calls: no predict graph to trace)."""
+    return np.concatenate([np.asarray(fn(x[i:i + batch_size]), np.float64) for i in range(0, len(x), batch_size)])
+
+
+def _bbb_options(s):
+    """Bayes by Backprop as ``bbb`` and ``dvi`` train it (one cached run for both)."""
+    return {"estimator": "local_reparameterization", "prior": "normal"}
+
+
+def _fit_dvi(context):
+    """The ``bbb`` network (the same cached run) predicted by moment propagation (:mod:`tfbnn.moments`,
+    Wu et al. 2019): one deterministic pass, the probit approximation of the softmax."""
+    model = context.train("bbb", _bbb_options(context.s)).model
+    return lambda x: tfbnn.predict(model, x, method="moments", batch_size=512).mean_probs
+
+
+def _fit_sngp(context):
+    """SNGP (:mod:`tfbnn.sngp`; spectrally normalized ReLU layers, a random-feature GP head with Gaussian
+    precision weights and input normalization, as the single-pass guide recommends): the mean-field
+    predictive; own score the GP posterior variance (Liu et al. 2020, eq. 9)."""
+    options = {"num_inducing": context.s["num_inducing"], "gp_cov_likelihood": "gaussian", "normalize_input": True}
+    predict = _trained("sngp", lambda s: options)(context)
+    model = context.train("sngp", options).model
+    return lambda x: (predict(x), sngp.predictive_variance(model, x, batch_size=512))
+
+
+def _fit_ddu(context):
+    """DDU (:mod:`tfbnn.ddu`): a softmax MLP with spectrally normalized hidden layers, a GDA fitted on its
+    penultimate features of the training images; own score ``-log q(z)`` (Mukhoti et al. 2023, eq. 2)."""
+    model = _network(context, [keras.layers.Dense(context.num_classes, activation="softmax")],
+                     "sparse_categorical_crossentropy",
+                     body=lambda units: tfbnn.layers.SpectralDense(units, activation="relu", seed=context.s["seed"]))
+    gda = ddu.DDU(model, batch_size=512).fit(context.x, context.y)
+    return lambda x: (_batches(model, x), -gda.log_density(x))
+
+
+def _fit_evidential(context):
+    """Evidential classification (Sensoy et al. 2018, :mod:`tfbnn.evidential`): a Dirichlet head on the MLP,
+    the MSE loss (eq. 5) with the KL term annealed over min(10, epochs) epochs; predictive ``alpha / S``,
+    own score ``u = K / S``."""
+    head = evidential.DirichletHead()
+    loss = evidential.EvidentialClassificationLoss("mse")
+    model = _network(context, [keras.layers.Dense(context.num_classes), head], loss,
+                     callbacks=[evidential.EvidentialAnnealing(min(10, context.s["epochs"]), losses=[loss])])
+
+    def predict(x):
+        alpha = _batches(model, x)
+        strength = alpha.sum(axis=1)
+        return alpha / strength[:, None], alpha.shape[1] / strength
+
+    return predict
+
+
+def _fit_heteroscedastic(context):
+    """The heteroscedastic softmax of Collier et al. (2021) (:class:`tfbnn.layers.HeteroscedasticSoftmax`,
+    rank-3 correlated logit noise plus a diagonal, 100 Monte Carlo samples in training, 1000 at
+    inference) on the MLP."""
+    head = tfbnn.layers.HeteroscedasticSoftmax(context.num_classes, num_factors=3, train_mc_samples=100,
+                                               test_mc_samples=1000, seed=context.s["seed"])
+    model = _network(context, [head], "sparse_categorical_crossentropy")
+    return lambda x: _batches(model, x)
+
+
 def _fit_laplace(context):
     """The deterministic network's last-layer KFAC Laplace, prior precision by the marginal likelihood;
     the probit predictive (:mod:`tfbnn.laplace`)."""
@@ -114,14 +200,18 @@ def _fit_swag(context):
 METHODS = {
     "deterministic": BenchmarkMethod("deterministic", _trained("deterministic")),
     "mc_dropout": BenchmarkMethod("MC dropout", _trained("mc_dropout", lambda s: {"rate": s["dropout_rate"]})),
-    "bbb": BenchmarkMethod("BbB", _trained("bbb", lambda s: {"estimator": "local_reparameterization",
-                                                            "prior": "normal"})),
+    "bbb": BenchmarkMethod("BbB", _trained("bbb", _bbb_options)),
     "vd": BenchmarkMethod("VD", _trained("vd")),
     "ibnn": BenchmarkMethod("iBNN", _trained("ibnn", lambda s: {"num_components": 4})),
     "ensemble": BenchmarkMethod("deep ensemble", _trained("ensemble", lambda s: {
         "members": s["members"], "member_method": "deterministic"})),
     "laplace": BenchmarkMethod("Laplace (last layer)", _fit_laplace),
     "swag": BenchmarkMethod("SWAG", _fit_swag),
+    "dvi": BenchmarkMethod("DVI (BbB, moments)", _fit_dvi),
+    "sngp": BenchmarkMethod("SNGP", _fit_sngp, score="GP variance"),
+    "ddu": BenchmarkMethod("DDU", _fit_ddu, score="-log feature density"),
+    "evidential": BenchmarkMethod("evidential", _fit_evidential, score="u = K / S"),
+    "heteroscedastic": BenchmarkMethod("heteroscedastic", _fit_heteroscedastic),
 }
 
 
@@ -182,29 +272,46 @@ def evaluation_sets(data, s, verbose=False):
 
 
 def predict_all(s, data, sets, output_dir, verbose=False):
-    """``{method: {set name: (n, K) probabilities}}`` of every method of ``s["methods"]``."""
+    """``(predictions, scores)``: ``{method: {set name: (n, K) probabilities}}`` of every method of
+    ``s["methods"]`` and ``{method: {set name: (n,) own OOD scores}}`` of those with an own score."""
     context = Context(s, data["x_train"], data["y_train"], base_recipe(s), output_dir)
     everything = np.concatenate(list(sets.values()))
     bounds = np.cumsum([0] + [len(v) for v in sets.values()])
-    out = {}
+
+    def split(values):
+        return {key: values[a:b] for key, a, b in zip(sets, bounds[:-1], bounds[1:])}
+
+    out, scores = {}, {}
     for i, name in enumerate(s["methods"], 1):
         start = time.perf_counter()
         keras.utils.set_random_seed(s["seed"])
         predict = METHODS[name].fit(context)
-        probs = np.asarray(predict(everything), np.float64)
-        out[name] = {key: probs[a:b] for key, a, b in zip(sets, bounds[:-1], bounds[1:])}
+        result = predict(everything)
+        if isinstance(result, tuple):
+            result, score = result
+            scores[name] = split(np.asarray(score, np.float64))
+        out[name] = split(np.asarray(result, np.float64))
         if verbose:
             print(f"[{i}/{len(s['methods'])}] {METHODS[name].label}: trained and predicted "
                   f"{len(everything)} images in {time.perf_counter() - start:.1f} s", flush=True)
     keras.backend.clear_session()
-    return out
+    return out, scores
 
 
 # -- the numbers ----------------------------------------------------------------------------------
 
 
+def normalized(probs):
+    """``probs`` renormalized in float64 to sum to 1: the conformal sets' input. APS's score of a confident right
+    prediction is ``p_y``, near 1; probabilities whose float32 sum rounds a few 1e-7 off 1 would then set the
+    threshold ``q_hat`` to exactly 1 and fill the sets with classes of mass ~1e-16 (coverage 1, 4 of 8 classes,
+    seen with the heteroscedastic softmax's Monte Carlo averages)."""
+    probs = np.asarray(probs, np.float64)
+    return probs / probs.sum(axis=1, keepdims=True)
+
+
 def _metrics(probs, labels, predictor, num_bins):
-    sets = predictor.predict(probs)
+    sets = predictor.predict(normalized(probs))
     return {"accuracy": metrics.accuracy(probs, labels), "nll": metrics.negative_log_likelihood(probs, labels),
             "ece": metrics.expected_calibration_error(probs, labels, num_bins=num_bins),
             "coverage": conformal.coverage(labels, sets), "set_size": float(np.mean(conformal.set_sizes(sets)))}
@@ -214,21 +321,34 @@ def _mean(rows, key):
     return float(np.mean([r[key] for r in rows]))
 
 
-def tables(predictions, y_test, y_cal, s):
-    """The benchmark's numbers from the stored probabilities.
+def _own_aurocs(scores):
+    """The OOD AUROCs (held-out classes; synthetic inputs) of a method's own score, or None without one."""
+    if scores is None:
+        return {"ood_auroc_own_classes": None, "ood_auroc_own_synthetic": None}
+    return {f"ood_auroc_own_{kind}": metrics.auroc(scores["clean"], scores[f"ood_{kind}"])
+            for kind in ("classes", "synthetic")}
+
+
+def tables(predictions, y_test, y_cal, s, scores=None):
+    """The benchmark's numbers from the stored probabilities (and own OOD scores ``scores``,
+    ``{method: {set name: (n,) scores}}``, of the methods that have one).
 
     Returns:
         ``(table, by_corruption, by_severity)``: lists of dicts. ``by_corruption``: per method,
         corruption and severity (0: clean) accuracy, NLL, ECE, conformal coverage and mean set
         size; ``by_severity``: their means over the corruptions; ``table``: one row per method,
         clean and mean corrupted (over corruptions and severities) accuracy / NLL / ECE, the OOD
-        AUROCs by predictive entropy (held-out classes; synthetic inputs) and the coverage and set
-        size of the conformal sets (APS, calibrated on clean data) clean and corrupted.
+        AUROCs by predictive entropy (held-out classes; synthetic inputs), the same AUROCs by the
+        method's own score (None without one: SNGP's GP variance, DDU's negative log density,
+        evidential ``u = K / S``) and the coverage and set size of the conformal sets (APS on
+        the :func:`normalized` probabilities, calibrated on clean data) clean and corrupted.
     """
+    scores = scores or {}
     table, by_corruption, by_severity = [], [], []
     for name, sets in predictions.items():
         label = METHODS[name].label if name in METHODS else name
-        predictor = conformal.ConformalClassifier(alpha=s["alpha"], score="aps").fit(sets["calibration"], y_cal)
+        predictor = conformal.ConformalClassifier(alpha=s["alpha"], score="aps").fit(normalized(sets["calibration"]),
+                                                                                     y_cal)
         clean = {"method": label, "corruption": "clean", "severity": 0,
                  **_metrics(sets["clean"], y_test, predictor, s["ece_bins"])}
         rows = [{"method": label, "corruption": c, "severity": k,
@@ -248,6 +368,7 @@ def tables(predictions, y_test, y_cal, s):
             "corrupted_ece": _mean(rows, "ece"),
             "ood_auroc_classes": metrics.auroc(in_scores, entropy(sets["ood_classes"])),
             "ood_auroc_synthetic": metrics.auroc(in_scores, entropy(sets["ood_synthetic"])),
+            **_own_aurocs(scores.get(name)),
             "coverage_clean": clean["coverage"], "coverage_corrupted": _mean(rows, "coverage"),
             "set_size_clean": clean["set_size"], "set_size_corrupted": _mean(rows, "set_size"),
         })
@@ -255,18 +376,27 @@ def tables(predictions, y_test, y_cal, s):
 
 
 _HEADER = ("method", "clean acc", "clean NLL", "clean ECE", "corrupted acc", "corrupted NLL", "corrupted ECE",
-           "OOD AUROC (classes)", "OOD AUROC (synthetic)", "coverage clean", "coverage corrupted")
+           "OOD AUROC (classes)", "OOD AUROC (synthetic)", "own-score OOD AUROC (classes)",
+           "own-score OOD AUROC (synthetic)", "coverage clean", "coverage corrupted")
+
+
+def _cell(value):
+    return "-" if value is None else f"{value:.3f}"
 
 
 def markdown(table, s):
-    """The table in the uncertainty-baselines layout, as Markdown."""
+    """The table in the uncertainty-baselines layout, as Markdown; the own scores named below it."""
     lines = [f"Shift benchmark on {s['dataset']} (classes 0-{s['in_classes'] - 1} in distribution; "
              f"{len(s['corruptions'])} corruptions x 5 severities; conformal sets at 1 - alpha = {1 - s['alpha']:g})",
              "", "| " + " | ".join(_HEADER) + " |", "|" + "---|" * len(_HEADER)]
     keys = ("clean_accuracy", "clean_nll", "clean_ece", "corrupted_accuracy", "corrupted_nll", "corrupted_ece",
-            "ood_auroc_classes", "ood_auroc_synthetic", "coverage_clean", "coverage_corrupted")
+            "ood_auroc_classes", "ood_auroc_synthetic", "ood_auroc_own_classes", "ood_auroc_own_synthetic",
+            "coverage_clean", "coverage_corrupted")
     for r in table:
-        lines.append("| " + " | ".join([r["method"]] + [f"{r[k]:.3f}" for k in keys]) + " |")
+        lines.append("| " + " | ".join([r["method"]] + [_cell(r[k]) for k in keys]) + " |")
+    own = [f"{m.label}: {m.score}" for m in METHODS.values() if m.score and m.label in [r["method"] for r in table]]
+    if own:
+        lines += ["", "OOD AUROCs by predictive entropy; own scores: " + "; ".join(own) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -284,11 +414,13 @@ def severity_figure(by_severity, metric, ylabel, dataset):
     return fig
 
 
-def write(predictions, y_test, y_cal, s, output_dir):
-    """Writes the tables, the plots and the probabilities; returns ``(table, markdown, files)``."""
-    table, by_corruption, by_severity = tables(predictions, y_test, y_cal, s)
+def write(predictions, y_test, y_cal, s, output_dir, scores=None):
+    """Writes the tables, the plots, the probabilities (``<method>|<set>``) and the own scores
+    (``score|<method>|<set>``); returns ``(table, markdown, files)``."""
+    table, by_corruption, by_severity = tables(predictions, y_test, y_cal, s, scores)
     text = markdown(table, s)
     arrays = {f"{m}|{key}": p.astype(np.float32) for m, sets in predictions.items() for key, p in sets.items()}
+    arrays.update({f"score|{m}|{key}": v for m, sets in (scores or {}).items() for key, v in sets.items()})
     path = os.path.join(output_dir, "predictions.npz")
     np.savez_compressed(path, y_test=y_test, y_cal=y_cal, **arrays)
     written = [

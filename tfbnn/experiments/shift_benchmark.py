@@ -10,22 +10,30 @@ mnist and fashion_mnist through tensorflow-datasets where present):
   corruption of :data:`tfbnn.datasets.corruptions.IMAGE_CORRUPTIONS` (Hendrycks & Dietterich
   2019) at severities 1-5: accuracy, NLL, ECE;
 * out-of-distribution AUROC (predictive entropy as the score) against the test images of the
-  held-out classes and against synthetic inputs (uniform noise, constant images);
+  held-out classes and against synthetic inputs (uniform noise, constant images); for the
+  methods with their own score also by that score (SNGP: the GP posterior variance, Liu et al.
+  2020 eq. 9; DDU: ``-log q(z)``, Mukhoti et al. 2023 eq. 2; evidential: ``u = K / S``, Sensoy
+  et al. 2018);
 * conformal prediction sets (APS, :class:`tfbnn.conformal.ConformalClassifier` calibrated on
   the clean calibration split at ``1 - alpha``): their coverage and size under shift.
 
 The methods are a table (``tfbnn.experiments._shift_benchmark.METHODS``, name -> label and
 ``fit(context) -> predict``): ``deterministic``, ``mc_dropout``, ``bbb``, ``vd``, ``ibnn``,
-``ensemble``, ``laplace`` (last-layer KFAC of the deterministic network) and ``swag``. A new
-method (SNGP, DDU, ...) is one entry there; ``--methods`` then accepts its name.
+``ensemble``, ``laplace`` (last-layer KFAC of the deterministic network), ``swag``, and the
+single-pass ones: ``dvi`` (the ``bbb`` network predicted by moment propagation,
+:mod:`tfbnn.moments`), ``sngp`` (:mod:`tfbnn.sngp`, ``--num-inducing`` random features),
+``ddu`` (:mod:`tfbnn.ddu` on a softmax MLP with spectrally normalized layers), ``evidential``
+(a :class:`tfbnn.evidential.DirichletHead`) and ``heteroscedastic``
+(:class:`tfbnn.layers.HeteroscedasticSoftmax`). A new method is one entry there;
+``--methods`` then accepts its name.
 
 Outputs (``--output-dir``, default ``saved_models/experiments/shift_benchmark/``):
 ``table.csv`` / ``table.json`` / ``table.md`` (rows: method; columns: clean accuracy / NLL /
-ECE, mean corrupted accuracy / NLL / ECE, OOD AUROCs, coverage), ``by_corruption.csv``
+ECE, mean corrupted accuracy / NLL / ECE, OOD AUROCs by entropy and by the own score, coverage), ``by_corruption.csv``
 (method x corruption x severity), ``by_severity.csv`` (means over the corruptions),
 ``accuracy_vs_severity.png``, ``ece_vs_severity.png`` and ``predictions.npz`` (every
-method's probabilities on every set, with the labels). ``--quick`` is a smoke run of a few
-seconds (few epochs, small subsets).
+method's probabilities on every set, with the labels, and the own scores as ``score|<method>|<set>``).
+``--quick`` is a smoke run of a few seconds (few epochs, small subsets).
 
 Run: ``tfbnn shift-benchmark`` or ``python -m tfbnn.experiments.shift_benchmark``.
 
@@ -37,6 +45,16 @@ References:
     Perturbations. ICLR 2019.
     Nado et al. Uncertainty Baselines: Benchmarks for Uncertainty & Robustness in Deep
     Learning. arXiv:2106.04015, 2021.
+    Liu et al. Simple and Principled Uncertainty Estimation with Deterministic Deep Learning
+    via Distance Awareness (SNGP). NeurIPS 2020.
+    Mukhoti, Kirsch, van Amersfoort, Torr, Gal. Deep Deterministic Uncertainty: A New Simple
+    Baseline (DDU). CVPR 2023.
+    Sensoy, Kaplan, Kandemir. Evidential Deep Learning to Quantify Classification Uncertainty.
+    NeurIPS 2018.
+    Collier, Mustafa, Kokiopoulou, Jenatton, Berent. Correlated Input-Dependent Label Noise in
+    Large-Scale Image Classification. CVPR 2021.
+    Wu, Nowozin, Meeds, Turner, Hernandez-Lobato, Gaunt. Deterministic Variational Inference
+    for Robust Bayesian Neural Networks (DVI). ICLR 2019.
 """
 
 from tfbnn import training
@@ -46,7 +64,8 @@ from tfbnn.experiments._study import Setting, Study
 __all__ = ["STUDY", "DEFAULTS", "base_recipe", "DEFAULT_METHODS", "run_experiment", "add_arguments", "run", "main"]
 
 #: The methods the benchmark runs by default (the names of ``_shift_benchmark.METHODS``).
-DEFAULT_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "ensemble", "laplace", "swag")
+DEFAULT_METHODS = ("deterministic", "mc_dropout", "bbb", "vd", "ibnn", "ensemble", "laplace", "swag", "dvi", "sngp",
+                   "ddu", "evidential", "heteroscedastic")
 _CORRUPTIONS = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "motion_blur", "zoom_blur",
                 "contrast", "brightness", "pixelate", "jpeg_compression")
 #: A quick run's corruptions (those asked among them): one noise, one blur, one digital.
@@ -63,13 +82,15 @@ SETTINGS = (
             kind="positive_int", metavar="K"),
     Setting("hidden_units", 64), Setting("depth", 2), Setting("epochs", 40), Setting("batch_size", 32),
     Setting("learning_rate", 3e-3), Setting("dropout_rate", 0.2), Setting("members", 5),
+    Setting("num_inducing", 1024, "SNGP's random features", kind="positive_int"),
     Setting("num_samples", 32, "Monte Carlo samples of the predictive"),
     Setting("calibration_fraction", 0.2, "fraction of the training images held out to calibrate the conformal sets",
             kind="open_unit"),
     Setting("alpha", 0.1, "conformal miscoverage: sets of 1 - alpha coverage", kind="open_unit"),
     Setting("ece_bins", 15, "bins of the ECE", kind="positive_int"),
     Setting("max_examples", None), Setting("max_test_examples", None), Setting("seed", 0),
-    Setting("quick", False, "a smoke run: 4 epochs of 16 units on 256 images, 48 test images, 2 members, 4 samples, 3 corruptions"),
+    Setting("quick", False, "a smoke run: 4 epochs of 16 units on 256 images, 48 test images, 2 members, 4 samples, "
+                             "128 random features, 3 corruptions"),
 )
 
 DESCRIPTION = (
@@ -92,7 +113,8 @@ def _validate(s):
     if s["quick"]:
         kept = tuple(c for c in s["corruptions"] if c in _QUICK_CORRUPTIONS) or s["corruptions"][:1]
         s.update(epochs=min(s["epochs"], 4), hidden_units=min(s["hidden_units"], 16), depth=1,
-                 members=min(s["members"], 2), num_samples=min(s["num_samples"], 4), corruptions=kept)
+                 members=min(s["members"], 2), num_samples=min(s["num_samples"], 4), corruptions=kept,
+                 num_inducing=min(s["num_inducing"], 128))
     return s
 
 
@@ -115,7 +137,7 @@ def train(s, output_dir, verbose):
         print(f"{len(data['x_train'])} training, {len(data['x_cal'])} calibration, {len(data['x_test'])} test and "
               f"{len(data['x_ood'])} held-out-class images", flush=True)
     sets = _shift_benchmark.evaluation_sets(data, s, verbose)
-    return data, _shift_benchmark.predict_all(s, data, sets, output_dir, verbose)
+    return (data, *_shift_benchmark.predict_all(s, data, sets, output_dir, verbose))
 
 
 def analyse(results, s, output_dir, verbose):
@@ -126,8 +148,8 @@ def analyse(results, s, output_dir, verbose):
     """
     from tfbnn.experiments import _shift_benchmark
 
-    data, predictions = results
-    table, text, files = _shift_benchmark.write(predictions, data["y_test"], data["y_cal"], s, output_dir)
+    data, predictions, scores = results
+    table, text, files = _shift_benchmark.write(predictions, data["y_test"], data["y_cal"], s, output_dir, scores)
     if verbose:
         print("\n" + text, flush=True)
     return {"table": table, "markdown": text, "files": files}
