@@ -337,8 +337,8 @@ class StochasticLayer(keras.layers.Layer):
 
     def _rademacher_pair(self, shape_a, shape_b, dtype):
         """Independent random signs of ``shape_a`` and of ``shape_b`` (Flipout's input and output signs)."""
-        if self._portable_noise is not None:
-            return tuple(tf.sign(self._portable_noise.uniform(shape, dtype) - 0.5) for shape in (shape_a, shape_b))
+        if self._portable_noise is not None:  # u < 1/2: -1, else +1 (sign(u - 1/2) was 0 at u = 1/2 exactly)
+            return tuple(_signs(self._portable_noise.uniform(shape, dtype)) for shape in (shape_a, shape_b))
         seeds = tf.random.experimental.stateless_split(self._next_seed(), 2)
         return self._rademacher(shape_a, dtype, seeds[0]), self._rademacher(shape_b, dtype, seeds[1])
 
@@ -481,3 +481,8 @@ class KernelArguments:
         if self.activation is not None:
             outputs = self.activation(outputs)
         return outputs
+
+
+def _signs(uniform):
+    """Random signs from uniforms on ``[0, 1)``: -1 below 1/2, +1 from 1/2 on; never 0."""
+    return tf.where(uniform < 0.5, -tf.ones_like(uniform), tf.ones_like(uniform))
