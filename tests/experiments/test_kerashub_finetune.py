@@ -85,3 +85,28 @@ def test_bad_settings(tmp_path, overrides, match):
     with pytest.raises(ValueError, match=match):
         kerashub_finetune.run_experiment(output_dir=str(tmp_path / "x"), quick=True, verbose=False, **overrides)
     assert not os.path.exists(tmp_path / "x")
+
+
+@pytest.mark.heavy
+def test_bayesian_head_kerashub_classifier_exports_its_predictive_summary(tmp_path):
+    """The served ``summary`` of the ViT with a BbB head (the model benchmarks/lora_serving.py times) against
+    ``tfbnn.predict`` of the same model in process, and its entropy decomposition recomputed in NumPy."""
+    import tensorflow as tf
+
+    import tfbnn
+    from tfbnn.experiments import _kerashub_finetune as kh
+
+    task = kh.build_task("image", {"num_classes": 8}, {"seed": 0, "dropout_rate": 0.1})
+    model = kh.bayesian_head_task(task, kh.features_bayesian_head(task, num_examples=100, seed=0, init_scale=0.5))
+    x = np.random.default_rng(0).random((3, 8, 8, 1), dtype=np.float32)
+    served = tf.saved_model.load(tfbnn.export.export(model, str(tmp_path / "sm"), num_samples=400))
+    s = {k: v.numpy().astype(np.float64) for k, v in served.summary_seeded(tf.constant(x), tf.constant(1)).items()}
+    reference = tfbnn.predict(model, x, num_samples=4000)
+    assert np.std(tfbnn.predict(model, x, num_samples=8, return_samples=True).samples, axis=0).max() > 1e-2
+    # Monte Carlo means of 400 and 4000 draws: the standard error of a probability is below 0.5 / sqrt(400)
+    np.testing.assert_allclose(s["mean_probs"], reference.mean_probs, atol=0.05)
+    np.testing.assert_allclose(s["predictive_entropy"], _entropy(s["mean_probs"]), rtol=1e-4)
+    np.testing.assert_allclose(s["epistemic"], s["predictive_entropy"] - s["aleatoric"], atol=1e-5)
+    np.testing.assert_allclose(s["epistemic"], reference.mutual_information, atol=0.05)
+    with tfbnn.posterior_mean(model):
+        np.testing.assert_allclose(served.mean(tf.constant(x)), model(x), rtol=1e-5, atol=1e-6)

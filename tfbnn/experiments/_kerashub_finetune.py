@@ -21,7 +21,7 @@ from tfbnn.datasets import text
 from tfbnn.experiments import _common
 from tfbnn.inference import entropy
 
-__all__ = ["HubMethod", "Context", "METHODS", "load", "build_task", "predict_all", "tables", "markdown", "write"]
+__all__ = ["HubMethod", "Context", "METHODS", "load", "build_task", "features_bayesian_head", "bayesian_head_task", "predict_all", "tables", "markdown", "write"]
 
 _NUM_IN_CLASSES = 8  # the image task's digits 0-7; 8-9 are its OOD set
 _QUICK_TRAIN, _QUICK_TEST = 160, 48
@@ -73,21 +73,32 @@ def _fit_laplace(context):
     return lambda x: la.predict(hub.pooled_features(context.task, x, batch_size=256))
 
 
-def _features_head(context):
-    """``Input(d) -> Dense``: the task's head as a model on the pooled features (its weights copied)."""
-    last = hub.head_layer(context.task)
+def features_bayesian_head(task, num_examples, seed=None, init_scale=1e-3):
+    """The head of ``task`` as a Flipout Bayes-by-Backprop model on its pooled features, ``Input(d) -> DenseFlipout``
+    (:func:`tfbnn.hub.bayesian_head` of the head alone, posterior means at the fine-tuned weights). Some KerasHub
+    configs (ViT's) do not clone, so :func:`tfbnn.hub.bayesian_head` cannot rebuild the whole task; the frozen
+    backbone's features are the same."""
+    last = hub.head_layer(task)
     head = keras.Sequential([keras.Input((last.kernel.shape[0],)), keras.layers.Dense.from_config(last.get_config())],
-                            name=f"{context.kind}_head")
+                            name=f"{task.name}_head")
     head.set_weights(last.get_weights())
-    return head
+    return hub.bayesian_head(head, "flipout", num_examples=num_examples, init_scale=init_scale, seed=seed)
+
+
+def bayesian_head_task(task, head):
+    """``x -> softmax(head(phi(x)))``: the task's backbone and pooled features under the Bayesian ``head`` of
+    :func:`features_bayesian_head`, class probabilities out: one model that :func:`tfbnn.predict` and
+    :func:`tfbnn.export.export` take as they are."""
+    features = hub.feature_model(task)
+    probs = keras.layers.Softmax(name="probs")(head(features.outputs[0]))
+    return keras.Model(task.input, probs, name=f"{task.name}_bbb_head")
 
 
 def _fit_bbb_head(context):
-    """The head as Flipout Bayes by Backprop over the pooled features, computed once: the frozen
-    backbone's features are those of :func:`tfbnn.hub.bayesian_head` (some KerasHub configs, ViT's, do
-    not clone, so the head is converted on its own)."""
+    """The head as Flipout Bayes by Backprop (:func:`features_bayesian_head`) trained on the ELBO over the
+    pooled features, computed once."""
     features = hub.pooled_features(context.task, context.x)
-    bnn = hub.bayesian_head(_features_head(context), "flipout", num_examples=context.n, seed=context.s["seed"])
+    bnn = features_bayesian_head(context.task, context.n, seed=context.s["seed"])
     context.compile_fit(bnn, features, context.y, context.s["head_epochs"])
     samples = context.s["num_samples"]
     return lambda x: tfbnn.predict(bnn, hub.pooled_features(context.task, x, batch_size=256), num_samples=samples,
