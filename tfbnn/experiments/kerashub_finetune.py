@@ -35,6 +35,11 @@ in-distribution test set, OOD AUROC with the predictive entropy as the score, wh
 ``predictions.npz`` (every method's probabilities on the test and OOD sets, with the labels).
 ``--quick`` is a smoke run of a few seconds (tiny data, one epoch).
 
+Why this study keeps its own training loop (``model.fit`` in ``_kerashub_finetune.Context``) and lists no
+:class:`tfbnn.training.Recipe`: a recipe names a zoo model, and KerasHub tasks are not in the zoo
+(keras-hub is an optional extra); every method also starts from the one fine-tuned model rather
+than from a recipe of its own.
+
 Run: ``tfbnn kerashub-finetune`` or ``python -m tfbnn.experiments.kerashub_finetune``. Needs
 keras-hub (the ``hub`` extra).
 
@@ -95,6 +100,11 @@ def _validate(s):
     return s
 
 
+def _no_recipes(s):
+    """No recipe: this study keeps its own training loop (the module docstring says why)."""
+    return []
+
+
 def train(s, output_dir, verbose):
     """Fine-tunes each model, fits every method and predicts the test and OOD sets."""
     from tfbnn.experiments import _kerashub_finetune
@@ -118,7 +128,7 @@ def analyse(results, s, output_dir, verbose):
 
 STUDY = Study(
     name="kerashub-finetune", module="tfbnn.experiments.kerashub_finetune", description=DESCRIPTION,
-    settings=SETTINGS, recipes=lambda s: [], train=train, analyse=analyse, validate=_validate,
+    settings=SETTINGS, recipes=_no_recipes, train=train, analyse=analyse, validate=_validate,
     outputs="the table, the plot and the predictions",
     banner=lambda s: f"kerashub_finetune: {', '.join(s['methods'])} on {', '.join(s['models'])}",
 )
