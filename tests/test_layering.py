@@ -107,6 +107,11 @@ FUNCTION_LOCAL_IMPORTS = {
     **{("tfbnn/experiments/shift_benchmark.py", name):
         _study("shift-benchmark") + " (its numeric side, tfbnn.experiments._shift_benchmark)"
         for name in ("_validate", "train", "analyse")},
+    **{("tfbnn/experiments/kerashub_finetune.py", name):
+        _study("kerashub-finetune") + " (its numeric side, tfbnn.experiments._kerashub_finetune)"
+        for name in ("train", "analyse")},
+    ("tfbnn/experiments/_kerashub_finetune.py", "build_task"):
+        "keras-hub is the optional [hub] extra: imported only when a KerasHub model is built",
     ("tfbnn/experiments/_common.py", "quiet_tensorflow"): _STUDIES,
     ("tfbnn/experiments/_common.py", "array_pipeline"): _STUDIES,
     ("tfbnn/experiments/_study.py", "Setting._one"):
@@ -145,6 +150,7 @@ TENSORFLOW_FREE = (
     "tfbnn.cli.train", "tfbnn.cli.tune",
     "tfbnn.datasets", "tfbnn.datasets.catalog",
     "tfbnn.experiments", "tfbnn.experiments._common", "tfbnn.experiments._study", "tfbnn.experiments.ibnn_lenet",
+    "tfbnn.experiments.kerashub_finetune",
     "tfbnn.experiments.ibnn_regression", "tfbnn.experiments.ibnn_shift", "tfbnn.experiments.posterior_comparison",
     "tfbnn.experiments.shift_benchmark", "tfbnn.experiments.uncertainty_comparison", "tfbnn.experiments.vcl_split_digits",
     "tfbnn.experiments.vd_regression", "tfbnn.experiments.vd_sparsity", "tfbnn.experiments.vd_transformer",

@@ -69,7 +69,7 @@ def _ids(paths):
 def test_there_is_a_notebook_per_study():
     assert [p.stem.split("_", 1)[1] for p in NOTEBOOKS] == [
         "bayes_by_backprop", "variational_dropout", "ibnn", "cifar_comparison", "uncertainty_in_production",
-        "posterior_comparison", "shift_benchmark"]
+        "posterior_comparison", "shift_benchmark", "kerashub_finetune"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))

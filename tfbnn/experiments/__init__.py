@@ -43,6 +43,10 @@ module                          experiment
                                 Laplace, SWAG under 10 image corruptions x 5
                                 severities, OOD classes / synthetic inputs, conformal
                                 coverage under shift (one table, plots)
+``kerashub_finetune``           tiny KerasHub BERT (synthetic reviews) and ViT
+                                (digits) fine-tuned, then MAP, last-layer Laplace,
+                                BbB head, Laplace-LoRA, BLoB, MC dropout, an ensemble
+                                of heads: accuracy, NLL, ECE, OOD AUROC (one table)
 ==============================  ====================================================
 """
 
@@ -73,4 +77,7 @@ STUDIES = {
                          "split digits: VCL (posterior as prior) vs fine-tuning; forgetting table + plots"),
     "shift-benchmark": ("tfbnn.experiments.shift_benchmark",
                         "every method under 10 corruptions x 5 severities, OOD AUROC, conformal coverage (table + plots)"),
+    "kerashub-finetune": ("tfbnn.experiments.kerashub_finetune",
+                          "tiny KerasHub BERT / ViT fine-tuned: MAP, Laplace, BbB head, Laplace-LoRA, BLoB, MC dropout, "
+                          "ensemble (table + plot)"),
 }
