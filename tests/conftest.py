@@ -32,10 +32,26 @@ def _seeded(request):
     yield
     # clear_session's full garbage collection costs 0.3-3 s as a worker's heap grows, more
     # than most tests take: half the suite's time when it ran after every test. It runs
-    # after the heavy tests only, which hold the big models (their memory peaks 2 GB lower).
+    # after the heavy tests only, which hold the big models (their memory peaks 2 GB lower),
+    # and only once the worker holds more than FREE_MEMORY_ABOVE: most heavy tests (a
+    # notebook's kernel, a subprocess, a small model trained long) leave little to free.
     # (The tests heavy by measurement, tests/heavy_tests.txt, are short enough to skip it.)
     heavy = request.node.get_closest_marker("heavy") is not None and request.node.nodeid not in _MEASURED
-    keras.backend.clear_session(free_memory=heavy)
+    keras.backend.clear_session(free_memory=heavy and _resident_bytes() > FREE_MEMORY_ABOVE)
+
+
+#: The resident memory of a worker above which a heavy test's teardown collects its garbage.
+FREE_MEMORY_ABOVE = 2 * 2**30
+
+
+def _resident_bytes():
+    """This process's resident memory (Linux: /proc/self/statm); where it cannot be read, more
+    than FREE_MEMORY_ABOVE, so that the garbage is collected as before."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return FREE_MEMORY_ABOVE + 1
 
 
 @pytest.fixture
