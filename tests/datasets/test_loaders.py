@@ -76,6 +76,33 @@ def test_tfds_loader_under_mock_data(name):
         assert datasets.load_tfds(name, max_examples=1000).num_examples == 6
 
 
+@pytest.mark.parametrize("name, num_classes", [("cifar10", 10), ("cifar100", 100)])
+def test_load_images_gives_rgb_cifar_under_mock_data(name, num_classes):
+    """CIFAR as (n, 32, 32, 3) float32 in [0, 1]: tfds' own uint8 images divided by 255, in the split's order."""
+    with tfds.testing.mock_data(num_examples=7):
+        ds = datasets.load_images(name, max_test_examples=5)
+        (train, test) = tfds.load(name, split=["train", "test"], as_supervised=True, shuffle_files=False)
+        raw = [(np.asarray(x), int(y)) for x, y in train.take(7)]
+    assert ds.name == name and ds.num_classes == num_classes
+    assert ds.x_train.shape == (7, 32, 32, 3) and ds.x_test.shape == (5, 32, 32, 3) and ds.input_shape == (32, 32, 3)
+    assert ds.x_train.dtype == np.float32 and ds.y_train.dtype == np.int32
+    np.testing.assert_array_equal(ds.x_train, np.stack([x for x, _ in raw]).astype(np.float32) / np.float32(255))
+    np.testing.assert_array_equal(ds.y_train, [y for _, y in raw])
+    assert not np.array_equal(ds.x_train[..., 0], ds.x_train[..., 1])  # three real channels, not grey copies
+
+
+def test_load_images_rejects_bad_arguments():
+    with pytest.raises(ValueError, match=r"Expected one of \['digits', 'mnist', 'fashion_mnist', 'cifar10', "
+                                         r"'cifar100'\]. Received: dataset='moons'"):
+        datasets.load_images("moons")
+    with pytest.raises(ValueError, match="Received: max_examples=0"):
+        datasets.load_images("cifar10", max_examples=0)
+    with pytest.raises(ValueError, match="Received: max_test_examples=-2"):
+        datasets.load_images("cifar100", max_test_examples=-2)
+    with pytest.raises(ValueError, match="not digits"):
+        datasets.load_images("digits", max_examples=5)
+
+
 def test_tfds_loader_rejects_bad_arguments():
     with pytest.raises(ValueError, match="Received: dataset='cifar10'"):
         datasets.load_tfds("cifar10")

@@ -78,8 +78,8 @@ def test_lenet_builders_and_the_tfds_path():
         ds = datasets.load_images("fashion_mnist")
     assert ds.x_train.shape[1:] == (28, 28, 1) and ds.num_classes == 10 and ds.num_examples == 24
     assert datasets.load_images("digits").input_shape == (8, 8, 1)
-    with pytest.raises(ValueError, match="Received: dataset='cifar10'"):
-        datasets.load_images("cifar10")
+    with pytest.raises(ValueError, match="Received: dataset='moons'"):
+        datasets.load_images("moons")
 
 
 @pytest.mark.heavy

@@ -134,33 +134,72 @@ def load(name, **kwargs):
 
 
 def load_images(name, seed=0, max_examples=None, max_test_examples=None):
-    """An image classification dataset as an :class:`ArrayDataset` of ``(n, h, w, 1)`` images.
+    """An image classification dataset as an :class:`ArrayDataset` of ``(n, h, w, c)`` images in ``[0, 1]``.
 
     ``"digits"`` is offline (scikit-learn's 1797 8x8 digits, 1437 train / 360 test,
     as 8x8x1; the stand-in for Fashion-MNIST on machines without internet);
-    ``"mnist"`` and ``"fashion_mnist"`` come from tensorflow-datasets (28x28x1).
+    ``"mnist"`` and ``"fashion_mnist"`` (28x28x1) and ``"cifar10"`` / ``"cifar100"``
+    (32x32x3 RGB, 10 / 100 classes) come from tensorflow-datasets: each pixel
+    ``x / 255`` as float32, the splits in their stored order, the first ``max_examples``
+    training and ``max_test_examples`` test images (None: all). The shape of one
+    image is the catalog's (:data:`tfbnn.datasets.CATALOG`).
+
+    Args:
+        name: one of :data:`IMAGE_DATASETS`.
+        seed: int, the train/test split of ``digits`` (the tensorflow-datasets sets have theirs).
+        max_examples: int > 0 or None, at most this many training images (not with ``digits``).
+        max_test_examples: int > 0 or None, the same for the test split.
+
+    Returns:
+        An :class:`ArrayDataset`: ``x`` float32 ``(n, h, w, c)``, ``y`` int32 ``(n,)``.
 
     Raises:
-        ValueError: another name, or ``max_examples`` with ``digits``.
+        ValueError: another name, a bad ``max_examples``, or ``max_examples`` with ``digits``.
         RuntimeError: tensorflow-datasets could not provide the data.
+
+    Example:
+        Offline, with generated stand-in images:
+
+        >>> import tensorflow_datasets as tfds, tfbnn
+        >>> with tfds.testing.mock_data(num_examples=6):
+        ...     ds = tfbnn.datasets.load_images("cifar10", max_test_examples=4)
+        >>> ds.x_train.shape, ds.x_test.shape, ds.num_classes
+        ((6, 32, 32, 3), (4, 32, 32, 3), 10)
     """
     import numpy as np
 
     from tfbnn.datasets.base import ArrayDataset
 
-    if name not in GRAYSCALE_DATASETS:
-        raise ValueError(f"Unknown dataset. Expected one of {list(GRAYSCALE_DATASETS)}. Received: dataset={name!r}")
+    if not isinstance(name, str) or name not in IMAGE_DATASETS:
+        raise ValueError(f"Unknown dataset. Expected one of {list(IMAGE_DATASETS)}. Received: dataset={name!r}")
+    shape = CATALOG[name][1]
     if name == "digits":
         if max_examples is not None or max_test_examples is not None:
             raise ValueError(f"`max_examples` applies to the tensorflow-datasets sets, not digits. "
                              f"Received: max_examples={max_examples}, max_test_examples={max_test_examples}")
         ds = load("digits", seed=seed)
-    else:
+    elif name in GRAYSCALE_DATASETS:
         ds = load(name, max_examples=max_examples, max_test_examples=max_test_examples)
-    side = CATALOG[name][1][0]
+    else:  # RGB (CIFAR): read as load_tfds reads the grey-scale sets, keeping the image shape
+        from tfbnn.datasets import _tfds
+
+        def arrays(split, limit):
+            batches = list(_tfds.numpy_batches(split, limit))
+            x = np.concatenate([b[0] for b in batches]) if batches else np.zeros((0,) + shape, np.uint8)
+            y = np.concatenate([b[1] for b in batches]) if batches else np.zeros((0,), np.int32)
+            return x.astype(np.float32) / np.float32(255.0), y.astype(np.int32)
+
+        limits = [_tfds.check_max(k, v) for k, v in (("max_examples", max_examples),
+                                                     ("max_test_examples", max_test_examples))]
+        splits, info = _tfds.load_train_test(name, None, True)
+        (x_train, y_train), (x_test, y_test) = (arrays(d, n) for d, n in zip(splits, limits))
+        if len(x_train) == 0:
+            raise RuntimeError(f"tensorflow-datasets returned no training examples for {name!r}.")
+        ds = ArrayDataset(x_train, y_train, x_test, y_test, num_classes=_tfds.num_classes(info, CATALOG[name][2]),
+                          name=name)
 
     def images(x):
-        return np.ascontiguousarray(x.reshape(len(x), side, side, 1), dtype=np.float32)
+        return np.ascontiguousarray(x.reshape((len(x),) + shape), dtype=np.float32)
 
     return ArrayDataset(images(ds.x_train), ds.y_train, images(ds.x_test), ds.y_test,
                         num_classes=ds.num_classes, name=ds.name)
