@@ -97,8 +97,68 @@ def test_seeded_reproducibility_and_methods_independent_of_each_other(quick, tmp
     ({"corruptions": ("fog",)}, "corruptions"),
     ({"in_classes": 1}, "in_classes=1"),
     ({"alpha": 1.5}, "alpha=1.5"),
+    ({"dataset": "svhn"}, r"'digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100'.*svhn"),
+    ({"dataset": "cifar10", "in_classes": 10}, r"below the 10 classes of cifar10.*Received: in_classes=10"),
+    ({"dataset": "cifar100", "in_classes": 100}, r"below the 100 classes of cifar100.*Received: in_classes=100"),
 ])
 def test_bad_settings(tmp_path, overrides, match):
     with pytest.raises(ValueError, match=match):
         shift_benchmark.run_experiment(output_dir=str(tmp_path / "x"), quick=True, verbose=False, **overrides)
     assert not os.path.exists(tmp_path / "x")
+
+
+@pytest.mark.heavy
+def test_quick_run_on_mocked_rgb_cifar10(tmp_path, monkeypatch):
+    """CIFAR-10 (mocked tfds) reaches every method as 32x32x3 images; the corrupted sets stay RGB, in [0, 1],
+    and differ from the clean images; the table is written with a row per method."""
+    import tensorflow_datasets as tfds
+
+    from tfbnn.experiments import _shift_benchmark
+
+    seen, captured = {}, {}
+    evaluation_sets = _shift_benchmark.evaluation_sets
+
+    def spy_sets(data, s, verbose=False):
+        captured.update(evaluation_sets(data, s, verbose))
+        return captured
+
+    def fit_probe(context):  # a method that records what it is given (after deterministic: its cached run)
+        seen.update(x=context.x.shape, y=context.y, classes=context.num_classes,
+                    model=context.train("deterministic").model.input_shape)
+
+        def predict(x):
+            seen["predicted"] = x.shape
+            return np.full((len(x), context.num_classes), 1 / context.num_classes)
+
+        return predict
+
+    monkeypatch.setattr(_shift_benchmark, "evaluation_sets", spy_sets)
+    monkeypatch.setitem(_shift_benchmark.METHODS, "probe", _shift_benchmark.BenchmarkMethod("probe", fit_probe))
+    with tfds.testing.mock_data(num_examples=40):
+        result = shift_benchmark.run_experiment(
+            output_dir=str(tmp_path), dataset="cifar10", quick=True, verbose=False, corruptions=("gaussian_noise",
+                                                                                                 "contrast"),
+            methods=("deterministic", "laplace", "probe"))
+    # 40 mocked images, those of classes 0-7 in, 20% of them calibration
+    assert seen["x"][1:] == (32, 32, 3) and seen["model"] == (None, 32, 32, 3) and seen["classes"] == 8
+    assert seen["y"].max() < 8 and seen["predicted"][1:] == (32, 32, 3)
+    clean = captured["clean"]
+    assert clean.shape[1:] == (32, 32, 3) and not np.array_equal(clean[..., 0], clean[..., 2])
+    assert set(captured) == {"clean", "calibration", "ood_classes", "ood_synthetic",
+                             *(f"{c}/{k}" for c in ("gaussian_noise", "contrast") for k in range(1, 6))}
+    for c in ("gaussian_noise", "contrast"):
+        for k in range(1, 6):
+            shifted = captured[f"{c}/{k}"]
+            assert shifted.shape == clean.shape and 0 <= shifted.min() and shifted.max() <= 1
+            assert np.abs(shifted - clean).mean() > 1e-3
+    # contrast at severity 5 in NumPy, per image and channel: (x - m) 0.15 + m, m the channel's mean (CIFAR-10-C)
+    mean = clean.mean(axis=(1, 2), keepdims=True)
+    np.testing.assert_allclose(captured["contrast/5"], (clean - mean) * 0.15 + mean, atol=1e-5)
+    assert captured["ood_synthetic"].shape[1:] == (32, 32, 3)
+    assert [r["method"] for r in result["table"]] == ["deterministic", "Laplace (last layer)", "probe"]
+    assert "Shift benchmark on cifar10" in (tmp_path / "table.md").read_text()
+    settings = json.loads((tmp_path / "table.json").read_text())["settings"]
+    assert (settings["max_examples"], settings["max_test_examples"]) == (2000, 1000)  # a quick run's read caps
+    probs = np.load(tmp_path / "predictions.npz")
+    assert probs["laplace|contrast/3"].shape == (len(clean), 8)
+    assert result["table"][2]["clean_accuracy"] == pytest.approx(np.mean(probs["y_test"] == 0))  # argmax of a tie: 0

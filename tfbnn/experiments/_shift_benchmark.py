@@ -56,11 +56,12 @@ class BenchmarkMethod:
 
 class Context:
     """What a method's ``fit`` gets: the settings ``s``, the in-distribution training arrays ``x, y``
-    (images), the base :class:`tfbnn.training.Recipe` and :meth:`train`."""
+    (images ``(n, h, w, c)``), ``num_classes`` (``in_classes``: the classes ``0 .. in_classes - 1``, whether
+    or not a small subset holds each), the base :class:`tfbnn.training.Recipe` and :meth:`train`."""
 
     def __init__(self, s, x, y, recipe, output_dir):
         self.s, self.x, self.y, self.recipe, self.output_dir = s, x, y, recipe, output_dir
-        self.num_classes = int(y.max()) + 1
+        self.num_classes = s["in_classes"]
         self._runs = {}
 
     def train(self, method, options=None, callbacks=()):
@@ -219,21 +220,22 @@ METHODS = {
 
 
 def _images(dataset, s):
-    """``(x_train, y_train, x_test, y_test)``: images in [0, 1], ``(n, h, w, 1)`` (:func:`tfbnn.datasets.load_images`)."""
+    """``(x_train, y_train, x_test, y_test, num_classes)``: images in [0, 1], ``(n, h, w, c)`` (one channel, or
+    three for CIFAR) (:func:`tfbnn.datasets.load_images`)."""
     limits = {} if dataset == "digits" else {"max_examples": s["max_examples"],
                                               "max_test_examples": s["max_test_examples"]}
     ds = tfbnn.datasets.load_images(dataset, seed=s["seed"], **limits)
-    return ds.x_train, ds.y_train, ds.x_test, ds.y_test
+    return ds.x_train, ds.y_train, ds.x_test, ds.y_test, ds.num_classes
 
 
 def load(s):
     """The benchmark's data for the checked settings ``s``: a dict of ``x_train, y_train`` (the
     in-distribution classes ``0 .. in_classes - 1`` less the calibration split), ``x_cal, y_cal``,
     ``x_test, y_test`` (clean, in-distribution) and ``x_ood`` (the test images of the other classes)."""
-    x_train, y_train, x_test, y_test = _images(s["dataset"], s)
+    x_train, y_train, x_test, y_test, num_classes = _images(s["dataset"], s)
     k = s["in_classes"]
-    if k >= int(max(y_train.max(), y_test.max())) + 1:
-        raise ValueError(f"Expected `in_classes` below the dataset's {int(y_train.max()) + 1} classes (the others "
+    if k >= num_classes:
+        raise ValueError(f"Expected `in_classes` below the dataset's {num_classes} classes (the others "
                          f"are the out-of-distribution ones). Received: in_classes={k}")
     rng = np.random.default_rng(s["seed"])
     inside = np.flatnonzero(y_train < k)

@@ -2,7 +2,9 @@
 
 The protocol of Ovadia et al. (2019, "Can you trust your model's uncertainty?") and of the
 uncertainty-baselines tables, on the offline 8x8 digits by default (``--dataset``: also
-mnist and fashion_mnist through tensorflow-datasets where present):
+mnist and fashion_mnist, 28x28x1, and the RGB cifar10 and cifar100, 32x32x3, through tensorflow-datasets where
+present, :func:`tfbnn.datasets.load_images`; every method's MLP flattens the images, the corruptions act on
+every channel):
 
 * train on the classes ``0 .. in_classes - 1`` (default 8: digits 0-7), the same MLP and data for
   every method, with a clean calibration split (``--calibration-fraction``) held out;
@@ -58,7 +60,7 @@ References:
 """
 
 from tfbnn import training
-from tfbnn.datasets.catalog import GRAYSCALE_DATASETS
+from tfbnn.datasets.catalog import CATALOG, IMAGE_DATASETS
 from tfbnn.experiments._study import Setting, Study
 
 __all__ = ["STUDY", "DEFAULTS", "base_recipe", "DEFAULT_METHODS", "run_experiment", "add_arguments", "run", "main"]
@@ -70,10 +72,12 @@ _CORRUPTIONS = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur",
                 "contrast", "brightness", "pixelate", "jpeg_compression")
 #: A quick run's corruptions (those asked among them): one noise, one blur, one digital.
 _QUICK_CORRUPTIONS = ("gaussian_noise", "defocus_blur", "contrast")
+#: A quick run's caps on the training / test images read from tensorflow-datasets (unless smaller ones are asked).
+_QUICK_READ = (2000, 1000)
 
 SETTINGS = (
-    Setting("dataset", "digits", "digits: offline; mnist / fashion_mnist: tensorflow-datasets",
-            choices=GRAYSCALE_DATASETS),
+    Setting("dataset", "digits", "digits: offline; mnist / fashion_mnist (grey) and cifar10 / cifar100 (RGB): "
+                                 "tensorflow-datasets", choices=IMAGE_DATASETS),
     Setting("methods", DEFAULT_METHODS, "methods to benchmark (names of _shift_benchmark.METHODS)", kind="name",
             many=True, unique=True, metavar="NAME"),
     Setting("corruptions", _CORRUPTIONS, "image corruptions, each at severities 1-5", choices=_CORRUPTIONS,
@@ -90,18 +94,20 @@ SETTINGS = (
     Setting("ece_bins", 15, "bins of the ECE", kind="positive_int"),
     Setting("max_examples", None), Setting("max_test_examples", None), Setting("seed", 0),
     Setting("quick", False, "a smoke run: 4 epochs of 16 units on 256 images, 48 test images, 2 members, 4 samples, "
-                             "128 random features, 3 corruptions"),
+                             "128 random features, 3 corruptions; a tensorflow-datasets set read up to "
+                             f"{_QUICK_READ[0]} / {_QUICK_READ[1]} images"),
 )
 
 DESCRIPTION = (
     "Benchmark every method under covariate shift: train on some classes, then accuracy, NLL and ECE\n"
     "under ten image corruptions at severities 1-5, OOD AUROC against held-out classes and synthetic\n"
-    "inputs, conformal coverage and set size under shift. Table (CSV/JSON/MD), plots and predictions."
+    "inputs, conformal coverage and set size under shift. Table (CSV/JSON/MD), plots and predictions.\n"
+    "Offline digits by default; --dataset mnist, fashion_mnist, cifar10 or cifar100 (tensorflow-datasets)."
 )
 
 
 def _validate(s):
-    """Known method names; a quick run's caps."""
+    """Known method names; ``in_classes`` below the dataset's classes; a quick run's caps."""
     from tfbnn.experiments import _shift_benchmark
 
     unknown = [m for m in s["methods"] if m not in _shift_benchmark.METHODS]
@@ -110,11 +116,18 @@ def _validate(s):
                          f"Received: methods={list(s['methods'])}")
     if s["in_classes"] < 2:
         raise ValueError(f"Expected `in_classes` >= 2. Received: in_classes={s['in_classes']}")
+    num_classes = CATALOG[s["dataset"]][2]
+    if s["in_classes"] >= num_classes:
+        raise ValueError(f"Expected `in_classes` below the {num_classes} classes of {s['dataset']} (the others are "
+                         f"the out-of-distribution ones). Received: in_classes={s['in_classes']}")
     if s["quick"]:
         kept = tuple(c for c in s["corruptions"] if c in _QUICK_CORRUPTIONS) or s["corruptions"][:1]
         s.update(epochs=min(s["epochs"], 4), hidden_units=min(s["hidden_units"], 16), depth=1,
                  members=min(s["members"], 2), num_samples=min(s["num_samples"], 4), corruptions=kept,
                  num_inducing=min(s["num_inducing"], 128))
+        if s["dataset"] != "digits":  # read no more of a tensorflow-datasets set than a smoke run uses
+            s.update({key: min(s[key] or cap, cap) for key, cap in zip(("max_examples", "max_test_examples"),
+                                                                       _QUICK_READ)})
     return s
 
 
