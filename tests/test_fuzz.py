@@ -107,7 +107,9 @@ CONSTRUCTORS = list(dict.fromkeys([
 _FLOW_REQUIRED = {k: v for k, v in _LAYER_REQUIRED.items() if k != "num_components"}
 REQUIRED = {**{cls: _LAYER_REQUIRED for cls in CONSTRUCTORS}, tfbnn.KLAnnealing: {"num_examples": 10},
             tfbnn.layers.NodeDenseFlow: _FLOW_REQUIRED, tfbnn.layers.NodeConv2DFlow: _FLOW_REQUIRED,
-            tfbnn.DistributionLambdaHead: {"make_distribution": _normal}}
+            tfbnn.DistributionLambdaHead: {"make_distribution": _normal},
+            # The wrapper's own arguments are fuzzed around a valid layer.
+            tfbnn.layers.SpectralNormalization: {"layer": keras.layers.Dense(3)}}
 CASES = [(cls, arg) for cls in CONSTRUCTORS for arg in _init_arguments(cls)]
 
 
