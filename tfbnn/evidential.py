@@ -36,7 +36,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from tfbnn._internal import checks
-from tfbnn.likelihoods import DistributionHead, distribution_head
+from tfbnn.likelihoods import CategoricalHead, DistributionHead, distribution_head
 
 tfd = tfp.distributions
 
@@ -276,16 +276,9 @@ class DirichletHead(DistributionHead):
             raise ValueError(f"Expected `evidence` in {EVIDENCE_FUNCTIONS}. Received: evidence={evidence!r}")
         self.evidence = evidence
 
-    @staticmethod
-    def params_size(num_classes):
-        """``K``."""
-        return checks.integer("num_classes", num_classes, 2)
-
-    def _event_size(self, dim, name, shape, inputs=False):
-        if dim is None or dim < 2:
-            raise ValueError(f"Layer '{self.name}' expects a last dimension >= 2 (one score per class). "
-                             f"Received: {name}={shape}")
-        return dim
+    # One score per class, as CategoricalHead: K outputs, a last dimension >= 2.
+    params_size = staticmethod(CategoricalHead.params_size)
+    _event_size = CategoricalHead._event_size
 
     def call(self, inputs):
         return _evidence(self.evidence, inputs) + 1.0
