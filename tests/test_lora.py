@@ -276,6 +276,12 @@ def test_variational_lora_trains_predicts_and_saves(tmp_path):
 def test_variational_lora_exports_its_predictive(tmp_path):
     bayes, _ = _variational(kl_weight=0.01, seed=3)
     x = _data(4)
+
+def test_to_model_exports(tmp_path):
+    """SavedModel: ``mean`` is the MAP network's logits, ``sample_seeded(x, s)`` the draw of the in-memory model
+    reseeded to ``[s, 0]`` (``tfbnn.export`` reseeds so), ``summary`` a classification summary with a positive
+    epistemic part."""
+    model, x, sampler = _kron_classifier_sampler()
     served = tf.saved_model.load(tfbnn.export.export(bayes, os.path.join(tmp_path, "sm"), num_samples=8,
                                                      task="regression"))
     summary = served.summary(tf.constant(x[:4]))
@@ -354,3 +360,184 @@ def test_laplace_lora_on_a_kerashub_classifier():
     np.testing.assert_allclose(la.hessian_factors, expected, rtol=1e-4, atol=1e-9)
     with pytest.raises(ValueError, match="hessian='kron' needs"):
         lora.LoRALaplace(classifier, hessian="kron")
+
+
+# -- Laplace-LoRA as a Keras model: the linearized predictive -------------------------------------------
+def _lora_mlp(units=K, seed=0):
+    """``3 -> Dense(4, tanh) -> Dense(units)``, LoRA (rank 1) on both layers, with nonzero adapters."""
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(units)])
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        layer.enable_lora(1, lora_alpha=2)
+        layer.lora_kernel_b.assign(0.5 * rng.normal(size=layer.lora_kernel_b.shape).astype("float32"))
+    return model
+
+
+def _sampling_layer(sampler):
+    return next(layer for layer in sampler.layers if isinstance(layer, lora.LinearizedLoRA))
+
+
+def _lora_jacobian(model, variables, x):
+    """``f(x; theta*)`` (N, K) and ``J = d f / d theta`` (N, K, P) by reverse mode (a GradientTape)."""
+    with tf.GradientTape() as tape:
+        f = model(x, training=False)
+    parts = tape.jacobian(f, variables)
+    return f.numpy().astype(np.float64), np.concatenate([j.numpy().reshape(f.shape[0], K, -1) for j in parts], -1)
+
+
+@pytest.mark.parametrize("hessian", lora.HESSIANS)
+def test_to_model_sample_is_the_linearized_network(hessian):
+    """One call is ``f(x; theta*) + J(x) delta`` with ``J`` by reverse mode (independent of the layer's forward-mode
+    JVP) and ``delta`` the draw :meth:`LinearizedLoRA.sample_offsets` gives a twin with the same seed; the draws'
+    covariance is the posterior covariance: with T = 20000 Gaussian draws each entry of the sample covariance has
+    the standard deviation sqrt((S_ii S_jj + S_ij^2) / T), and every entry must lie within 5 of them."""
+    model = _lora_mlp()
+    x = _data(40)
+    la = lora.fit_laplace(model, x, (x[:, 0] > 0).astype("int32"), hessian=hessian, prior_precision=0.5)
+    sampler, twin = la.to_model(seed=3), la.to_model(seed=3)
+    delta = _sampling_layer(twin).sample_offsets(1).numpy()[0].astype(np.float64)
+    f, jac = _lora_jacobian(model, [getattr(layer, f"lora_kernel_{w}") for layer, w in la.factors], x[:5])
+    assert not np.allclose(jac @ delta, 0.0, atol=1e-3)
+    np.testing.assert_allclose(sampler(x[:5]), f + jac @ delta, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(sampler(x[:5]), twin(x[:5]))  # the twin's next draw is the sampler's
+
+    draws = _sampling_layer(sampler).sample_offsets(20000).numpy().astype(np.float64)
+    cov = la.posterior_covariance if hessian != "diag" else np.diag(la.posterior_covariance)
+    sd = np.sqrt((np.outer(np.diag(cov), np.diag(cov)) + cov**2) / len(draws))
+    assert np.all(np.abs(np.cov(draws, rowvar=False) - cov) <= 5 * sd + 1e-7)
+
+
+def test_to_model_regression_predict_has_the_glm_moments():
+    """``tfbnn.predict`` on the regression sampler (vectorized: one delta per block of the tiled batch): the Monte
+    Carlo mean and covariance of T = 3000 function draws match ``function_moments`` (mean within 5 standard errors
+    sqrt(var / T); each covariance entry within 5 of its sample sd sqrt((S_kk S_ll + S_kl^2) / T)), and the
+    aleatoric std is ``sigma_noise`` through the GaussianHead."""
+    model = _lora_mlp()
+    x = _data(40)
+    y = np.tanh(x[:, :2]) + 0.1 * np.random.default_rng(3).normal(size=(40, 2))
+    la = lora.fit_laplace(model, x, y, likelihood="regression", hessian="kron", sigma_noise=0.3)
+    la.prior_precision = 0.05  # a wide posterior: a clear epistemic part
+    f_mu, f_var = la.function_moments(x[:3])
+    num = 3000
+    res = tfbnn.predict(la.to_model(seed=1), x[:3], num_samples=num, return_samples=True)
+    np.testing.assert_allclose(res.aleatoric_std, 0.3, rtol=1e-6)
+    draws = res.samples[..., :K].astype(np.float64)  # (T, N, K) the means; the head's scales follow
+    assert np.all(np.abs(draws.mean(axis=0) - f_mu) <= 5 * np.sqrt(np.diagonal(f_var, axis1=1, axis2=2) / num))
+    centered = draws - draws.mean(axis=0)
+    cov = np.einsum("tnk,tnl->nkl", centered, centered) / (num - 1)
+    diag = np.diagonal(f_var, axis1=1, axis2=2)
+    sd = np.sqrt((np.einsum("nk,nl->nkl", diag, diag) + f_var**2) / num)
+    assert np.all(np.abs(cov - f_var) <= 5 * sd)
+    np.testing.assert_allclose(res.epistemic_std, np.sqrt(diag), rtol=0.1)
+
+
+def test_to_model_classifier_predict_and_calibration_metrics():
+    """A softmax classifier's sampler: ``tfbnn.predict`` agrees with the GLM Monte Carlo predictive of
+    ``LoRALaplace.predict`` (within 5 Monte Carlo standard errors of the T = 2000 samples, plus 0.01 for its own 20000
+    samples), its epistemic part is positive, NLL and ECE run on it, and the mean mode is the MAP network."""
+    model = _lora_mlp(units=3)
+    model.layers[-1].activation = keras.activations.softmax
+    x = _data(40)
+    y = np.digitize(x[:, 0], [-0.5, 0.5])
+    la = lora.fit_laplace(model, x, y, hessian="diag", prior_precision=0.1)
+    sampler = la.to_model(seed=2)
+    res = tfbnn.predict(sampler, x[:6], num_samples=2000, return_samples=True)
+    glm = la.predict(x[:6], link_approx="mc", num_samples=20000, seed=0)
+    se = res.samples.std(axis=0) / np.sqrt(2000)
+    assert np.all(np.abs(res.mean_probs - glm) <= 5 * se + 0.01)
+    assert np.all(res.mutual_information > 0)
+    nll = tfbnn.metrics.negative_log_likelihood(res.mean_probs, y[:6])
+    ece = tfbnn.metrics.expected_calibration_error(res.mean_probs, y[:6])
+    assert np.isfinite(nll) and 0.0 <= ece <= 1.0
+    with tfbnn.posterior_mean(sampler):
+        np.testing.assert_allclose(sampler(x[:6]), model(x[:6]), atol=1e-6)
+
+
+def _kron_classifier_sampler():
+    model = _lora_mlp()
+    x = _data(40)
+    return model, x, lora.fit_laplace(model, x, (x[:, 0] > 0).astype("int32"), hessian="kron").to_model(seed=4)
+
+
+def test_to_model_saves_and_loads(tmp_path):
+    """``.keras``: ``W0``, the bias, ``A``, ``B`` (with ``lora_alpha = 2 != rank``) and the posterior root come back
+    exactly (Keras alone would save ``W0 + s A B``, zero ``A`` and ``B``, and rebuild ``alpha = rank``), the seed
+    state too (equal draws), and the user's model still saves as Keras does."""
+    model, x, sampler = _kron_classifier_sampler()
+    path = os.path.join(tmp_path, "lora.keras")
+    sampler.save(path)
+    assert not any("save_own_variables" in vars(layer) for layer in model.layers)  # one-shot: Keras' own again
+    loaded = keras.saving.load_model(path)
+    assert [v.name for v in loaded.weights] == [v.name for v in sampler.weights]
+    for a, b in zip(sampler.weights, loaded.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_array_equal(loaded(x[:4]), sampler(x[:4]))
+    with tfbnn.posterior_mean(sampler), tfbnn.posterior_mean(loaded):
+        np.testing.assert_array_equal(loaded(x[:4]), sampler(x[:4]))
+        np.testing.assert_allclose(sampler(x[:4]), model(x[:4]), atol=1e-6)
+
+
+def test_to_model_exports(tmp_path):
+    """SavedModel: ``mean`` is the MAP network's logits, ``sample_seeded(x, s)`` the draw of the in-memory model
+    reseeded to ``[s, 0]`` (``tfbnn.export`` reseeds so), ``summary`` a classification summary with a positive
+    epistemic part."""
+    model, x, sampler = _kron_classifier_sampler()
+    served = tf.saved_model.load(tfbnn.export.export(sampler, os.path.join(tmp_path, "sm"), num_samples=64,
+                                                     from_logits=True))
+    np.testing.assert_allclose(served.mean(tf.constant(x[:4])), model(x[:4]), atol=1e-6)
+    layer = _sampling_layer(sampler)
+    layer.seed_generator.state.assign(np.array([7, 0], layer.seed_generator.state.dtype))
+    np.testing.assert_allclose(served.sample_seeded(tf.constant(x[:4]), tf.constant(7, tf.int64)), sampler(x[:4]),
+                               rtol=1e-5, atol=1e-6)
+    summary = served.summary(tf.constant(x[:4]))
+    assert summary["mean_probs"].shape == (4, K) and np.all(summary["epistemic"].numpy() > 0)
+
+
+def test_to_model_rejects_bad_input():
+    model = _lora_mlp()
+    x = _data(20)
+    with pytest.raises(ValueError, match="not fitted"):
+        lora.LoRALaplace(model, hessian="diag").to_model()
+    la = lora.fit_laplace(model, x, (x[:, 0] > 0).astype("int32"), hessian="diag")
+    with pytest.raises(ValueError, match="seed='a'"):
+        la.to_model(seed="a")
+    with pytest.raises(ValueError, match="name=3"):
+        la.to_model(name=3)
+    layer = _sampling_layer(la.to_model())
+    with pytest.raises(ValueError, match="structure='dense'"):
+        lora.LinearizedLoRA(layer.features, layer.last, layer.factors, layer.lora, structure="dense")
+    with pytest.raises(ValueError, match="factors="):
+        lora.LinearizedLoRA(layer.features, layer.last, [[0, "c"]], layer.lora)
+    with pytest.raises(ValueError, match="num_samples=0"):
+        layer.sample_offsets(0)
+    with pytest.raises(NotImplementedError, match="to_model"):
+        la.save("la.npz")
+
+
+def test_to_model_on_a_kerashub_classifier(tmp_path):
+    """A tiny BERT with ``backbone.enable_lora(2)`` (LoRA on EinsumDense projections nested in KerasHub's blocks):
+    the sampler's draw is ``f + J delta`` (``J`` by a GradientTape), ``tfbnn.predict`` runs (logits), and the
+    ``.keras`` round trip, whose backbone is rebuilt from its constructor without LoRA, gives the same draws."""
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.BertBackbone(vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length=6)
+    classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None, dropout=0.0)
+    backbone.enable_lora(2)
+    for layer in lora.lora_layers(classifier):
+        layer.lora_kernel_b.assign(np.full(layer.lora_kernel_b.shape, 0.3, "float32"))
+    rng = np.random.default_rng(0)
+    x = {"token_ids": rng.integers(0, 30, (6, 6)).astype("int32"), "segment_ids": np.zeros((6, 6), "int32"),
+         "padding_mask": np.ones((6, 6), "int32")}
+    la = lora.fit_laplace(classifier, x, rng.integers(0, 2, 6), hessian="diag", prior_precision=0.5)
+    sampler, twin = la.to_model(seed=1), la.to_model(seed=1)
+    delta = _sampling_layer(twin).sample_offsets(1).numpy()[0].astype(np.float64)
+    f, jac = _lora_jacobian(classifier, [getattr(layer, f"lora_kernel_{w}") for layer, w in la.factors], x)
+    np.testing.assert_allclose(sampler(x), f + jac @ delta, rtol=1e-4, atol=1e-5)
+    res = tfbnn.predict(sampler, x, num_samples=8, from_logits=True)
+    assert res.mean_probs.shape == (6, 2) and np.all(res.mutual_information > 0)
+    path = os.path.join(tmp_path, "bert_lora.keras")
+    sampler.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_array_equal(loaded(x), sampler(x))

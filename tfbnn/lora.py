@@ -68,12 +68,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfbnn._internal import checks
 from tfbnn import kl as kl_lib
 from tfbnn import laplace as laplace_lib
 from tfbnn import priors as priors_lib
-from tfbnn.layers.base import BayesianLayer
+from tfbnn.layers.base import BayesianLayer, StochasticLayer
+from tfbnn.likelihoods import GaussianHead
 
-__all__ = ["lora_layers", "LoRALaplace", "fit_laplace", "VariationalLoRA", "variational", "HESSIANS"]
+__all__ = ["lora_layers", "LoRALaplace", "LinearizedLoRA", "fit_laplace", "VariationalLoRA", "variational", "HESSIANS"]
 
 HESSIANS = laplace_lib.HESSIANS
 _LORA_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)
@@ -266,9 +268,93 @@ class LoRALaplace(laplace_lib.Laplace):
         sensitivities = [tape.batch_jacobian(f, probes.probes[id(layer)]) for layer in layers]
         return f, [probes.inputs[id(layer)] for layer in layers], sensitivities
 
+    def to_model(self, seed=None, name=None):
+        """A Keras model that samples the linearized (GLM) predictive of Laplace-LoRA (Yang et al. 2024).
+
+        Every call draws one adapter offset ``delta ~ N(0, Sigma)`` (``Sigma`` the
+        posterior covariance at the current, e.g. marglik-tuned, hyperparameters) and
+        returns the network linearized at ``theta*``::
+
+            f_lin(x) = f(x; theta*) + J(x) delta,        J(x) = d f(x; theta*) / d theta
+
+        ``J delta`` is a forward-mode Jacobian-vector product over the LoRA factors
+        (:class:`LinearizedLoRA`), about one forward pass per sample, so ``f_lin(x) ~
+        N(f(x; theta*), J Sigma J^T)``, the function-space predictive of
+        :meth:`function_moments` and :meth:`predict` (Immer et al. 2021). The last
+        layer's activation follows (a softmax gives class probabilities; a linear
+        classifier gives logits: pass ``from_logits=True`` to :func:`tfbnn.predict`),
+        so ``tfbnn.predict(model, x, num_samples=T)`` is the Monte Carlo GLM predictive
+        with its aleatoric/epistemic split; for regression the model ends in a
+        :class:`tfbnn.GaussianHead` whose scale is ``sigma_noise`` (the aleatoric
+        part). The model shares ``model``'s layers; it saves as ``.keras`` (``theta*``
+        exactly: ``W0`` and the factors unmerged, the posterior root and the seed state
+        as the sampling layer's weights) and exports with :mod:`tfbnn.export`. This is
+        the route to save Laplace-LoRA (:meth:`save` is not available).
+
+        Args:
+            seed: int or None, seed of the sampling layer's ``keras.random.SeedGenerator``.
+            name: str or None, the model's name.
+
+        Returns:
+            A functional ``keras.Model`` with ``model``'s inputs.
+
+        Example:
+            >>> import keras, numpy as np, tfbnn
+            >>> x = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")
+            >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+            ...                           keras.layers.Dense(2, activation="softmax")])
+            >>> model.layers[0].enable_lora(1)
+            >>> la = tfbnn.lora.fit_laplace(model, x, (x[:, 0] > 0).astype("int32"), hessian="kron")
+            >>> sampler = la.optimize_prior_precision().to_model(seed=0)
+            >>> res = tfbnn.predict(sampler, x[:4], num_samples=20)
+            >>> res.mean_probs.shape, bool(np.all(res.mutual_information > 0))
+            ((4, 2), True)
+        """
+        self._check_fitted()
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"Expected `name` to be a string or None. Received: name={name!r}")
+        net = self._net
+        try:  # the model's own input structure (a dict for a KerasHub task)
+            inputs = net.model.input
+        except (AttributeError, ValueError):  # a Sequential model that was never called
+            inputs = net.inputs
+        features = keras.Model(inputs, net.last.input, name=f"{net.model.name}_features")
+        candidates = _linearized_candidates(features, net.last)
+        index = {id(layer): i for i, layer in enumerate(candidates)}
+        missing = [layer.name for layer, _ in self.factors if id(layer) not in index]
+        if missing:
+            raise ValueError("Expected every LoRA layer on the path from the inputs to the last Dense layer. "
+                             f"Received: LoRA layers {missing} outside it")
+        lora = [[index[id(layer)], int(layer.lora_rank), float(layer.lora_alpha)]
+                for layer in candidates if getattr(layer, "lora_enabled", False)]
+        factors = [[index[id(layer)], which] for layer, which in self.factors]
+        regression = self.likelihood == "regression"
+        layer = LinearizedLoRA(features, net.last, factors, lora, structure=self.hessian,
+                               noise_scale=self.sigma_noise if regression else None, seed=seed,
+                               name=f"{net.last.name}_laplace_lora")
+        outputs = layer(inputs)
+        layer.set_posterior(**self._lora_scale())
+        if regression:
+            outputs = GaussianHead(min_scale=self.sigma_noise, name=f"{net.last.name}_noise")(outputs)
+        return keras.Model(inputs, outputs, name=name or f"{net.model.name}_laplace_lora")
+
+    def _lora_scale(self):
+        """The posterior root at the current hyperparameters, in :meth:`LinearizedLoRA.set_posterior`'s layout."""
+        std = 1.0 / np.sqrt(self._precision_values(self.prior_precision, self.sigma_noise))
+        if self.hessian == "full":
+            return {"scale": self._basis.vectors * std}
+        if self.hessian == "diag":
+            return {"scale": std}
+        blocks = self._basis.blocks
+        parts = np.split(std, self._basis.splits)
+        return {"scale": [s.reshape(len(b.qa), len(b.qg)) for b, s in zip(blocks, parts)],
+                "input_rotations": [b.qa for b in blocks], "output_rotations": [b.qg for b in blocks]}
+
     def save(self, path):
-        """Not available for Laplace-LoRA (refit instead: the GGN costs one pass over the data)."""
-        raise NotImplementedError("LoRALaplace.save is not available; refit with tfbnn.lora.fit_laplace")
+        """Not available for Laplace-LoRA: save :meth:`to_model`'s model (``model.save("la.keras")``), which
+        holds ``theta*`` and the posterior root, or refit (the GGN costs one pass over the data)."""
+        raise NotImplementedError("LoRALaplace.save is not available; save `la.to_model()` as a .keras file, "
+                                  "or refit with tfbnn.lora.fit_laplace")
 
 
 def fit_laplace(model, x, y=None, likelihood="classification", hessian="kron", prior_precision=1.0,
@@ -291,6 +377,272 @@ def fit_laplace(model, x, y=None, likelihood="classification", hessian="kron", p
     la = LoRALaplace(model, likelihood=likelihood, hessian=hessian, prior_precision=prior_precision,
                      sigma_noise=sigma_noise)
     return la.fit(x, y, batch_size=batch_size)
+
+
+# -- the linearized sampling layer -----------------------------------------------------------------
+_UNMERGED = ("_kernel", "bias", "lora_kernel_a", "lora_kernel_b")
+
+
+def _linearized_candidates(features, last):
+    """The ``Dense`` / ``EinsumDense`` layers of ``features`` (nested ones included, in Keras' order), then ``last``:
+    :class:`LinearizedLoRA` names its LoRA layers by their index here, which a deserialized copy reproduces."""
+    inner = [layer for layer in features._flatten_layers(include_self=False, recursive=True)
+             if isinstance(layer, _LORA_TYPES) and layer is not last]
+    return inner + [last]
+
+
+def _unmerged_once(layer, load):
+    """Makes ``layer``'s next save (``load=False``) or load (``load=True``) write / read ``W0``, the bias, ``A`` and
+    ``B`` as they are, by name; the layer then saves as Keras does again (it may be shared with a user's model).
+
+    Keras' LoRA layers save ``W0 + s A B`` and zero ``A`` and ``B`` on load, which would move the linearization
+    point (``J`` depends on ``A`` and ``B``, not only on their product). Keras saves and loads a layer's own
+    variables before its sublayers', so the wrapping layer sets this up in its own save / load.
+    """
+    def variables():
+        return {name: getattr(layer, name) for name in _UNMERGED if getattr(layer, name, None) is not None}
+
+    def save_own_variables(store):
+        del layer.save_own_variables
+        for key, variable in variables().items():
+            store[key] = variable
+
+    def load_own_variables(store):
+        del layer.load_own_variables
+        for key, variable in variables().items():
+            variable.assign(store[key])
+
+    # instance attributes, shadowing the class's methods until they run
+    if load:
+        layer.load_own_variables = load_own_variables
+    else:
+        layer.save_own_variables = save_own_variables
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class LinearizedLoRA(StochasticLayer):
+    """A LoRA network linearized at its adapter ``theta*``, sampling ``delta ~ N(0, Sigma)``: Laplace-LoRA's predictive.
+
+    ``f(x; theta)`` is the last ``Dense`` layer's pre-activation on top of ``features``
+    (logits or regression means), ``theta`` the LoRA factors ``(vec A_1, vec B_1, ...)``
+    of :meth:`LoRALaplace.factors` (row-major, that order). A call with sampling draws
+    ``delta = S eps``, ``eps ~ N(0, I_P)``, ``S S^T = Sigma``, and returns::
+
+        activation(f(x; theta*) + J(x) delta),        J(x) = d f(x; theta*) / d theta
+
+    (Yang et al. 2024 use this linearized predictive; Immer et al. 2021), with ``J
+    delta`` a forward-mode Jacobian-vector product (``tf.autodiff.ForwardAccumulator``
+    over the ``lora_kernel_a`` / ``lora_kernel_b`` variables, tangents ``delta`` split
+    per factor): one pass costs about two forward passes, for LoRA layers nested
+    anywhere. ``Sigma``'s root ``S`` is held as non-trainable weights in one of three
+    structures (:meth:`set_posterior`):
+
+    * ``"full"``: ``scale`` ``(P, P)``, ``delta = scale eps``;
+    * ``"diag"``: ``scale`` ``(P,)``, ``delta = scale * eps``;
+    * ``"kron"``: per factor ``f`` of shape ``(m, n)``, ``input_rotation_f`` ``Q_A``
+      ``(m, m)``, ``output_rotation_f`` ``Q_G`` ``(n, n)`` and ``scale_f`` ``(m, n)``:
+      ``delta_f = Q_A (scale_f * eps_f) Q_G^T`` (the eigenvectors of KFAC's ``A_f`` and
+      ``G_f``, the scales ``1 / sqrt(a_i g_j / sigma^2 + delta)``).
+
+    **Monte Carlo protocol** (:func:`tfbnn.utils.weight_samples`): with ``T`` samples
+    the ``T * B`` rows are ``T`` blocks, and each block gets its own ``delta`` (one
+    JVP per block, ``tf.map_fn``), jointly or not: a row-wise ``delta`` would cost a
+    JVP per row. The per-example samples, which :func:`tfbnn.predict`'s summaries
+    use, have the same distribution either way; the examples of a block share their
+    draw (a joint function sample). With ``inference_mode="mean"`` (or
+    :func:`tfbnn.posterior_mean`) the output is the MAP network's ``activation(f(x;
+    theta*))``. ``features`` is always called with ``training=False``.
+
+    Saving: the wrapped LoRA layers save ``W0``, the bias, ``A`` and ``B`` unmerged
+    inside this layer (Keras would merge them), and LoRA that a deserialized layer lost
+    (a KerasHub backbone is rebuilt from its constructor arguments) is enabled again
+    from ``lora``. Made by :meth:`LoRALaplace.to_model`.
+
+    Args:
+        features: a ``keras.Model`` from the inputs to the last ``Dense`` layer's input.
+        last: the last ``keras.layers.Dense`` (its activation is applied to the output).
+        factors: ``[[index, "a" | "b"], ...]``, ``theta``'s factors; ``index`` into the
+            ``Dense`` / ``EinsumDense`` layers of ``features`` (Keras' flattening order)
+            followed by ``last``.
+        lora: ``[[index, rank, alpha], ...]``, the LoRA-enabled layers, same indices.
+        structure: ``"full"``, ``"kron"`` (default) or ``"diag"``.
+        noise_scale: float > 0 or None: regression, the outputs followed by ``K`` raw
+            scales of ``-1e4`` for a ``tfbnn.GaussianHead(min_scale=noise_scale)``, as
+            :class:`tfbnn.laplace.LaplaceDense`.
+        inference_mode: ``"sample"`` (default) or ``"mean"``.
+        seed: int or None, seed of the ``keras.random.SeedGenerator``.
+
+    Input: ``features``' inputs. Output shape: ``(batch, K)`` (``(batch, 2 K)`` with
+    ``noise_scale``).
+
+    Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> model.layers[0].enable_lora(1)
+        >>> la = tfbnn.lora.fit_laplace(model, x, x[:, :2], likelihood="regression", hessian="full")
+        >>> layer = la.to_model(seed=0).layers[1]
+        >>> type(layer).__name__, layer.sample_offsets(4).shape       # delta: A (3 x 1), B (1 x 2)
+        ('LinearizedLoRA', TensorShape([4, 5]))
+
+    References:
+        Yang, Robeyns, Wang, Aitchison. Bayesian Low-rank Adaptation for Large Language
+        Models. ICLR 2024.
+        Immer, Korzepa, Bauer. Improving Predictions of Bayesian Neural Nets via Local
+        Linearization. AISTATS 2021.
+    """
+
+    def __init__(self, features, last, factors, lora, structure="kron", noise_scale=None, inference_mode="sample",
+                 seed=None, **kwargs):
+        super().__init__(inference_mode=inference_mode, seed=seed, **kwargs)
+        if not isinstance(features, keras.Model):
+            raise ValueError(f"Expected `features` to be a keras.Model. Received: features of type "
+                             f"{type(features).__name__}")
+        if not isinstance(last, keras.layers.Dense):
+            raise ValueError(f"Expected `last` to be a keras.layers.Dense. Received: last of type {type(last).__name__}")
+        self.structure = laplace_lib._choice("structure", structure, laplace_lib.STRUCTURES)
+        self.noise_scale = None if noise_scale is None else laplace_lib._positive("noise_scale", noise_scale)
+        self.factors = [[int(i), str(w)] for i, w in factors]
+        self.lora = [[int(i), int(r), float(a)] for i, r, a in lora]
+        if not self.factors or any(w not in ("a", "b") for _, w in self.factors):
+            raise ValueError(f"Expected `factors` as a non-empty list of [index, 'a' | 'b']. Received: factors={factors!r}")
+        self.features, self.last = features, last
+
+    @property
+    def activation(self):
+        """The last layer's activation, applied to the outputs (a softmax tells :func:`tfbnn.predict` the task)."""
+        return self.last.activation
+
+    def _candidates(self):
+        return _linearized_candidates(self.features, self.last)
+
+    def _variables(self):
+        """The LoRA factors in ``theta``'s order (read here, not held: held, they would be this layer's own)."""
+        layers = self._candidates()
+        return [getattr(layers[i], f"lora_kernel_{w}") for i, w in self.factors]
+
+    def build(self, input_shape):
+        if not self.last.built:
+            self.last.build(self.features.output.shape)
+        layers = self._candidates()
+        for i, rank, alpha in self.lora:
+            if i >= len(layers) or not isinstance(layers[i], _LORA_TYPES):
+                raise ValueError(f"Expected `lora` indices below {len(layers)}. Received: lora={self.lora!r}")
+            if not layers[i].lora_enabled:  # lost in deserialization (a KerasHub backbone's constructor)
+                layers[i].enable_lora(rank, lora_alpha=alpha)
+            layers[i].lora_alpha = alpha  # a Dense rebuilt from its config with `lora_rank` gets alpha = rank
+        shapes = [tuple(v.shape) for v in self._variables()]
+        self._sizes = [int(np.prod(s)) for s in shapes]
+        size = sum(self._sizes)
+
+        def weight(name, shape):
+            return self.add_weight(name=name, shape=shape, initializer="zeros", trainable=False)
+
+        if self.structure != "kron":
+            self.scale = weight("scale", (size, size) if self.structure == "full" else (size,))
+            return
+        for f, shape in enumerate(shapes):
+            if len(shape) != 2:
+                raise ValueError("structure='kron' needs 2-D LoRA factors (a dense-like layer). Received: factor "
+                                 f"{f} of shape {shape}")
+            for key, weight_shape in (("input_rotation", (shape[0],) * 2), ("output_rotation", (shape[1],) * 2),
+                                      ("scale", shape)):
+                setattr(self, f"{key}_{f}", weight(f"{key}_{f}", weight_shape))
+
+    def _kron(self, f):
+        """``(Q_A, Q_G, scale)`` of factor ``f``."""
+        return tuple(getattr(self, f"{key}_{f}") for key in ("input_rotation", "output_rotation", "scale"))
+
+    def set_posterior(self, scale, input_rotations=None, output_rotations=None):
+        """Sets the root of ``Sigma``: ``scale`` ``(P, P)`` (full) or ``(P,)`` (diag); for ``"kron"`` the lists of
+        per-factor ``scale_f``, ``Q_A`` (``input_rotations``) and ``Q_G`` (``output_rotations``)."""
+        if self.structure != "kron":
+            self.scale.assign(np.asarray(scale, np.float32))
+            return
+        for f, parts in enumerate(zip(input_rotations, output_rotations, scale)):
+            for variable, value in zip(self._kron(f), parts):
+                variable.assign(np.asarray(value, np.float32))
+
+    def _offsets(self, eps):
+        """``eps`` (T, P) standard normal -> ``delta = S eps`` split per factor, ``[(T, *factor shape), ...]``."""
+        if self.structure == "full":
+            eps = tf.matmul(eps, self.scale, transpose_b=True)
+        elif self.structure == "diag":
+            eps = eps * self.scale
+        parts = tf.split(eps, self._sizes, axis=-1)
+        offsets = []
+        for f, (part, variable) in enumerate(zip(parts, self._variables())):
+            if self.structure == "kron":
+                qa, qg, scale = self._kron(f)
+                part = tf.reshape(part, [-1, *scale.shape]) * scale
+                part = tf.matmul(tf.matmul(qa, part), qg, transpose_b=True)
+            offsets.append(tf.reshape(part, [-1, *variable.shape]))
+        return offsets
+
+    def _draw(self, num_samples):
+        return self._offsets(self._normal([num_samples, sum(self._sizes)], self.variable_dtype))
+
+    def sample_offsets(self, num_samples=1):
+        """``num_samples`` draws of ``delta`` ``(T, P)`` (``theta``'s order), the draw a call makes next."""
+        num_samples = checks.integer("num_samples", num_samples, 1)
+        return tf.concat([tf.reshape(o, [num_samples, -1]) for o in self._draw(num_samples)], axis=-1)
+
+    def _logits(self, inputs):
+        return _pre_activation(self.last, self.features(inputs, training=False), self.last.kernel)
+
+    def _linearized(self, inputs, offsets):
+        """``f(x; theta*) + J(x) delta`` for one ``delta`` (per-factor tangents)."""
+        variables = self._variables()
+        tangents = [tf.cast(o, v.dtype) for o, v in zip(offsets, variables)]
+        with tf.autodiff.ForwardAccumulator([v.value for v in variables], tangents) as acc:
+            f = self._logits(inputs)
+        return f + acc.jvp(f, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+    def call(self, inputs, training=None):
+        if not self._sampling(training):
+            outputs = self._logits(inputs)
+        elif self._weight_samples == 1:
+            outputs = self._linearized(inputs, [o[0] for o in self._draw(1)])
+        else:  # one delta per block of B rows
+            samples = self._weight_samples
+            blocks = tf.nest.map_structure(
+                lambda v: tf.reshape(v, tf.concat([[samples, -1], tf.shape(v)[1:]], 0)), inputs)
+            outputs = tf.map_fn(lambda pair: self._linearized(*pair), (blocks, self._draw(samples)),
+                                fn_output_signature=tf.TensorSpec([None, self.last.units], self.last.compute_dtype))
+            outputs = tf.reshape(outputs, [-1, self.last.units])
+        outputs = self.activation(outputs)
+        if self.noise_scale is not None:
+            raw = tf.fill(tf.shape(outputs), tf.cast(laplace_lib._RAW_SCALE, outputs.dtype))
+            outputs = tf.concat([outputs, raw], axis=-1)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        return (None, self.last.units * (2 if self.noise_scale is not None else 1))
+
+    # Keras saves / loads a layer's own variables before its sublayers': set the LoRA layers up for them here.
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        for i, _, _ in self.lora:
+            _unmerged_once(self._candidates()[i], load=False)
+
+    def load_own_variables(self, store):
+        super().load_own_variables(store)
+        for i, _, _ in self.lora:
+            _unmerged_once(self._candidates()[i], load=True)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"features": keras.saving.serialize_keras_object(self.features),
+                       "last": keras.saving.serialize_keras_object(self.last), "factors": self.factors,
+                       "lora": self.lora, "structure": self.structure, "noise_scale": self.noise_scale})
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for key in ("features", "last"):
+            config[key] = keras.saving.deserialize_keras_object(config[key])
+        return super().from_config(config)
 
 
 # -- variational LoRA (BLoB) -----------------------------------------------------------------------
