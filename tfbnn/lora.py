@@ -34,6 +34,10 @@ of Eschenhagen et al. (2023). The prior precision (and the regression noise)
 is tuned by the marginal likelihood (:meth:`tfbnn.laplace.Laplace.optimize_prior_precision`,
 as Yang et al.) and the predictive is the linearized (GLM) one
 (:meth:`tfbnn.laplace.Laplace.predict`, as Yang et al.; Immer et al. 2021).
+:meth:`LoRALaplace.to_model` samples that predictive as a Keras model
+(:class:`LinearizedLoRA`: ``f(x; theta*) + J(x) delta``, ``delta ~ N(0, Sigma)``, ``J delta`` a
+forward-mode Jacobian-vector product over the factors), for :func:`tfbnn.predict`, the
+calibration metrics, ``.keras`` files (the route to save Laplace-LoRA) and :mod:`tfbnn.export`.
 
 **Variational LoRA** (BLoB, Wang et al. 2024): a mean-field Gaussian
 ``q(A) = N(M, diag(sigma^2))`` over the ``A`` factor, ``B`` deterministic, trained
@@ -52,6 +56,9 @@ Example:
     24
     >>> la.optimize_prior_precision().predict(x[:3]).shape
     (3, 2)
+    >>> res = tfbnn.predict(la.to_model(seed=0), x[:3], num_samples=20, from_logits=True)
+    >>> res.mean_probs.shape, res.mutual_information.shape
+    ((3, 2), (3,))
 
 References:
     Hu, Shen, Wallis, Allen-Zhu, Li, Wang, Wang, Chen. LoRA: Low-Rank Adaptation of Large
@@ -381,6 +388,8 @@ def fit_laplace(model, x, y=None, likelihood="classification", hessian="kron", p
 
 # -- the linearized sampling layer -----------------------------------------------------------------
 _UNMERGED = ("_kernel", "bias", "lora_kernel_a", "lora_kernel_b")
+# The raw scale output for a following GaussianHead, as LaplaceDense's: softplus(-1e4) is 0.
+_RAW_SCALE = -1e4
 
 
 def _linearized_candidates(features, last):
@@ -500,8 +509,10 @@ class LinearizedLoRA(StochasticLayer):
                              f"{type(features).__name__}")
         if not isinstance(last, keras.layers.Dense):
             raise ValueError(f"Expected `last` to be a keras.layers.Dense. Received: last of type {type(last).__name__}")
-        self.structure = laplace_lib._choice("structure", structure, laplace_lib.STRUCTURES)
-        self.noise_scale = None if noise_scale is None else laplace_lib._positive("noise_scale", noise_scale)
+        if structure not in laplace_lib.STRUCTURES:
+            raise ValueError(f"Expected `structure` in {laplace_lib.STRUCTURES}. Received: structure={structure!r}")
+        self.structure = structure
+        self.noise_scale = checks.number("noise_scale", noise_scale, low=0, low_open=True, allow_none=True)
         self.factors = [[int(i), str(w)] for i, w in factors]
         self.lora = [[int(i), int(r), float(a)] for i, r, a in lora]
         if not self.factors or any(w not in ("a", "b") for _, w in self.factors):
@@ -612,7 +623,7 @@ class LinearizedLoRA(StochasticLayer):
             outputs = tf.reshape(outputs, [-1, self.last.units])
         outputs = self.activation(outputs)
         if self.noise_scale is not None:
-            raw = tf.fill(tf.shape(outputs), tf.cast(laplace_lib._RAW_SCALE, outputs.dtype))
+            raw = tf.fill(tf.shape(outputs), tf.cast(_RAW_SCALE, outputs.dtype))
             outputs = tf.concat([outputs, raw], axis=-1)
         return outputs
 
