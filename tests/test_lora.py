@@ -509,6 +509,10 @@ def test_to_model_rejects_bad_input():
         lora.LinearizedLoRA(layer.features, layer.last, layer.factors, layer.lora, structure="dense")
     with pytest.raises(ValueError, match="factors="):
         lora.LinearizedLoRA(layer.features, layer.last, [[0, "c"]], layer.lora)
+    with pytest.raises(ValueError, match=r"lora=\[\[0, 1\]\]"):
+        lora.LinearizedLoRA(layer.features, layer.last, layer.factors, [[0, 1]])
+    with pytest.raises(ValueError, match="last of type Conv1D"):
+        lora.LinearizedLoRA(layer.features, keras.layers.Conv1D(2, 1), layer.factors, layer.lora)
     with pytest.raises(ValueError, match="num_samples=0"):
         layer.sample_offsets(0)
     with pytest.raises(NotImplementedError, match="to_model"):

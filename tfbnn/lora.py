@@ -167,7 +167,8 @@ class LoRALaplace(laplace_lib.Laplace):
     else is :class:`tfbnn.laplace.Laplace` with ``subset="all"``: :meth:`fit`,
     :meth:`optimize_prior_precision` (marginal likelihood, Immer et al. 2021 eq. 4),
     :meth:`predict` (the GLM predictive, as Yang et al.; ``pred_type="nn"``
-    samples adapters), :meth:`log_marginal_likelihood`, :meth:`sample`,
+    samples adapters), :meth:`to_model` (that predictive as a sampling Keras model,
+    for :func:`tfbnn.predict`, ``.keras`` and export), :meth:`log_marginal_likelihood`, :meth:`sample`,
     :attr:`posterior_precision` (``"kron"``: dense ``(P, P)`` from the factors).
 
     Args:
@@ -293,7 +294,8 @@ class LoRALaplace(laplace_lib.Laplace):
         so ``tfbnn.predict(model, x, num_samples=T)`` is the Monte Carlo GLM predictive
         with its aleatoric/epistemic split; for regression the model ends in a
         :class:`tfbnn.GaussianHead` whose scale is ``sigma_noise`` (the aleatoric
-        part). The model shares ``model``'s layers; it saves as ``.keras`` (``theta*``
+        part). The model shares ``model``'s layers (``theta*`` is read from them: after
+        training ``model`` further, refit and call ``to_model`` again); it saves as ``.keras`` (``theta*``
         exactly: ``W0`` and the factors unmerged, the posterior root and the seed state
         as the sampling layer's weights) and exports with :mod:`tfbnn.export`. This is
         the route to save Laplace-LoRA (:meth:`save` is not available).
@@ -513,8 +515,12 @@ class LinearizedLoRA(StochasticLayer):
             raise ValueError(f"Expected `structure` in {laplace_lib.STRUCTURES}. Received: structure={structure!r}")
         self.structure = structure
         self.noise_scale = checks.number("noise_scale", noise_scale, low=0, low_open=True, allow_none=True)
-        self.factors = [[int(i), str(w)] for i, w in factors]
-        self.lora = [[int(i), int(r), float(a)] for i, r, a in lora]
+        try:
+            self.factors = [[int(i), str(w)] for i, w in factors]
+            self.lora = [[int(i), int(r), float(a)] for i, r, a in lora]
+        except (TypeError, ValueError):
+            raise ValueError("Expected `factors` as [[index, 'a' | 'b'], ...] and `lora` as [[index, rank, alpha], "
+                             f"...]. Received: factors={factors!r}, lora={lora!r}") from None
         if not self.factors or any(w not in ("a", "b") for _, w in self.factors):
             raise ValueError(f"Expected `factors` as a non-empty list of [index, 'a' | 'b']. Received: factors={factors!r}")
         self.features, self.last = features, last
