@@ -322,7 +322,7 @@ def test_variational_lora_rejects_bad_input():
         lora.VariationalLoRA(keras.layers.Dense(2, lora_rank=1), prior=tfbnn.priors.ScaleMixture(0.5, 1.0, 0.01))
     with pytest.raises(ValueError, match="kl_weight"):
         lora.VariationalLoRA(keras.layers.Dense(2, lora_rank=1), kl_weight=-1.0)
-    with pytest.raises(ValueError, match="without them"):
+    with pytest.raises(ValueError, match="without LoRA layers"):
         lora.variational(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
 
 
@@ -401,7 +401,7 @@ def test_variational_lora_model_loss_is_the_elbo():
     bayes.compile(keras.optimizers.SGD(0.0), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x, y = _data(8), np.arange(8) % K
     state = bayes.posterior.seed_generator.state.numpy()
-    a_draw = np.asarray(bayes.sample_a()[0], np.float64)  # the draw the next call makes
+    a_draw = np.asarray(bayes.sample_a()[0][0], np.float64)  # the draw the next call makes
     bayes.posterior.seed_generator.state.assign(state)
     logits = _nested_forward(model, layer, a_draw)(x.astype(np.float64))
     nll = -np.mean(np.log(_softmax(logits)[np.arange(8), y]))
@@ -425,6 +425,25 @@ def test_variational_lora_model_sigma_zero_is_the_lora_model_and_seeded_draws_re
     np.testing.assert_array_equal(wide[1](x), second)
     with tfbnn.posterior_mean(wide[0]):
         np.testing.assert_allclose(wide[0](x), plain, rtol=1e-6, atol=1e-6)
+
+
+def test_variational_lora_model_monte_carlo_blocks_use_their_own_draws():
+    """Inside ``weight_samples(bayes, T)`` block ``t`` of the ``(T B, ...)`` rows is the NumPy forward at ``A_t`` of
+    ``sample_a(T)`` from the same seed state, and the T blocks differ; ``tfbnn.predict`` gives T distinct samples."""
+    model, layer = _nested()
+    bayes = lora.VariationalLoRAModel(model, rho_initializer=keras.initializers.Constant(-1.0), seed=5)
+    x = _data(2)
+    state = bayes.posterior.seed_generator.state.numpy()
+    draws = np.asarray(bayes.sample_a(3)[0], np.float64)
+    bayes.posterior.seed_generator.state.assign(state)
+    with tfbnn.weight_samples(bayes, 3):
+        out = tf.function(lambda v: bayes(v))(np.tile(x, (3, 1))).numpy().reshape(3, 2, K)
+    for t in range(3):
+        np.testing.assert_allclose(out[t], _nested_forward(model, layer, draws[t])(x.astype(np.float64)),
+                                   rtol=1e-5, atol=1e-5)
+    assert np.abs(out[0] - out[1]).min() > 1e-4 and np.abs(out[1] - out[2]).min() > 1e-4
+    samples = tfbnn.predict(bayes, x, num_samples=4, task="regression", return_samples=True).samples
+    assert samples.shape == (4, 2, K) and len({tuple(np.round(v[0], 6)) for v in samples}) == 4
 
 
 def test_variational_lora_model_fit_step_moves_m_rho_b_not_frozen_weights():
@@ -460,10 +479,16 @@ def test_variational_lora_model_applies_the_dropout_seed_updates():
     assert np.abs(outputs[0] - outputs[1]).max() > 1e-3
 
 
-def test_variational_lora_model_saves_and_exports(tmp_path):
+def _nested_bayes():
     model, layer = _nested()
     bayes = lora.variational(model, kl_weight=0.01, seed=4)
     bayes.posterior.rhos[0].assign(np.full((D, R), -1.0, "float32"))
+    return bayes, layer
+
+
+def test_variational_lora_model_saves(tmp_path):
+    """``.keras``: rho and the unmerged A, B (alpha 4 with rank 2 restored), equal seeded draws and posterior means."""
+    bayes, layer = _nested_bayes()
     x = _data(4)
     path = os.path.join(tmp_path, "blob.keras")
     bayes.save(path)
@@ -475,7 +500,13 @@ def test_variational_lora_model_saves_and_exports(tmp_path):
         np.testing.assert_array_equal(loaded(x), bayes(x))
     with tfbnn.posterior_mean(bayes), tfbnn.posterior_mean(loaded):
         np.testing.assert_array_equal(loaded(x), bayes(x))
+    assert loaded.adapter_layers[0].lora_alpha == 4
 
+
+def test_variational_lora_model_exports(tmp_path):
+    """The SavedModel's ``sample_seeded`` equals the model reseeded as the export does, ``mean`` the posterior mean."""
+    bayes, _ = _nested_bayes()
+    x = _data(4)
     served = tf.saved_model.load(tfbnn.export.export(bayes, os.path.join(tmp_path, "sm"), num_samples=8,
                                                      task="regression",
                                                      input_signature=tf.TensorSpec((None, D), tf.float32)))

@@ -36,8 +36,16 @@ as Yang et al.) and the predictive is the linearized (GLM) one
 (:meth:`tfbnn.laplace.Laplace.predict`, as Yang et al.; Immer et al. 2021).
 
 **Variational LoRA** (BLoB, Wang et al. 2024): a mean-field Gaussian
-``q(A) = N(M, diag(sigma^2))`` over the ``A`` factor, ``B`` deterministic, trained
-by the ELBO (:class:`VariationalLoRA`, :func:`variational`).
+``q(A) = N(M, diag(sigma^2))`` over the ``A`` factor, ``M`` the layer's
+``lora_kernel_a``, ``sigma = softplus(rho) + 1e-6``, ``B`` deterministic, trained
+by the ELBO ``mean NLL + kl_weight * sum KL(q(A) || p(A))``, ``kl_weight = beta / N``
+(:func:`variational`). Two forms: :class:`VariationalLoRA` wraps one LoRA layer (a
+model's top-level layers, rebuilt by ``keras.models.clone_model``; an ``A`` per row in
+Monte Carlo prediction); :class:`VariationalLoRAModel` wraps a whole model and reaches
+LoRA layers nested anywhere (KerasHub's attention projections after
+``backbone.enable_lora(r)``) through public Keras API: it runs the model inside a
+``keras.StatelessScope`` that maps each ``lora_kernel_a`` to its draw ``M + sigma eps``
+(one draw per call, or per block of rows in Monte Carlo prediction).
 
 Example:
     >>> import keras, numpy as np, tfbnn
@@ -505,9 +513,10 @@ class _AdapterPosterior(BayesianLayer):
         pairs = [kl_lib.softplus_scale_and_normal_kl(m, rho, self.prior) for m, rho in zip(means, self.rhos)]
         return [scale for scale, _ in pairs], tf.add_n([kl for _, kl in pairs])
 
-    def sample(self, means, scales):
-        """One draw ``A_l = M_l + sigma_l eps_l`` per layer, ``eps_l`` from the seed generator, in layer order."""
-        return [tf.convert_to_tensor(m) + scale * self._normal(scale.shape, scale.dtype)
+    def sample(self, means, scales, num_samples=1):
+        """``[A_l]``, each ``(num_samples, *M_l.shape)``: ``A_l = M_l + sigma_l eps_l``, one ``eps_l`` per layer from the
+        seed generator, in layer order."""
+        return [tf.convert_to_tensor(m) + scale * self._normal([num_samples, *scale.shape], scale.dtype)
                 for m, scale in zip(means, scales)]
 
     def add_kl(self, kl, training):
@@ -607,7 +616,7 @@ class VariationalLoRAModel(NetworkWrapper):
         >>> inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, lora_rank=2)])
         >>> model = keras.Sequential([keras.Input((4,)), inner, keras.layers.Dense(2)])  # LoRA one level down
         >>> bayes = tfbnn.lora.VariationalLoRAModel(model, kl_weight=1e-3, seed=0)
-        >>> [v.shape for v in bayes.posterior.rhos]
+        >>> [tuple(v.shape) for v in bayes.posterior.rhos]
         [(4, 2)]
         >>> bayes(np.ones((5, 4), "float32")).shape
         TensorShape([5, 2])
@@ -651,11 +660,14 @@ class VariationalLoRAModel(NetworkWrapper):
         """``sum_l KL(q(A_l) || p(A_l))``, unscaled."""
         return self.posterior.scales_and_kl(self._means())[1]
 
-    def sample_a(self):
-        """One draw ``[A_l]`` from ``q``, from the posterior's seed generator: the draw the next sampling call would
-        make (it advances the generator as that call would)."""
+    def sample_a(self, num_samples=1):
+        """``[A_l]``, each ``(num_samples, *lora_kernel_a.shape)``, from ``q`` and the posterior's seed generator.
+
+        With ``num_samples`` equal to the call's ``T`` (1 outside :func:`tfbnn.weight_samples`)
+        these are the draws the next sampling call makes: it advances the generator the same way.
+        """
         means = self._means()
-        return self.posterior.sample(means, self.posterior.scales_and_kl(means)[0])
+        return self.posterior.sample(means, self.posterior.scales_and_kl(means)[0], num_samples)
 
     def call(self, inputs, training=None):
         posterior, means = self.posterior, self._means()
@@ -665,19 +677,36 @@ class VariationalLoRAModel(NetworkWrapper):
         if not posterior._sampling(training):
             return self.network(inputs, training=training)
         num_samples = posterior.weight_samples[0]
+        draws = posterior.sample(means, scales, num_samples)
         if num_samples == 1:
-            return self._sampled_call(inputs, means, scales, training)
-        splits = [tf.split(v, num_samples) for v in tf.nest.flatten(inputs)]
+            return self._sampled_call(inputs, means, [a[0] for a in draws], training)
+        blocks = tf.nest.map_structure(
+            lambda v: tf.reshape(v, tf.concat([[num_samples, -1], tf.shape(v)[1:]], 0)), inputs)
         with weight_samples(self.network, 1):  # each block of rows is an ordinary call of the network
-            outputs = [self._sampled_call(tf.nest.pack_sequence_as(inputs, [split[t] for split in splits]),
-                                          means, scales, training) for t in range(num_samples)]
-        return tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *outputs)
+            if posterior._adds_kl:  # training on T samples: the model's own losses are kept, T copies traced
+                outputs = [self._sampled_call(tf.nest.map_structure(lambda v: v[t], blocks), means,
+                                              [a[t] for a in draws], training) for t in range(num_samples)]
+                return tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *outputs)
+            return self._mapped_calls(blocks, means, draws, training)
 
-    def _sampled_call(self, inputs, means, scales, training):
-        """``network(inputs)`` with each ``lora_kernel_a`` read as a fresh draw; its variable updates applied after."""
-        mapping = list(zip(means, self.posterior.sample(means, scales)))
+    def _mapped_calls(self, blocks, means, draws, training):
+        """Monte Carlo prediction: block ``t`` of the ``(T, B, ...)`` inputs with the draws ``A_l[t]``, in a
+        ``tf.map_fn`` (the network traced twice, not ``T`` times), rows ``(T B, ...)`` out. The model's own
+        losses are dropped (a prediction has no use for them)."""
+        first = self._sampled_call(tf.nest.map_structure(lambda v: v[0], blocks), means, [a[0] for a in draws],
+                                   training)
+        spec = tf.nest.map_structure(lambda y: tf.TensorSpec(y.shape, y.dtype), first)
+        rest = tf.map_fn(lambda e: self._sampled_call(e[0], means, e[1], training, keep_losses=False),
+                         (tf.nest.map_structure(lambda v: v[1:], blocks), [a[1:] for a in draws]),
+                         fn_output_signature=spec, parallel_iterations=1)  # in order: seed updates apply in turn
+        return tf.nest.map_structure(
+            lambda y, ys: tf.concat([y, tf.reshape(ys, tf.concat([[-1], tf.shape(ys)[2:]], 0))], 0), first, rest)
+
+    def _sampled_call(self, inputs, means, values, training, keep_losses=True):
+        """``network(inputs)`` with each ``lora_kernel_a`` read as its value in ``values``; the variable updates
+        the network made applied after (and its losses added, with ``keep_losses``)."""
         mapped = {id(m) for m in means}
-        with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+        with keras.StatelessScope(state_mapping=list(zip(means, values)), collect_losses=keep_losses) as scope:
             outputs = self.network(inputs, training=training)
         for variable in self.network.variables:  # updates made inside the scope are only recorded there
             value = None if id(variable) in mapped else scope.get_current_value(variable)
