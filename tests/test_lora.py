@@ -569,5 +569,10 @@ def test_variational_lora_model_on_a_kerashub_classifier(tmp_path):
     bayes.save(path)
     loaded = keras.models.load_model(path)
     assert [layer.lora_rank for layer in loaded.adapter_layers] == [2, 2]
+    # enable_lora froze all but the adapters; a fresh backbone from the config would train everything
+    assert [v.path for v in loaded.trainable_weights] == [v.path for v in bayes.trainable_weights]
+    frozen = {v.path for v in bayes.weights} - {v.path for v in bayes.trainable_weights}
+    assert {v.path for v in loaded.weights} - {v.path for v in loaded.trainable_weights} == frozen
+    assert any("token_embedding" in path for path in frozen)
     np.testing.assert_array_equal(loaded.adapter_layers[0].lora_kernel_b, layers[0].lora_kernel_b)
     np.testing.assert_array_equal(loaded(x), bayes(x))

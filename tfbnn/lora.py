@@ -592,7 +592,7 @@ class VariationalLoRAModel(NetworkWrapper):
     which would erase the posterior's means). The config records which layers have LoRA
     (their index among the model's ``Dense`` / ``EinsumDense`` and rank, alpha), so a
     ``.keras`` file of a KerasHub model, whose config does not keep ``enable_lora``,
-    loads with its adapters; which other layers were frozen is not restored.
+    loads with its adapters; and which of its weights were frozen (``trainable=False``).
 
     Args:
         model: a built ``keras.Model`` (Sequential, functional or subclassed, e.g. a
@@ -726,7 +726,8 @@ class VariationalLoRAModel(NetworkWrapper):
                        "prior": priors_lib.serialize(posterior.prior),
                        "rho_initializer": keras.initializers.serialize(posterior.rho_initializer),
                        "kl_weight": posterior._kl_weight_value, "inference_mode": posterior.inference_mode,
-                       "seed": posterior.seed, "lora_layers": _lora_spec(self.network)})
+                       "seed": posterior.seed, "lora_layers": _lora_spec(self.network),
+                       "frozen_weights": [i for i, v in enumerate(self.network.weights) if not v.trainable]})
         return config
 
     @classmethod
@@ -734,6 +735,9 @@ class VariationalLoRAModel(NetworkWrapper):
         config = dict(config)
         model = keras.saving.deserialize_keras_object(config.pop("model"), custom_objects=custom_objects)
         _restore_lora(model, config.pop("lora_layers"))
+        weights = model.weights
+        for i in config.pop("frozen_weights", []):  # e.g. KerasHub's enable_lora freezes all but the adapters
+            weights[i].trainable = False
         return cls(model, **config)
 
 
