@@ -276,12 +276,6 @@ def test_variational_lora_trains_predicts_and_saves(tmp_path):
 def test_variational_lora_exports_its_predictive(tmp_path):
     bayes, _ = _variational(kl_weight=0.01, seed=3)
     x = _data(4)
-
-def test_to_model_exports(tmp_path):
-    """SavedModel: ``mean`` is the MAP network's logits, ``sample_seeded(x, s)`` the draw of the in-memory model
-    reseeded to ``[s, 0]`` (``tfbnn.export`` reseeds so), ``summary`` a classification summary with a positive
-    epistemic part."""
-    model, x, sampler = _kron_classifier_sampler()
     served = tf.saved_model.load(tfbnn.export.export(bayes, os.path.join(tmp_path, "sm"), num_samples=8,
                                                      task="regression"))
     summary = served.summary(tf.constant(x[:4]))
@@ -328,7 +322,7 @@ def test_variational_lora_rejects_bad_input():
         lora.VariationalLoRA(keras.layers.Dense(2, lora_rank=1), prior=tfbnn.priors.ScaleMixture(0.5, 1.0, 0.01))
     with pytest.raises(ValueError, match="kl_weight"):
         lora.VariationalLoRA(keras.layers.Dense(2, lora_rank=1), kl_weight=-1.0)
-    with pytest.raises(ValueError, match="without them"):
+    with pytest.raises(ValueError, match="without LoRA layers"):
         lora.variational(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
 
 
@@ -545,3 +539,225 @@ def test_to_model_on_a_kerashub_classifier(tmp_path):
     sampler.save(path)
     loaded = keras.saving.load_model(path)
     np.testing.assert_array_equal(loaded(x), sampler(x))
+
+
+# -- variational LoRA on nested LoRA layers (VariationalLoRAModel) -----------------------------------
+def _nested(seed=0, dropout=0.0, hidden=3):
+    """``x -> [Dense(hidden, tanh, LoRA) -> Dropout] -> Dense(K)``: the LoRA layer one level down (a Sequential
+    inside a Sequential), ``W0``, ``A`` and ``B`` random."""
+    keras.utils.set_random_seed(seed)
+    inner = keras.Sequential([keras.Input((D,)), keras.layers.Dense(hidden, activation="tanh"),
+                              keras.layers.Dropout(dropout, seed=seed)], name="inner")
+    model = keras.Sequential([keras.Input((D,)), inner, keras.layers.Dense(K)], name="outer")
+    layer = inner.layers[0]
+    layer.enable_lora(R, lora_alpha=4)
+    rng = np.random.default_rng(seed)
+    layer.lora_kernel_b.assign(0.5 * rng.normal(size=(R, hidden)).astype("float32"))
+    return model, layer
+
+
+def _nested_forward(model, layer, a):
+    """The nested model's logits in NumPy (float64) with ``A = a``."""
+    w0, _, b, s = _weights(layer)
+    head = model.layers[-1]
+    as64 = lambda v: np.asarray(v.numpy(), np.float64)  # noqa: E731
+    return lambda x: np.tanh(x @ (w0 + s * a @ b) + as64(layer.bias)) @ as64(head.kernel) + as64(head.bias)
+
+
+def test_variational_lora_model_kl_matches_tfp():
+    model, layer = _nested()
+    bayes = lora.variational(model, prior=tfbnn.priors.Normal(0.3, 0.5), kl_weight=0.01, seed=0)
+    assert isinstance(bayes, lora.VariationalLoRAModel) and bayes.adapter_layers == [layer]
+    rho = bayes.posterior.rhos[0]
+    rho.assign(np.random.default_rng(0).normal(size=rho.shape).astype("float32"))
+    q = tfd.Normal(layer.lora_kernel_a, tf.nn.softplus(rho) + 1e-6)
+    np.testing.assert_allclose(bayes.kl_divergence(), tf.reduce_sum(tfd.kl_divergence(q, tfd.Normal(0.3, 0.5))),
+                               rtol=1e-5)
+    np.testing.assert_allclose(bayes.a_scales()[0], tf.nn.softplus(rho) + 1e-6, rtol=1e-6)
+    assert tfbnn.bayesian_layers(bayes) == [bayes.posterior]  # what KLAnnealing and set_kl_weight find
+
+
+def test_variational_lora_model_loss_is_the_elbo():
+    """``train_on_batch``'s loss is ``mean CE(y, f_A(x)) + kl_weight * KL`` with ``f_A`` the nested model in NumPy at
+    the draw ``A`` made from the same seed state, the KL ``tfd.kl_divergence`` summed."""
+    model, layer = _nested()
+    bayes = lora.variational(model, kl_weight=0.05, seed=1)
+    bayes.posterior.rhos[0].assign(np.full((D, R), -1.0, "float32"))
+    bayes.compile(keras.optimizers.SGD(0.0), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = _data(8), np.arange(8) % K
+    state = bayes.posterior.seed_generator.state.numpy()
+    a_draw = np.asarray(bayes.sample_a()[0][0], np.float64)  # the draw the next call makes
+    bayes.posterior.seed_generator.state.assign(state)
+    logits = _nested_forward(model, layer, a_draw)(x.astype(np.float64))
+    nll = -np.mean(np.log(_softmax(logits)[np.arange(8), y]))
+    q = tfd.Normal(tf.cast(layer.lora_kernel_a, tf.float64), np.log1p(np.exp(-1.0)) + 1e-6)
+    kl = float(tf.reduce_sum(tfd.kl_divergence(q, tfd.Normal(np.float64(0), np.float64(1)))))
+    assert abs(a_draw - layer.lora_kernel_a.numpy()).max() > 0.05  # a real draw, not the mean
+    np.testing.assert_allclose(bayes.train_on_batch(x, y), nll + 0.05 * kl, rtol=1e-5)
+
+
+def test_variational_lora_model_sigma_zero_is_the_lora_model_and_seeded_draws_repeat():
+    model, _ = _nested()
+    x = _data(4)
+    plain = model(x).numpy()
+    bayes = lora.VariationalLoRAModel(model, rho_initializer=keras.initializers.Constant(-30.0), seed=2)
+    np.testing.assert_allclose(bayes(x), plain, rtol=1e-6, atol=1e-6)  # sigma = softplus(-30) + 1e-6
+    wide = [lora.VariationalLoRAModel(model, rho_initializer=keras.initializers.Constant(0.0), seed=2)
+            for _ in range(2)]
+    first, second = wide[0](x).numpy(), wide[0](x).numpy()
+    assert np.abs(first - second).min() > 1e-4 and np.abs(first - plain).min() > 1e-4
+    np.testing.assert_array_equal(wide[1](x), first)  # the same seed: the same draws
+    np.testing.assert_array_equal(wide[1](x), second)
+    with tfbnn.posterior_mean(wide[0]):
+        np.testing.assert_allclose(wide[0](x), plain, rtol=1e-6, atol=1e-6)
+
+
+def test_variational_lora_model_monte_carlo_blocks_use_their_own_draws():
+    """Inside ``weight_samples(bayes, T)`` block ``t`` of the ``(T B, ...)`` rows is the NumPy forward at ``A_t`` of
+    ``sample_a(T)`` from the same seed state, and the T blocks differ; ``tfbnn.predict`` gives T distinct samples."""
+    model, layer = _nested()
+    bayes = lora.VariationalLoRAModel(model, rho_initializer=keras.initializers.Constant(-1.0), seed=5)
+    x = _data(2)
+    state = bayes.posterior.seed_generator.state.numpy()
+    draws = np.asarray(bayes.sample_a(3)[0], np.float64)
+    bayes.posterior.seed_generator.state.assign(state)
+    with tfbnn.weight_samples(bayes, 3):
+        out = tf.function(lambda v: bayes(v))(np.tile(x, (3, 1))).numpy().reshape(3, 2, K)
+    for t in range(3):
+        np.testing.assert_allclose(out[t], _nested_forward(model, layer, draws[t])(x.astype(np.float64)),
+                                   rtol=1e-5, atol=1e-5)
+    assert np.abs(out[0] - out[1]).min() > 1e-4 and np.abs(out[1] - out[2]).min() > 1e-4
+    samples = tfbnn.predict(bayes, x, num_samples=4, task="regression", return_samples=True).samples
+    assert samples.shape == (4, 2, K) and len({tuple(np.round(v[0], 6)) for v in samples}) == 4
+
+
+def test_variational_lora_model_fit_step_moves_m_rho_b_not_frozen_weights():
+    model, layer = _nested()
+    head = model.layers[-1]
+    head.trainable = False
+    bayes = lora.variational(model, kl_weight=0.01, seed=0)
+    frozen = [layer._kernel.numpy().copy(), head.kernel.numpy().copy()]
+    moving = [layer.lora_kernel_a, bayes.posterior.rhos[0], layer.lora_kernel_b]
+    before = [v.numpy().copy() for v in moving]
+    bayes.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    bayes.fit(_data(8), np.arange(8) % K, batch_size=8, epochs=1, verbose=0)
+    for variable, value in zip(moving, before):
+        assert np.abs(variable.numpy() - value).max() > 1e-6, variable.path
+    np.testing.assert_array_equal(layer._kernel.numpy(), frozen[0])
+    np.testing.assert_array_equal(head.kernel.numpy(), frozen[1])
+
+
+def test_variational_lora_model_applies_the_dropout_seed_updates():
+    """The wrapped model's dropout seed state advances across calls (updates made inside the StatelessScope are
+    applied after it), so two training calls with sigma ~ 0 differ by their dropout masks."""
+    model, _ = _nested(dropout=0.5, hidden=16)
+    bayes = lora.VariationalLoRAModel(model, rho_initializer=keras.initializers.Constant(-30.0), kl_weight=0.0,
+                                      seed=0)
+    dropout = model.layers[0].layers[-1]
+    x = _data(4)
+    states = [dropout.seed_generator.state.numpy()]
+    outputs = []
+    for _ in range(2):
+        outputs.append(bayes(x, training=True).numpy())
+        states.append(dropout.seed_generator.state.numpy())
+    assert not np.array_equal(states[0], states[1]) and not np.array_equal(states[1], states[2])
+    assert np.abs(outputs[0] - outputs[1]).max() > 1e-3
+
+
+def _nested_bayes():
+    model, layer = _nested()
+    bayes = lora.variational(model, kl_weight=0.01, seed=4)
+    bayes.posterior.rhos[0].assign(np.full((D, R), -1.0, "float32"))
+    return bayes, layer
+
+
+def test_variational_lora_model_saves(tmp_path):
+    """``.keras``: rho and the unmerged A, B (alpha 4 with rank 2 restored), equal seeded draws and posterior means."""
+    bayes, layer = _nested_bayes()
+    x = _data(4)
+    path = os.path.join(tmp_path, "blob.keras")
+    bayes.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(loaded.posterior.rhos[0], bayes.posterior.rhos[0])
+    np.testing.assert_array_equal(loaded.adapter_layers[0].lora_kernel_a, layer.lora_kernel_a)  # unmerged A, B
+    np.testing.assert_array_equal(loaded.adapter_layers[0].lora_kernel_b, layer.lora_kernel_b)
+    for _ in range(2):  # the seed state travels: the same draws
+        np.testing.assert_array_equal(loaded(x), bayes(x))
+    with tfbnn.posterior_mean(bayes), tfbnn.posterior_mean(loaded):
+        np.testing.assert_array_equal(loaded(x), bayes(x))
+    assert loaded.adapter_layers[0].lora_alpha == 4
+
+
+def test_variational_lora_model_exports(tmp_path):
+    """The SavedModel's ``sample_seeded`` equals the model reseeded as the export does, ``mean`` the posterior mean."""
+    bayes, _ = _nested_bayes()
+    x = _data(4)
+    served = tf.saved_model.load(tfbnn.export.export(bayes, os.path.join(tmp_path, "sm"), num_samples=8,
+                                                     task="regression",
+                                                     input_signature=tf.TensorSpec((None, D), tf.float32)))
+    generators = tfbnn.export.seed_generators(bayes)
+    for i, generator in enumerate(generators):  # the export's reseeding: generator i at [seed, i 2^32]
+        generator.state.assign(np.array([7, i * 2**32], generator.state.dtype))
+    np.testing.assert_allclose(served.sample_seeded(tf.constant(x), tf.constant(7, tf.int64)), bayes(x),
+                               rtol=1e-6, atol=1e-6)
+    with tfbnn.posterior_mean(bayes):
+        np.testing.assert_allclose(served.mean(tf.constant(x)), bayes(x), rtol=1e-6, atol=1e-6)
+    assert np.all(served.summary(tf.constant(x))["epistemic_std"].numpy() > 0)
+
+
+def test_variational_lora_model_rejects_bad_input():
+    model, _ = _nested()
+    with pytest.raises(ValueError, match="model='plain' without LoRA layers"):
+        lora.variational(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)], name="plain"))
+    with pytest.raises(ValueError, match="model of type Dense"):
+        lora.VariationalLoRAModel(keras.layers.Dense(2))
+    with pytest.raises(ValueError, match="prior=.*ScaleMixture"):
+        lora.VariationalLoRAModel(model, prior=tfbnn.priors.ScaleMixture(0.5, 1.0, 0.01))
+    with pytest.raises(ValueError, match="seed='one'"):
+        lora.VariationalLoRAModel(model, seed="one")
+    with pytest.raises(ValueError, match="kl_weight=-1"):
+        lora.VariationalLoRAModel(model, kl_weight=-1.0)
+
+
+def test_variational_lora_model_on_a_kerashub_classifier(tmp_path):
+    """BLoB on a tiny BERT classifier after ``backbone.enable_lora(2)`` (query and value EinsumDense inside the
+    attention layers): one ELBO step moves every ``A`` mean, ``rho`` and ``B``; ``tfbnn.predict`` gives distinct
+    samples whose average is a distribution; the ``.keras`` file (whose backbone config has no LoRA) reloads the
+    adapters and gives the same seeded predictions."""
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.BertBackbone(vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length=6, dropout=0.1)
+    classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None, dropout=0.0)
+    backbone.enable_lora(2)
+    layers = lora.lora_layers(classifier)
+    for layer in layers:  # B = 0 after enable_lora: a nonzero adapter
+        layer.lora_kernel_b.assign(np.full(layer.lora_kernel_b.shape, 0.3, "float32"))
+    bayes = lora.variational(classifier, kl_weight=1e-3, rho_initializer=keras.initializers.Constant(-1.0), seed=0)
+    assert len(layers) == 2 and len(bayes.posterior.rhos) == 2
+    rng = np.random.default_rng(0)
+    x = {"token_ids": rng.integers(0, 30, (6, 6)).astype("int32"), "segment_ids": np.zeros((6, 6), "int32"),
+         "padding_mask": np.ones((6, 6), "int32")}
+    y = rng.integers(0, 2, 6)
+    moving = [v for layer in layers for v in (layer.lora_kernel_a, layer.lora_kernel_b)] + bayes.posterior.rhos
+    before = [v.numpy().copy() for v in moving]
+    bayes.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    bayes.fit(x, y, batch_size=6, epochs=1, verbose=0)
+    for variable, value in zip(moving, before):
+        assert np.abs(variable.numpy() - value).max() > 1e-6, variable.path
+    res = tfbnn.predict(bayes, x, num_samples=4, from_logits=True, return_samples=True)
+    assert res.samples.shape == (4, 6, 2)
+    assert len({tuple(np.round(s[0], 6)) for s in res.samples}) == 4  # T distinct draws
+    np.testing.assert_allclose(res.mean_probs.sum(1), 1, rtol=1e-5)
+
+    path = os.path.join(tmp_path, "bert_blob.keras")
+    bayes.save(path)
+    loaded = keras.models.load_model(path)
+    assert [layer.lora_rank for layer in loaded.adapter_layers] == [2, 2]
+    # enable_lora froze all but the adapters; a fresh backbone from the config would train everything
+    assert [v.path for v in loaded.trainable_weights] == [v.path for v in bayes.trainable_weights]
+    frozen = {v.path for v in bayes.weights} - {v.path for v in bayes.trainable_weights}
+    assert {v.path for v in loaded.weights} - {v.path for v in loaded.trainable_weights} == frozen
+    assert any("token_embedding" in path for path in frozen)
+    np.testing.assert_array_equal(loaded.adapter_layers[0].lora_kernel_b, layers[0].lora_kernel_b)
+    np.testing.assert_array_equal(loaded(x), bayes(x))

@@ -40,8 +40,16 @@ forward-mode Jacobian-vector product over the factors), for :func:`tfbnn.predict
 calibration metrics, ``.keras`` files (the route to save Laplace-LoRA) and :mod:`tfbnn.export`.
 
 **Variational LoRA** (BLoB, Wang et al. 2024): a mean-field Gaussian
-``q(A) = N(M, diag(sigma^2))`` over the ``A`` factor, ``B`` deterministic, trained
-by the ELBO (:class:`VariationalLoRA`, :func:`variational`).
+``q(A) = N(M, diag(sigma^2))`` over the ``A`` factor, ``M`` the layer's
+``lora_kernel_a``, ``sigma = softplus(rho) + 1e-6``, ``B`` deterministic, trained
+by the ELBO ``mean NLL + kl_weight * sum KL(q(A) || p(A))``, ``kl_weight = beta / N``
+(:func:`variational`). Two forms: :class:`VariationalLoRA` wraps one LoRA layer (a
+model's top-level layers, rebuilt by ``keras.models.clone_model``; an ``A`` per row in
+Monte Carlo prediction); :class:`VariationalLoRAModel` wraps a whole model and reaches
+LoRA layers nested anywhere (KerasHub's attention projections after
+``backbone.enable_lora(r)``) through public Keras API: it runs the model inside a
+``keras.StatelessScope`` that maps each ``lora_kernel_a`` to its draw ``M + sigma eps``
+(one draw per call, or per block of rows in Monte Carlo prediction).
 
 Example:
     >>> import keras, numpy as np, tfbnn
@@ -81,18 +89,25 @@ from tfbnn import laplace as laplace_lib
 from tfbnn import priors as priors_lib
 from tfbnn.layers.base import BayesianLayer, StochasticLayer
 from tfbnn.likelihoods import GaussianHead
+from tfbnn.utils import NetworkWrapper, weight_samples
 
-__all__ = ["lora_layers", "LoRALaplace", "LinearizedLoRA", "fit_laplace", "VariationalLoRA", "variational", "HESSIANS"]
+__all__ = ["lora_layers", "LoRALaplace", "LinearizedLoRA", "fit_laplace", "VariationalLoRA", "VariationalLoRAModel",
+           "variational", "HESSIANS"]
 
 HESSIANS = laplace_lib.HESSIANS
 _LORA_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)
 
 
+def _dense_layers(model):
+    """The ``Dense`` and ``EinsumDense`` layers of ``model``, nested ones included, in Keras' traversal order."""
+    # Keras' own traversal (KerasHub's Backbone.enable_lora uses it too): nested layers of backbones included.
+    return [layer for layer in model._flatten_layers(include_self=False, recursive=True)
+            if isinstance(layer, _LORA_TYPES)]
+
+
 def lora_layers(model):
     """The LoRA-enabled ``Dense`` and ``EinsumDense`` layers of ``model``, nested ones included, in order."""
-    # Keras' own traversal (used by Model.enable_lora-style code): nested layers of backbones included.
-    return [layer for layer in model._flatten_layers(include_self=False, recursive=True)
-            if isinstance(layer, _LORA_TYPES) and getattr(layer, "lora_enabled", False)]
+    return [layer for layer in _dense_layers(model) if getattr(layer, "lora_enabled", False)]
 
 
 def _scale(layer):
@@ -840,21 +855,284 @@ class VariationalLoRA(BayesianLayer):
         return super().from_config(config)
 
 
-def variational(model, prior=None, rho_initializer=None, kl_weight=None, seed=None):
-    """A copy of ``model`` with every LoRA-enabled ``Dense`` / ``EinsumDense`` wrapped in :class:`VariationalLoRA`.
+class _AdapterPosterior(BayesianLayer):
+    """``q(A_l) = N(M_l, diag(sigma_l^2))`` for each LoRA layer ``l`` of a :class:`VariationalLoRAModel`.
 
-    BLoB (Wang et al. 2024): the ``A`` factors get mean-field Gaussian posteriors, ``B``
-    and all other weights stay point estimates. Each LoRA layer is wrapped as a copy
-    (``model``'s own layer saves as before); all other layers are shared with ``model``.
+    Holds one ``rho_l`` per layer, the KL weight, the seed generator and the sampling switch
+    (so :func:`tfbnn.set_kl_weight`, :class:`tfbnn.KLAnnealing`, :func:`tfbnn.posterior_mean`
+    and :func:`tfbnn.weight_samples` find it like any Bayesian layer). The means ``M_l`` are
+    the LoRA layers' own ``lora_kernel_a``, passed in by the model.
+    """
+
+    def __init__(self, shapes, prior=None, rho_initializer=None, kl_weight=None, inference_mode="sample", seed=None,
+                 **kwargs):
+        super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
+        self.shapes = [tuple(shape) for shape in shapes]
+        self.prior = _normal_prior(prior)
+        self.rho_initializer = keras.initializers.get(
+            keras.initializers.Constant(-5.0) if rho_initializer is None else rho_initializer)
+
+    def build(self, input_shape=None):
+        self.rhos = [self.add_weight(name=f"rho_{i}", shape=shape, initializer=self.rho_initializer, dtype="float32")
+                     for i, shape in enumerate(self.shapes)]
+        self._build_kl_weight()
+
+    def scales_and_kl(self, means):
+        """``[sigma_l]`` and ``sum_l KL(q(A_l) || p(A_l))`` (unscaled)."""
+        pairs = [kl_lib.softplus_scale_and_normal_kl(m, rho, self.prior) for m, rho in zip(means, self.rhos)]
+        return [scale for scale, _ in pairs], tf.add_n([kl for _, kl in pairs])
+
+    def sample(self, means, scales, num_samples=1):
+        """``[A_l]``, each ``(num_samples, *M_l.shape)``: ``A_l = M_l + sigma_l eps_l``, one ``eps_l`` per layer from the
+        seed generator, in layer order."""
+        return [tf.convert_to_tensor(m) + scale * self._normal([num_samples, *scale.shape], scale.dtype)
+                for m, scale in zip(means, scales)]
+
+    def add_kl(self, kl, training):
+        """Adds ``kl_weight * kl`` to the losses (the :class:`tfbnn.layers.BayesianLayer` convention)."""
+        self._add_kl_loss(kl, training)
+
+
+def _lora_spec(model):
+    """``[[index, rank, alpha], ...]``: each LoRA layer's position among :func:`_dense_layers` and its LoRA."""
+    return [[i, int(layer.lora_rank), float(layer.lora_alpha)] for i, layer in enumerate(_dense_layers(model))
+            if getattr(layer, "lora_enabled", False)]
+
+
+def _restore_lora(model, spec):
+    """Enables LoRA, of the rank and alpha of ``spec`` (:func:`_lora_spec`), on the layers of a model rebuilt from
+    its config (KerasHub's backbones do not keep ``enable_lora`` in their config)."""
+    layers = _dense_layers(model)
+    for index, rank, alpha in spec:
+        if index >= len(layers):
+            raise ValueError(f"Expected a Dense or EinsumDense layer at index {index} of the model. Received: "
+                             f"model={model.name!r} with {len(layers)}")
+        layer = layers[index]
+        if not getattr(layer, "lora_enabled", False):
+            layer.enable_lora(rank, lora_alpha=alpha)
+        elif layer.lora_rank != rank:
+            raise ValueError(f"Expected LoRA rank {rank} on layer {layer.name!r}. Received: lora_rank={layer.lora_rank}")
+        # Keras 3.15's Dense and EinsumDense rebuilt from a config with `lora_rank` enable LoRA with alpha = rank,
+        # whatever `lora_alpha` the config holds.
+        layer.lora_alpha = alpha
+
+
+@keras.saving.register_keras_serializable(package="tfbnn")
+class VariationalLoRAModel(NetworkWrapper):
+    """BLoB on a model's LoRA layers wherever they are nested: a Gaussian ``q(A)`` per layer (Wang et al. 2024).
+
+    For each LoRA-enabled ``Dense`` / ``EinsumDense`` ``l`` found anywhere in ``model``
+    (:func:`lora_layers`: also inside subclassed layers, e.g. KerasHub's
+    ``TransformerEncoder -> CachedMultiHeadAttention -> EinsumDense`` after
+    ``backbone.enable_lora(r)``), ``A_l`` gets the mean-field posterior
+    ``q(A_l) = N(M_l, diag(sigma_l^2))``, ``M_l`` the layer's own ``lora_kernel_a``,
+    ``sigma_l = softplus(rho_l) + 1e-6``; ``B_l`` (``lora_kernel_b``) and every other
+    weight stay point estimates (Wang et al. 2024, sec. 3, BLoB's asymmetric
+    parameterization). A call draws, by reparameterization,::
+
+        A_l = M_l + sigma_l * eps_l,      eps_l ~ N(0, I)      (one draw per layer per call)
+
+    and runs ``model`` with every ``lora_kernel_a`` read as its draw (a
+    ``keras.StatelessScope`` mapping; the layer computes with ``W0 + s A_l B_l``), so
+    gradients reach ``M_l``, ``rho_l`` and ``B_l``. It adds::
+
+        kl_weight * sum_l KL(q(A_l) || p(A_l)),
+        KL = sum log(p / sigma) + (sigma^2 + (M - m)^2) / (2 p^2) - 1/2      (prior N(m, p^2))
+
+    to the losses, ``kl_weight = beta / N`` (the ELBO convention of
+    :class:`tfbnn.layers.BayesianLayer`; :class:`tfbnn.KLAnnealing` and
+    :func:`tfbnn.set_kl_weight` set it), so ``fit`` minimises the per-example negative
+    ELBO ``mean NLL + beta KL / N`` of Wang et al. (eq. 7, without BLoB's KL
+    re-weighting schedule). Variable updates that ``model`` makes in a call (dropout
+    seed states, batch-norm statistics) are applied after it; losses that ``model``
+    adds are kept.
+
+    One ``A`` sample is shared by the whole batch of a call. In Monte Carlo prediction
+    (:func:`tfbnn.predict`, :func:`tfbnn.weight_samples` with ``T`` samples) each of
+    the ``T`` blocks of ``B`` rows gets its own draw: ``model`` then runs ``T`` times
+    on ``B`` rows (unrolled in the traced graph), for ``joint=True`` and ``joint=False``
+    alike (per-row marginals are the same; rows of a block are not independent).
+    With ``inference_mode="mean"`` (or :func:`tfbnn.posterior_mean`) ``A_l = M_l``:
+    the plain LoRA model.
+
+    ``model``'s layers are shared, not copied: training the wrapper trains ``model``'s
+    adapters, and its LoRA layers now save their variables unmerged (``W0``, bias,
+    ``A``, ``B``; Keras' LoRA layers save ``W0 + s A B`` and zero ``A``, ``B`` on load,
+    which would erase the posterior's means). The config records which layers have LoRA
+    (their index among the model's ``Dense`` / ``EinsumDense`` and rank, alpha), so a
+    ``.keras`` file of a KerasHub model, whose config does not keep ``enable_lora``,
+    loads with its adapters; and which of its weights were frozen (``trainable=False``).
 
     Args:
-        model: a Sequential or functional ``keras.Model`` whose LoRA layers are its own
-            top-level layers (``keras.models.clone_model`` rebuilds its graph).
+        model: a built ``keras.Model`` (Sequential, functional or subclassed, e.g. a
+            KerasHub task) with LoRA enabled on at least one ``Dense`` / ``EinsumDense``.
+        prior: a :class:`tfbnn.priors.Normal` (or its name/config). Default ``N(0, 1)``.
+        rho_initializer: initializer of each ``rho_l``; default ``Constant(-5.0)``
+            (``sigma ~ 0.0067``: training starts at the fine-tuned adapter).
+        kl_weight: float >= 0 or None, ``beta / N``.
+        inference_mode: ``"sample"`` (default) or ``"mean"``.
+        seed: int or None, seed of the posterior's ``keras.random.SeedGenerator``.
+
+    Attributes:
+        network: ``model``.
+        posterior: the layer holding ``rho_l`` (``posterior.rhos``, in
+            :attr:`adapter_layers` order), ``kl_weight`` and the seed generator.
+
+    Input shape: ``model``'s. Output shape: ``model``'s.
+
+    Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, lora_rank=2)])
+        >>> model = keras.Sequential([keras.Input((4,)), inner, keras.layers.Dense(2)])  # LoRA one level down
+        >>> bayes = tfbnn.lora.VariationalLoRAModel(model, kl_weight=1e-3, seed=0)
+        >>> [tuple(v.shape) for v in bayes.posterior.rhos]
+        [(4, 2)]
+        >>> bayes(np.ones((5, 4), "float32")).shape
+        TensorShape([5, 2])
+
+    Reference:
+        Wang, Shi, Han, Metaxas, Wang. BLoB: Bayesian Low-Rank Adaptation by
+        Backpropagation for Large Language Models. NeurIPS 2024.
+    """
+
+    def __init__(self, model, prior=None, rho_initializer=None, kl_weight=None, inference_mode="sample", seed=None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(model, keras.Model):
+            raise ValueError(f"Expected a Keras model. Received: model of type {type(model).__name__}")
+        layers = lora_layers(model)
+        if not layers:
+            raise ValueError("Expected a model with LoRA enabled on a Dense or EinsumDense layer "
+                             f"(`layer.enable_lora(rank)`). Received: model={model.name!r} without LoRA layers")
+        for layer in layers:
+            _save_unmerged(layer)
+        self.network = model
+        self.posterior = _AdapterPosterior([layer.lora_kernel_a.shape for layer in layers], prior=prior,
+                                           rho_initializer=rho_initializer, kl_weight=kl_weight,
+                                           inference_mode=inference_mode, seed=seed, name="adapter_posterior")
+        self.posterior.build()
+        self.built = True
+
+    @property
+    def adapter_layers(self):
+        """The LoRA layers of :attr:`network` (:func:`lora_layers`), in ``posterior.rhos`` order."""
+        return lora_layers(self.network)
+
+    def _means(self):
+        return [layer.lora_kernel_a for layer in self.adapter_layers]
+
+    def a_scales(self):
+        """``[sigma_l]``, each shaped like its layer's ``lora_kernel_a``."""
+        return self.posterior.scales_and_kl(self._means())[0]
+
+    def kl_divergence(self):
+        """``sum_l KL(q(A_l) || p(A_l))``, unscaled."""
+        return self.posterior.scales_and_kl(self._means())[1]
+
+    def sample_a(self, num_samples=1):
+        """``[A_l]``, each ``(num_samples, *lora_kernel_a.shape)``, from ``q`` and the posterior's seed generator.
+
+        With ``num_samples`` equal to the call's ``T`` (1 outside :func:`tfbnn.weight_samples`)
+        these are the draws the next sampling call makes: it advances the generator the same way.
+        """
+        means = self._means()
+        return self.posterior.sample(means, self.posterior.scales_and_kl(means)[0], num_samples)
+
+    def call(self, inputs, training=None):
+        posterior, means = self.posterior, self._means()
+        scales, kl = posterior.scales_and_kl(means)
+        if posterior._adds_kl:
+            posterior.add_kl(kl, training)
+        if not posterior._sampling(training):
+            return self.network(inputs, training=training)
+        num_samples = posterior.weight_samples[0]
+        draws = posterior.sample(means, scales, num_samples)
+        if num_samples == 1:
+            return self._sampled_call(inputs, means, [a[0] for a in draws], training)
+        blocks = tf.nest.map_structure(
+            lambda v: tf.reshape(v, tf.concat([[num_samples, -1], tf.shape(v)[1:]], 0)), inputs)
+        with weight_samples(self.network, 1):  # each block of rows is an ordinary call of the network
+            if posterior._adds_kl:  # training on T samples: the model's own losses are kept, T copies traced
+                outputs = [self._sampled_call(tf.nest.map_structure(lambda v: v[t], blocks), means,
+                                              [a[t] for a in draws], training) for t in range(num_samples)]
+                return tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *outputs)
+            return self._mapped_calls(blocks, means, draws, training)
+
+    def _mapped_calls(self, blocks, means, draws, training):
+        """Monte Carlo prediction: block ``t`` of the ``(T, B, ...)`` inputs with the draws ``A_l[t]``, in a
+        ``tf.map_fn`` (the network traced twice, not ``T`` times), rows ``(T B, ...)`` out. The model's own
+        losses are dropped (a prediction has no use for them)."""
+        first = self._sampled_call(tf.nest.map_structure(lambda v: v[0], blocks), means, [a[0] for a in draws],
+                                   training)
+        spec = tf.nest.map_structure(lambda y: tf.TensorSpec(y.shape, y.dtype), first)
+        rest = tf.map_fn(lambda e: self._sampled_call(e[0], means, e[1], training, keep_losses=False),
+                         (tf.nest.map_structure(lambda v: v[1:], blocks), [a[1:] for a in draws]),
+                         fn_output_signature=spec, parallel_iterations=1)  # in order: seed updates apply in turn
+        return tf.nest.map_structure(
+            lambda y, ys: tf.concat([y, tf.reshape(ys, tf.concat([[-1], tf.shape(ys)[2:]], 0))], 0), first, rest)
+
+    def _sampled_call(self, inputs, means, values, training, keep_losses=True):
+        """``network(inputs)`` with each ``lora_kernel_a`` read as its value in ``values``; the variable updates
+        the network made applied after (and its losses added, with ``keep_losses``)."""
+        mapped = {id(m) for m in means}
+        with keras.StatelessScope(state_mapping=list(zip(means, values)), collect_losses=keep_losses) as scope:
+            outputs = self.network(inputs, training=training)
+        for variable in self.network.variables:  # updates made inside the scope are only recorded there
+            value = None if id(variable) in mapped else scope.get_current_value(variable)
+            if value is not None:
+                variable.assign(value)
+        for loss in scope.losses:
+            self.add_loss(loss)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        return self.network.compute_output_shape(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        posterior = self.posterior
+        config.update({"model": keras.saving.serialize_keras_object(self.network),
+                       "prior": priors_lib.serialize(posterior.prior),
+                       "rho_initializer": keras.initializers.serialize(posterior.rho_initializer),
+                       "kl_weight": posterior._kl_weight_value, "inference_mode": posterior.inference_mode,
+                       "seed": posterior.seed, "lora_layers": _lora_spec(self.network),
+                       "frozen_weights": [i for i, v in enumerate(self.network.weights) if not v.trainable]})
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        model = keras.saving.deserialize_keras_object(config.pop("model"), custom_objects=custom_objects)
+        _restore_lora(model, config.pop("lora_layers"))
+        weights = model.weights
+        for i in config.pop("frozen_weights", []):  # e.g. KerasHub's enable_lora freezes all but the adapters
+            weights[i].trainable = False
+        return cls(model, **config)
+
+
+def variational(model, prior=None, rho_initializer=None, kl_weight=None, seed=None):
+    """BLoB (Wang et al. 2024) on ``model``'s LoRA layers: mean-field Gaussian posteriors over their ``A`` factors.
+
+    Two routes, one posterior (``q(A) = N(M, diag(sigma^2))``, ``B`` and all other
+    weights point estimates, ``kl_weight * KL`` added to the losses):
+
+    * every LoRA layer is a top-level layer of ``model`` (Sequential or functional): a copy
+      of ``model`` (``keras.models.clone_model``) with each LoRA layer wrapped, as a
+      copy, in :class:`VariationalLoRA` (all other layers shared with ``model``; ``model``'s
+      own layers save as before). Monte Carlo prediction draws an ``A`` per row.
+    * otherwise (LoRA layers nested in sub-models or subclassed layers, e.g. a KerasHub
+      task after ``backbone.enable_lora(r)``): :class:`VariationalLoRAModel` around
+      ``model`` itself, sharing its layers. One ``A`` per call, per block of rows in
+      Monte Carlo prediction.
+
+    Args:
+        model: a built ``keras.Model`` with LoRA enabled on a ``Dense`` or ``EinsumDense``.
         prior, rho_initializer, kl_weight: as :class:`VariationalLoRA`.
-        seed: int or None; the ``i``-th LoRA layer gets ``seed + i``.
+        seed: int or None; in the first route the ``i``-th LoRA layer gets ``seed + i``.
 
     Returns:
-        A functional ``keras.Model``.
+        A functional ``keras.Model`` of :class:`VariationalLoRA` layers, or a
+        :class:`VariationalLoRAModel`.
 
     Example:
         >>> import keras, tfbnn
@@ -862,13 +1140,16 @@ def variational(model, prior=None, rho_initializer=None, kl_weight=None, seed=No
         >>> bayes = tfbnn.lora.variational(model, kl_weight=0.01, seed=0)
         >>> [type(layer).__name__ for layer in bayes.layers]
         ['VariationalLoRA']
+        >>> nested = keras.Sequential([keras.Input((4,)), model])
+        >>> type(tfbnn.lora.variational(nested, kl_weight=0.01, seed=0)).__name__
+        'VariationalLoRAModel'
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"Expected a Keras model. Received: model of type {type(model).__name__}")
     targets = [layer for layer in model.layers if isinstance(layer, _LORA_TYPES) and layer.lora_enabled]
-    if not targets:
-        raise ValueError("Expected a model with LoRA-enabled Dense or EinsumDense layers at its top level. "
-                         f"Received: model={model.name!r} without them")
+    if not targets or len(targets) < len(lora_layers(model)):  # some nested: out of clone_model's reach
+        return VariationalLoRAModel(model, prior=prior, rho_initializer=rho_initializer, kl_weight=kl_weight,
+                                    seed=seed)
     seeds = {id(layer): (None if seed is None else int(seed) + i) for i, layer in enumerate(targets)}
 
     def wrap(layer):
@@ -878,3 +1159,4 @@ def variational(model, prior=None, rho_initializer=None, kl_weight=None, seed=No
                                seed=seeds[id(layer)], name=f"{layer.name}_blob")
 
     return keras.models.clone_model(model, clone_function=wrap)
+

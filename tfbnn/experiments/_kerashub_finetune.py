@@ -120,27 +120,16 @@ def _fit_laplace_lora(context):
 
 
 def _variational_adapters(task, kl_weight, seed):
-    """Wraps each attention's LoRA query and value projections in :class:`tfbnn.lora.VariationalLoRA` (sharing
-    their weights). They sit inside KerasHub's subclassed blocks, where :func:`tfbnn.lora.variational` cannot
-    reach, so the attention layer's attributes are replaced (its state tracker unlocked for that)."""
-    attentions = [layer for layer in task._flatten_layers(include_self=False, recursive=True)
-                  if isinstance(layer, keras.layers.MultiHeadAttention)]
-    for i, attention in enumerate(attentions):
-        attention._tracker.unlock()
-        for j, attr in enumerate(("_query_dense", "_value_dense")):
-            dense = getattr(attention, attr)
-            setattr(attention, attr, lora.VariationalLoRA(dense, kl_weight=kl_weight, seed=seed + 2 * i + j,
-                                                          name=f"{dense.name}_blob"))
-        attention._tracker.lock()
-    return task
+    """BLoB around ``task``: :class:`tfbnn.lora.VariationalLoRAModel`, a Gaussian ``q(A)`` over each attention's LoRA
+    query and value projections (nested in KerasHub's subclassed blocks; the task's layers are shared)."""
+    return lora.variational(task, kl_weight=kl_weight, seed=seed)
 
 
 def _fit_blob(context):
-    task = _variational_adapters(_lora_task(context), 1.0 / context.n, context.s["seed"])
-    task(_first(context.x))  # builds the wrappers' rho before the train step is traced
-    context.compile_fit(task, context.x, context.y, context.s["adapter_epochs"])
+    model = _variational_adapters(_lora_task(context), 1.0 / context.n, context.s["seed"])
+    context.compile_fit(model, context.x, context.y, context.s["adapter_epochs"])
     samples = context.s["num_samples"]
-    return lambda x: tfbnn.predict(task, x, num_samples=samples, batch_size=256, from_logits=True).mean_probs
+    return lambda x: tfbnn.predict(model, x, num_samples=samples, batch_size=256, from_logits=True).mean_probs
 
 
 def _fit_mc_dropout(context):
