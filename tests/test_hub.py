@@ -233,6 +233,7 @@ def test_bayesian_head_on_a_kerashub_vit_trains_predicts_saves_and_exports_its_s
     logits = vit(x).numpy()
     model = tfbnn.hub.bayesian_head(vit, method="flipout", num_examples=N, init_scale=0.5, seed=0)
     assert model.get_layer(vit.backbone.name) is vit.backbone  # shared, not rebuilt
+    assert not vit.backbone.trainable  # shared, so frozen in the task too (documented)
     assert type(model.layers[-1]) is tfbnn.layers.DenseFlipout
     with tfbnn.posterior_mean(model):  # posterior means at the trained weights: the task's logits
         np.testing.assert_allclose(model(x), logits, atol=1e-5)
