@@ -15,8 +15,8 @@ does not depend on their values. The goal (issue 30): p99 < 50 ms at batch 1, T 
 
 With keras-hub installed, a second model: the tiny KerasHub ViT of ``tfbnn kerashub-finetune``
 (``ViTBackbone`` from its config, 8x8x1 images, 2x2 patches, one layer of width 16, and
-``ViTImageClassifier``) whose head is Bayes by Backprop (Flipout; ``features_bayesian_head`` of
-:mod:`tfbnn.experiments._kerashub_finetune`, the head of :func:`tfbnn.hub.bayesian_head`), exported
+``ViTImageClassifier``) whose head is Bayes by Backprop (Flipout; :func:`tfbnn.hub.bayesian_head` with
+a softmax on top, ``bayesian_head_task`` of :mod:`tfbnn.experiments._kerashub_finetune`), exported
 and timed the same way ("a Bayesian-head KerasHub classifier exports with its ``summary`` endpoint
 and its serving latency is measured (p99, batch 1, T = 30)").
 
@@ -64,7 +64,7 @@ def hub_model():
     from tfbnn.experiments import _kerashub_finetune as kh
 
     task = kh.build_task("image", {"num_classes": 8}, {"seed": 0, "dropout_rate": 0.1})
-    return kh.bayesian_head_task(task, kh.features_bayesian_head(task, num_examples=1000, seed=0))
+    return kh.bayesian_head_task(task, num_examples=1000, seed=0)
 
 
 def models():

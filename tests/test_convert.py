@@ -168,3 +168,51 @@ def test_bad_input_is_rejected_clearly():
     sub(np.ones((1, 3), "float32"))
     with pytest.raises(ValueError, match="Sequential or functional"):
         convert.to_bayesian(sub)
+
+
+class _Unclonable(keras.layers.Layer):
+    """Like KerasHub 0.32's ViTPatchingAndEmbedding: its config holds a key its constructor rejects."""
+
+    def __init__(self, scale=2.0, **kwargs):
+        super().__init__(**kwargs)
+        self.scale = scale
+
+    def call(self, x):
+        return x * self.scale
+
+    def get_config(self):
+        return {**super().get_config(), "scale": self.scale, "derived": 2 * self.scale}
+
+
+def _nested_with_unclonable():
+    inner_in = keras.Input((3,))
+    h = keras.layers.Dense(4, activation="tanh", name="hidden")(_Unclonable(name="odd")(inner_in))
+    backbone = keras.Model(inner_in, keras.layers.LayerNormalization(name="ln")(h), name="backbone")
+    inp = keras.Input((3,))
+    return keras.Model(inp, keras.layers.Dense(2, name="head")(backbone(inp)), name="task")
+
+
+def test_by_policy_rebuilds_only_the_graphs_holding_a_converted_layer_and_shares_the_rest():
+    model = _nested_with_unclonable()
+    x = RNG.normal(size=(5, 3)).astype("float32")
+    with pytest.raises(TypeError, match="derived"):  # what rebuilding the backbone from its configs meets
+        _Unclonable.from_config(model.get_layer("backbone").get_layer("odd").get_config())
+    head_only = convert.by_policy(model, {"head": "flipout"}, seed=0)
+    assert head_only.get_layer("backbone") is model.get_layer("backbone")  # reused, not rebuilt
+    assert type(head_only.get_layer("head")) is tfbnn.layers.DenseFlipout
+    inner = convert.by_policy(model, {"backbone/hidden": "reparameterization"}, seed=0)
+    backbone = inner.get_layer("backbone")
+    assert backbone is not model.get_layer("backbone")  # holds a converted layer: rebuilt
+    assert type(backbone.get_layer("hidden")) is tfbnn.layers.DenseReparameterization
+    for path in ("odd", "ln"):  # its other layers, and the unconverted head, are the original objects
+        assert backbone.get_layer(path) is model.get_layer("backbone").get_layer(path)
+    assert inner.get_layer("head") is model.get_layer("head")
+    assert inner.get_layer("head").kernel is model.get_layer("head").kernel  # the weights are shared
+    for bnn in (head_only, inner):
+        with tfbnn.posterior_mean(bnn):
+            np.testing.assert_allclose(bnn(x).numpy(), model(x).numpy(), atol=1e-6)
+    old = model.get_layer("head").kernel.numpy()
+    model.get_layer("head").kernel.assign(old + 1.0)  # a change to the original shows in the shared copy
+    with tfbnn.posterior_mean(inner):
+        np.testing.assert_allclose(inner(x).numpy(), model(x).numpy(), atol=1e-6)
+    model.get_layer("head").kernel.assign(old)

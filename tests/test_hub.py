@@ -210,3 +210,64 @@ def test_resnet_classifier_convolutions_convert_with_means_at_the_trained_weight
     with tfbnn.posterior_mean(bnn):
         np.testing.assert_allclose(bnn(images), task(images), atol=1e-5)
     assert type(bnn.get_layer("res_net_backbone").get_layer("conv1_bn")) is keras.layers.BatchNormalization
+
+
+def _tiny_vit(num_classes):
+    """The smallest KerasHub ViT classifier: 8x8x1 images, 4x4 patches, one layer of width 8, no dropout."""
+    keras.utils.set_random_seed(2)
+    backbone = keras_hub.models.ViTBackbone(image_shape=(8, 8, 1), patch_size=4, num_layers=1, num_heads=1,
+                                            hidden_dim=8, mlp_dim=8, dropout_rate=0.0, attention_dropout=0.0)
+    return keras_hub.models.ViTImageClassifier(backbone=backbone, preprocessor=None, num_classes=num_classes)
+
+
+def test_bayesian_head_on_a_kerashub_vit_trains_predicts_saves_and_exports_its_summary(tmp_path):
+    """keras-hub 0.32's ViTPatchingAndEmbedding cannot be rebuilt from its own config; the head's conversion
+    reuses the backbone instead, and the ViTBackbone saves with its own (constructor) config. Checked against the
+    task's own logits (posterior means), the in-memory Monte Carlo summary under the export's seeding, and the
+    weights before and after a training step."""
+    import tensorflow as tf
+
+    vit = _tiny_vit(C)
+    rng = np.random.default_rng(1)
+    x, y = rng.random((N, 8, 8, 1), dtype=np.float32), rng.integers(0, C, N).astype("int32")
+    logits = vit(x).numpy()
+    model = tfbnn.hub.bayesian_head(vit, method="flipout", num_examples=N, init_scale=0.5, seed=0)
+    assert model.get_layer(vit.backbone.name) is vit.backbone  # shared, not rebuilt
+    assert not vit.backbone.trainable  # shared, so frozen in the task too (documented)
+    assert type(model.layers[-1]) is tfbnn.layers.DenseFlipout
+    with tfbnn.posterior_mean(model):  # posterior means at the trained weights: the task's logits
+        np.testing.assert_allclose(model(x), logits, atol=1e-5)
+    samples = tfbnn.predict(model, x, num_samples=4, from_logits=True, return_samples=True).samples
+    assert samples.shape == (4, N, C) and np.std(samples, axis=0).min() > 1e-3
+
+    head = model.layers[-1]
+    assert {v.path.split("/")[0] for v in model.trainable_variables} == {head.name}
+    frozen = [w.numpy().copy() for w in model.weights if not w.path.startswith(head.name)]
+    loc = head.kernel_loc.numpy().copy()
+    model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=N, epochs=1, verbose=0)
+    assert np.abs(head.kernel_loc.numpy() - loc).min() > 0  # one Adam step moves every posterior mean
+    for before, after in zip(frozen, [w for w in model.weights if not w.path.startswith(head.name)]):
+        np.testing.assert_array_equal(before, after.numpy())  # the backbone (and seed states) untouched
+
+    path = str(tmp_path / "vit_head.keras")
+    model.save(path)
+    loaded = tfbnn.hub.load_model(path)
+    assert type(loaded.get_layer(vit.backbone.name)) is keras_hub.models.ViTBackbone
+    assert [v.path for v in loaded.trainable_variables] == [v.path for v in model.trainable_variables]
+    with tfbnn.posterior_mean(model), tfbnn.posterior_mean(loaded):
+        np.testing.assert_allclose(loaded(x), model(x), atol=1e-6)
+
+    T, seed = 5, 3
+    served = tf.saved_model.load(tfbnn.export.export(model, str(tmp_path / "sm"), num_samples=T, from_logits=True))
+    got = {k: v.numpy() for k, v in served.summary_seeded(tf.constant(x), tf.constant(seed, tf.int64)).items()}
+    for i, generator in enumerate(tfbnn.export.seed_generators(model)):  # the export's seeding: [seed, i 2^32]
+        generator.state.assign(np.array([seed, i * 2**32], "int64").astype(generator.state.dtype))
+    ref = tfbnn.predict(model, x, num_samples=T, batch_size=N, from_logits=True)
+    np.testing.assert_allclose(got["mean_probs"], ref.mean_probs, atol=1e-5)
+    np.testing.assert_allclose(got["predictive_entropy"], ref.predictive_entropy, atol=1e-5)
+    np.testing.assert_allclose(got["aleatoric"], ref.expected_entropy, atol=1e-5)
+    np.testing.assert_allclose(got["epistemic"], ref.mutual_information, atol=1e-5)
+    assert got["epistemic"].max() > 1e-4  # the head samples differ
+    with tfbnn.posterior_mean(model):
+        np.testing.assert_allclose(served.mean(tf.constant(x)), model(x), atol=1e-5)

@@ -158,10 +158,12 @@ def _conv_args(layer):
 class _Converter:
     """The clone function: ``plan`` maps ``id(layer)`` to the method that layer becomes."""
 
-    def __init__(self, plan, prior, mode, scale, seed, kl_weight, layer_kwargs):
+    def __init__(self, plan, prior, mode, scale, seed, kl_weight, layer_kwargs, share=False):
         self.plan, self.prior, self.mode, self.scale = plan, prior, mode, scale
         self.layer_kwargs = layer_kwargs
         self.seed, self.kl_weight = seed, kl_weight
+        self.share = share  # reuse every layer with nothing of the plan in it; rebuild only the graphs that have
+        self.rebuilt = {}  # id(original graph) -> its rebuilt copy (share mode: each graph once)
         self.pairs = []  # (original, new, converted)
         self.count = 0
 
@@ -194,11 +196,20 @@ class _Converter:
         cls = registry.layer_class(conversion.dense)
         return cls(layer.units, **conversion.kwargs("dense", self.prior), **common)
 
+    def _holds_plan(self, layer):
+        return any(id(inner) in self.plan for inner in layer._flatten_layers(include_self=False, recursive=True))
+
     def __call__(self, layer):
         if id(layer) in self.plan:
             new = self._bayesian(layer, self.plan[id(layer)])
             self.pairs.append((layer, new, True))
             return new
+        if self.share:
+            if not (_is_graph(layer) and self._holds_plan(layer)):
+                return layer  # nothing converted in it: the same layer (and weights), never rebuilt from its config
+            if id(layer) not in self.rebuilt:  # a graph with a converted layer: rebuilt, one level at a time
+                self.rebuilt[id(layer)] = keras.models.clone_model(layer, clone_function=self)
+            return self.rebuilt[id(layer)]
         new = layer.__class__.from_config(layer.get_config())
         self.pairs.append((layer, new, False))
         return new
@@ -342,11 +353,15 @@ def _check_options(model, init_scale, moped_delta, prior, num_examples, kl_weigh
             "layer_kwargs": dict(layer_kwargs or {})}
 
 
-def _rebuild(model, plan, options, name):
-    """Clones ``model`` (nested models included) with the layers of ``plan`` converted, weights copied."""
-    converter = _Converter(plan, **options)
+def _rebuild(model, plan, options, name, share=False):
+    """Clones ``model`` (nested models included) with the layers of ``plan`` converted, weights copied.
+
+    With ``share``, only the layers of ``plan`` and the graphs (nested Sequential/functional
+    models) that hold one are new; every other layer is the original object, shared.
+    """
+    converter = _Converter(plan, **options, share=share)
     try:
-        new_model = keras.models.clone_model(model, clone_function=converter, recursive=True)
+        new_model = keras.models.clone_model(model, clone_function=converter, recursive=not share)
     except ValueError as e:
         if "subclass" in str(e).lower() or "functional" in str(e).lower() or "sequential" in str(e).lower():
             raise ValueError(
@@ -580,10 +595,19 @@ def by_policy(
     (Krishnan et al. 2020). The KL follows the ELBO convention
     ``loss = mean NLL + beta * KL / N`` (``num_examples`` = N sets ``kl_weight = 1/N``).
 
-    Nested functional models (a KerasHub task holds its backbone) are rebuilt as plain
-    functional ``keras.Model`` s with the same layers, so the result saves and loads as
-    ``.keras`` whatever the original's class (a KerasHub task's own ``get_config`` would
-    rebuild a deterministic backbone); its preprocessor is not carried over.
+    What is new and what is shared: the converted layers are new, and so is every model
+    on the way to one (the model itself and each nested Sequential/functional model that
+    holds a converted layer, at any depth), rebuilt as a plain functional ``keras.Model``
+    (or ``keras.Sequential``) with the same graph. **Every other layer is reused, not
+    copied**: a nested model with no converted layer in it (a KerasHub backbone when only
+    the head is converted) is the very same object, never rebuilt from its config, and so
+    are the unconverted layers of a rebuilt model. The result therefore shares those
+    layers' weights with ``model``: training one changes the other, unless they are frozen
+    (:func:`tfbnn.hub.bayesian_head` freezes them, in ``model`` too). A rebuilt model
+    saves and loads as ``.keras`` whatever the original's class (a KerasHub task's own
+    ``get_config`` would rebuild a deterministic backbone); a reused backbone saves with
+    its own config (a KerasHub ``ViTBackbone`` rebuilds from its arguments); a task's
+    preprocessor is not carried over.
 
     Refused with a ``ValueError`` that names the layer path and what to do: an
     ``EinsumDense`` (attention projections: keep them, use MC dropout), a layer inside
@@ -599,8 +623,9 @@ def by_policy(
         verbose: bool, print the report (path -> method) of what was converted.
 
     Returns:
-        A new, uncompiled ``keras.Model``; ``model`` is not changed. The report is
-        :func:`policy_plan` ``(model, policy)``.
+        A new, uncompiled ``keras.Model`` that shares the unconverted layers of
+        ``model`` (see above); ``model``'s graph and weights are not changed. The
+        report is :func:`policy_plan` ``(model, policy)``.
 
     Example:
         >>> import keras, numpy as np, tfbnn
@@ -628,7 +653,8 @@ def by_policy(
             f"The policy changes no layer (every match is 'keep' or applies to no layer). Received: policy={policy!r}")
     if verbose:
         print("\n".join(f"{path} -> {method}" for path, _, method in plan))
-    return _rebuild(model, {id(layer): method for _, layer, method in plan}, options, name or f"{model.name}_bayesian")
+    return _rebuild(model, {id(layer): method for _, layer, method in plan}, options, name or f"{model.name}_bayesian",
+                    share=True)
 
 
 __getattr__ = deprecation.renamed(__name__, {"METHODS": "CONVERSION_METHODS"})

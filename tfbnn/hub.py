@@ -11,7 +11,9 @@ uncertainty on that head, where it is cheap, while the backbone stays as fine-tu
   the pooled features are computed once.
 * :func:`bayesian_head`: the last ``Dense`` converted to Bayes by Backprop
   (:func:`tfbnn.convert.by_policy`, posterior means at the trained weights) and the
-  backbone frozen; trains with ``fit`` on the ELBO ``mean NLL + KL / N``.
+  backbone frozen (shared with the task, not copied); trains with ``fit`` on the ELBO
+  ``mean NLL + KL / N``; :func:`load_model` loads its ``.keras`` file with the backbone
+  still frozen.
 * MC dropout with the backbone's own dropout kept on at prediction:
   ``tfbnn.predict(task, x, mc_dropout=True)`` (it reaches the dropout inside KerasHub's
   ``TransformerEncoder`` layers too).
@@ -53,7 +55,7 @@ from tfbnn import convert
 from tfbnn import laplace as laplace_lib
 from tfbnn.layers.rank1 import EnsembleMean
 
-__all__ = ["head_layer", "feature_model", "pooled_features", "last_layer_laplace", "bayesian_head",
+__all__ = ["head_layer", "feature_model", "pooled_features", "last_layer_laplace", "bayesian_head", "load_model",
            "EnsembleDense", "ensemble_heads", "ensemble_model", "tile_labels"]
 
 
@@ -149,18 +151,47 @@ def last_layer_laplace(task, x, y, hessian="kron", prior_precision="marglik", ba
 def bayesian_head(task, method="flipout", num_examples=None, init_scale=1e-3, prior="normal", seed=None):
     """The task with its last ``Dense`` made Bayesian and every other weight frozen.
 
-    The head becomes the ``method`` layer (Bayes by Backprop with any estimator,
-    ``"vd"``, ...; :func:`tfbnn.convert.by_policy`) with posterior means at the trained
-    weights; training then fits the head's posterior on the ELBO ``mean NLL + KL / N``.
+    The head ``f(x) = phi(x) W + b`` becomes the ``method`` layer (Bayes by Backprop with
+    any estimator, ``"vd"``, ...; :func:`tfbnn.convert.by_policy`) with posterior means
+    ``mu_W = W``, ``mu_b = b`` at the trained weights and standard deviations
+    ``init_scale``; training then fits the head's posterior ``q(W)`` on the ELBO
+    ``mean_n -log p(y_n | x_n, W) + KL(q(W) || p(W)) / N`` (Blundell et al. 2015, eq. 2),
+    the backbone ``phi`` fixed.
+
+    The backbone is **shared, not copied** (:func:`tfbnn.convert.by_policy` rebuilds only
+    the models that hold the head, so a KerasHub ``ViTBackbone``, which keras-hub 0.32
+    cannot rebuild from its layers' configs, works): freezing it sets
+    ``trainable = False`` on the task's own layers too. Set ``task.trainable = True`` to
+    fine-tune the task again. The result saves as ``.keras``; load it with
+    :func:`load_model`, which keeps the backbone frozen.
 
     Args:
-        task: a functional model ending in a ``Dense`` head.
+        task: a functional model ending in a ``Dense`` head (a KerasHub task with
+            ``preprocessor=None``).
         method: a :data:`tfbnn.convert.CONVERSION_METHODS` name. Default ``"flipout"``.
         num_examples: N, the training set size (``kl_weight = 1 / N``).
         init_scale, prior, seed: as for :func:`tfbnn.convert.by_policy`.
 
     Returns:
-        A new uncompiled ``keras.Model`` whose only trainable layer is the head.
+        A new uncompiled ``keras.Model`` (inputs as the task's, outputs ``(B, K)`` like
+        the head's) whose only trainable layer is the head.
+
+    Example:
+        >>> import keras, numpy as np, tfbnn
+        >>> x = np.random.default_rng(0).normal(size=(8, 4)).astype("float32")
+        >>> inp = keras.Input((4,))
+        >>> body = keras.Model(inp, keras.layers.Dense(6, "tanh")(inp), name="body")
+        >>> task = keras.Model(inp, keras.layers.Dense(3, name="logits")(body(inp)))
+        >>> model = tfbnn.hub.bayesian_head(task, num_examples=8, seed=0)
+        >>> model.get_layer("body") is body, [v.path for v in model.trainable_variables]
+        (True, ['logits/kernel_loc', 'logits/kernel_rho', 'logits/bias_loc'])
+        >>> with tfbnn.posterior_mean(model):
+        ...     np.allclose(model(x), task(x), atol=1e-6)
+        True
+
+    Reference:
+        Blundell, Cornebise, Kavukcuoglu, Wierstra. Weight Uncertainty in Neural
+        Networks. ICML 2015.
     """
     last = head_layer(task)  # a layer of the task's own graph: its path is its name
     model = convert.by_policy(task, [(last.name, method)], init_scale=init_scale, prior=prior, num_examples=num_examples,
@@ -168,6 +199,34 @@ def bayesian_head(task, method="flipout", num_examples=None, init_scale=1e-3, pr
     new_head = model.outputs[0]._keras_history.operation
     for layer in model.layers:
         layer.trainable = layer is new_head
+    return model
+
+
+def load_model(filepath, custom_objects=None, safe_mode=True):
+    """Loads a ``.keras`` file of :func:`bayesian_head` (or any model) with its frozen layers still frozen.
+
+    ``keras.saving.load_model`` restores a KerasHub backbone by calling its constructor
+    with the saved ``trainable=False`` (keras-hub 0.32 ``Backbone.from_config``); the
+    functional constructor's ``self.trainable = trainable`` then never reaches the
+    ``trainable`` setter, because on the TensorFlow backend an assignment of the value an
+    attribute already has is skipped (Keras 3.15, ``backend/tensorflow/trackable.py``),
+    so the backbone's flag is False while its variables stay trainable: the loaded model
+    would train the whole backbone. This sets every frozen layer's flag again, through the
+    setter (``True`` then ``False``). The model is returned uncompiled (an optimizer state
+    saved for the unfrozen variable list would not match): compile it to go on training.
+
+    Args:
+        filepath: path of a ``.keras`` file.
+        custom_objects, safe_mode: as for ``keras.saving.load_model``.
+
+    Returns:
+        The uncompiled model; ``model.trainable_variables`` are those of the saved model.
+    """
+    model = keras.saving.load_model(filepath, custom_objects=custom_objects, compile=False, safe_mode=safe_mode)
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        if not layer.trainable:
+            layer.trainable = True  # a change of value, so that the setter runs (and reaches the variables)
+            layer.trainable = False
     return model
 
 

@@ -97,7 +97,7 @@ def test_bayesian_head_kerashub_classifier_exports_its_predictive_summary(tmp_pa
     from tfbnn.experiments import _kerashub_finetune as kh
 
     task = kh.build_task("image", {"num_classes": 8}, {"seed": 0, "dropout_rate": 0.1})
-    model = kh.bayesian_head_task(task, kh.features_bayesian_head(task, num_examples=100, seed=0, init_scale=0.5))
+    model = kh.bayesian_head_task(task, num_examples=100, seed=0, init_scale=0.5)
     x = np.random.default_rng(0).random((3, 8, 8, 1), dtype=np.float32)
     served = tf.saved_model.load(tfbnn.export.export(model, str(tmp_path / "sm"), num_samples=400))
     s = {k: v.numpy().astype(np.float64) for k, v in served.summary_seeded(tf.constant(x), tf.constant(1)).items()}

@@ -21,7 +21,7 @@ from tfbnn.datasets import text
 from tfbnn.experiments import _common
 from tfbnn.inference import entropy
 
-__all__ = ["HubMethod", "Context", "METHODS", "load", "build_task", "features_bayesian_head", "bayesian_head_task", "predict_all", "tables", "markdown", "write"]
+__all__ = ["HubMethod", "Context", "METHODS", "load", "build_task", "bayesian_head_task", "predict_all", "tables", "markdown", "write"]
 
 _NUM_IN_CLASSES = 8  # the image task's digits 0-7; 8-9 are its OOD set
 _QUICK_TRAIN, _QUICK_TEST = 160, 48
@@ -73,36 +73,24 @@ def _fit_laplace(context):
     return lambda x: la.predict(hub.pooled_features(context.task, x, batch_size=256))
 
 
-def features_bayesian_head(task, num_examples, seed=None, init_scale=1e-3):
-    """The head of ``task`` as a Flipout Bayes-by-Backprop model on its pooled features, ``Input(d) -> DenseFlipout``
-    (:func:`tfbnn.hub.bayesian_head` of the head alone, posterior means at the fine-tuned weights). Some KerasHub
-    configs (ViT's) do not clone, so :func:`tfbnn.hub.bayesian_head` cannot rebuild the whole task; the frozen
-    backbone's features are the same."""
-    last = hub.head_layer(task)
-    head = keras.Sequential([keras.Input((last.kernel.shape[0],)), keras.layers.Dense.from_config(last.get_config())],
-                            name=f"{task.name}_head")
-    head.set_weights(last.get_weights())
-    return hub.bayesian_head(head, "flipout", num_examples=num_examples, init_scale=init_scale, seed=seed)
-
-
-def bayesian_head_task(task, head):
-    """``x -> softmax(head(phi(x)))``: the task's backbone and pooled features under the Bayesian ``head`` of
-    :func:`features_bayesian_head`, class probabilities out: one model that :func:`tfbnn.predict` and
-    :func:`tfbnn.export.export` take as they are."""
-    features = hub.feature_model(task)
-    probs = keras.layers.Softmax(name="probs")(head(features.outputs[0]))
-    return keras.Model(task.input, probs, name=f"{task.name}_bbb_head")
+def bayesian_head_task(task, num_examples, seed=None, init_scale=1e-3):
+    """``x -> softmax(f(x))`` with ``f`` the task under :func:`tfbnn.hub.bayesian_head` (its head Flipout Bayes by
+    Backprop, posterior means at the fine-tuned weights, the backbone shared and frozen), class probabilities out:
+    one model that :func:`tfbnn.predict` and :func:`tfbnn.export.export` take as they are. It shares (and freezes)
+    ``task``'s backbone: pass a copy to keep ``task`` trainable."""
+    logits = hub.bayesian_head(task, "flipout", num_examples=num_examples, init_scale=init_scale, seed=seed)
+    probs = keras.layers.Softmax(name="probs")(logits.outputs[0])
+    return keras.Model(logits.input, probs, name=f"{task.name}_bbb_head")
 
 
 def _fit_bbb_head(context):
-    """The head as Flipout Bayes by Backprop (:func:`features_bayesian_head`) trained on the ELBO over the
-    pooled features, computed once."""
-    features = hub.pooled_features(context.task, context.x)
-    bnn = features_bayesian_head(context.task, context.n, seed=context.s["seed"])
-    context.compile_fit(bnn, features, context.y, context.s["head_epochs"])
+    """The head as Flipout Bayes by Backprop (:func:`tfbnn.hub.bayesian_head`) on a copy of the task, whose
+    backbone it shares and freezes, trained on the ELBO through the frozen backbone (its dropout on, as in
+    fine-tuning). The copy leaves the task's trainable flags and dropout seeds to the other methods."""
+    bnn = hub.bayesian_head(context.copy(), "flipout", num_examples=context.n, seed=context.s["seed"])
+    context.compile_fit(bnn, context.x, context.y, context.s["head_epochs"])
     samples = context.s["num_samples"]
-    return lambda x: tfbnn.predict(bnn, hub.pooled_features(context.task, x, batch_size=256), num_samples=samples,
-                                   from_logits=True).mean_probs
+    return lambda x: tfbnn.predict(bnn, x, num_samples=samples, batch_size=256, from_logits=True).mean_probs
 
 
 def _lora_task(context):
