@@ -29,19 +29,32 @@ def _seeded(request):
     for name in MODULE_RNG_NAMES:
         if isinstance(getattr(request.module, name, None), np.random.Generator):
             setattr(request.module, name, np.random.default_rng(0))
+    start = _resident_bytes()
     yield
     # clear_session's full garbage collection costs 0.3-3 s as a worker's heap grows, more
     # than most tests take: half the suite's time when it ran after every test. It runs
     # after the heavy tests only, which hold the big models (their memory peaks 2 GB lower),
-    # and only once the worker holds more than FREE_MEMORY_ABOVE: most heavy tests (a
-    # notebook's kernel, a subprocess, a small model trained long) leave little to free.
-    # (The tests heavy by measurement, tests/heavy_tests.txt, are short enough to skip it.)
+    # once the worker holds more than FREE_MEMORY_ABOVE, and only when the test itself grew the
+    # worker by more than FREE_GROWTH_ABOVE (or the worker holds more than FREE_MEMORY_ALWAYS):
+    # a notebook's kernel, a subprocess or a small model trained long leaves little to free, and
+    # collecting after them was a tenth of the suite's time. (The tests heavy by measurement,
+    # tests/heavy_tests.txt, are short enough to skip it.)
     heavy = request.node.get_closest_marker("heavy") is not None and request.node.nodeid not in _MEASURED
-    keras.backend.clear_session(free_memory=heavy and _resident_bytes() > FREE_MEMORY_ABOVE)
+    keras.backend.clear_session(free_memory=heavy and _should_free(start, _resident_bytes()))
 
 
-#: The resident memory of a worker above which a heavy test's teardown collects its garbage.
+def _should_free(start, end):
+    """Whether a heavy test that took the worker from ``start`` to ``end`` resident bytes should collect."""
+    return end > FREE_MEMORY_ALWAYS or (end > FREE_MEMORY_ABOVE and end - start > FREE_GROWTH_ABOVE)
+
+
+#: The resident memory of a worker above which a heavy test's teardown collects its garbage
+#: (if the test grew the worker by FREE_GROWTH_ABOVE)...
 FREE_MEMORY_ABOVE = 2 * 2**30
+#: ... the growth during the test that makes it collect ...
+FREE_GROWTH_ABOVE = 256 * 2**20
+#: ... and the resident memory above which it collects whatever the test grew.
+FREE_MEMORY_ALWAYS = 4 * 2**30
 
 
 def _resident_bytes():

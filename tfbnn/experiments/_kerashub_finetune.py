@@ -84,13 +84,19 @@ def bayesian_head_task(task, num_examples, seed=None, init_scale=1e-3):
 
 
 def _fit_bbb_head(context):
-    """The head as Flipout Bayes by Backprop (:func:`tfbnn.hub.bayesian_head`) on a copy of the task, whose
-    backbone it shares and freezes, trained on the ELBO through the frozen backbone (its dropout on, as in
-    fine-tuning). The copy leaves the task's trainable flags and dropout seeds to the other methods."""
+    """The head as Flipout Bayes by Backprop (:func:`tfbnn.hub.bayesian_head`, posterior means at the fine-tuned
+    weights) on a copy of the task, whose backbone it shares and freezes. The backbone is frozen and
+    deterministic at prediction, so the head trains on the ELBO over the pooled features computed once (the same
+    head layer, ``Input(d) -> head``), and the predictive is the head's over those features: what
+    ``tfbnn.predict(bnn, x)`` computes, without running the backbone T times."""
     bnn = hub.bayesian_head(context.copy(), "flipout", num_examples=context.n, seed=context.s["seed"])
-    context.compile_fit(bnn, context.x, context.y, context.s["head_epochs"])
+    head = bnn.outputs[0]._keras_history.operation
+    features = hub.pooled_features(context.task, context.x)
+    on_features = keras.Sequential([keras.Input(features.shape[1:]), head], name=f"{bnn.name}_on_features")
+    context.compile_fit(on_features, features, context.y, context.s["head_epochs"])
     samples = context.s["num_samples"]
-    return lambda x: tfbnn.predict(bnn, x, num_samples=samples, batch_size=256, from_logits=True).mean_probs
+    return lambda x: tfbnn.predict(on_features, hub.pooled_features(context.task, x, batch_size=256),
+                                   num_samples=samples, from_logits=True).mean_probs
 
 
 def _lora_task(context):

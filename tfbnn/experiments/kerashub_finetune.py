@@ -18,7 +18,7 @@ The methods (:data:`tfbnn.experiments._kerashub_finetune.METHODS`):
 ``laplace``         last-layer Laplace (KFAC) on the pooled features, prior precision by the
                     marginal likelihood, probit predictive (:func:`tfbnn.hub.last_layer_laplace`)
 ``bbb_head``        the head made Bayes by Backprop (Flipout, means at the MAP weights) and trained on
-                    the ELBO through the frozen backbone (:func:`tfbnn.hub.bayesian_head`)
+                    the ELBO over the frozen backbone's pooled features (:func:`tfbnn.hub.bayesian_head`)
 ``laplace_lora``    rank-r LoRA on the attention query/value projections (``backbone.enable_lora``),
                     the adapter fine-tuned from the MAP model, then Laplace-LoRA (diagonal GGN over the
                     factors, prior by the marginal likelihood, GLM probit predictive; Yang et al. 2024)
@@ -71,7 +71,7 @@ SETTINGS = (
     Setting("epochs", 8, "epochs of plain fine-tuning (the MAP model every method starts from)"),
     Setting("adapter_epochs", 4, "epochs of the LoRA adapter (Laplace-LoRA, BLoB) after the MAP model",
             kind="positive_int"),
-    Setting("head_epochs", 20, "epochs of the heads over the frozen backbone (BbB head, ensemble)",
+    Setting("head_epochs", 20, "epochs of the heads on the frozen backbone's pooled features (BbB head, ensemble)",
             kind="positive_int"),
     Setting("batch_size", 32), Setting("learning_rate", 1e-3),
     Setting("lora_rank", 4, "rank r of the LoRA adapters", kind="positive_int", metavar="R"),
