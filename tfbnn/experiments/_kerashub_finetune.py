@@ -156,11 +156,6 @@ METHODS = {
 # -- data and models --------------------------------------------------------------------------------
 
 
-def _first(x):
-    """The first example of an array or a dict of arrays (a batch of one)."""
-    return {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
-
-
 def _subset(x, index):
     return {k: v[index] for k, v in x.items()} if isinstance(x, dict) else x[index]
 
