@@ -571,7 +571,9 @@ def by_policy(
     layer_kwargs=None,
     verbose=False,
 ):
-    """A Bayesian copy of any Sequential/functional model, each layer converted as a policy says.
+    """A Bayesian version of any Sequential/functional model, each layer converted as a policy says.
+
+    It shares the layers it does not convert with ``model`` (see "What is new and what is shared").
 
     The policy is an ordered list of ``(pattern, method)`` pairs (or a dict, in its order).
     Each layer's *path* (:func:`layer_paths`: the names of its enclosing models and
