@@ -84,6 +84,8 @@ FUNCTION_LOCAL_IMPORTS = {
         "_element_spec", "_train", "_copy", "_write_outputs", "_is_chief", "run")},
     ("tfbnn/testing.py", "_run_keras_harness"):
         "Keras' own harness (keras.src.testing, not public API, imports Keras' test utilities) only for keras_checks",
+    ("tfbnn/models/kerashub.py", "_keras_hub"):
+        "keras-hub is the optional [hub] extra: imported only when a KerasHub zoo model is built",
     ("tfbnn/export.py", "_onnx_model"): "tf2onnx is the optional [export] extra; the other formats work without it",
     ("tfbnn/cli/evaluate.py", "load_model"): _command("evaluate"),
     ("tfbnn/cli/evaluate.py", "_splits"): _command("evaluate"),

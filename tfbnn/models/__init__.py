@@ -2,7 +2,7 @@
 
 Every builder takes ``method`` (``"deterministic"``, ``"mc_dropout"``, ``"bbb"``,
 ``"vd"``, ``"ibnn"``) with that method's options, ``num_classes``, ``input_shape``
-(the text models, ``transformer`` and ``rnn_classifier``: ``vocab_size`` and ``max_length``), ``num_examples`` (N; required
+(the text models, ``transformer``, ``rnn_classifier`` and ``kerashub_bert``: ``vocab_size`` and ``max_length``), ``num_examples`` (N; required
 for the methods with a KL term), ``seed`` and ``bayesian_layers``, and returns an
 uncompiled functional ``keras.Model`` that outputs softmax probabilities (compile it
 with ``"sparse_categorical_crossentropy"``; the outputs go straight into
@@ -37,6 +37,12 @@ name                  builder                       deterministic parameters, 10
 ``rnn_classifier``    :func:`rnn_classifier`        648,386 (LSTM, vocab 20,000, 2 classes;
                                                     ``cell="gru"``: a GRU; bbb, mc_dropout,
                                                     deterministic; vd / ibnn with "last")
+``kerashub_vit``      :func:`kerashub_vit`          a KerasHub ViT (``ViTBackbone``, tiny
+                                                    config or ``preset=``); needs keras-hub;
+                                                    deterministic, mc_dropout; other methods
+                                                    with "last" (a Bayesian head)
+``kerashub_bert``     :func:`kerashub_bert`         a KerasHub BERT (``BertBackbone``) on
+                                                    token ids; as ``kerashub_vit``
 ====================  ============================  =====================================
 
 MLP presets, also accepted by :func:`build`: ``mlp_blundell`` (2 x 1200),
@@ -75,6 +81,7 @@ from tfbnn.models import convnext as _convnext
 from tfbnn.models import lenet as _lenet
 from tfbnn.models import resnet as _resnet
 from tfbnn.models.convnext import LayerScale, StochasticDepth, convnext
+from tfbnn.models.kerashub import BertInputs, kerashub_bert, kerashub_vit
 from tfbnn.models.lenet import lenet5
 from tfbnn.models import methods
 from tfbnn.models.methods import (
@@ -120,6 +127,9 @@ __all__ = [
     "transformer",
     "TokenAndPositionEmbedding",
     "rnn_classifier",
+    "kerashub_vit",
+    "kerashub_bert",
+    "BertInputs",
 ]
 
 #: Model name -> builder.
@@ -134,10 +144,12 @@ MODELS = {
     "wide_resnet28_10": wide_resnet28_10,
     "transformer": transformer,
     "rnn_classifier": rnn_classifier,
+    "kerashub_vit": kerashub_vit,
+    "kerashub_bert": kerashub_bert,
 }
 
 #: Models on int token ids (``vocab_size``, ``max_length``) instead of ``input_shape``.
-TEXT_MODELS = ("transformer", "rnn_classifier")
+TEXT_MODELS = ("transformer", "rnn_classifier", "kerashub_bert")
 
 #: Preset name -> (model name, fixed builder arguments).
 PRESETS = {name: ("mlp", {"hidden_units": units}) for name, units in MLP_PRESETS.items()}

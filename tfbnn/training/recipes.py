@@ -15,6 +15,15 @@ name                                   protocol (source)
                                        sampled once per sequence, Fortunato et al. 2017) on
                                        the offline synthetic reviews (``imdb_reviews``: IMDB),
                                        Adam 3e-3, 10 epochs, KL ramp to beta = 1
+``digits-kerashub-vit-bbb``            a KerasHub ViT (tiny config, 2x2 patches, random
+                                       weights) with a Flipout BbB head (the only Bayesian
+                                       layer), trained end to end on the offline digits:
+                                       Adam 1e-3, 40 epochs, batch 32, KL ramp to beta = 1,
+                                       10% validation (needs ``tfbnn[hub]``)
+``reviews-kerashub-bert-bbb``          a KerasHub BERT (tiny config: 2 layers, width 16) with
+                                       a Flipout BbB head on the offline synthetic reviews
+                                       (vocabulary 2,000, 64 tokens): Adam 1e-3, 10 epochs,
+                                       KL ramp to beta = 1 (needs ``tfbnn[hub]``)
 ``blundell-mnist-{400,800,1200}``      Blundell et al. 2015 sec. 5.1: 2 hidden ReLU layers of
                                        400/800/1200 units, scale-mixture prior, minibatch
                                        weights pi_i = 2^(M-i)/(2^M-1) (eq. 9), plain SGD lr
@@ -205,8 +214,51 @@ def _sentiment():
     )
 
 
+_KERASHUB_REFERENCE = ("Blundell et al. 2015, Weight Uncertainty in Neural Networks (Bayes by Backprop, eq. 2) on the "
+                       "head; Kristiadi, Hein, Hennig 2020, Being Bayesian, Even Just a Bit, Fixes Overconfidence "
+                       "in ReLU Networks (a Bayesian last layer); issue 30's study `tfbnn kerashub-finetune`")
+
+
+def _kerashub_vit():
+    return Recipe(
+        name="digits-kerashub-vit-bbb",
+        description=("a KerasHub ViT (ViTBackbone from a tiny config: 2x2 patches of the offline 8x8 digits, 1 "
+                     "layer, 2 heads, width 16, MLP 32, dropout 0.1; random weights, no download) with a Bayes-by-"
+                     "Backprop Flipout head (N(0, 1) prior, the only Bayesian layer: bayesian_layers='last'), "
+                     "trained end to end from its initialization: Adam 1e-3, 40 epochs, batch 32, KL ramp over "
+                     "the first half to beta = 1, 10% validation; the model option `preset` fine-tunes a "
+                     "pretrained KerasHub ViT instead (224x224x3 images, downloads once)"),
+        reference=_KERASHUB_REFERENCE + "; Dosovitskiy et al. 2021 (ViT)",
+        model="kerashub_vit",
+        model_options={"patch_size": 2, "num_layers": 1, "num_heads": 2, "hidden_dim": 16, "mlp_dim": 32,
+                       "dropout": 0.1, "bayesian_layers": "last"},
+        method="bbb", method_options={"estimator": "flipout", "prior": "normal"},
+        dataset="digits", validation_fraction=0.1, optimizer="adam", learning_rate=1e-3, epochs=40, batch_size=32,
+        kl_schedule="linear", beta=1.0, eval_samples=32,
+    )
+
+
+def _kerashub_bert():
+    return Recipe(
+        name="reviews-kerashub-bert-bbb",
+        description=("a KerasHub BERT (BertBackbone from a tiny config: 2 layers, 2 heads, width 16, feed-forward "
+                     "32, dropout 0.1; random weights) with a Bayes-by-Backprop Flipout head (N(0, 1) prior, "
+                     "bayesian_layers='last') on the offline synthetic reviews (2,000 generated reviews, "
+                     "vocabulary 2,000, 64 tokens, 10% validation), trained end to end: Adam 1e-3, 10 epochs, "
+                     "batch 32, KL ramp over the first half to beta = 1; test shift: half of the tokens replaced "
+                     "at random"),
+        reference=_KERASHUB_REFERENCE + "; Devlin et al. 2019 (BERT)",
+        model="kerashub_bert",
+        model_options={"vocab_size": 2_000, "max_length": 64, "num_layers": 2, "num_heads": 2, "hidden_dim": 16,
+                       "intermediate_dim": 32, "dropout": 0.1, "bayesian_layers": "last"},
+        method="bbb", method_options={"estimator": "flipout", "prior": "normal"},
+        dataset="synthetic_reviews", validation_fraction=0.1, optimizer="adam", learning_rate=1e-3,
+        epochs=10, batch_size=32, kl_schedule="linear", beta=1.0, eval_samples=16,
+    )
+
+
 def _all():
-    recipes = [_main_job(), _deep_ensemble(), _sentiment()]
+    recipes = [_main_job(), _deep_ensemble(), _sentiment(), _kerashub_vit(), _kerashub_bert()]
     recipes += [_blundell(u) for u in (400, 800, 1200)]
     recipes += [_molchanov(m, p) for m in ("vd", "graves") for p in (False, True)]
     recipes.append(_ibnn_vgg16())
