@@ -1,5 +1,6 @@
 """SavedModel export: endpoints served in a fresh process that does not import tfbnn."""
 
+import collections
 import json
 import os
 import subprocess
@@ -37,12 +38,16 @@ SERVE = textwrap.dedent(
 )
 
 
-def _serve(path, x_path):
+def _serve_in_two_fresh_processes(path, x_path):
+    """SERVE's output from two fresh processes, started together: their TensorFlow imports overlap."""
     env = dict(os.environ, PYTHONPATH="")
-    out = subprocess.run([sys.executable, "-c", SERVE, path, x_path], capture_output=True, text=True, env=env,
-                         cwd=os.path.dirname(path))
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    processes = [subprocess.Popen([sys.executable, "-c", SERVE, path, x_path], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env, cwd=os.path.dirname(path))
+                 for _ in range(2)]
+    outputs = [process.communicate() for process in processes]
+    for process, (_, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stderr[-2000:]
+    return [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +73,7 @@ def exported(tmp_path_factory):
 @pytest.mark.heavy
 def test_saved_model_endpoints_in_fresh_processes(exported):
     model, x, path, x_path = exported
-    first, second = _serve(path, x_path), _serve(path, x_path)
+    first, second = _serve_in_two_fresh_processes(path, x_path)
     assert not first["tfbnn_imported"]
     # Fresh processes draw fresh samples; calls within a process differ too.
     assert not np.allclose(first["sample"], second["sample"])
@@ -242,3 +247,18 @@ def test_an_ensemble_of_bayesian_members_exports_m_times_t_samples(tmp_path):
     # One member alone would miss the members' disagreement: the ensemble's epistemic term is larger.
     alone = tfbnn.predict(ensemble.members[0], x, num_samples=4000)
     assert float(np.mean(summary["epistemic"])) > float(np.mean(alone.mutual_information))
+
+
+
+def test_exporting_traces_each_endpoint_no_more_than_saving_needs(tmp_path):
+    # A Lambda layer records the graph of every trace of the model (Python runs once per trace).
+    graphs = []
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(lambda x: graphs.append(x.graph.name) or x),
+                              tfbnn.DenseFlipout(3, activation="softmax", seed=1)])
+    graphs.clear()
+    export.export_saved_model(model, str(tmp_path / "m"), num_samples=5)
+    counts = collections.Counter(graphs)
+    # Every endpoint traced here, and once more by saving (its own context); the seeded ones once per seed
+    # dtype (int64, int32). With an unnamed `x` spec saving traced each seeded signature a third time.
+    endpoints = ("sample", "mean", "summary", "sample_seeded", "summary_seeded")
+    assert {name: counts[name] for name in endpoints} == dict(zip(endpoints, (2, 2, 2, 4, 4))), counts

@@ -129,12 +129,14 @@ FRESH = textwrap.dedent(
 def test_two_fresh_processes_draw_differently(exports):
     _, _, paths, tmp = exports
     env = dict(os.environ, PYTHONPATH="")
-    runs = []
-    for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", FRESH, paths["saved_model"], paths["tflite"], paths["onnx"]],
-                             capture_output=True, text=True, env=env, cwd=str(tmp))
-        assert out.returncode == 0, out.stderr[-2000:]
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    # Both processes started together (their TensorFlow imports overlap), each its own fresh runtime.
+    processes = [subprocess.Popen([sys.executable, "-c", FRESH, paths["saved_model"], paths["tflite"], paths["onnx"]],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp))
+                 for _ in range(2)]
+    outputs = [process.communicate() for process in processes]
+    for process, (_, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stderr[-2000:]
+    runs = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
     assert not runs[0]["tfbnn_imported"]
     for fmt in ("saved_model", "tflite", "onnx"):
         assert not np.allclose(runs[0][fmt], runs[1][fmt]), fmt

@@ -328,9 +328,13 @@ def export_saved_model(model, filepath, num_samples=100, task=None, from_logits=
     try:
         for fn in (sample, mean, summary):
             fn.get_concrete_function()
+        # `x` named as saving lists the traced signatures: an unnamed spec would be traced once more there.
+        x_spec = input_signature
+        if isinstance(input_signature, tf.TensorSpec) and input_signature.name is None:
+            x_spec = tf.TensorSpec(input_signature.shape, input_signature.dtype, name="x")
         for fn in (sample_seeded, summary_seeded):  # the seed as an int64 or an int32 scalar
             for dtype in (tf.int64, tf.int32):
-                fn.get_concrete_function(input_signature, tf.TensorSpec([], dtype, name="seed"))
+                fn.get_concrete_function(x_spec, tf.TensorSpec([], dtype, name="seed"))
         archive = keras.export.ExportArchive()
         archive.track(model)
         # The first endpoint is also the SavedModel's "serving_default" signature (what
