@@ -249,7 +249,6 @@ def test_an_ensemble_of_bayesian_members_exports_m_times_t_samples(tmp_path):
     assert float(np.mean(summary["epistemic"])) > float(np.mean(alone.mutual_information))
 
 
-
 def test_exporting_traces_each_endpoint_no_more_than_saving_needs(tmp_path):
     # A Lambda layer records the graph of every trace of the model (Python runs once per trace).
     graphs = []
@@ -260,5 +259,7 @@ def test_exporting_traces_each_endpoint_no_more_than_saving_needs(tmp_path):
     counts = collections.Counter(graphs)
     # Every endpoint traced here, and once more by saving (its own context); the seeded ones once per seed
     # dtype (int64, int32). With an unnamed `x` spec saving traced each seeded signature a third time.
-    endpoints = ("sample", "mean", "summary", "sample_seeded", "summary_seeded")
-    assert {name: counts[name] for name in endpoints} == dict(zip(endpoints, (2, 2, 2, 4, 4))), counts
+    # At most that (a TensorFlow release that saves without tracing again traces less; 6 for a seeded
+    # endpoint is the regression this guards against), and at least once each.
+    bounds = {"sample": 2, "mean": 2, "summary": 2, "sample_seeded": 4, "summary_seeded": 4}
+    assert all(1 <= counts[name] <= bound for name, bound in bounds.items()), counts
