@@ -94,9 +94,11 @@ def build_for_fit(model, data_batch):
     Backprop at 32x32: a one-batch first ``fit`` took 23 s after this call, 37 s
     without). This runs Keras' own symbolic build, which Keras itself runs first under a
     strategy; where that build is missing (another Keras) it builds the optimizer
-    through its public API. A model compiled with ``run_eagerly=True`` (nothing is
-    traced), a model that belongs to a strategy whose scope is not entered (Keras
-    builds it there) and a built model are left as they are.
+    through its public API. A model compiled with ``run_eagerly=True`` or used while
+    ``tf.config.run_functions_eagerly(True)`` is on (nothing is traced, and the symbolic
+    build would only trace the model's graph once for nothing: 5 s of CPU time for
+    ResNet-50 with Bayes by Backprop), a model that belongs to a strategy whose scope is
+    not entered (Keras builds it there) and a built model are left as they are.
 
     Args:
         model: a compiled ``keras.Model``.
@@ -115,8 +117,10 @@ def build_for_fit(model, data_batch):
         >>> tfbnn.utils.build_for_fit(model, (x, y)).optimizer.built
         True
     """
-    if model.run_eagerly or model.distribute_strategy is not tf.distribute.get_strategy():
-        return model  # nothing is traced; or a strategy's model outside its scope (Keras builds it there)
+    if model.run_eagerly or tf.config.functions_run_eagerly():
+        return model  # nothing is traced: Keras builds the state in the first (eager) step
+    if model.distribute_strategy is not tf.distribute.get_strategy():
+        return model  # a strategy's model outside its scope (Keras builds it there)
     build = getattr(model, "_symbolic_build", None)
     if callable(build):
         build(data_batch=tuple(data_batch))

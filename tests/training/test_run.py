@@ -246,6 +246,29 @@ def test_build_for_fit_leaves_a_strategy_model_to_keras_outside_its_scope():
     assert len(history.history["loss"]) == 1
 
 
+def test_build_for_fit_skips_the_symbolic_build_while_functions_run_eagerly(eager):
+    """Nothing is traced, so the symbolic build (a trace of the model's graph) is skipped; Keras builds
+    the optimizer in the first eager step, and training goes exactly as after the symbolic build."""
+    x = np.random.default_rng(0).random((8, 4)).astype("float32")
+    y = np.arange(8, dtype="int32") % 3
+
+    def trained(symbolic_build):
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((4,)), tfbnn.DenseFlipout(3, activation="softmax", kl_weight=0.1,
+                                                                        seed=0)])
+        model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+        if symbolic_build:
+            model._symbolic_build(data_batch=(x, y))  # what build_for_fit does when steps are traced
+        assert tfbnn.utils.build_for_fit(model, (x, y)).optimizer.built is symbolic_build
+        losses = model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0).history["loss"]
+        return losses, [w.numpy() for w in model.weights]
+
+    (skipped, weights), (built, reference) = trained(False), trained(True)
+    assert skipped == built
+    for w, v in zip(weights, reference):
+        np.testing.assert_array_equal(w, v)
+
+
 def test_run_is_seeded(tmp_path):
     recipe = _quick("digits-bbb-mlp", epochs=2)
     a = training.run(recipe, output_dir=str(tmp_path / "a"), verbose=0)
