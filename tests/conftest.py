@@ -1,3 +1,4 @@
+import gc
 import os
 from unittest import mock
 
@@ -105,6 +106,15 @@ def measured_heavy_tests():
     """The test functions listed in ``tests/heavy_tests.txt`` (``path::name``), measured at 1.5 s or more."""
     with open(os.path.join(os.path.dirname(__file__), "heavy_tests.txt"), encoding="utf-8") as f:
         return {line.strip() for line in f if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_finish(session):
+    """Everything alive once the tests are collected (TensorFlow, Keras, the test modules: about
+    half a million objects) lives as long as the worker: frozen out of the collector's reach, so
+    each full collection (a heavy test's teardown, a study's ``clear_session``, the automatic
+    ones) scans only what the tests made since."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):
