@@ -761,3 +761,20 @@ def test_variational_lora_model_on_a_kerashub_classifier(tmp_path):
     assert any("token_embedding" in path for path in frozen)
     np.testing.assert_array_equal(loaded.adapter_layers[0].lora_kernel_b, layers[0].lora_kernel_b)
     np.testing.assert_array_equal(loaded(x), bayes(x))
+
+
+def test_variational_lora_keeps_lora_alpha_through_the_copy_and_a_reload(tmp_path):
+    """Keras' build of a Dense configured with ``lora_rank`` resets ``lora_alpha`` to the rank: the wrapped copy and
+    the reloaded layer keep the configured scale ``s = alpha / r = 2``, so the posterior mean is the LoRA model."""
+    model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(K)])
+    model.layers[0].enable_lora(R, lora_alpha=2.0 * R)
+    model.layers[0].lora_kernel_b.assign(np.ones((R, K), "float32"))
+    x = _data(3)
+    bayes = lora.variational(model, kl_weight=0.01, seed=0)
+    path = os.path.join(tmp_path, "alpha.keras")
+    bayes.save(path)
+    loaded = keras.saving.load_model(path)
+    for m in (bayes, loaded):
+        assert m.layers[-1].layer.lora_alpha == 2.0 * R
+        with tfbnn.posterior_mean(m):
+            np.testing.assert_allclose(m(x), model(x), rtol=1e-6, atol=1e-6)

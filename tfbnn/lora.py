@@ -716,9 +716,11 @@ def _save_unmerged(layer):
 
 
 def _copy(layer):
-    """A copy of a built LoRA layer, weights included."""
+    """A copy of a built LoRA layer, weights included (and ``lora_alpha``: Keras' ``build`` of a layer configured
+    with ``lora_rank`` calls ``enable_lora(rank)``, which sets ``lora_alpha = rank``)."""
     copy = type(layer).from_config(layer.get_config())
     copy.build(layer.input.shape)
+    copy.lora_alpha = layer.lora_alpha
     copy.set_weights(layer.get_weights())
     return copy
 
@@ -784,6 +786,7 @@ class VariationalLoRA(BayesianLayer):
                  **kwargs):
         super().__init__(kl_weight=kl_weight, inference_mode=inference_mode, seed=seed, **kwargs)
         self.layer = _save_unmerged(_check_lora_layer(layer))
+        self._lora_alpha = layer.lora_alpha  # as configured: Keras' build of a `lora_rank` layer resets it to the rank
         self.prior = _normal_prior(prior)
         self.rho_initializer = keras.initializers.get(
             keras.initializers.Constant(-5.0) if rho_initializer is None else rho_initializer)
@@ -791,6 +794,7 @@ class VariationalLoRA(BayesianLayer):
     def build(self, input_shape):
         if not self.layer.built:
             self.layer.build(input_shape)
+            self.layer.lora_alpha = self._lora_alpha
         if not self.layer.lora_enabled:
             raise ValueError(f"Expected a LoRA-enabled layer. Received: layer {self.layer.name!r} without LoRA")
         self.rho = self.add_weight(name="rho", shape=self.layer.lora_kernel_a.shape,
@@ -851,7 +855,10 @@ class VariationalLoRA(BayesianLayer):
     @classmethod
     def from_config(cls, config):
         config = dict(config)
+        alpha = config["layer"].get("config", {}).get("lora_alpha")
         config["layer"] = keras.saving.deserialize_keras_object(config["layer"])
+        if alpha is not None:  # the layer is built from its build config, which resets lora_alpha to the rank
+            config["layer"].lora_alpha = alpha
         return super().from_config(config)
 
 
