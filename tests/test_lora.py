@@ -326,16 +326,23 @@ def test_variational_lora_rejects_bad_input():
         lora.variational(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
 
 
+def _tiny_lora_bert(dropout=0.1):
+    """A tiny KerasHub BERT classifier (seeded) after ``backbone.enable_lora(2)``: LoRA on the query and value
+    EinsumDense projections nested in its attention layers (3-D kernels)."""
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.BertBackbone(vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length=6, dropout=dropout)
+    classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None, dropout=0.0)
+    backbone.enable_lora(2)
+    return classifier
+
+
 def test_laplace_lora_on_a_kerashub_classifier():
     """A tiny BERT classifier with ``backbone.enable_lora(2)`` (query and value EinsumDense, 3-D kernels): the
     diagonal GGN over the LoRA factors equals ``sum_n diag(J_n^T Lambda_n J_n)`` from the Jacobian of the logits
     in the LoRA variables (taken here with a GradientTape), ``Lambda_n = diag(p_n) - p_n p_n^T``."""
-    keras_hub = pytest.importorskip("keras_hub")
-    keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.BertBackbone(vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
-                                             intermediate_dim=16, max_sequence_length=6)
-    classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None, dropout=0.0)
-    backbone.enable_lora(2)
+    classifier = _tiny_lora_bert()
     for layer in lora.lora_layers(classifier):  # B = 0 after enable_lora: a nonzero adapter
         layer.lora_kernel_b.assign(np.full(layer.lora_kernel_b.shape, 0.3, "float32"))
     rng = np.random.default_rng(0)
@@ -517,12 +524,7 @@ def test_to_model_on_a_kerashub_classifier(tmp_path):
     """A tiny BERT with ``backbone.enable_lora(2)`` (LoRA on EinsumDense projections nested in KerasHub's blocks):
     the sampler's draw is ``f + J delta`` (``J`` by a GradientTape), ``tfbnn.predict`` runs (logits), and the
     ``.keras`` round trip, whose backbone is rebuilt from its constructor without LoRA, gives the same draws."""
-    keras_hub = pytest.importorskip("keras_hub")
-    keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.BertBackbone(vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
-                                             intermediate_dim=16, max_sequence_length=6)
-    classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None, dropout=0.0)
-    backbone.enable_lora(2)
+    classifier = _tiny_lora_bert()
     for layer in lora.lora_layers(classifier):
         layer.lora_kernel_b.assign(np.full(layer.lora_kernel_b.shape, 0.3, "float32"))
     rng = np.random.default_rng(0)
@@ -724,12 +726,7 @@ def test_variational_lora_model_on_a_kerashub_classifier(tmp_path):
     attention layers): one ELBO step moves every ``A`` mean, ``rho`` and ``B``; ``tfbnn.predict`` gives distinct
     samples whose average is a distribution; the ``.keras`` file (whose backbone config has no LoRA) reloads the
     adapters and gives the same seeded predictions."""
-    keras_hub = pytest.importorskip("keras_hub")
-    keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.BertBackbone(vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
-                                             intermediate_dim=16, max_sequence_length=6, dropout=0.1)
-    classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None, dropout=0.0)
-    backbone.enable_lora(2)
+    classifier = _tiny_lora_bert()
     layers = lora.lora_layers(classifier)
     for layer in layers:  # B = 0 after enable_lora: a nonzero adapter
         layer.lora_kernel_b.assign(np.full(layer.lora_kernel_b.shape, 0.3, "float32"))

@@ -110,6 +110,17 @@ def lora_layers(model):
     return [layer for layer in _dense_layers(model) if getattr(layer, "lora_enabled", False)]
 
 
+def _required_lora_layers(model):
+    """:func:`lora_layers` of ``model``; a ValueError when ``model`` is not a Keras model or has none."""
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"Expected a Keras model. Received: model of type {type(model).__name__}")
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError("Expected a model with LoRA enabled on a Dense or EinsumDense layer "
+                         f"(`layer.enable_lora(rank)`). Received: model={model.name!r} without LoRA layers")
+    return layers
+
+
 def _scale(layer):
     """``s = lora_alpha / lora_rank``."""
     return layer.lora_alpha / layer.lora_rank
@@ -219,12 +230,7 @@ class LoRALaplace(laplace_lib.Laplace):
         self._activations = None
 
     def _subset_variables(self, model):
-        if not isinstance(model, keras.Model):
-            raise ValueError(f"Expected a Keras model. Received: model of type {type(model).__name__}")
-        layers = lora_layers(model)
-        if not layers:
-            raise ValueError("Expected a model with LoRA enabled on a Dense or EinsumDense layer "
-                             f"(`layer.enable_lora(rank)`). Received: model={model.name!r} without LoRA layers")
+        layers = _required_lora_layers(model)
         self.factors = [(layer, which) for layer in layers for which in ("a", "b")
                         if getattr(layer, f"lora_kernel_{which}").trainable]
         if not self.factors:
@@ -1005,12 +1011,7 @@ class VariationalLoRAModel(NetworkWrapper):
     def __init__(self, model, prior=None, rho_initializer=None, kl_weight=None, inference_mode="sample", seed=None,
                  **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(model, keras.Model):
-            raise ValueError(f"Expected a Keras model. Received: model of type {type(model).__name__}")
-        layers = lora_layers(model)
-        if not layers:
-            raise ValueError("Expected a model with LoRA enabled on a Dense or EinsumDense layer "
-                             f"(`layer.enable_lora(rank)`). Received: model={model.name!r} without LoRA layers")
+        layers = _required_lora_layers(model)
         for layer in layers:
             _save_unmerged(layer)
         self.network = model
