@@ -401,3 +401,42 @@ def test_pinball_loss_is_numpy_and_the_quantile_head_never_crosses(tmp_path):
                         (lambda: likelihoods.QuantileHead()(np.zeros((2, 3), "float32")), r"input_shape=\(2, 3\)")):
         with pytest.raises(ValueError, match=match):
             make()
+
+
+# -- the metric check: read afresh at each compile, from public state ---------------------------
+
+
+def _gaussian_model():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), tfbnn.GaussianHead()])
+
+
+def _xy():
+    x = RNG.normal(size=(16, 3)).astype("float32")
+    return x, (2 * x[:, :1]).astype("float32")
+
+
+def test_a_refused_metric_does_not_stick_to_the_model_or_its_clone():
+    x, y = _xy()
+    model = _gaussian_model()
+    model.compile("sgd", likelihoods.DistributionNLL(model.layers[-1]), metrics=["mae"])
+    with pytest.raises(ValueError, match=r"predictive mean of the model's GaussianHead.*Received: metrics=\['mae'\]"):
+        model.fit(x, y, epochs=1, verbose=0)
+    clone = keras.models.clone_model(model)
+    model.compile("sgd", likelihoods.DistributionNLL(model.layers[-1]))  # again, without the metric
+    assert np.isfinite(model.fit(x, y, epochs=1, verbose=0).history["loss"][0])
+    clone.compile("sgd", likelihoods.DistributionNLL(clone.layers[-1]))
+    assert np.isfinite(clone.evaluate(x, y, verbose=0, return_dict=True)["loss"])
+    # A correct metric after the refused one: the RMSE of the predictive mean, as computed here.
+    head = model.layers[-1]
+    model.compile("sgd", likelihoods.DistributionNLL(head),
+                  metrics=[tfbnn.metrics.HeadMean(keras.metrics.RootMeanSquaredError(), head)])
+    rmse = model.evaluate(x, y, verbose=0, return_dict=True)["root_mean_squared_error"]
+    mean = model.predict(x, verbose=0)[:, :1]
+    np.testing.assert_allclose(rmse, np.sqrt(np.mean((mean - y) ** 2)), rtol=1e-5)
+
+
+def test_the_metric_check_walks_no_stack_and_reads_no_private_compile_state():
+    source = open(likelihoods.__file__).read()
+    for private in ("inspect", "_getframe", "f_back", "_compile_metrics", "_user_metrics"):
+        assert private not in source

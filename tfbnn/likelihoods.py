@@ -63,14 +63,13 @@ References:
 """
 
 import math
-import sys
 import types
 
 import keras
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, keras_calls
 
 tfd = tfp.distributions
 
@@ -149,7 +148,7 @@ class DistributionHead(keras.layers.Layer):
 
     def __call__(self, *args, **kwargs):
         if self.task == "regression":
-            _refuse_plain_metrics(self)
+            _refuse_plain_metrics(self, keras_calls.calling_model())
         return super().__call__(*args, **kwargs)
 
     def build(self, input_shape):
@@ -188,46 +187,57 @@ class DistributionHead(keras.layers.Layer):
         raise ValueError(f"Expected a classification head. Received: {type(self).__name__} (task={self.task!r})")
 
 
-def _stepping_model():
-    """The Keras model whose train / test step (``fit``, ``evaluate``) is running this call, or None.
-
-    Found on the call stack: Keras gives a layer no reference to the model that calls it, and the
-    metrics compiled into that model are what a head must check. Autograph renames a traced step
-    (``tf__train_step``); the step's ``self`` is the model.
-    """
-    frame = sys._getframe(2)
-    for _ in range(48):
-        if frame is None:
-            return None
-        if frame.f_code.co_name.endswith(("train_step", "test_step")):
-            model = frame.f_locals.get("self")
-            if isinstance(model, keras.Model):
-                return model
-        frame = frame.f_back
-    return None
+def _metric_entries(metrics):
+    """The metrics of a compile config's ``metrics`` (a list, or a dict per output), each a name or a config."""
+    if metrics is None:
+        return []
+    if isinstance(metrics, (list, tuple)):
+        return [m for item in metrics for m in _metric_entries(item)]
+    if isinstance(metrics, dict) and "class_name" not in metrics:
+        return [m for item in metrics.values() for m in _metric_entries(item)]
+    return [metrics]
 
 
-def _refuse_plain_metrics(head):
-    """A ValueError when the model training or evaluating ``head`` as its output has compiled a metric that
+def _reads_distribution_head(metric):
+    """Whether a serialized metric sees the predictive mean (``reads_distribution_head``, e.g. HeadMean)."""
+    if not isinstance(metric, dict):
+        return False  # a name: a Keras metric
+    registered = metric.get("registered_name")
+    cls = keras.saving.get_registered_object(registered) if isinstance(registered, str) else None
+    return bool(getattr(cls, "reads_distribution_head", False))
+
+
+def _metric_name(metric):
+    if isinstance(metric, dict):
+        config = metric.get("config")
+        return config.get("name", metric.get("class_name")) if isinstance(config, dict) else metric.get("class_name")
+    return metric
+
+
+def _refuse_plain_metrics(head, model):
+    """A ValueError when ``model``, calling ``head`` as its single output, is compiled with a metric that
     would read the head's parameters as predictions (every Keras metric; :class:`tfbnn.metrics.HeadMean`
-    and other metrics with ``reads_distribution_head`` see the predictive mean)."""
-    model = _stepping_model()
-    compiled = getattr(model, "_compile_metrics", None)
-    if (compiled is None or getattr(compiled, "_tfbnn_checked_head", None) is head
-            or len(getattr(model, "outputs", None) or ()) != 1 or output_layer(model) is not head):
-        return  # checked already, or not the single output (the metrics of several outputs name theirs)
-    metrics = tf.nest.flatten([getattr(compiled, "_user_metrics", None),
-                               getattr(compiled, "_user_weighted_metrics", None)])
-    plain = [m for m in metrics if m is not None and not getattr(m, "reads_distribution_head", False)]
+    and other metrics with ``reads_distribution_head`` see the predictive mean).
+
+    The metrics are read from the model's public compile config, as compiled last: compiling again
+    (without metrics, or with HeadMean) or compiling a clone is checked afresh.
+    """
+    if not isinstance(model, keras.Model) or not getattr(model, "compiled", False):
+        return
+    if len(getattr(model, "outputs", None) or ()) != 1 or output_layer(model) is not head:
+        return  # not the single output (the metrics of several outputs name theirs)
+    with tf.init_scope():  # out of a traced step: the config reads the optimizer's variables as numbers
+        config = model.get_compile_config() or {}
+    plain = [m for m in _metric_entries([config.get("metrics"), config.get("weighted_metrics")])
+             if not _reads_distribution_head(m)]
     if plain:
-        names = [m if isinstance(m, str) else getattr(m, "name", getattr(m, "__name__", repr(m))) for m in plain]
         raise ValueError(
             f"Expected metrics that read the predictive mean of the model's {type(head).__name__}: its outputs "
             f"are the parameters of a distribution (for a GaussianHead [loc, scale], twice the targets' size), "
             "so a plain metric would compare the targets with them and report a wrong number. Wrap each metric, "
-            "e.g. `metrics=[tfbnn.metrics.HeadMean(keras.metrics.RootMeanSquaredError(), model.layers[-1])]`. "
-            f"Received: metrics={names}")
-    compiled._tfbnn_checked_head = head
+            "e.g. `metrics=[tfbnn.metrics.HeadMean(keras.metrics.RootMeanSquaredError(), model.layers[-1])]`, "
+            "or compile again without it (a saved model: `keras.saving.load_model(path, compile=False)`). "
+            f"Received: metrics={[_metric_name(m) for m in plain]}")
 
 
 def _event_targets(y_true, dist, y_pred):
