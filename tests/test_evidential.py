@@ -232,3 +232,18 @@ def test_extreme_raw_outputs_stay_finite():
 def test_bad_input_raises_naming_the_argument(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_the_annealed_kl_coefficient_is_saved_with_the_model(tmp_path):
+    keras.utils.set_random_seed(0)
+    x = _raw(16, 2)
+    labels = (x[:, 0] > 0).astype("int32")
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), evidential.DirichletHead()])
+    model.compile(keras.optimizers.SGD(0.1), loss=evidential.EvidentialClassificationLoss())
+    model.fit(x, labels, epochs=3, verbose=0, callbacks=[evidential.EvidentialAnnealing(annealing_epochs=4)])
+    assert float(model.loss.kl_coefficient) == 0.5  # moved from the constructor's 1 by the annealing
+    before = model.evaluate(x, labels, verbose=0)
+    model.save(str(tmp_path / "annealed.keras"))
+    loaded = keras.saving.load_model(str(tmp_path / "annealed.keras"))
+    assert float(loaded.loss.kl_coefficient) == 0.5
+    assert loaded.evaluate(x, labels, verbose=0) == pytest.approx(before, rel=1e-6)

@@ -356,6 +356,10 @@ class EvidentialClassificationLoss(keras.losses.Loss):
     ``lambda_t`` is the non-trainable variable :attr:`kl_coefficient` (read inside the
     compiled step); :class:`EvidentialAnnealing` sets it at each epoch ``t``. Without that
     callback it keeps the value it was made with (default 1: the un-annealed loss).
+    The config holds its current value, so a model saved after annealing (``.keras``, whose
+    compile config holds the loss) loads with the coefficient it had: the loss belongs to
+    the loss object, not to the :class:`DirichletHead` (the KL term reads the labels, which
+    a layer never sees), and Keras saves a loss through its config.
 
     Args:
         loss: one of :data:`CLASSIFICATION_LOSSES`. Default ``"mse"``.
@@ -399,7 +403,7 @@ class EvidentialClassificationLoss(keras.losses.Loss):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"loss": self.loss, "kl_coefficient": self.initial_kl_coefficient})
+        config.update({"loss": self.loss, "kl_coefficient": float(keras.ops.convert_to_numpy(self.kl_coefficient))})
         return config
 
 
