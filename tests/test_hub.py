@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfbnn
 
@@ -271,3 +272,43 @@ def test_bayesian_head_on_a_kerashub_vit_trains_predicts_saves_and_exports_its_s
     assert got["epistemic"].max() > 1e-4  # the head samples differ
     with tfbnn.posterior_mean(model):
         np.testing.assert_allclose(served.mean(tf.constant(x)), model(x), atol=1e-5)
+
+
+def test_members_to_rows_and_ensemble_mean_keep_a_known_batch_size():
+    probs = keras.Input((3, 4), batch_size=5)  # (B, M, K), B = 5, M = 3
+    rows = tfbnn.hub.MembersToRows()(probs)
+    mean = tfbnn.layers.EnsembleMean(3)(rows)
+    assert tuple(rows.shape) == (15, 4) and tuple(mean.shape) == (5, 4)
+    assert tfbnn.hub.MembersToRows().compute_output_shape((5, 3, 4)) == (15, 4)
+    assert tfbnn.layers.EnsembleMean(3).compute_output_shape((15, 4)) == (5, 4)
+    assert tuple(tfbnn.layers.EnsembleMean(3)(keras.Input((4,))).shape) == (None, 4)  # unknown stays unknown
+    x = np.arange(5 * 3 * 4, dtype="float32").reshape(5, 3, 4)
+    np.testing.assert_allclose(keras.Model(probs, mean)(x), x.mean(axis=1))  # each example's members averaged
+
+
+def test_ensemble_mean_on_rows_not_divisible_by_its_size_names_the_argument():
+    layer = tfbnn.layers.EnsembleMean(2)
+    message = r"expects E \* B rows at inference \(E = ensemble_size = 2\).*Received: 3 rows with ensemble_size=2"
+    with pytest.raises(ValueError, match=message):
+        layer(np.ones((3, 4), "float32"))
+    with pytest.raises(ValueError, match=message):
+        layer(keras.Input((4,), batch_size=3))
+    assert layer(np.ones((3, 4), "float32"), training=True).shape == (3, 4)  # training passes the rows through
+    traced = tf.function(lambda x: layer(x), input_signature=[tf.TensorSpec((None, 4))])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"expects E \* B rows at inference"):
+        traced(np.ones((3, 4), "float32"))
+
+
+def test_hub_takes_numpy_integers_and_refuses_zero_members():
+    layer = tfbnn.hub.EnsembleDense(np.int64(2), np.int32(3), seed=np.int64(3))
+    assert layer.get_config()["seed"] == 3 and type(layer.get_config()["seed"]) is int
+    assert (layer.num_members, layer.units) == (2, 3)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3, name="dense")])
+    inp = keras.Input((2,))
+    task = keras.Model(inp, keras.layers.Dense(2)(model(inp)))
+    assert tfbnn.hub.pooled_features(task, np.ones((4, 2), "float32"), np.int64(3)).shape == (4, 3)
+    np.testing.assert_array_equal(tfbnn.hub.tile_labels(np.array([0, 2]), np.int64(2)), [[0, 0], [2, 2]])
+    with pytest.raises(ValueError, match=r"Expected `num_members` to be a positive integer. Received: num_members=0"):
+        tfbnn.hub.tile_labels(np.array([0, 1]), 0)
+    with pytest.raises(ValueError, match=r"Received: y.shape=\(2, 1\)"):
+        tfbnn.hub.tile_labels(np.array([[0], [1]]), 2)

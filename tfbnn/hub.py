@@ -52,6 +52,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfbnn import convert
+from tfbnn._internal import checks
 from tfbnn import laplace as laplace_lib
 from tfbnn.layers.rank1 import EnsembleMean
 
@@ -101,8 +102,7 @@ def pooled_features(task, x, batch_size=32):
         x: the task's inputs (an array, or a dict of arrays for a KerasHub text task).
         batch_size: int > 0. Default 32.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"Expected `batch_size` to be a positive integer. Received: batch_size={batch_size!r}")
+    batch_size = checks.integer("batch_size", batch_size, 1)
     return np.asarray(feature_model(task).predict(x, batch_size=batch_size, verbose=0))
 
 
@@ -256,12 +256,9 @@ class EnsembleDense(keras.layers.Layer):
 
     def __init__(self, num_members, units, activation=None, seed=None, **kwargs):
         super().__init__(**kwargs)
-        for arg, value in (("num_members", num_members), ("units", units)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"Expected `{arg}` to be a positive integer. Received: {arg}={value!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"Expected `seed` to be an int or None. Received: seed={seed!r}")
-        self.num_members, self.units, self.seed = int(num_members), int(units), seed
+        self.num_members = checks.integer("num_members", num_members, 1)
+        self.units = checks.integer("units", units, 1)
+        self.seed = seed = checks.seed(seed)
         self.activation = keras.activations.get(activation)
         self.seed_generator = keras.random.SeedGenerator(seed)
 
@@ -293,12 +290,19 @@ class EnsembleDense(keras.layers.Layer):
 class MembersToRows(keras.layers.Layer):
     """``(B, M, K) -> (M B, K)``, member-major: the rows :class:`tfbnn.layers.EnsembleMean` averages."""
 
+    def build(self, input_shape):
+        if len(input_shape) != 3:
+            raise ValueError(f"Layer '{self.name}' expects inputs of shape (batch, members, units). "
+                             f"Received: input_shape={tuple(input_shape)}")
+
     def call(self, inputs):
         shape = tf.shape(inputs)
-        return tf.reshape(tf.transpose(inputs, [1, 0, 2]), [-1, shape[2]])
+        rows = tf.reshape(tf.transpose(inputs, [1, 0, 2]), [-1, shape[2]])
+        return tf.ensure_shape(rows, self.compute_output_shape(inputs.shape))
 
     def compute_output_shape(self, input_shape):
-        return (None, input_shape[2])
+        batch, members, units = input_shape
+        return (None if batch is None or members is None else members * batch, units)
 
 
 def ensemble_heads(task, num_members, seed=None):
@@ -323,7 +327,10 @@ def ensemble_heads(task, num_members, seed=None):
 
 def tile_labels(y, num_members):
     """Labels ``(N,)`` repeated for M heads: ``(N, M)``, the targets of :func:`ensemble_heads`."""
+    num_members = checks.integer("num_members", num_members, 1)
     y = np.asarray(y)
+    if y.ndim != 1:
+        raise ValueError(f"Expected labels of shape (N,). Received: y.shape={y.shape}")
     return np.repeat(y.reshape(len(y), 1), num_members, axis=1)
 
 

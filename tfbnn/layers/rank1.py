@@ -207,13 +207,22 @@ class EnsembleMean(keras.layers.Layer):
     def call(self, inputs, training=None):
         if training or self._members:
             return inputs
+        self._check_rows(inputs.shape[0])
         tf.debugging.assert_equal(
             tf.shape(inputs)[0] % self.ensemble_size, 0,
-            message=f"Layer '{self.name}' expects E * B rows (E = {self.ensemble_size}) at inference: "
-            "put an EnsembleTile in front of the ensemble layers",
+            message=f"{self._rows_message()} Received: a batch of rows not divisible by ensemble_size",
         )
         shape = tf.concat([[self.ensemble_size, -1], tf.shape(inputs)[1:]], axis=0)
         return tf.reduce_mean(tf.reshape(inputs, shape), axis=0)
+
+    def _rows_message(self):
+        return (f"Layer '{self.name}' expects E * B rows at inference (E = ensemble_size = {self.ensemble_size}), "
+                "member-major: put an EnsembleTile(ensemble_size) in front of the ensemble layers.")
+
+    def _check_rows(self, rows):
+        """A ValueError when a known number of rows is not a multiple of E."""
+        if rows is not None and rows % self.ensemble_size:
+            raise ValueError(f"{self._rows_message()} Received: {rows} rows with ensemble_size={self.ensemble_size}")
 
     @property
     def returns_members(self):
@@ -221,7 +230,9 @@ class EnsembleMean(keras.layers.Layer):
         return self._members
 
     def compute_output_shape(self, input_shape):
-        return (None, *input_shape[1:])
+        rows = input_shape[0]
+        self._check_rows(rows)
+        return (None if rows is None else rows // self.ensemble_size, *input_shape[1:])
 
     def get_config(self):
         config = super().get_config()
