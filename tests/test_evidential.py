@@ -247,3 +247,15 @@ def test_the_annealed_kl_coefficient_is_saved_with_the_model(tmp_path):
     loaded = keras.saving.load_model(str(tmp_path / "annealed.keras"))
     assert float(loaded.loss.kl_coefficient) == 0.5
     assert loaded.evaluate(x, labels, verbose=0) == pytest.approx(before, rel=1e-6)
+
+
+def test_classification_loss_refuses_labels_out_of_range():
+    alpha = np.ones((2, 3), "float32")
+    loss = evidential.EvidentialClassificationLoss()
+    with pytest.raises(ValueError, match=r"Expected integer labels in \[0, 3\).*Received: y_true with labels \[-1, 5\]"):
+        loss(np.array([5, -1]), alpha)
+    traced = tf.function(lambda y, a: loss(y, a), input_signature=[tf.TensorSpec((None,), tf.int32),
+                                                                     tf.TensorSpec((None, 3))])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Expected integer labels in \[0, 3\)"):
+        traced(np.array([0, 5], "int32"), alpha)
+    assert np.isfinite(float(traced(np.array([0, 2], "int32"), alpha)))

@@ -440,3 +440,44 @@ def test_the_metric_check_walks_no_stack_and_reads_no_private_compile_state():
     source = open(likelihoods.__file__).read()
     for private in ("inspect", "_getframe", "f_back", "_compile_metrics", "_user_metrics"):
         assert private not in source
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+
+def test_distribution_lambda_head_names_a_bad_task_first():
+    with pytest.raises(ValueError, match=r"Expected `task` in \('regression', 'classification'\). Received: task='bogus'"):
+        likelihoods.DistributionLambdaHead(lambda t: t, task="bogus")
+
+
+def test_pinball_loss_refuses_mismatched_shapes_and_non_finite_values():
+    loss = likelihoods.PinballLoss((0.1, 0.9))
+    pred = np.zeros((4, 2), "float32")
+    with pytest.raises(ValueError, match=r"Expected predictions \(batch, 2\).*Received: y_true.shape=\(4, 2\)"):
+        loss(np.zeros((4, 2)), pred)
+    with pytest.raises(ValueError, match=r"Expected predictions \(batch, 2\).*y_pred.shape=\(4, 3\)"):
+        loss(np.zeros(4), np.zeros((4, 3), "float32"))
+    with pytest.raises(ValueError, match=r"as many targets as predictions. Received: y_true.shape=\(3,\)"):
+        loss(np.zeros(3), pred)
+    with pytest.raises(ValueError, match=r"Expected finite targets and predictions.*Received: 1 non-finite targets"):
+        loss(np.array([np.nan, 0.0, 0.0, 0.0]), pred)
+    # (B, 1) targets are (B,) targets: 0.9 * 1 + 0.1 * 2 per example
+    np.testing.assert_allclose(float(loss(np.zeros((2, 1)), np.array([[1.0, 2.0]] * 2, "float32"))), 1.1, rtol=1e-6)
+    traced = tf.function(lambda y, p: loss(y, p), input_signature=[tf.TensorSpec((None,)), tf.TensorSpec((None, 2))])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="as many targets as predictions"):
+        traced(np.zeros(3, "float32"), pred)
+
+
+def test_quantile_head_takes_an_array_of_levels():
+    head = likelihoods.QuantileHead(quantiles=np.array([0.1, 0.9]))
+    assert head.quantiles == (0.1, 0.9) and head.get_config()["quantiles"] == [0.1, 0.9]
+    assert likelihoods.PinballLoss(np.array([0.2, 0.8], "float32")).quantiles == pytest.approx((0.2, 0.8))
+    with pytest.raises(ValueError, match=r"Received: quantiles=array"):
+        likelihoods.QuantileHead(quantiles=np.array([[0.1, 0.9]]))
+
+
+def test_categorical_nll_refuses_labels_out_of_range():
+    head = likelihoods.CategoricalHead()
+    out = head(np.zeros((2, 3), "float32"))
+    with pytest.raises(ValueError, match=r"Expected integer labels in \[0, 3\).*Received: y_true with labels \[5\]"):
+        likelihoods.DistributionNLL(head)(np.array([0, 5]), out)

@@ -36,7 +36,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from tfbnn._internal import checks
-from tfbnn.likelihoods import CategoricalHead, DistributionHead, distribution_head
+from tfbnn.likelihoods import CategoricalHead, DistributionHead, checked_labels, distribution_head
 
 tfd = tfp.distributions
 
@@ -319,7 +319,8 @@ def one_hot_targets(y_true, alpha):
     if y_true.shape.rank == alpha.shape.rank and y_true.shape[-1] == 1 and k != 1:
         y_true = y_true[..., 0]
     if y_true.shape.rank == alpha.shape.rank - 1:
-        return tf.one_hot(tf.cast(y_true, tf.int32), k, dtype=alpha.dtype)
+        labels = checked_labels(y_true, k)
+        return tf.one_hot(labels, k, dtype=alpha.dtype)
     if not y_true.shape.is_compatible_with(alpha.shape):
         raise ValueError(f"Expected one-hot `y_true` shaped like `y_pred`, or integer labels. Received: "
                          f"y_true.shape={tuple(y_true.shape)}, y_pred.shape={tuple(alpha.shape)}")

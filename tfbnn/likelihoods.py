@@ -66,6 +66,7 @@ import math
 import types
 
 import keras
+import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
@@ -609,11 +610,23 @@ class CategoricalHead(DistributionHead):
             if not y_true.shape.is_compatible_with(y_pred.shape[:-1]):
                 raise ValueError(f"Expected integer labels shaped like `y_pred` without its class axis. Received: "
                                  f"y_true.shape={tuple(y_true.shape)}, y_pred.shape={tuple(y_pred.shape)}")
-            return tfd.Categorical(logits=y_pred).log_prob(tf.cast(y_true, tf.int32))
+            return tfd.Categorical(logits=y_pred).log_prob(checked_labels(y_true, y_pred.shape[-1]))
         return super().log_prob(y_true, y_pred)
 
     def class_probabilities(self, y_pred):
         return tf.math.softmax(self._params(y_pred), axis=-1)
+
+
+def checked_labels(y_true, num_classes):
+    """Integer labels ``y_true`` as int32, each in ``[0, num_classes)``: an out-of-range label would be scored
+    as no class at all (a one-hot row of zeros) or fail deep in TensorFlow. A ValueError eagerly; inside a
+    compiled step a runtime assertion with the same message."""
+    labels = tf.cast(y_true, tf.int32)
+    return checks.checked(
+        labels, lambda: tf.reduce_all((labels >= 0) & (labels < num_classes)),
+        f"Expected integer labels in [0, {num_classes}) (`y_pred` has one entry per class, {num_classes}).",
+        lambda: f"y_true with labels {sorted(set(labels.numpy().ravel().tolist()) - set(range(num_classes)))} "
+                "out of range")
 
 
 def _probabilities_of(dist):
@@ -678,6 +691,8 @@ class DistributionLambdaHead(DistributionHead):
 
     def __init__(self, make_distribution, task="regression", **kwargs):
         super().__init__(**kwargs)
+        if not isinstance(task, str) or task not in TASKS:
+            raise ValueError(f"Expected `task` in {TASKS}. Received: task={task!r}")
         if isinstance(make_distribution, dict):
             make_distribution = keras.saving.deserialize_keras_object(make_distribution)
         if not callable(make_distribution) or isinstance(make_distribution, type):
@@ -687,8 +702,6 @@ class DistributionLambdaHead(DistributionHead):
             raise ValueError("Expected `make_distribution` to be a registered function or a serializable object "
                              f"with get_config. Received: make_distribution={make_distribution!r}")
         checks.registered("make_distribution", make_distribution, "a serializable object")
-        if not isinstance(task, str) or task not in TASKS:
-            raise ValueError(f"Expected `task` in {TASKS}. Received: task={task!r}")
         self.make_distribution = make_distribution
         self.task = task
 
@@ -922,6 +935,8 @@ class QuantileHead(keras.layers.Layer):
 
 
 def _quantile_levels(quantiles):
+    if isinstance(quantiles, np.ndarray) and quantiles.ndim == 1:
+        quantiles = quantiles.tolist()
     levels = tuple(quantiles) if isinstance(quantiles, (list, tuple)) else None
     if (levels is None or len(levels) != 2 or not all(checks.is_number(q) for q in levels)
             or not 0 < levels[0] < levels[1] < 1):
@@ -956,7 +971,23 @@ class PinballLoss(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         y_pred = checks.float_tensor("y_pred", y_pred)
-        y = tf.reshape(tf.cast(y_true, y_pred.dtype), [-1, 1])
+        y = tf.cast(tf.convert_to_tensor(y_true), y_pred.dtype)
+        if y.shape.rank == 2 and y.shape[-1] == 1:
+            y = y[:, 0]
+        received = f"y_true.shape={tuple(y.shape)}, y_pred.shape={tuple(y_pred.shape)}"
+        if y_pred.shape.rank != 2 or y_pred.shape[-1] not in (None, 2) or y.shape.rank != 1:
+            raise ValueError("Expected predictions (batch, 2) [lower, upper] and targets (batch,) or (batch, 1). "
+                             f"Received: {received}")
+        if not y.shape.is_compatible_with(y_pred.shape[:1]):
+            raise ValueError(f"Expected as many targets as predictions. Received: {received}")
+        y = checks.checked(y, lambda: tf.equal(tf.shape(y)[0], tf.shape(y_pred)[0]),
+                           "Expected as many targets as predictions.", lambda: received)
+        y = checks.checked(
+            y, lambda: tf.reduce_all(tf.math.is_finite(y)) & tf.reduce_all(tf.math.is_finite(y_pred)),
+            "Expected finite targets and predictions (a NaN or inf would make the loss NaN).",
+            lambda: f"{int(tf.reduce_sum(tf.cast(~tf.math.is_finite(y), tf.int32)))} non-finite targets, "
+                    f"{int(tf.reduce_sum(tf.cast(~tf.math.is_finite(y_pred), tf.int32)))} non-finite predictions")
+        y = y[:, None]
         q = tf.constant(self.quantiles, y_pred.dtype)
         error = y - y_pred
         return tf.reduce_sum(tf.maximum(q * error, (q - 1.0) * error), axis=-1)
