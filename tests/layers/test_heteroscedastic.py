@@ -4,6 +4,7 @@ logits' covariance against V V^T + diag(d^2), seeded reproducibility, predict, b
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from scipy import special
 
 import tfbnn
@@ -19,8 +20,7 @@ def test_basics():
     testing.run_layer_test(HeteroscedasticSoftmax, {"num_classes": 3, "num_factors": 2, "train_mc_samples": 8,
                                                     "test_mc_samples": 8, "temperature": 0.7, "seed": 1},
                            input_shape=(4, 5), expected_output_shape=(4, 3), expected_num_losses=0,
-                           expected_num_seed_generators=1, expected_num_trainable_weights=6,
-                           run_mixed_precision=False)
+                           expected_num_seed_generators=1, expected_num_trainable_weights=6)
 
 
 def test_without_noise_it_is_the_tempered_softmax_of_the_mean():
@@ -76,8 +76,55 @@ def test_predict_reads_a_model_ending_in_it_as_a_classifier():
     assert np.all(res.mutual_information > 0)
 
 
+def _tempered_softmax(logits, temperature):
+    return special.softmax(np.asarray(logits, np.float64) / temperature, axis=-1)
+
+
+def test_samples_are_the_philox_draws_of_the_layers_seed():
+    # The noise of sample path: two philox normal draws per call from the seed generator's states
+    # [seed, 0], [seed, 1], then [seed, 2], [seed, 3] (the numbers the layer gave before it moved onto
+    # the stochastic layer base).
+    x = _features(3, dim=4, seed=1)
+    layer = HeteroscedasticSoftmax(3, num_factors=2, train_mc_samples=5, test_mc_samples=7, temperature=0.7, seed=11)
+    layer.build((None, 4))
+    mu, v, d = (t.numpy().astype(np.float64) for t in layer.noise_parameters(x))
+
+    def expected(num_samples, first_state):
+        eps = tf.random.stateless_normal([num_samples, 3, 2], seed=[11, first_state], alg="philox").numpy()
+        eps_diag = tf.random.stateless_normal([num_samples, 3, 3], seed=[11, first_state + 1], alg="philox").numpy()
+        logits = mu + np.einsum("bkr,sbr->sbk", v, eps) + d * eps_diag
+        return _tempered_softmax(logits, 0.7).mean(axis=0)
+
+    np.testing.assert_allclose(layer(x), expected(7, 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(layer(x, training=True), expected(5, 2), rtol=1e-5, atol=1e-6)
+
+
+def test_posterior_mean_gives_the_tempered_softmax_of_the_mean_logits():
+    x = _features(4)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(5, activation="tanh"),
+                              HeteroscedasticSoftmax(3, num_factors=2, temperature=0.5, test_mc_samples=4, seed=3)])
+    head = model.layers[-1]
+    features = model.layers[0](x)
+    mean = _tempered_softmax(head.noise_parameters(features)[0], 0.5)
+    with tfbnn.posterior_mean(model):
+        np.testing.assert_allclose(model(x), mean, rtol=1e-5)
+        res = tfbnn.predict(model, x, num_samples=3)
+        np.testing.assert_allclose(res.mean_probs, mean, rtol=1e-5)
+        np.testing.assert_allclose(res.mutual_information, 0.0, atol=1e-6)
+    assert not np.allclose(model(x), mean, atol=1e-4)  # sampling again outside the context
+    tfbnn.set_inference_mode(model, "mean")
+    np.testing.assert_allclose(model(x), mean, rtol=1e-5)
+    np.testing.assert_allclose(model(x, training=True).numpy().sum(axis=1), 1.0, rtol=1e-5)  # training samples
+    assert HeteroscedasticSoftmax.from_config(head.get_config()).inference_mode == "mean"
+    logits_only = HeteroscedasticSoftmax(3, num_factors=2, temperature=0.5, logits_only=True, inference_mode="mean")
+    logits_only.build((None, 5))
+    logits_only.set_weights(head.get_weights())
+    np.testing.assert_allclose(logits_only(features), np.log(mean), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"num_classes": 1}, "num_classes=1"),
+    ({"num_classes": 3, "inference_mode": "median"}, "inference_mode='median'"),
     ({"num_classes": 3, "num_factors": -1}, "num_factors=-1"),
     ({"num_classes": 3, "temperature": 0}, "temperature=0"),
     ({"num_classes": 3, "train_mc_samples": 0}, "train_mc_samples=0"),

@@ -12,14 +12,13 @@ import keras
 import tensorflow as tf
 
 from tfbnn._internal import checks
+from tfbnn.layers.base import StochasticLayer
 
 __all__ = ["HeteroscedasticSoftmax"]
 
-_SEED_KEY = "seed_state"  # the key tfbnn's stochastic layers save their seed state under
-
 
 @keras.saving.register_keras_serializable(package="tfbnn")
-class HeteroscedasticSoftmax(keras.layers.Layer):
+class HeteroscedasticSoftmax(StochasticLayer):
     """Dense output layer with correlated Gaussian logit noise and a Monte Carlo tempered softmax.
 
     From features ``h`` (``D`` wide) the layer computes, for ``K`` classes and ``R``
@@ -34,6 +33,13 @@ class HeteroscedasticSoftmax(keras.layers.Layer):
     with ``S`` Monte Carlo samples (``train_mc_samples`` in training, ``test_mc_samples``
     at inference) and temperature ``tau``. The noise is drawn from the layer's own seed
     generator (independently per example and sample), so a seeded layer is reproducible.
+
+    A :class:`tfbnn.layers.StochasticLayer`: in training it always samples; at inference it
+    samples when ``inference_mode == "sample"`` (the default) and otherwise returns the
+    softmax of the mean logits, ``softmax(mu / tau)`` (the latent noise set to its mean, 0),
+    which is what :func:`tfbnn.posterior_mean` and :func:`tfbnn.set_inference_mode` select.
+    Its seed state is saved with the weights, replicas of a ``tf.distribute`` run draw
+    distinct noise, and a TFLite / ONNX export draws it with portable random ops.
     The noise is the label noise (aleatoric); :func:`tfbnn.predict` reads the output as
     class probabilities (a model ending here is a classifier), and weight samples of
     a Bayesian body give the epistemic part. Each call is a fresh Monte Carlo estimate:
@@ -59,6 +65,7 @@ class HeteroscedasticSoftmax(keras.layers.Layer):
         min_scale: float > 0, the floor of ``d``. Default 1e-7.
         kernel_initializer, bias_initializer: of the three projections. Defaults
             ``"glorot_uniform"`` and ``"zeros"``.
+        inference_mode: ``"sample"`` (default) or ``"mean"`` (``softmax(mu / tau)`` at inference).
         seed: int or None, the noise's seed.
 
     Call arguments:
@@ -85,8 +92,8 @@ class HeteroscedasticSoftmax(keras.layers.Layer):
 
     def __init__(self, num_classes, num_factors=10, temperature=1.0, train_mc_samples=1000, test_mc_samples=1000,
                  logits_only=False, min_scale=1e-7, kernel_initializer="glorot_uniform", bias_initializer="zeros",
-                 seed=None, **kwargs):
-        super().__init__(**kwargs)
+                 inference_mode="sample", seed=None, **kwargs):
+        super().__init__(inference_mode=inference_mode, seed=seed, **kwargs)
         self.num_classes = checks.integer("num_classes", num_classes, 2)
         self.num_factors = checks.integer("num_factors", num_factors, 0)
         self.temperature = checks.number("temperature", temperature, low=0, low_open=True)
@@ -98,8 +105,6 @@ class HeteroscedasticSoftmax(keras.layers.Layer):
         self.min_scale = checks.number("min_scale", min_scale, low=0, low_open=True)
         self.kernel_initializer = checks.initializer("kernel_initializer", kernel_initializer)
         self.bias_initializer = checks.initializer("bias_initializer", bias_initializer)
-        self.seed = checks.seed(seed)
-        self.seed_generator = keras.random.SeedGenerator(seed)
 
     @property
     def outputs_probabilities(self):
@@ -139,30 +144,21 @@ class HeteroscedasticSoftmax(keras.layers.Layer):
         num_samples = checks.integer("num_samples", num_samples, 1)
         mu, v, d = self.noise_parameters(inputs)
         batch = tf.shape(mu)[0]
-        eps = keras.random.normal([num_samples, batch, self.num_factors], dtype=mu.dtype, seed=self.seed_generator)
-        eps_diag = keras.random.normal([num_samples, batch, self.num_classes], dtype=mu.dtype,
-                                       seed=self.seed_generator)
+        eps = self._normal([num_samples, batch, self.num_factors], mu.dtype)
+        eps_diag = self._normal([num_samples, batch, self.num_classes], mu.dtype)
         return mu + tf.einsum("bkr,sbr->sbk", v, eps) + d * eps_diag
 
     def call(self, inputs, training=None):
-        num_samples = self.train_mc_samples if training else self.test_mc_samples
-        log_p = tf.nn.log_softmax(self.sample_logits(inputs, num_samples) / self.temperature, axis=-1)
-        log_mean = tf.reduce_logsumexp(log_p, axis=0) - math.log(num_samples)
+        if not self._sampling(training):  # inference_mode "mean": the latent noise at its mean
+            log_mean = tf.nn.log_softmax(self.noise_parameters(inputs)[0] / self.temperature, axis=-1)
+        else:
+            num_samples = self.train_mc_samples if training else self.test_mc_samples
+            log_p = tf.nn.log_softmax(self.sample_logits(inputs, num_samples) / self.temperature, axis=-1)
+            log_mean = tf.reduce_logsumexp(log_p, axis=0) - math.log(num_samples)
         return log_mean if self.logits_only else tf.exp(log_mean)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.num_classes)
-
-    # The seed state travels with the weights (as for tfbnn's stochastic layers): a reloaded
-    # model continues the sample sequence of the model it was saved from.
-    def save_own_variables(self, store):
-        super().save_own_variables(store)
-        store[_SEED_KEY] = self.seed_generator.state
-
-    def load_own_variables(self, store):
-        super().load_own_variables({key: store[key] for key in store.keys() if key != _SEED_KEY})
-        if _SEED_KEY in store.keys():
-            self.seed_generator.state.assign(store[_SEED_KEY])
 
     def get_config(self):
         config = super().get_config()
@@ -172,6 +168,5 @@ class HeteroscedasticSoftmax(keras.layers.Layer):
             "logits_only": self.logits_only, "min_scale": self.min_scale,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            "seed": self.seed,
         })
         return config
