@@ -420,8 +420,9 @@ def test_a_refused_metric_does_not_stick_to_the_model_or_its_clone():
     x, y = _xy()
     model = _gaussian_model()
     model.compile("sgd", likelihoods.DistributionNLL(model.layers[-1]), metrics=["mae"])
-    with pytest.raises(ValueError, match=r"predictive mean of the model's GaussianHead.*Received: metrics=\['mae'\]"):
-        model.fit(x, y, epochs=1, verbose=0)
+    for run in (lambda: model.fit(x, y, epochs=1, verbose=0), lambda: model.predict(x, verbose=0)):
+        with pytest.raises(ValueError, match=r"predictive mean of the model's GaussianHead.*Received: metrics=\['mae'\]"):
+            run()
     clone = keras.models.clone_model(model)
     model.compile("sgd", likelihoods.DistributionNLL(model.layers[-1]))  # again, without the metric
     assert np.isfinite(model.fit(x, y, epochs=1, verbose=0).history["loss"][0])
