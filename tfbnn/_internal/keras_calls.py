@@ -8,14 +8,17 @@ else. Checked on Keras 3.15: if a later Keras moves it, :func:`calling_model` re
 None (the checks that use it are skipped) rather than failing.
 """
 
+try:
+    from keras.src.backend.common import global_state
+except ImportError:  # pragma: no cover - a Keras without this module
+    global_state = None
+
 __all__ = ["calling_model"]
 
 
 def calling_model():
     """The outermost layer or model whose call is running now (Keras' call context), or None."""
-    try:
-        from keras.src.backend.common import global_state
-    except ImportError:  # pragma: no cover - a Keras without this module
+    if global_state is None:  # pragma: no cover
         return None
     context = global_state.get_global_attribute("current_call_ctx")
     return getattr(context, "entry_layer", None)
