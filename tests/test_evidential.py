@@ -239,7 +239,7 @@ def test_the_annealed_kl_coefficient_is_saved_with_the_model(tmp_path):
     x = _raw(16, 2)
     labels = (x[:, 0] > 0).astype("int32")
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3), evidential.DirichletHead()])
-    model.compile(keras.optimizers.SGD(0.1), loss=evidential.EvidentialClassificationLoss())
+    model.compile(keras.optimizers.SGD(0.1), loss=evidential.EvidentialClassificationLoss(), run_eagerly=True)
     model.fit(x, labels, epochs=3, verbose=0, callbacks=[evidential.EvidentialAnnealing(annealing_epochs=4)])
     assert float(model.loss.kl_coefficient) == 0.5  # moved from the constructor's 1 by the annealing
     before = model.evaluate(x, labels, verbose=0)
