@@ -130,3 +130,37 @@ def test_predict_save_and_export_give_the_mean_field_predictive(trained, tmp_pat
     served = tf.saved_model.load(folder)
     np.testing.assert_allclose(served.mean(x).numpy(), expected, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(served.summary(x)["mean_probs"].numpy(), expected, rtol=1e-4, atol=1e-6)
+
+
+def _x(n=24, d=4, seed=0):
+    return np.random.default_rng(seed).normal(size=(n, d)).astype("float32")
+
+
+@pytest.mark.parametrize("policy, rtol", [("mixed_float16", 1e-2), ("mixed_bfloat16", 5e-2)])
+def test_sngp_fits_and_predicts_under_mixed_precision(policy, rtol):
+    x, y = _x(), np.arange(24) % 3
+    reference = _small_mlp(normalize_input=True)
+    reference(x, training=True)  # a precision beyond the prior
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        model = _small_mlp(normalize_input=True)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    model.set_weights(reference.get_weights())
+    gp = sngp.gp_layers(model)[0]
+    assert gp.compute_dtype == policy.split("_")[1] and gp.input_norm.compute_dtype == gp.compute_dtype
+    # The GP's variance in float32 from features computed in the policy's dtype: close to float32's.
+    np.testing.assert_allclose(sngp.predictive_variance(model, x), sngp.predictive_variance(reference, x), rtol=rtol)
+    probs = model.predict(x, verbose=0)
+    np.testing.assert_allclose(probs, reference.predict(x, verbose=0), atol=2 * rtol)
+    model.compile("adam", "sparse_categorical_crossentropy")
+    history = model.fit(x, y, epochs=1, batch_size=12, verbose=0, callbacks=[sngp.ResetCovariance()])
+    assert np.all(np.isfinite(history.history["loss"]))
+    assert {str(w.dtype) for w in model.weights} == {"float32"}
+    assert np.all(np.isfinite(model.predict(x, verbose=0))) and np.all(sngp.predictive_variance(model, x) > 0)
+
+
+def test_predictive_variance_refuses_no_examples():
+    with pytest.raises(ValueError, match=r"Expected `x` with at least one example. Received: x of shape \(0, 4\)"):
+        sngp.predictive_variance(_small_mlp(), np.zeros((0, 4), "float32"))

@@ -16,10 +16,9 @@ def _largest_singular_value(matrix):
 
 def test_spectral_dense_and_conv2d_basics():
     testing.run_layer_test(SpectralDense, {"units": 3, "activation": "relu", "seed": 0}, (4, 5), (4, 3),
-                           expected_num_losses=0, expected_num_seed_generators=0, run_mixed_precision=False)
+                           expected_num_losses=0, expected_num_seed_generators=0)
     testing.run_layer_test(SpectralConv2D, {"filters": 2, "kernel_size": 3, "padding": "same", "seed": 0},
-                           (2, 5, 5, 1), (2, 5, 5, 2), expected_num_losses=0, expected_num_seed_generators=0,
-                           run_mixed_precision=False)
+                           (2, 5, 5, 1), (2, 5, 5, 2), expected_num_losses=0, expected_num_seed_generators=0)
 
 
 @pytest.mark.parametrize("inner, x_shape", [

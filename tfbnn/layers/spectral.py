@@ -101,12 +101,15 @@ class SpectralNormalization(keras.layers.Layer):
         shape = tuple(self.layer.kernel.shape)
         self._matrix_shape = (math.prod(shape[:-1]), shape[-1])
         init = keras.initializers.RandomNormal(stddev=1.0, seed=self.seed)
-        self.u = self.add_weight(name="u", shape=(shape[-1],), initializer=init, trainable=False)
-        self.v = self.add_weight(name="v", shape=(self._matrix_shape[0],), initializer="zeros", trainable=False)
+        # Not autocast: the power iteration runs in float32 under a mixed policy too.
+        self.u = self.add_weight(name="u", shape=(shape[-1],), initializer=init, trainable=False, autocast=False)
+        self.v = self.add_weight(name="v", shape=(self._matrix_shape[0],), initializer="zeros", trainable=False,
+                                 autocast=False)
         self.built = True
 
     def _kernel_matrix(self):
-        return tf.reshape(tf.convert_to_tensor(self.layer.kernel), self._matrix_shape)
+        """The kernel as a float32 ``(rows, cols)`` matrix (float32 also where a mixed policy reads it in float16)."""
+        return tf.cast(tf.reshape(tf.convert_to_tensor(self.layer.kernel), self._matrix_shape), tf.float32)
 
     def spectral_norm(self, normalized=False):
         """The estimate ``sigma = v^T W_mat u`` from the current vectors, of the kernel or (``normalized``)
@@ -131,7 +134,8 @@ class SpectralNormalization(keras.layers.Layer):
         sigma = self._sigma(w_mat, u)
         # sigma <= c (a zero kernel included) leaves the kernel as it is; no division by a tiny sigma.
         scale = tf.where(sigma > self.norm_multiplier, self.norm_multiplier / tf.maximum(sigma, 1e-12), 1.0)
-        return self.layer.kernel * tf.cast(scale, self.layer.kernel.dtype)
+        kernel = tf.convert_to_tensor(self.layer.kernel)
+        return kernel * tf.cast(scale, kernel.dtype)
 
     def call(self, inputs, training=False):
         kernel = self.normalized_kernel(bool(training))
