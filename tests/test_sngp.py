@@ -130,6 +130,11 @@ def test_predict_save_and_export_give_the_mean_field_predictive(trained, tmp_pat
     served = tf.saved_model.load(folder)
     np.testing.assert_allclose(served.mean(x).numpy(), expected, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(served.summary(x)["mean_probs"].numpy(), expected, rtol=1e-4, atol=1e-6)
+    # A model that draws nothing exports without a random op (it used to seed its no generators from one).
+    for name in ("summary", "sample", "mean", "summary_seeded", "sample_seeded"):
+        for fn in getattr(served, name).concrete_functions:
+            assert export.random_ops(fn) == [], name
+    np.testing.assert_allclose(served.summary(x)["sngp_variance"].numpy(), var, rtol=1e-5, atol=1e-7)
 
 
 def _x(n=24, d=4, seed=0):
@@ -164,3 +169,33 @@ def test_sngp_fits_and_predicts_under_mixed_precision(policy, rtol):
 def test_predictive_variance_refuses_no_examples():
     with pytest.raises(ValueError, match=r"Expected `x` with at least one example. Received: x of shape \(0, 4\)"):
         sngp.predictive_variance(_small_mlp(), np.zeros((0, 4), "float32"))
+
+
+@pytest.fixture(scope="module")
+def fitted_small():
+    model = _small_mlp()
+    x = _x(24)
+    model(x, training=True)  # a precision beyond the prior
+    return model, _x(7, seed=1)
+
+
+@pytest.mark.parametrize("format", ["tflite", "onnx"])
+def test_portable_exports_serve_the_mean_field_predictive_and_the_gp_variance(fitted_small, format, tmp_path):
+    model, x = fitted_small
+    if format == "onnx":
+        ort = pytest.importorskip("onnxruntime", reason="the ONNX export is checked with onnxruntime")
+        pytest.importorskip("tf2onnx", reason="the ONNX export needs tf2onnx (the [export] extra)")
+    path = export.export(model, str(tmp_path / ("m.tflite" if format == "tflite" else "onnx")), format=format)
+    if format == "tflite":
+        interpreter = tf.lite.Interpreter(path)
+        summary, mean = (interpreter.get_signature_runner(name)(x=x) for name in ("summary", "mean"))
+    else:
+        def run(name):
+            session = ort.InferenceSession(os.path.join(path, f"{name}.onnx"))
+            return dict(zip([o.name for o in session.get_outputs()], session.run(None, {"x": x})))
+        summary, mean = run("summary"), run("mean")
+    # The covariance factored at export: matmuls only, equal to the layer's solves to float32 rounding.
+    np.testing.assert_allclose(summary["sngp_variance"], sngp.predictive_variance(model, x), rtol=1e-5, atol=1e-7)
+    probs = model.predict(x, verbose=0)
+    np.testing.assert_allclose(mean["output"], probs, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(summary["mean_probs"], probs, rtol=1e-5, atol=1e-7)
