@@ -199,3 +199,53 @@ def test_portable_exports_serve_the_mean_field_predictive_and_the_gp_variance(fi
     probs = model.predict(x, verbose=0)
     np.testing.assert_allclose(mean["output"], probs, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(summary["mean_probs"], probs, rtol=1e-5, atol=1e-7)
+
+
+def test_gp_moment_rule_matches_monte_carlo_on_a_gaussian_input():
+    # A mean-field dense layer on a point input: independent Gaussian units, the GP rule's exact case.
+    first = tfbnn.layers.DenseReparameterization(5, kl_weight=1e-3, seed=1)
+    gp = RandomFeatureGaussianProcess(3, num_inducing=16, activation="softmax", seed=2)
+    model = keras.Sequential([keras.Input((4,)), first, gp])
+    model(_x(30, seed=2), training=True)  # a precision beyond the prior
+    first.kernel_rho.assign(np.full(first.kernel_rho.shape, -1.0, "float32"))
+    x = _x(3)
+    out = tfbnn.moments.propagate(model, x)
+    assert out.link == "softmax"
+    h = tfbnn.moments.propagate(keras.Sequential([keras.Input((4,)), first]), x)
+    n, rng = 20000, np.random.default_rng(3)
+    for b in range(len(x)):
+        draws = (h.mean.numpy()[b] + np.sqrt(h.variance.numpy()[b]) * rng.standard_normal((n, 5))).astype("float32")
+        logits = gp.features(draws).numpy().astype(np.float64) @ gp.kernel.numpy() + gp.bias.numpy()
+        mean = logits.mean(0)
+        # Var[f] = Var_h[E[f | h]] + E_h[phi^T Sigma phi]: the spread of the means plus the GP's own variance.
+        total = (logits - mean) ** 2 + gp.predictive_variance(draws).numpy()[:, None]
+        assert np.all(np.abs(out.mean.numpy()[b] - mean) < 5 * logits.std(0) / np.sqrt(n))
+        assert np.all(np.abs(out.variance.numpy()[b] - total.mean(0)) < 5 * total.std(0) / np.sqrt(n))
+
+
+def test_sngp_moments_of_a_point_input_are_the_model_s_own_outputs(fitted_small):
+    model, x = fitted_small
+    out = tfbnn.moments.propagate(model, x)  # spectral dense (relu) -> GP: zero variance until the GP
+    gp = sngp.gp_layers(model)[0]
+    h = keras.Model(model.inputs, gp.input)(x)
+    np.testing.assert_allclose(out.mean, gp._logits(gp.features(h)), rtol=1e-5, atol=1e-6)
+    variance = sngp.predictive_variance(model, x)
+    np.testing.assert_allclose(out.variance, np.repeat(variance[:, None], 3, axis=1), rtol=1e-5, atol=1e-7)
+    probs = model.predict(x, verbose=0)  # the mean-field factor pi / 8 is the probit's
+    np.testing.assert_allclose(out.probabilities(), probs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.heavy  # an export: tracing and writing three endpoints
+def test_sngp_exports_in_moments_mode(fitted_small, tmp_path):
+    model, x = fitted_small
+    served = tf.saved_model.load(export.export(model, str(tmp_path / "moments"), mode="moments"))
+    probs = model.predict(x, verbose=0)
+    np.testing.assert_allclose(served.summary(x)["mean_probs"], probs, rtol=1e-5, atol=1e-6)
+    moments = served.moments(x)
+    np.testing.assert_allclose(moments["variance"][:, 0], sngp.predictive_variance(model, x), rtol=1e-5, atol=1e-7)
+
+
+def test_gp_moment_rule_refuses_an_input_normalization():
+    model = _small_mlp(normalize_input=True)
+    with pytest.raises(ValueError, match=r"class RandomFeatureGaussianProcess\): its input layer normalization"):
+        tfbnn.moments.propagate(model, _x(2))
