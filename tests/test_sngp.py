@@ -141,6 +141,7 @@ def _x(n=24, d=4, seed=0):
     return np.random.default_rng(seed).normal(size=(n, d)).astype("float32")
 
 
+@pytest.mark.heavy  # two compiles (predict, fit) per policy
 @pytest.mark.parametrize("policy, rtol", [("mixed_float16", 1e-2), ("mixed_bfloat16", 5e-2)])
 def test_sngp_fits_and_predicts_under_mixed_precision(policy, rtol):
     x, y = _x(), np.arange(24) % 3

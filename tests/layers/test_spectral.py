@@ -133,3 +133,9 @@ def test_bad_arguments_name_themselves():
         SpectralDense(3, power_iterations=0)
     with pytest.raises(ValueError, match="kl_weight=0.1"):
         SpectralDense(3, kl_weight=0.1)
+
+
+def test_zoo_spectral_layers_give_their_inner_layer_their_dtype_policy():
+    for layer in (SpectralDense(3, dtype="mixed_bfloat16"), SpectralConv2D(2, 3, dtype="mixed_bfloat16")):
+        for copy in (layer, type(layer).from_config(layer.get_config())):
+            assert copy.layer.dtype_policy.name == copy.dtype_policy.name == "mixed_bfloat16"

@@ -209,7 +209,7 @@ class SpectralDense(_ZooSpectral):
 
     def __init__(self, units, activation=None, use_bias=True, norm_multiplier=0.95, power_iterations=1, seed=None,
                  kl_weight=None, **kwargs):
-        inner = keras.layers.Dense(units, activation=activation, use_bias=use_bias)
+        inner = keras.layers.Dense(units, activation=activation, use_bias=use_bias, dtype=kwargs.get("dtype"))
         super().__init__(inner, norm_multiplier, power_iterations, seed, kl_weight, kwargs)
 
 
@@ -235,5 +235,5 @@ class SpectralConv2D(_ZooSpectral):
     def __init__(self, filters, kernel_size, strides=1, padding="valid", activation=None, use_bias=True,
                  norm_multiplier=0.95, power_iterations=1, seed=None, kl_weight=None, **kwargs):
         inner = keras.layers.Conv2D(filters, kernel_size, strides=strides, padding=padding, activation=activation,
-                                    use_bias=use_bias)
+                                    use_bias=use_bias, dtype=kwargs.get("dtype"))
         super().__init__(inner, norm_multiplier, power_iterations, seed, kl_weight, kwargs)
