@@ -105,3 +105,6 @@ def test_bad_input_is_named(fitted):
         ddu.DDU(model).log_density(x)
     with pytest.raises(ValueError, match="num_classes=1"):
         ddu.DDU(model, num_classes=1)
+    for method in (gda.log_density, gda.class_log_densities, gda.features, gda.aleatoric):
+        with pytest.raises(ValueError, match=r"Expected `x` with at least one example. Received: x of shape \(0, 5\)"):
+            method(np.zeros((0, 5), "float32"))

@@ -130,3 +130,123 @@ def test_predict_save_and_export_give_the_mean_field_predictive(trained, tmp_pat
     served = tf.saved_model.load(folder)
     np.testing.assert_allclose(served.mean(x).numpy(), expected, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(served.summary(x)["mean_probs"].numpy(), expected, rtol=1e-4, atol=1e-6)
+    # A model that draws nothing exports without a random op (it used to seed its no generators from one).
+    for name in ("summary", "sample", "mean", "summary_seeded", "sample_seeded"):
+        for fn in getattr(served, name).concrete_functions:
+            assert export.random_ops(fn) == [], name
+    np.testing.assert_allclose(served.summary(x)["sngp_variance"].numpy(), var, rtol=1e-5, atol=1e-7)
+
+
+def _x(n=24, d=4, seed=0):
+    return np.random.default_rng(seed).normal(size=(n, d)).astype("float32")
+
+
+@pytest.mark.heavy  # two compiles (predict, fit) per policy
+@pytest.mark.parametrize("policy, rtol", [("mixed_float16", 1e-2), ("mixed_bfloat16", 5e-2)])
+def test_sngp_fits_and_predicts_under_mixed_precision(policy, rtol):
+    x, y = _x(), np.arange(24) % 3
+    reference = _small_mlp(normalize_input=True)
+    reference(x, training=True)  # a precision beyond the prior
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        model = _small_mlp(normalize_input=True)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    model.set_weights(reference.get_weights())
+    gp = sngp.gp_layers(model)[0]
+    assert gp.compute_dtype == policy.split("_")[1] and gp.input_norm.compute_dtype == gp.compute_dtype
+    # The GP's variance in float32 from features computed in the policy's dtype: close to float32's.
+    np.testing.assert_allclose(sngp.predictive_variance(model, x), sngp.predictive_variance(reference, x), rtol=rtol)
+    probs = model.predict(x, verbose=0)
+    np.testing.assert_allclose(probs, reference.predict(x, verbose=0), atol=2 * rtol)
+    model.compile("adam", "sparse_categorical_crossentropy")
+    history = model.fit(x, y, epochs=1, batch_size=12, verbose=0, callbacks=[sngp.ResetCovariance()])
+    assert np.all(np.isfinite(history.history["loss"]))
+    assert {str(w.dtype) for w in model.weights} == {"float32"}
+    assert np.all(np.isfinite(model.predict(x, verbose=0))) and np.all(sngp.predictive_variance(model, x) > 0)
+
+
+def test_predictive_variance_refuses_no_examples():
+    with pytest.raises(ValueError, match=r"Expected `x` with at least one example. Received: x of shape \(0, 4\)"):
+        sngp.predictive_variance(_small_mlp(), np.zeros((0, 4), "float32"))
+
+
+@pytest.fixture(scope="module")
+def fitted_small():
+    model = _small_mlp()
+    x = _x(24)
+    model(x, training=True)  # a precision beyond the prior
+    return model, _x(7, seed=1)
+
+
+@pytest.mark.parametrize("format", ["tflite", "onnx"])
+def test_portable_exports_serve_the_mean_field_predictive_and_the_gp_variance(fitted_small, format, tmp_path):
+    model, x = fitted_small
+    if format == "onnx":
+        ort = pytest.importorskip("onnxruntime", reason="the ONNX export is checked with onnxruntime")
+        pytest.importorskip("tf2onnx", reason="the ONNX export needs tf2onnx (the [export] extra)")
+    path = export.export(model, str(tmp_path / ("m.tflite" if format == "tflite" else "onnx")), format=format)
+    if format == "tflite":
+        interpreter = tf.lite.Interpreter(path)
+        summary, mean = (interpreter.get_signature_runner(name)(x=x) for name in ("summary", "mean"))
+    else:
+        def run(name):
+            session = ort.InferenceSession(os.path.join(path, f"{name}.onnx"))
+            return dict(zip([o.name for o in session.get_outputs()], session.run(None, {"x": x})))
+        summary, mean = run("summary"), run("mean")
+    # The covariance factored at export: matmuls only, equal to the layer's solves to float32 rounding.
+    np.testing.assert_allclose(summary["sngp_variance"], sngp.predictive_variance(model, x), rtol=1e-5, atol=1e-7)
+    probs = model.predict(x, verbose=0)
+    np.testing.assert_allclose(mean["output"], probs, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(summary["mean_probs"], probs, rtol=1e-5, atol=1e-7)
+
+
+def test_gp_moment_rule_matches_monte_carlo_on_a_gaussian_input():
+    # A mean-field dense layer on a point input: independent Gaussian units, the GP rule's exact case.
+    first = tfbnn.layers.DenseReparameterization(5, kl_weight=1e-3, seed=1)
+    gp = RandomFeatureGaussianProcess(3, num_inducing=16, activation="softmax", seed=2)
+    model = keras.Sequential([keras.Input((4,)), first, gp])
+    model(_x(30, seed=2), training=True)  # a precision beyond the prior
+    first.kernel_rho.assign(np.full(first.kernel_rho.shape, -1.0, "float32"))
+    x = _x(3)
+    out = tfbnn.moments.propagate(model, x)
+    assert out.link == "softmax"
+    h = tfbnn.moments.propagate(keras.Sequential([keras.Input((4,)), first]), x)
+    n, rng = 20000, np.random.default_rng(3)
+    for b in range(len(x)):
+        draws = (h.mean.numpy()[b] + np.sqrt(h.variance.numpy()[b]) * rng.standard_normal((n, 5))).astype("float32")
+        logits = gp.features(draws).numpy().astype(np.float64) @ gp.kernel.numpy() + gp.bias.numpy()
+        mean = logits.mean(0)
+        # Var[f] = Var_h[E[f | h]] + E_h[phi^T Sigma phi]: the spread of the means plus the GP's own variance.
+        total = (logits - mean) ** 2 + gp.predictive_variance(draws).numpy()[:, None]
+        assert np.all(np.abs(out.mean.numpy()[b] - mean) < 5 * logits.std(0) / np.sqrt(n))
+        assert np.all(np.abs(out.variance.numpy()[b] - total.mean(0)) < 5 * total.std(0) / np.sqrt(n))
+
+
+def test_sngp_moments_of_a_point_input_are_the_model_s_own_outputs(fitted_small):
+    model, x = fitted_small
+    out = tfbnn.moments.propagate(model, x)  # spectral dense (relu) -> GP: zero variance until the GP
+    gp = sngp.gp_layers(model)[0]
+    h = keras.Model(model.inputs, gp.input)(x)
+    np.testing.assert_allclose(out.mean, gp._logits(gp.features(h)), rtol=1e-5, atol=1e-6)
+    variance = sngp.predictive_variance(model, x)
+    np.testing.assert_allclose(out.variance, np.repeat(variance[:, None], 3, axis=1), rtol=1e-5, atol=1e-7)
+    probs = model.predict(x, verbose=0)  # the mean-field factor pi / 8 is the probit's
+    np.testing.assert_allclose(out.probabilities(), probs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.heavy  # an export: tracing and writing three endpoints
+def test_sngp_exports_in_moments_mode(fitted_small, tmp_path):
+    model, x = fitted_small
+    served = tf.saved_model.load(export.export(model, str(tmp_path / "moments"), mode="moments"))
+    probs = model.predict(x, verbose=0)
+    np.testing.assert_allclose(served.summary(x)["mean_probs"], probs, rtol=1e-5, atol=1e-6)
+    moments = served.moments(x)
+    np.testing.assert_allclose(moments["variance"][:, 0], sngp.predictive_variance(model, x), rtol=1e-5, atol=1e-7)
+
+
+def test_gp_moment_rule_refuses_an_input_normalization():
+    model = _small_mlp(normalize_input=True)
+    with pytest.raises(ValueError, match=r"class RandomFeatureGaussianProcess\): its input layer normalization"):
+        tfbnn.moments.propagate(model, _x(2))

@@ -53,6 +53,14 @@ def _batched(model, x, batch_size):
                            for i in range(0, len(x), batch_size)])
 
 
+def _examples(x):
+    """``x`` as a finite float32 array with at least one example; else a ValueError naming ``x``."""
+    x = checks.finite_array("x", x, np.float32)
+    if x.ndim == 0 or len(x) == 0:
+        raise ValueError(f"Expected `x` with at least one example. Received: x of shape {x.shape}")
+    return x
+
+
 def _model_input(model):
     """The model's input tensor (its list for several inputs): calling with a bare array then matches it."""
     return model.inputs[0] if len(model.inputs) == 1 else model.inputs
@@ -101,7 +109,7 @@ class DDU:
 
     def features(self, x):
         """``z = f(x)``: ``(B, d)`` float64 features (flattened)."""
-        x = checks.finite_array("x", x, np.float32)
+        x = _examples(x)
         z = _batched(self.feature_model, x, self.batch_size)
         z = z.reshape(len(z), -1)
         if not np.all(np.isfinite(z)):
@@ -162,5 +170,5 @@ class DDU:
 
     def aleatoric(self, x):
         """The entropy of the model's predicted class probabilities ``H[p(y | x)]``: ``(B,)`` float64."""
-        x = checks.finite_array("x", x, np.float32)
+        x = _examples(x)
         return entropy(_batched(self.model, x, self.batch_size))

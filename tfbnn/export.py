@@ -68,6 +68,7 @@ from tfbnn.layers.mean_field import MeanFieldGaussian
 from tfbnn.layers.variational_dropout import VariationalDropoutLayer
 from tfbnn.layers.variational import DenseVariational
 from tfbnn.likelihoods import DistributionHead, output_layer
+from tfbnn.sngp import gp_layers
 from tfbnn.utils import posterior_mean, stochastic_layers, weight_samples
 
 __all__ = ["export", "export_saved_model", "portable_noise", "seed_generators", "frozen_samples", "FORMATS",
@@ -205,10 +206,29 @@ def _input_signature(model, input_signature):
     return tf.TensorSpec(model_inputs[0].shape, model_inputs[0].dtype)
 
 
+def _gp_features(model):
+    """``(gp, features)``: the model's one :class:`tfbnn.layers.RandomFeatureGaussianProcess` and a model from the
+    inputs to its input, or None for a model without exactly one GP layer in a functional or Sequential graph."""
+    layers = gp_layers(model)
+    if len(layers) != 1 or not getattr(model, "inputs", None):
+        return None
+    try:
+        return layers[0], keras.Model(model.inputs[0] if len(model.inputs) == 1 else model.inputs, layers[0].input)
+    except (AttributeError, ValueError):  # a subclassed model's layer has no symbolic input
+        return None
+
+
 def _summarizer(model, num_samples, task, from_logits, head=None):
     """The traced body of the ``summary`` endpoints: ``x`` -> the T-sample summary dict (float32, also
-    for a model computing in float16 under a mixed policy); ``head``: the model's distribution head."""
+    for a model computing in float16 under a mixed policy); ``head``: the model's distribution head.
+
+    A model that draws nothing (no seed generator, no stochastic layer) is run once (``T = 1``): its
+    T outputs would be equal. A model with one SNGP output layer also gets ``sngp_variance``, the
+    GP's ``diag(Phi Sigma Phi^T)`` (:func:`tfbnn.sngp.predictive_variance`), averaged over the T draws."""
     ensemble = isinstance(model, DeepEnsemble)
+    if not ensemble and not seed_generators(model) and not stochastic_layers(model):
+        num_samples = 1
+    gp = None if ensemble else _gp_features(model)
 
     # The sampling mode is set inside each traced body (Python runs at trace time),
     # so the endpoint is right however often saving retraces it.
@@ -229,9 +249,30 @@ def _summarizer(model, num_samples, task, from_logits, head=None):
                 outputs = model(tiled, training=False)
                 samples = tf.reshape(outputs, tf.concat([[num_samples, batch], tf.shape(outputs)[1:]], axis=0))
                 samples.set_shape([None, None, *outputs.shape[1:]])
-        return _summarize_samples(samples, task, from_logits, head)
+            summary = _summarize_samples(samples, task, from_logits, head)
+            if gp is not None:
+                layer, features = gp
+                variance = layer.predictive_variance(features(tiled, training=False))
+                summary["sngp_variance"] = tf.reduce_mean(tf.reshape(variance, [num_samples, -1]), axis=0)
+        return summary
 
     return summarize
+
+
+@contextlib.contextmanager
+def _factored_gp_covariance(model):
+    """Within this context every SNGP output layer of ``model`` computes its variance as ``||Phi C||^2`` with
+    ``C`` its covariance factor (:meth:`tfbnn.layers.RandomFeatureGaussianProcess.covariance_factor`), computed
+    once now and traced as a constant: matmuls only, no Cholesky or triangular solve (neither is a TFLite
+    built-in). The variance equals the layer's own to float32 rounding."""
+    layers = gp_layers(model)
+    for layer in layers:
+        layer._frozen_factor = layer.covariance_factor().numpy()
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer._frozen_factor = None
 
 
 def _summarize_samples(samples, task, from_logits, head):
@@ -301,9 +342,12 @@ def export_saved_model(model, filepath, num_samples=100, task=None, from_logits=
         _reseed(generators, seed)
         return _member_draw(model, x, seed) if ensemble else model(x, training=False)
 
+    # A model that draws nothing (no seed generator; an ensemble draws its member) gets no random op.
+    draws = bool(generators) or ensemble
+
     @tf.function(input_signature=[input_signature])
     def sample(x):
-        return draw(x, _fresh_seed())
+        return draw(x, _fresh_seed() if draws else tf.constant(0, tf.int64))
 
     @tf.function
     def sample_seeded(x, seed):
@@ -316,7 +360,8 @@ def export_saved_model(model, filepath, num_samples=100, task=None, from_logits=
 
     @tf.function(input_signature=[input_signature])
     def summary(x):
-        _reseed(generators, _fresh_seed())
+        if generators:
+            _reseed(generators, _fresh_seed())
         return summarize(x)
 
     @tf.function
@@ -923,7 +968,7 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
     folder = os.path.dirname(os.path.abspath(filepath))
     staging = tempfile.mkdtemp(dir=folder, prefix=f".{os.path.basename(filepath)}.partial-")
     try:
-        with portable_noise(model, seed):
+        with portable_noise(model, seed), _factored_gp_covariance(model):
             endpoints = _portable_endpoints(model, num_samples, task, head, from_logits, input_signature)
             if format == "tflite":
                 target = os.path.join(staging, "model.tflite")

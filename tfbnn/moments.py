@@ -53,7 +53,11 @@ Bayes-by-Backprop dense and convolution layers with
 :class:`tfbnn.layers.ConvArguments` on :class:`tfbnn.layers.MeanFieldGaussian`),
 :class:`tfbnn.layers.DenseVariationalDropout` and the variational-dropout convolutions
 (their posterior is Gaussian too), :class:`tfbnn.layers.MCDropout` and
-``MCSpatialDropout2D``, ``keras.layers.Dense``, ``keras.layers.Conv1D/2D/3D``, ``Flatten``,
+``MCSpatialDropout2D``, SNGP's layers (:class:`tfbnn.layers.SpectralNormalization`, ``SpectralDense``
+and ``SpectralConv2D``: the affine map with the normalized kernel, deterministic at inference;
+:class:`tfbnn.layers.RandomFeatureGaussianProcess` without ``normalize_input``: closed-form
+moments of its random Fourier features of a Gaussian input, plus the GP's own variance,
+:func:`random_feature_gp_moments`), ``keras.layers.Dense``, ``keras.layers.Conv1D/2D/3D``, ``Flatten``,
 ``Reshape``, ``Permute``, Keras' dropout and noise layers, ``Activation`` / ``ReLU`` /
 ``Softmax``, nested Sequential or functional models, and a :class:`tfbnn.GaussianHead` at the output. Activations: linear and
 ReLU anywhere, softmax and sigmoid at the output only. The iBNN node layers are refused:
@@ -93,14 +97,16 @@ import tensorflow as tf
 
 from tfbnn.layers.arguments import ConvArguments, ConvTransposeArguments, DenseArguments
 from tfbnn.layers.base import StochasticLayer
+from tfbnn.layers.gp import RandomFeatureGaussianProcess
 from tfbnn.layers.mc_dropout import MCDropout
 from tfbnn.layers.mean_field import MeanFieldGaussian
 from tfbnn.layers.node import NodeLayer
+from tfbnn.layers.spectral import SpectralNormalization
 from tfbnn.layers.variational_dropout import VariationalDropoutLayer
 from tfbnn.likelihoods import DistributionHead, GaussianHead
 
 __all__ = ["OutputMoments", "propagate", "relu_moments", "probit_softmax", "probit_sigmoid", "gaussian_expectation",
-           "model_layers", "LINKS"]
+           "random_feature_gp_moments", "model_layers", "LINKS"]
 
 #: What :attr:`OutputMoments.link` can be: the output nonlinearity left out of the propagated moments.
 LINKS = (None, "softmax", "sigmoid", "gaussian_head")
@@ -456,6 +462,90 @@ def _keras_moments(layer, mean, variance):
                            bias, None)
 
 
+def _spectral_moments(layer, mean, variance):
+    """A spectrally normalized ``Dense`` / ``Conv2D`` at inference: the affine map with the normalized kernel."""
+    inner = layer.layer
+    kernel = layer.normalized_kernel(training=False)
+    bias = inner.bias if inner.use_bias else None
+    if isinstance(inner, keras.layers.Conv2D):
+        def apply(x, w):
+            return keras.ops.conv(x, w, strides=inner.strides, padding=inner.padding, data_format=inner.data_format,
+                                  dilation_rate=inner.dilation_rate)
+    else:
+        def apply(x, w):
+            return keras.ops.matmul(x, w)
+    mean, variance = _linear_moments(apply, _keras_bias(inner), mean, variance, kernel, None, bias, None)
+    return mean, variance, inner.activation
+
+
+def random_feature_gp_moments(layer, mean, variance):
+    """Mean and variance of the logits of a :class:`tfbnn.layers.RandomFeatureGaussianProcess` for a Gaussian
+    input ``h ~ N(mean, diag(variance))``, its Laplace posterior over the output weights included.
+
+    With ``z = W^T h / sqrt(l) + b`` (the features' arguments: ``mu = W^T mean / sqrt(l) + b``,
+    covariance ``S = W^T diag(variance) W / l``) and ``phi = c cos(z)`` (``c = sqrt(2 / D)`` or 1),
+    ``E[cos z_i] = exp(-S_ii / 2) cos(mu_i)`` and, by ``cos a cos b = (cos(a - b) + cos(a + b)) / 2``,
+    the features' covariance::
+
+        Cov(phi_i, phi_j) = c^2 / 2 exp(-(S_ii + S_jj) / 2) [expm1(S_ij) cos(mu_i - mu_j)
+                                                           + expm1(-S_ij) cos(mu_i + mu_j)]
+
+    (``expm1``: zero for a zero variance, without cancellation). The logits
+    ``f = phi^T beta + bias`` with ``beta ~ N(kernel, Sigma)`` (the layer's Laplace posterior
+    of each class) have, by the law of total variance::
+
+        E[f]   = kernel^T E[phi] + bias
+        Var[f] = kernel^T Cov(phi) kernel  +  tr(Sigma Cov(phi)) + E[phi]^T Sigma E[phi]
+
+    exact for a Gaussian input with a diagonal covariance; the last two terms are the GP's own
+    variance ``E[phi^T Sigma phi]`` (``diag(Phi Sigma Phi^T)`` for a point input). The features'
+    covariance is ``D x D`` per example: ``O(B d D^2)`` time and a few ``(B, D, D)`` tensors
+    (``B = 64``, ``D = 1024``: 256 MB each): propagate large batches in parts.
+
+    Args:
+        layer: a built :class:`tfbnn.layers.RandomFeatureGaussianProcess` without ``normalize_input``.
+        mean, variance: float tensors ``(B, d)`` (variance >= 0).
+
+    Returns:
+        ``(mean, variance)``, float32 tensors ``(B, units)`` of the logits (before the activation).
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> gp = tfbnn.layers.RandomFeatureGaussianProcess(2, num_inducing=8, seed=0)
+        >>> h = np.ones((1, 3), "float32")
+        >>> m, v = tfbnn.moments.random_feature_gp_moments(gp, h, np.zeros_like(h))  # a point: the layer itself
+        >>> bool(np.allclose(m, gp(h), atol=1e-6)), bool(np.allclose(v[:, 0], gp.predictive_variance(h), atol=1e-6))
+        (True, True)
+    """
+    if layer.input_norm is not None:
+        _refuse(layer, "its input layer normalization (normalize_input=True) of a random input has no closed-form "
+                       "moments")
+    mean = tf.cast(tf.convert_to_tensor(mean), tf.float32)
+    variance = tf.cast(tf.convert_to_tensor(variance), tf.float32)
+    if not layer.built:
+        layer.build(mean.shape)
+    w = tf.convert_to_tensor(layer.feature_kernel) / math.sqrt(layer.gp_kernel_scale)
+    mu = tf.matmul(mean, w) + layer.feature_bias                                        # (B, D)
+    c2 = 2.0 / layer.num_inducing if layer.scale_random_features else 1.0
+    kernel = tf.cast(tf.convert_to_tensor(layer.kernel), tf.float32)
+    sigma = layer.covariance()
+
+    s = tf.einsum("ki,bk,kj->bij", w, variance, w)                                    # (B, D, D)
+    half = tf.exp(-0.5 * tf.linalg.diag_part(s))                                        # (B, D)
+    cov = (0.5 * c2) * (half[:, :, None] * half[:, None, :]) * (
+        tf.math.expm1(s) * tf.cos(mu[:, :, None] - mu[:, None, :])
+        + tf.math.expm1(-s) * tf.cos(mu[:, :, None] + mu[:, None, :]))
+    feature_mean = math.sqrt(c2) * half * tf.cos(mu)
+    from_features = tf.reduce_sum(kernel * tf.matmul(cov, kernel), axis=1)             # (B, units)
+    own = (tf.reduce_sum(sigma * cov, axis=[1, 2])
+           + tf.reduce_sum(feature_mean * tf.matmul(feature_mean, sigma), axis=1))      # (B,)
+    out_variance = from_features + own[:, None]
+    out_mean = tf.matmul(feature_mean, kernel)
+    if layer.use_bias:
+        out_mean = out_mean + tf.cast(tf.convert_to_tensor(layer.bias), tf.float32)
+    return out_mean, out_variance
+
+
 _SHAPE_LAYERS = (keras.layers.Flatten, keras.layers.Reshape, keras.layers.Permute)
 _KERAS_CONVOLUTIONS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)
 _INFERENCE_IDENTITY = (keras.layers.Dropout, keras.layers.GaussianDropout, keras.layers.GaussianNoise,
@@ -477,6 +567,12 @@ def _layer_moments(layer, mean, variance, last):
         return mean, variance / keep + tf.square(mean) * (layer.rate / keep), None
     if isinstance(layer, StochasticLayer):
         _refuse(layer, "its noise has no closed-form moments here")
+    if isinstance(layer, SpectralNormalization):
+        mean, variance, activation = _spectral_moments(layer, mean, variance)
+        return _activation(layer, _activation_name(activation), mean, variance, last)
+    if isinstance(layer, RandomFeatureGaussianProcess):
+        mean, variance = random_feature_gp_moments(layer, mean, variance)
+        return _activation(layer, _activation_name(layer.activation), mean, variance, last)
     if isinstance(layer, keras.layers.Dense) or (isinstance(layer, _KERAS_CONVOLUTIONS)
                                                  and not isinstance(layer, keras.layers.Conv2DTranspose)):
         mean, variance = _keras_moments(layer, mean, variance)
@@ -500,7 +596,8 @@ def _layer_moments(layer, mean, variance, last):
     if isinstance(layer, DistributionHead):
         _refuse(layer, "of the distribution heads only a GaussianHead, at the output, is supported")
     _refuse(layer, "it has no moment rule (supported: Bayes-by-Backprop and variational-dropout dense and "
-                   "convolution layers, MC dropout, keras Dense and Conv1D/2D/3D, Flatten, Reshape, Permute, "
+                   "convolution layers, MC dropout, SNGP's spectral and GP layers, keras Dense and Conv1D/2D/3D, "
+                   "Flatten, Reshape, Permute, "
                    "Dropout, Activation / ReLU / Softmax, a GaussianHead at the output)")
 
 

@@ -83,10 +83,15 @@ def predictive_variance(model, x, batch_size=256):
 
     Returns:
         ``(B,)`` float64 array (higher: farther from the training data).
+
+    Raises:
+        ValueError: ``x`` with no examples or non-finite values, or a model without exactly one GP layer.
     """
     layer = _only_gp_layer(model)
     batch_size = checks.integer("batch_size", batch_size, 1)
     x = checks.finite_array("x", x, np.float32)
+    if x.ndim == 0 or len(x) == 0:
+        raise ValueError(f"Expected `x` with at least one example. Received: x of shape {x.shape}")
     inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs  # a bare array matches one input
     features = keras.Model(inputs, layer.input)  # called eagerly in batches: no predict graph to trace
     return np.concatenate([np.asarray(layer.predictive_variance(features(x[i:i + batch_size], training=False)),

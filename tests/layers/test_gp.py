@@ -32,8 +32,9 @@ def _softmax(f):
 
 
 def test_gp_layer_basics():
-    testing.run_layer_test(RandomFeatureGaussianProcess, {"units": 3, "num_inducing": 8, "seed": 0}, (4, 5), (4, 3),
-                           expected_num_losses=0, expected_num_seed_generators=0, run_mixed_precision=False)
+    testing.run_layer_test(RandomFeatureGaussianProcess, {"units": 3, "num_inducing": 8, "activation": "softmax",
+                                                          "normalize_input": True, "seed": 0}, (4, 5), (4, 3),
+                           expected_num_losses=0, expected_num_seed_generators=0)
 
 
 def test_random_features_approximate_the_rbf_kernel():

@@ -16,10 +16,9 @@ def _largest_singular_value(matrix):
 
 def test_spectral_dense_and_conv2d_basics():
     testing.run_layer_test(SpectralDense, {"units": 3, "activation": "relu", "seed": 0}, (4, 5), (4, 3),
-                           expected_num_losses=0, expected_num_seed_generators=0, run_mixed_precision=False)
+                           expected_num_losses=0, expected_num_seed_generators=0)
     testing.run_layer_test(SpectralConv2D, {"filters": 2, "kernel_size": 3, "padding": "same", "seed": 0},
-                           (2, 5, 5, 1), (2, 5, 5, 2), expected_num_losses=0, expected_num_seed_generators=0,
-                           run_mixed_precision=False)
+                           (2, 5, 5, 1), (2, 5, 5, 2), expected_num_losses=0, expected_num_seed_generators=0)
 
 
 @pytest.mark.parametrize("inner, x_shape", [
@@ -134,3 +133,9 @@ def test_bad_arguments_name_themselves():
         SpectralDense(3, power_iterations=0)
     with pytest.raises(ValueError, match="kl_weight=0.1"):
         SpectralDense(3, kl_weight=0.1)
+
+
+def test_zoo_spectral_layers_give_their_inner_layer_their_dtype_policy():
+    for layer in (SpectralDense(3, dtype="mixed_bfloat16"), SpectralConv2D(2, 3, dtype="mixed_bfloat16")):
+        for copy in (layer, type(layer).from_config(layer.get_config())):
+            assert copy.layer.dtype_policy.name == copy.dtype_policy.name == "mixed_bfloat16"

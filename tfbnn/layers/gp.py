@@ -101,7 +101,8 @@ class RandomFeatureGaussianProcess(keras.layers.Layer):
         self.activation = checks.activation(activation)
         self.use_bias = bool(use_bias)
         self.seed = checks.seed(seed)
-        self.input_norm = keras.layers.LayerNormalization(name="input_norm") if self.normalize_input else None
+        self.input_norm = (keras.layers.LayerNormalization(name="input_norm", dtype=self.dtype_policy)
+                           if self.normalize_input else None)
 
     @property
     def is_classifier(self):
@@ -117,29 +118,36 @@ class RandomFeatureGaussianProcess(keras.layers.Layer):
         if self.input_norm is not None:
             self.input_norm.build(input_shape)
         seed = None if self.seed is None else self.seed + 1
-        self.feature_kernel = self.add_weight(name="feature_kernel", shape=(d, n), trainable=False,
+        # The fixed feature weights and the precision are not autocast: the features and the covariance
+        # algebra stay in float32 under a mixed policy (TensorFlow has no float16 or bfloat16 Cholesky).
+        self.feature_kernel = self.add_weight(name="feature_kernel", shape=(d, n), trainable=False, autocast=False,
                                               initializer=keras.initializers.RandomNormal(stddev=1.0, seed=self.seed))
-        self.feature_bias = self.add_weight(name="feature_bias", shape=(n,), trainable=False,
+        self.feature_bias = self.add_weight(name="feature_bias", shape=(n,), trainable=False, autocast=False,
                                             initializer=keras.initializers.RandomUniform(0.0, 2 * math.pi, seed=seed))
         self.kernel = self.add_weight(name="kernel", shape=(n, self.units), initializer="glorot_uniform")
         self.bias = self.add_weight(name="bias", shape=(self.units,), initializer="zeros") if self.use_bias else None
-        self.precision = self.add_weight(name="precision", shape=(n, n), trainable=False,
+        self.precision = self.add_weight(name="precision", shape=(n, n), trainable=False, autocast=False,
                                          initializer=keras.initializers.Identity(self.gp_cov_ridge_penalty))
         self.built = True
 
     # -- the math --------------------------------------------------------------------------
     def features(self, inputs):
-        """``Phi``: the ``(B, D)`` random Fourier features of ``inputs``."""
-        h = tf.convert_to_tensor(inputs, self.compute_dtype)
+        """``Phi``: the ``(B, D)`` random Fourier features of ``inputs``, float32 under any dtype policy.
+
+        In float32 also under a mixed policy: ``cos(W h + b)`` of an argument of some tens in
+        float16 (bfloat16) would be off by about 0.03 (0.2); the logits' matmul takes them in
+        the compute dtype.
+        """
+        h = tf.convert_to_tensor(inputs)
         if self.input_norm is not None:
-            h = self.input_norm(h)
-        h = h / math.sqrt(self.gp_kernel_scale)
+            h = self.input_norm(tf.cast(h, self.compute_dtype))
+        h = tf.cast(h, tf.float32) / math.sqrt(self.gp_kernel_scale)
         phi = tf.cos(tf.matmul(h, self.feature_kernel) + self.feature_bias)
         return phi * math.sqrt(2.0 / self.num_inducing) if self.scale_random_features else phi
 
     def _logits(self, phi):
-        logits = tf.matmul(phi, self.kernel)
-        return logits + self.bias if self.use_bias else logits
+        logits = tf.matmul(phi, tf.cast(self.kernel, phi.dtype))
+        return logits + tf.cast(self.bias, phi.dtype) if self.use_bias else logits
 
     def _laplace_weights(self, logits):
         if not self.is_classifier:
@@ -148,9 +156,10 @@ class RandomFeatureGaussianProcess(keras.layers.Layer):
         return p * (1.0 - p)
 
     def update_precision(self, phi, logits):
-        """Adds the batch ``(Phi, logits)`` to the precision (exact sum or moving average)."""
-        phi = tf.stop_gradient(phi)
-        weighted = phi * tf.sqrt(tf.stop_gradient(self._laplace_weights(logits)))[:, None]
+        """Adds the batch ``(Phi, logits)`` to the precision (exact sum or moving average), in float32."""
+        phi = tf.cast(tf.stop_gradient(phi), tf.float32)
+        weights = self._laplace_weights(tf.cast(tf.stop_gradient(logits), tf.float32))
+        weighted = phi * tf.sqrt(weights)[:, None]
         batch = tf.matmul(weighted, weighted, transpose_a=True)
         m = self.gp_cov_momentum
         if m < 0:
@@ -164,33 +173,48 @@ class RandomFeatureGaussianProcess(keras.layers.Layer):
         self.precision.assign(self.gp_cov_ridge_penalty * tf.eye(self.num_inducing, dtype=self.precision.dtype))
 
     def covariance(self):
-        """``Sigma = P^{-1}``, the ``(D, D)`` posterior covariance of the output weights."""
+        """``Sigma = P^{-1}``, the ``(D, D)`` float32 posterior covariance of the output weights."""
         return tf.linalg.cholesky_solve(tf.linalg.cholesky(self.precision),
                                         tf.eye(self.num_inducing, dtype=self.precision.dtype))
 
+    def covariance_factor(self):
+        """``C = L^{-T}`` with ``P = L L^T``: ``Sigma = C C^T`` (float32, upper triangular ``(D, D)``).
+
+        ``diag(Phi Sigma Phi^T)`` is then the row-wise ``||Phi C||^2``: matmuls only, which is how
+        an export (:func:`tfbnn.export.export`) serves the variance without a triangular solve.
+        """
+        chol = tf.linalg.cholesky(self.precision)
+        return tf.transpose(tf.linalg.triangular_solve(chol, tf.eye(self.num_inducing, dtype=chol.dtype),
+                                                       lower=True))
+
     def _whitened(self, phi):
-        """``L^{-1} Phi^T`` with ``P = L L^T``: its columns' inner products are ``Phi Sigma Phi^T``."""
-        return tf.linalg.triangular_solve(tf.linalg.cholesky(self.precision), tf.transpose(phi), lower=True)
+        """``L^{-1} Phi^T`` with ``P = L L^T`` (float32): its columns' inner products are ``Phi Sigma Phi^T``."""
+        return tf.linalg.triangular_solve(tf.linalg.cholesky(self.precision), tf.transpose(tf.cast(phi, tf.float32)),
+                                          lower=True)
 
     def posterior_covariance(self, inputs):
-        """``Phi Sigma Phi^T``: the ``(B, B)`` posterior covariance of the logits (each class) of ``inputs``."""
+        """``Phi Sigma Phi^T``: the ``(B, B)`` float32 posterior covariance of the logits (each class) of ``inputs``."""
         a = self._whitened(self.features(inputs))
         return tf.matmul(a, a, transpose_a=True)
 
     def predictive_variance(self, inputs):
-        """``diag(Phi Sigma Phi^T)``: the ``(B,)`` posterior variance of each input's logits."""
+        """``diag(Phi Sigma Phi^T)``: the ``(B,)`` float32 posterior variance of each input's logits."""
         return self._variance(self.features(inputs))
 
     def _variance(self, phi):
+        factor = getattr(self, "_frozen_factor", None)
+        if factor is not None:  # an export's constant factor: no solve in the served graph
+            return tf.reduce_sum(tf.square(tf.matmul(tf.cast(phi, tf.float32), tf.constant(factor))), axis=-1)
         return tf.reduce_sum(tf.square(self._whitened(phi)), axis=0)
 
     def call(self, inputs, training=False):
         phi = self.features(inputs)
-        logits = self._logits(phi)
+        logits = self._logits(tf.cast(phi, self.compute_dtype))
         if training:
             self.update_precision(phi, logits)
         elif self.is_classifier and self.mean_field_factor > 0:
-            logits = logits / tf.sqrt(1.0 + self.mean_field_factor * self._variance(phi))[:, None]
+            scale = tf.sqrt(1.0 + self.mean_field_factor * self._variance(phi))[:, None]
+            logits = logits / tf.cast(scale, logits.dtype)
         return logits if self.activation is None else self.activation(logits)
 
     def compute_output_shape(self, input_shape):

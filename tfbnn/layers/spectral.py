@@ -101,12 +101,15 @@ class SpectralNormalization(keras.layers.Layer):
         shape = tuple(self.layer.kernel.shape)
         self._matrix_shape = (math.prod(shape[:-1]), shape[-1])
         init = keras.initializers.RandomNormal(stddev=1.0, seed=self.seed)
-        self.u = self.add_weight(name="u", shape=(shape[-1],), initializer=init, trainable=False)
-        self.v = self.add_weight(name="v", shape=(self._matrix_shape[0],), initializer="zeros", trainable=False)
+        # Not autocast: the power iteration runs in float32 under a mixed policy too.
+        self.u = self.add_weight(name="u", shape=(shape[-1],), initializer=init, trainable=False, autocast=False)
+        self.v = self.add_weight(name="v", shape=(self._matrix_shape[0],), initializer="zeros", trainable=False,
+                                 autocast=False)
         self.built = True
 
     def _kernel_matrix(self):
-        return tf.reshape(tf.convert_to_tensor(self.layer.kernel), self._matrix_shape)
+        """The kernel as a float32 ``(rows, cols)`` matrix (float32 also where a mixed policy reads it in float16)."""
+        return tf.cast(tf.reshape(tf.convert_to_tensor(self.layer.kernel), self._matrix_shape), tf.float32)
 
     def spectral_norm(self, normalized=False):
         """The estimate ``sigma = v^T W_mat u`` from the current vectors, of the kernel or (``normalized``)
@@ -131,7 +134,8 @@ class SpectralNormalization(keras.layers.Layer):
         sigma = self._sigma(w_mat, u)
         # sigma <= c (a zero kernel included) leaves the kernel as it is; no division by a tiny sigma.
         scale = tf.where(sigma > self.norm_multiplier, self.norm_multiplier / tf.maximum(sigma, 1e-12), 1.0)
-        return self.layer.kernel * tf.cast(scale, self.layer.kernel.dtype)
+        kernel = tf.convert_to_tensor(self.layer.kernel)
+        return kernel * tf.cast(scale, kernel.dtype)
 
     def call(self, inputs, training=False):
         kernel = self.normalized_kernel(bool(training))
@@ -205,7 +209,7 @@ class SpectralDense(_ZooSpectral):
 
     def __init__(self, units, activation=None, use_bias=True, norm_multiplier=0.95, power_iterations=1, seed=None,
                  kl_weight=None, **kwargs):
-        inner = keras.layers.Dense(units, activation=activation, use_bias=use_bias)
+        inner = keras.layers.Dense(units, activation=activation, use_bias=use_bias, dtype=kwargs.get("dtype"))
         super().__init__(inner, norm_multiplier, power_iterations, seed, kl_weight, kwargs)
 
 
@@ -231,5 +235,5 @@ class SpectralConv2D(_ZooSpectral):
     def __init__(self, filters, kernel_size, strides=1, padding="valid", activation=None, use_bias=True,
                  norm_multiplier=0.95, power_iterations=1, seed=None, kl_weight=None, **kwargs):
         inner = keras.layers.Conv2D(filters, kernel_size, strides=strides, padding=padding, activation=activation,
-                                    use_bias=use_bias)
+                                    use_bias=use_bias, dtype=kwargs.get("dtype"))
         super().__init__(inner, norm_multiplier, power_iterations, seed, kl_weight, kwargs)
