@@ -1,6 +1,7 @@
 """tfbnn.lora: Laplace-LoRA against closed forms and NumPy definitions; variational LoRA (BLoB)."""
 
 import contextlib
+import copy
 import os
 
 import keras
@@ -325,6 +326,17 @@ def test_variational_lora_rejects_bad_input():
         lora.VariationalLoRA(keras.layers.Dense(2, lora_rank=1), kl_weight=-1.0)
     with pytest.raises(ValueError, match="without LoRA layers"):
         lora.variational(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    # issue 36: raw TensorFlow errors before
+    with pytest.raises(ValueError, match="Expected `lora_rank` to be a positive integer. Received: lora_rank=-1"):
+        lora.VariationalLoRA(keras.layers.Dense(2, lora_rank=-1))
+    bayes, layer = _variational()
+    with pytest.raises(ValueError, match="Received: num_samples=0"):
+        layer.sample_a(0)
+    with pytest.raises(ValueError, match=f"of layer '{layer.name}' is incompatible .* value 3, but received input with "
+                                         r"shape \(2, 4\)"):
+        layer(np.ones((2, 4), "float32"))
+    with pytest.raises(ValueError, match="Expected `seed` to be an integer .*Received: seed='a'"):
+        lora.variational(_lora_dense()[0], seed="a")
 
 
 def _tiny_lora_bert(dropout=0.1):
@@ -519,6 +531,22 @@ def test_to_model_rejects_bad_input():
         layer.sample_offsets(0)
     with pytest.raises(NotImplementedError, match="to_model"):
         la.save("la.npz")
+    # issue 36: a negative seed was accepted; NumPy integers are seeds too
+    with pytest.raises(ValueError, match=r"Expected `seed` to be a non-negative integer .*Received: seed=-1"):
+        la.to_model(seed=-1)
+    assert _sampling_layer(la.to_model(seed=np.int64(3))).seed == 3
+    with pytest.raises(ValueError, match=r"Expected inputs of shape \[\(None, 3\)\].*Received: x of shape \[\(20, 4\)\]"):
+        lora.fit_laplace(model, np.ones((20, 4), "float32"), (x[:, 0] > 0).astype("int32"), hessian="kron")
+    with pytest.raises(ValueError, match=r"Received: x of shape \[\(20,\)\]"):
+        lora.fit_laplace(model, x[:, 0], (x[:, 0] > 0).astype("int32"), hessian="diag")
+    with pytest.raises(ValueError, match=r"Expected LoRA ranks >= 1 .*Received: lora=\[\[0, 0, 1.0\]"):
+        lora.LinearizedLoRA(layer.features, layer.last, layer.factors, [[0, 0, 1.0], [1, 1, 2.0]])
+    with pytest.raises(ValueError, match=r"indices of `factors` among those of `lora`.*factors=\[\[7, 'a'\]\]"):
+        lora.LinearizedLoRA(layer.features, layer.last, [[7, "a"]], layer.lora)
+    with pytest.raises(ValueError, match=r"`lora` indices in \[0, 2\).*lora=\[\[7, 1, 2.0\]\]"):
+        lora.LinearizedLoRA(layer.features, layer.last, [[7, "a"]], [[7, 1, 2.0]])
+    with pytest.raises(ValueError, match="Expected a Keras model or layer. Received: model of type int"):
+        lora.lora_layers(3)
 
 
 def test_to_model_on_a_kerashub_classifier(tmp_path):
@@ -720,6 +748,8 @@ def test_variational_lora_model_rejects_bad_input():
         lora.VariationalLoRAModel(model, seed="one")
     with pytest.raises(ValueError, match="kl_weight=-1"):
         lora.VariationalLoRAModel(model, kl_weight=-1.0)
+    with pytest.raises(ValueError, match="Received: num_samples=-2"):  # issue 36: a raw TensorFlow error before
+        lora.VariationalLoRAModel(model).sample_a(-2)
 
 
 def test_variational_lora_model_on_a_kerashub_classifier(tmp_path):
@@ -885,3 +915,23 @@ def test_to_model_under_a_mixed_policy(policy):
     res = tfbnn.predict(sampler, x[:8], num_samples=16, from_logits=True)
     assert np.all(np.isfinite(res.mean_probs)) and np.all(res.mutual_information > 0)
     np.testing.assert_allclose(res.mean_probs.sum(-1), 1, rtol=1e-5)
+
+
+# -- Keras' layer contract ------------------------------------------------------------------------------
+def test_public_lora_layers_round_trip_their_config():
+    """``cls.from_config(config).get_config() == config`` for every public Keras class of ``tfbnn.lora`` (issue 36:
+    ``LinearizedLoRA``'s ``lora_alpha`` 2 with rank 1 came back as 1: Keras builds a deserialized Dense configured
+    with ``lora_rank`` with alpha = rank), and ``from_config`` leaves the config it is given as it was."""
+    public = {cls for cls in (getattr(lora, name) for name in lora.__all__)
+              if isinstance(cls, type) and issubclass(cls, keras.layers.Layer)}
+    model = _lora_mlp()  # lora_alpha 2, rank 1
+    features = keras.Model(model.inputs, model.layers[-1].input)
+    linearized = lora.LinearizedLoRA(features, model.layers[-1], [[0, "a"], [1, "b"]], [[0, 1, 2.0], [1, 1, 2.0]])
+    layers = [linearized, _variational()[1], _nested_bayes()[0]]
+    assert {type(layer) for layer in layers} == public
+    for layer in layers:
+        config = layer.get_config()
+        given = copy.deepcopy(config)
+        assert type(layer).from_config(given).get_config() == config, type(layer).__name__
+        assert given == config, type(layer).__name__
+    assert layers[0].get_config()["last"]["config"]["lora_alpha"] == 2

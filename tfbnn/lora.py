@@ -102,6 +102,8 @@ _LORA_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)
 
 def _dense_layers(model):
     """The ``Dense`` and ``EinsumDense`` layers of ``model``, nested ones included, in Keras' traversal order."""
+    if not isinstance(model, keras.layers.Layer):
+        raise ValueError(f"Expected a Keras model or layer. Received: model of type {type(model).__name__}")
     # Keras' own traversal (KerasHub's Backbone.enable_lora uses it too): nested layers of backbones included.
     return [layer for layer in model._flatten_layers(include_self=False, recursive=True)
             if isinstance(layer, _LORA_TYPES)]
@@ -121,6 +123,18 @@ def _required_lora_layers(model):
         raise ValueError("Expected a model with LoRA enabled on a Dense or EinsumDense layer "
                          f"(`layer.enable_lora(rank)`). Received: model={model.name!r} without LoRA layers")
     return layers
+
+
+def _check_inputs(inputs, x):
+    """A ValueError naming ``x`` when a batch's arrays do not have the shapes (past the batch axis) of the model's
+    inputs (Keras would raise inside the traced Jacobian, several frames down)."""
+    leaves, expected = tf.nest.flatten(x), tf.nest.flatten(inputs)
+    shapes = [tuple(np.shape(v))[1:] for v in leaves]
+    wanted = [tuple(t.shape)[1:] for t in expected]
+    if len(shapes) != len(wanted) or any(
+            len(a) != len(b) or any(e is not None and e != g for e, g in zip(b, a)) for a, b in zip(shapes, wanted)):
+        raise ValueError(f"Expected inputs of shape {[(None, *w) for w in wanted]} (the model's). Received: x of "
+                         f"shape {[tuple(np.shape(v)) for v in leaves]}")
 
 
 def _scale(layer):
@@ -276,6 +290,7 @@ class LoRALaplace(laplace_lib.Laplace):
 
     # -- KFAC per factor -------------------------------------------------------------------
     def _batch_curvature(self, x):
+        _check_inputs(self._net.inputs, x)
         if self.hessian != "kron":
             return super()._batch_curvature(x)
         f, inputs, sensitivities = self._layer_terms(x)
@@ -371,6 +386,7 @@ class LoRALaplace(laplace_lib.Laplace):
             ((4, 2), True)
         """
         self._check_fitted()
+        seed = checks.integer("seed", seed, 0, 2**63 - 1, "a non-negative integer (int64) or None", allow_none=True)
         if name is not None and not isinstance(name, str):
             raise ValueError(f"Expected `name` to be a string or None. Received: name={name!r}")
         net = self._net
@@ -754,6 +770,8 @@ def _check_lora_layer(layer):
     if not (getattr(layer, "lora_enabled", False) or (not layer.built and layer.lora_rank)):
         raise ValueError("Expected a LoRA-enabled layer (`layer.enable_lora(rank)` after building it, or "
                          f"`lora_rank=`). Received: layer {layer.name!r} without LoRA")
+    if not layer.built:  # Keras checks the rank when the layer builds, not in its constructor
+        checks.integer("lora_rank", layer.lora_rank, 1)
     return layer
 
 
@@ -858,6 +876,7 @@ class VariationalLoRA(BayesianLayer):
             self.layer.lora_alpha = self._lora_alpha
         if not self.layer.lora_enabled:
             raise ValueError(f"Expected a LoRA-enabled layer. Received: layer {self.layer.name!r} without LoRA")
+        self.input_spec = self.layer.input_spec  # a wrong feature count: Keras' own error, naming this layer
         self.rho = self.add_weight(name="rho", shape=self.layer.lora_kernel_a.shape,
                                    initializer=self.rho_initializer, dtype="float32")
         self._build_kl_weight()
@@ -879,6 +898,7 @@ class VariationalLoRA(BayesianLayer):
 
     def sample_a(self, num_samples=1):
         """``num_samples`` draws of ``A`` (T, *lora_kernel_a.shape) from ``q``, from the layer's seed generator."""
+        num_samples = checks.integer("num_samples", num_samples, 1)
         scale, _ = self._scale_and_kl()
         return self._mean() + scale * self._normal([num_samples, *scale.shape], scale.dtype)
 
@@ -1103,6 +1123,7 @@ class VariationalLoRAModel(NetworkWrapper):
         With ``num_samples`` equal to the call's ``T`` (1 outside :func:`tfbnn.weight_samples`)
         these are the draws the next sampling call makes: it advances the generator the same way.
         """
+        num_samples = checks.integer("num_samples", num_samples, 1)
         means = self._means()
         return self.posterior.sample(means, self.posterior.scales_and_kl(means)[0], num_samples)
 
@@ -1214,6 +1235,7 @@ def variational(model, prior=None, rho_initializer=None, kl_weight=None, seed=No
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"Expected a Keras model. Received: model of type {type(model).__name__}")
+    seed = checks.seed(seed)
     targets = [layer for layer in model.layers if isinstance(layer, _LORA_TYPES) and layer.lora_enabled]
     if not targets or len(targets) < len(lora_layers(model)):  # some nested: out of clone_model's reach
         return VariationalLoRAModel(model, prior=prior, rho_initializer=rho_initializer, kl_weight=kl_weight,
