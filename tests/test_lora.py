@@ -921,7 +921,8 @@ def test_to_model_under_a_mixed_policy(policy):
 def test_public_lora_layers_round_trip_their_config():
     """``cls.from_config(config).get_config() == config`` for every public Keras class of ``tfbnn.lora`` (issue 36:
     ``LinearizedLoRA``'s ``lora_alpha`` 2 with rank 1 came back as 1: Keras builds a deserialized Dense configured
-    with ``lora_rank`` with alpha = rank), and ``from_config`` leaves the config it is given as it was."""
+    with ``lora_rank`` with alpha = rank), and ``from_config`` leaves the config it is given as it was; ``LinearizedLoRA.compute_output_shape`` keeps the
+    batch size."""
     public = {cls for cls in (getattr(lora, name) for name in lora.__all__)
               if isinstance(cls, type) and issubclass(cls, keras.layers.Layer)}
     model = _lora_mlp()  # lora_alpha 2, rank 1
@@ -935,3 +936,6 @@ def test_public_lora_layers_round_trip_their_config():
         assert type(layer).from_config(given).get_config() == config, type(layer).__name__
         assert given == config, type(layer).__name__
     assert layers[0].get_config()["last"]["config"]["lora_alpha"] == 2
+    # Keras' contract: a known batch size is kept (it was None)
+    assert linearized.compute_output_shape((4, D)) == (4, K)
+    assert linearized.compute_output_shape({"token_ids": (5, 6), "padding_mask": (5, 6)}) == (5, K)

@@ -51,6 +51,12 @@ LoRA layers nested anywhere (KerasHub's attention projections after
 ``keras.StatelessScope`` that maps each ``lora_kernel_a`` to its draw ``M + sigma eps``
 (one draw per call, or per block of rows in Monte Carlo prediction).
 
+**Mixed precision** (``"mixed_float16"``, ``"mixed_bfloat16"``): the variables (``rho``, the
+posterior root, the LoRA factors) stay float32, and the KL and the draws of ``A`` and ``delta``
+are computed from the factors as stored, in float32; the forward pass, ``J delta`` included
+(float32 tangents on the float32 factors, cast with them by the layers' reads), and the outputs
+are in the compute dtype.
+
 Example:
     >>> import keras, numpy as np, tfbnn
     >>> rng = np.random.default_rng(0)
@@ -469,6 +475,14 @@ def _linearized_candidates(features, last):
     return inner + [last]
 
 
+def _batch_size(input_shape):
+    """The batch size of an input shape, or of the first of a structure of them (a KerasHub task's dict)."""
+    while isinstance(input_shape, dict) or (isinstance(input_shape, (list, tuple)) and input_shape
+                                            and isinstance(input_shape[0], (list, tuple, dict, tf.TensorShape))):
+        input_shape = next(iter(input_shape.values())) if isinstance(input_shape, dict) else input_shape[0]
+    return tuple(input_shape)[0] if len(input_shape) else None
+
+
 def _unmerged_once(layer, load):
     """Makes ``layer``'s next save (``load=False``) or load (``load=True``) write / read ``W0``, the bias, ``A`` and
     ``B`` as they are, by name; the layer then saves as Keras does again (it may be shared with a user's model).
@@ -724,7 +738,7 @@ class LinearizedLoRA(StochasticLayer):
         return outputs
 
     def compute_output_shape(self, input_shape):
-        return (None, self.last.units * (2 if self.noise_scale is not None else 1))
+        return (_batch_size(input_shape), self.last.units * (2 if self.noise_scale is not None else 1))
 
     # Keras saves / loads a layer's own variables before its sublayers': set the LoRA layers up for them here.
     def save_own_variables(self, store):
