@@ -1,5 +1,7 @@
 """tfbnn.lora: Laplace-LoRA against closed forms and NumPy definitions; variational LoRA (BLoB)."""
 
+import contextlib
+import copy
 import os
 
 import keras
@@ -324,6 +326,17 @@ def test_variational_lora_rejects_bad_input():
         lora.VariationalLoRA(keras.layers.Dense(2, lora_rank=1), kl_weight=-1.0)
     with pytest.raises(ValueError, match="without LoRA layers"):
         lora.variational(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    # issue 36: raw TensorFlow errors before
+    with pytest.raises(ValueError, match="Expected `lora_rank` to be a positive integer. Received: lora_rank=-1"):
+        lora.VariationalLoRA(keras.layers.Dense(2, lora_rank=-1))
+    bayes, layer = _variational()
+    with pytest.raises(ValueError, match="Received: num_samples=0"):
+        layer.sample_a(0)
+    with pytest.raises(ValueError, match=f"of layer '{layer.name}' is incompatible .* value 3, but received input with "
+                                         r"shape \(2, 4\)"):
+        layer(np.ones((2, 4), "float32"))
+    with pytest.raises(ValueError, match="Expected `seed` to be an integer .*Received: seed='a'"):
+        lora.variational(_lora_dense()[0], seed="a")
 
 
 def _tiny_lora_bert(dropout=0.1):
@@ -518,6 +531,22 @@ def test_to_model_rejects_bad_input():
         layer.sample_offsets(0)
     with pytest.raises(NotImplementedError, match="to_model"):
         la.save("la.npz")
+    # issue 36: a negative seed was accepted; NumPy integers are seeds too
+    with pytest.raises(ValueError, match=r"Expected `seed` to be a non-negative integer .*Received: seed=-1"):
+        la.to_model(seed=-1)
+    assert _sampling_layer(la.to_model(seed=np.int64(3))).seed == 3
+    with pytest.raises(ValueError, match=r"Expected inputs of shape \[\(None, 3\)\].*Received: x of shape \[\(20, 4\)\]"):
+        lora.fit_laplace(model, np.ones((20, 4), "float32"), (x[:, 0] > 0).astype("int32"), hessian="kron")
+    with pytest.raises(ValueError, match=r"Received: x of shape \[\(20,\)\]"):
+        lora.fit_laplace(model, x[:, 0], (x[:, 0] > 0).astype("int32"), hessian="diag")
+    with pytest.raises(ValueError, match=r"Expected LoRA ranks >= 1 .*Received: lora=\[\[0, 0, 1.0\]"):
+        lora.LinearizedLoRA(layer.features, layer.last, layer.factors, [[0, 0, 1.0], [1, 1, 2.0]])
+    with pytest.raises(ValueError, match=r"indices of `factors` among those of `lora`.*factors=\[\[7, 'a'\]\]"):
+        lora.LinearizedLoRA(layer.features, layer.last, [[7, "a"]], layer.lora)
+    with pytest.raises(ValueError, match=r"`lora` indices in \[0, 2\).*lora=\[\[7, 1, 2.0\]\]"):
+        lora.LinearizedLoRA(layer.features, layer.last, [[7, "a"]], [[7, 1, 2.0]])
+    with pytest.raises(ValueError, match="Expected a Keras model or layer. Received: model of type int"):
+        lora.lora_layers(3)
 
 
 def test_to_model_on_a_kerashub_classifier(tmp_path):
@@ -719,6 +748,8 @@ def test_variational_lora_model_rejects_bad_input():
         lora.VariationalLoRAModel(model, seed="one")
     with pytest.raises(ValueError, match="kl_weight=-1"):
         lora.VariationalLoRAModel(model, kl_weight=-1.0)
+    with pytest.raises(ValueError, match="Received: num_samples=-2"):  # issue 36: a raw TensorFlow error before
+        lora.VariationalLoRAModel(model).sample_a(-2)
 
 
 def test_variational_lora_model_on_a_kerashub_classifier(tmp_path):
@@ -775,3 +806,136 @@ def test_variational_lora_keeps_lora_alpha_through_the_copy_and_a_reload(tmp_pat
         assert m.layers[-1].layer.lora_alpha == 2.0 * R
         with tfbnn.posterior_mean(m):
             np.testing.assert_allclose(m(x), model(x), rtol=1e-6, atol=1e-6)
+
+
+# -- mixed precision -----------------------------------------------------------------------------------
+POLICIES = list(tfbnn.testing.MIXED_PRECISION_TOLERANCE)
+
+
+@contextlib.contextmanager
+def _policy(name):
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def _assert_float32_variables(model):
+    assert [v.path for v in model.weights if "float" in str(v.dtype) and v.dtype != "float32"] == []
+
+
+def _assert_close_to_float32(outputs, reference, policy):
+    """The harness's mixed-precision tolerance (``tfbnn.testing``), relative to ``1 + max |float32 output|``."""
+    tolerance = tfbnn.testing.MIXED_PRECISION_TOLERANCE[policy] * (1 + np.abs(reference).max())
+    np.testing.assert_allclose(np.asarray(outputs, "float32"), reference, rtol=0, atol=tolerance)
+
+
+def _variational_twins(policy, nested):
+    """The same variational LoRA model (weights, sigma, seed state) in float32 and built under ``policy``."""
+    build = _nested if nested else (lambda: _lora_dense(units=K))
+    twins = []
+    for name in ("float32", policy):
+        with _policy(name):
+            model, _ = build()
+            bayes = lora.variational(model, kl_weight=0.01, seed=0)
+        if twins:
+            model.set_weights(twins[0][0].get_weights())
+            bayes.set_weights(twins[0][1].get_weights())
+        twins.append((model, bayes))
+    (_, bayes32), (_, bayes) = twins
+    posterior32, posterior = [b if nested else b.layers[-1] for b in (bayes32, bayes)]
+    for p in (posterior32, posterior):
+        for rho in (p.posterior.rhos if nested else [p.rho]):
+            rho.assign(np.full(rho.shape, -1.0, "float32"))
+        p = p.posterior if nested else p
+        p.seed_generator.state.assign(np.array([5, 0], p.seed_generator.state.dtype))
+    return bayes32, bayes, posterior32, posterior
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["VariationalLoRA", "VariationalLoRAModel"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_variational_lora_under_a_mixed_policy(policy, nested):
+    """Under ``mixed_float16`` / ``mixed_bfloat16`` (issue 36: fit failed on its first step, float16 against
+    float32): the variables are float32; the KL is float32 and equals the float32 model's, also the loss a call adds;
+    sampled outputs (the same seed state) and posterior-mean outputs are in the compute dtype and close to float32's;
+    ``fit`` runs with a finite loss."""
+    bayes32, bayes, posterior32, posterior = _variational_twins(policy, nested)
+    x = _data(16)
+    _assert_float32_variables(bayes)
+    kl, expected = posterior.kl_divergence(), posterior32.kl_divergence()
+    assert kl.dtype == "float32"
+    np.testing.assert_allclose(kl, expected, rtol=1e-6)
+    sampled, reference = bayes(x), bayes32(x).numpy()
+    assert sampled.dtype == keras.mixed_precision.Policy(policy).compute_dtype
+    [loss] = bayes.losses
+    assert loss.dtype == "float32"
+    np.testing.assert_allclose(loss, 0.01 * expected, rtol=1e-6)
+    _assert_close_to_float32(sampled, reference, policy)
+    with tfbnn.posterior_mean(bayes), tfbnn.posterior_mean(bayes32):
+        mean, reference_mean = bayes(x), bayes32(x).numpy()
+    assert mean.dtype == sampled.dtype
+    _assert_close_to_float32(mean, reference_mean, policy)
+    assert np.abs(reference - reference_mean).max() > 0.1  # the draw is checked, not only the mean
+
+    bayes.compile(keras.optimizers.SGD(0.01), "mse")
+    loss = bayes.fit(x, np.ones((16, K), "float32"), batch_size=8, epochs=1, verbose=0).history["loss"][-1]
+    assert np.isfinite(loss)
+    _assert_float32_variables(bayes)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_to_model_under_a_mixed_policy(policy):
+    """``LinearizedLoRA`` under a mixed policy (issue 36: the call failed, float16 against float32): Laplace-LoRA
+    fits the model built under the policy; the sampler's posterior root is float32; a draw ``f + J delta`` (the JVP
+    over the float32 factors, computed in the compute dtype) is in the compute dtype and close to the float32 model's
+    ``f + J delta`` (``J`` by reverse mode, the same ``delta``), and so is the posterior mean; ``tfbnn.predict``
+    runs."""
+    x = _data(40)
+    model32 = _lora_mlp()
+    with _policy(policy):
+        model = _lora_mlp()
+        model.set_weights(model32.get_weights())
+        la = lora.fit_laplace(model, x, (x[:, 0] > 0).astype("int32"), hessian="kron", prior_precision=0.5)
+        sampler, twin = la.to_model(seed=3), la.to_model(seed=3)
+    _assert_float32_variables(sampler)
+    compute_dtype = keras.mixed_precision.Policy(policy).compute_dtype
+    delta = _sampling_layer(twin).sample_offsets(1).numpy()[0].astype(np.float64)
+    variables = [getattr(model32.layers[model.layers.index(layer)], f"lora_kernel_{w}") for layer, w in la.factors]
+    f, jac = _lora_jacobian(model32, variables, x[:8])
+    sampled = sampler(x[:8])
+    assert sampled.dtype == compute_dtype
+    _assert_close_to_float32(sampled, f + jac @ delta, policy)
+    assert np.abs(jac @ delta).max() > 0.5  # J delta is far above the tolerance
+    with tfbnn.posterior_mean(sampler):
+        mean = sampler(x[:8])
+    assert mean.dtype == compute_dtype
+    _assert_close_to_float32(mean, f, policy)
+    res = tfbnn.predict(sampler, x[:8], num_samples=16, from_logits=True)
+    assert np.all(np.isfinite(res.mean_probs)) and np.all(res.mutual_information > 0)
+    np.testing.assert_allclose(res.mean_probs.sum(-1), 1, rtol=1e-5)
+
+
+# -- Keras' layer contract ------------------------------------------------------------------------------
+def test_public_lora_layers_round_trip_their_config():
+    """``cls.from_config(config).get_config() == config`` for every public Keras class of ``tfbnn.lora`` (issue 36:
+    ``LinearizedLoRA``'s ``lora_alpha`` 2 with rank 1 came back as 1: Keras builds a deserialized Dense configured
+    with ``lora_rank`` with alpha = rank), and ``from_config`` leaves the config it is given as it was; ``LinearizedLoRA.compute_output_shape`` keeps the
+    batch size."""
+    public = {cls for cls in (getattr(lora, name) for name in lora.__all__)
+              if isinstance(cls, type) and issubclass(cls, keras.layers.Layer)}
+    model = _lora_mlp()  # lora_alpha 2, rank 1
+    features = keras.Model(model.inputs, model.layers[-1].input)
+    linearized = lora.LinearizedLoRA(features, model.layers[-1], [[0, "a"], [1, "b"]], [[0, 1, 2.0], [1, 1, 2.0]])
+    layers = [linearized, _variational()[1], _nested_bayes()[0]]
+    assert {type(layer) for layer in layers} == public
+    for layer in layers:
+        config = layer.get_config()
+        given = copy.deepcopy(config)
+        assert type(layer).from_config(given).get_config() == config, type(layer).__name__
+        assert given == config, type(layer).__name__
+    assert layers[0].get_config()["last"]["config"]["lora_alpha"] == 2
+    # Keras' contract: a known batch size is kept (it was None)
+    assert linearized.compute_output_shape((4, D)) == (4, K)
+    assert linearized.compute_output_shape({"token_ids": (5, 6), "padding_mask": (5, 6)}) == (5, K)

@@ -51,6 +51,12 @@ LoRA layers nested anywhere (KerasHub's attention projections after
 ``keras.StatelessScope`` that maps each ``lora_kernel_a`` to its draw ``M + sigma eps``
 (one draw per call, or per block of rows in Monte Carlo prediction).
 
+**Mixed precision** (``"mixed_float16"``, ``"mixed_bfloat16"``): the variables (``rho``, the
+posterior root, the LoRA factors) stay float32, and the KL and the draws of ``A`` and ``delta``
+are computed from the factors as stored, in float32; the forward pass, ``J delta`` included
+(float32 tangents on the float32 factors, cast with them by the layers' reads), and the outputs
+are in the compute dtype.
+
 Example:
     >>> import keras, numpy as np, tfbnn
     >>> rng = np.random.default_rng(0)
@@ -79,6 +85,8 @@ References:
     Curvature for Modern Neural Network Architectures. NeurIPS 2023.
 """
 
+import copy
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -100,6 +108,8 @@ _LORA_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)
 
 def _dense_layers(model):
     """The ``Dense`` and ``EinsumDense`` layers of ``model``, nested ones included, in Keras' traversal order."""
+    if not isinstance(model, keras.layers.Layer):
+        raise ValueError(f"Expected a Keras model or layer. Received: model of type {type(model).__name__}")
     # Keras' own traversal (KerasHub's Backbone.enable_lora uses it too): nested layers of backbones included.
     return [layer for layer in model._flatten_layers(include_self=False, recursive=True)
             if isinstance(layer, _LORA_TYPES)]
@@ -121,6 +131,18 @@ def _required_lora_layers(model):
     return layers
 
 
+def _check_inputs(inputs, x):
+    """A ValueError naming ``x`` when a batch's arrays do not have the shapes (past the batch axis) of the model's
+    inputs (Keras would raise inside the traced Jacobian, several frames down)."""
+    leaves, expected = tf.nest.flatten(x), tf.nest.flatten(inputs)
+    shapes = [tuple(np.shape(v))[1:] for v in leaves]
+    wanted = [tuple(t.shape)[1:] for t in expected]
+    if len(shapes) != len(wanted) or any(
+            len(a) != len(b) or any(e is not None and e != g for e, g in zip(b, a)) for a, b in zip(shapes, wanted)):
+        raise ValueError(f"Expected inputs of shape {[(None, *w) for w in wanted]} (the model's). Received: x of "
+                         f"shape {[tuple(np.shape(v)) for v in leaves]}")
+
+
 def _scale(layer):
     """``s = lora_alpha / lora_rank``."""
     return layer.lora_alpha / layer.lora_rank
@@ -138,6 +160,34 @@ def _pre_activation(layer, inputs, kernel):
 
 def _activate(layer, outputs):
     return outputs if layer.activation is None else layer.activation(outputs)
+
+
+class _StoredDtype(keras.layers.Layer):
+    """Runs ``fn()`` with Keras variables read in the dtype they are stored in.
+
+    Under a mixed policy a layer's call reads every autocast float variable, its own or
+    another layer's, in its compute dtype (float16 / bfloat16). The LoRA factors belong
+    to the wrapped ``Dense`` / ``EinsumDense`` layers (autocast, float32): read so, a
+    posterior's mean ``M`` would be rounded before its KL, and a forward-mode JVP would
+    watch a cast copy instead of the variable. A layer of float32 policy called from
+    inside such a call makes Keras replace the caller's autocasting by its own (float32:
+    no cast), through public API; nothing else happens in the call.
+    """
+
+    def __init__(self):
+        super().__init__(dtype="float32", trainable=False, name="stored_dtype_reads")
+        self.built = True
+
+    def call(self, unused, fn):
+        return fn()
+
+
+def _stored_values(variables):
+    """``[v.value for v in variables]`` read in their stored dtype (float32: the variables themselves, as
+    ``tf.Variable``), not cast to the compute dtype of a calling layer under a mixed policy."""
+    if all(v.dtype == "float32" for v in variables):  # no autocasting in effect
+        return [v.value for v in variables]
+    return _StoredDtype()(tf.zeros(()), fn=lambda: [v.value for v in variables])
 
 
 def _is_dense_like(layer):
@@ -246,6 +296,7 @@ class LoRALaplace(laplace_lib.Laplace):
 
     # -- KFAC per factor -------------------------------------------------------------------
     def _batch_curvature(self, x):
+        _check_inputs(self._net.inputs, x)
         if self.hessian != "kron":
             return super()._batch_curvature(x)
         f, inputs, sensitivities = self._layer_terms(x)
@@ -341,6 +392,7 @@ class LoRALaplace(laplace_lib.Laplace):
             ((4, 2), True)
         """
         self._check_fitted()
+        seed = checks.integer("seed", seed, 0, 2**63 - 1, "a non-negative integer (int64) or None", allow_none=True)
         if name is not None and not isinstance(name, str):
             raise ValueError(f"Expected `name` to be a string or None. Received: name={name!r}")
         net = self._net
@@ -421,6 +473,14 @@ def _linearized_candidates(features, last):
     inner = [layer for layer in features._flatten_layers(include_self=False, recursive=True)
              if isinstance(layer, _LORA_TYPES) and layer is not last]
     return inner + [last]
+
+
+def _batch_size(input_shape):
+    """The batch size of an input shape, or of the first of a structure of them (a KerasHub task's dict)."""
+    while isinstance(input_shape, dict) or (isinstance(input_shape, (list, tuple)) and input_shape
+                                            and isinstance(input_shape[0], (list, tuple, dict, tf.TensorShape))):
+        input_shape = next(iter(input_shape.values())) if isinstance(input_shape, dict) else input_shape[0]
+    return tuple(input_shape)[0] if len(input_shape) else None
 
 
 def _unmerged_once(layer, load):
@@ -544,7 +604,27 @@ class LinearizedLoRA(StochasticLayer):
                              f"...]. Received: factors={factors!r}, lora={lora!r}") from None
         if not self.factors or any(w not in ("a", "b") for _, w in self.factors):
             raise ValueError(f"Expected `factors` as a non-empty list of [index, 'a' | 'b']. Received: factors={factors!r}")
+        if any(rank < 1 for _, rank, _ in self.lora):
+            raise ValueError(f"Expected LoRA ranks >= 1 in `lora`. Received: lora={lora!r}")
+        if any(i not in {index for index, _, _ in self.lora} for i, _ in self.factors):
+            raise ValueError("Expected the indices of `factors` among those of `lora`. Received: "
+                             f"factors={factors!r}, lora={lora!r}")
         self.features, self.last = features, last
+        self._restore_lora(enable=False)
+
+    def _restore_lora(self, enable):
+        """Puts ``lora`` back on the layers: ``lora_alpha`` (a Dense or EinsumDense built from a config with
+        ``lora_rank``, as deserialization builds it, gets alpha = rank) and, with ``enable``, LoRA itself where a
+        deserialized layer lost it (a KerasHub backbone is rebuilt from its constructor arguments)."""
+        layers = self._candidates()
+        for i, rank, alpha in self.lora:
+            if i < 0 or i >= len(layers):
+                raise ValueError(f"Expected `lora` indices in [0, {len(layers)}) (the Dense and EinsumDense layers of "
+                                 f"`features`, then `last`). Received: lora={self.lora!r}")
+            if enable and not layers[i].lora_enabled:
+                layers[i].enable_lora(rank, lora_alpha=alpha)
+            if layers[i].lora_enabled:
+                layers[i].lora_alpha = alpha
 
     @property
     def activation(self):
@@ -562,19 +642,15 @@ class LinearizedLoRA(StochasticLayer):
     def build(self, input_shape):
         if not self.last.built:
             self.last.build(self.features.output.shape)
-        layers = self._candidates()
-        for i, rank, alpha in self.lora:
-            if i >= len(layers) or not isinstance(layers[i], _LORA_TYPES):
-                raise ValueError(f"Expected `lora` indices below {len(layers)}. Received: lora={self.lora!r}")
-            if not layers[i].lora_enabled:  # lost in deserialization (a KerasHub backbone's constructor)
-                layers[i].enable_lora(rank, lora_alpha=alpha)
-            layers[i].lora_alpha = alpha  # a Dense rebuilt from its config with `lora_rank` gets alpha = rank
+        self._restore_lora(enable=True)
         shapes = [tuple(v.shape) for v in self._variables()]
         self._sizes = [int(np.prod(s)) for s in shapes]
         size = sum(self._sizes)
 
         def weight(name, shape):
-            return self.add_weight(name=name, shape=shape, initializer="zeros", trainable=False)
+            # float32 under a mixed policy too, and read so inside `call` (never autocast): the root of Sigma
+            return self.add_weight(name=name, shape=shape, initializer="zeros", trainable=False, dtype="float32",
+                                   autocast=False)
 
         if self.structure != "kron":
             self.scale = weight("scale", (size, size) if self.structure == "full" else (size,))
@@ -618,7 +694,7 @@ class LinearizedLoRA(StochasticLayer):
         return offsets
 
     def _draw(self, num_samples):
-        return self._offsets(self._normal([num_samples, sum(self._sizes)], self.variable_dtype))
+        return self._offsets(self._normal([num_samples, sum(self._sizes)], "float32"))
 
     def sample_offsets(self, num_samples=1):
         """``num_samples`` draws of ``delta`` ``(T, P)`` (``theta``'s order), the draw a call makes next."""
@@ -626,19 +702,26 @@ class LinearizedLoRA(StochasticLayer):
         return tf.concat([tf.reshape(o, [num_samples, -1]) for o in self._draw(num_samples)], axis=-1)
 
     def _logits(self, inputs):
+        """``f(x; theta*)``, computed as the model computes it (its layers' compute dtypes)."""
         return _pre_activation(self.last, self.features(inputs, training=False), self.last.kernel)
 
     def _linearized(self, inputs, offsets):
-        """``f(x; theta*) + J(x) delta`` for one ``delta`` (per-factor tangents)."""
-        variables = self._variables()
-        tangents = [tf.cast(o, v.dtype) for o, v in zip(offsets, variables)]
-        with tf.autodiff.ForwardAccumulator([v.value for v in variables], tangents) as acc:
+        """``f(x; theta*) + J(x) delta`` for one ``delta`` (per-factor tangents), in the compute dtype.
+
+        Under a mixed policy the JVP watches the float32 factors themselves (read outside the autocasting of this
+        layer's call), with the float32 ``delta`` as tangents; the layers' reads cast both to their compute dtype,
+        so ``J delta`` is computed in the forward's dtype, as ``f``.
+        """
+        primals = _stored_values(self._variables())
+        tangents = [tf.cast(o, p.dtype) for o, p in zip(offsets, primals)]
+        with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
             f = self._logits(inputs)
-        return f + acc.jvp(f, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        jvp = acc.jvp(f, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return tf.cast(f + tf.cast(jvp, f.dtype), self.compute_dtype)
 
     def call(self, inputs, training=None):
         if not self._sampling(training):
-            outputs = self._logits(inputs)
+            outputs = tf.cast(self._logits(inputs), self.compute_dtype)
         elif self._weight_samples == 1:
             outputs = self._linearized(inputs, [o[0] for o in self._draw(1)])
         else:  # one delta per block of B rows
@@ -646,7 +729,7 @@ class LinearizedLoRA(StochasticLayer):
             blocks = tf.nest.map_structure(
                 lambda v: tf.reshape(v, tf.concat([[samples, -1], tf.shape(v)[1:]], 0)), inputs)
             outputs = tf.map_fn(lambda pair: self._linearized(*pair), (blocks, self._draw(samples)),
-                                fn_output_signature=tf.TensorSpec([None, self.last.units], self.last.compute_dtype))
+                                fn_output_signature=tf.TensorSpec([None, self.last.units], self.compute_dtype))
             outputs = tf.reshape(outputs, [-1, self.last.units])
         outputs = self.activation(outputs)
         if self.noise_scale is not None:
@@ -655,7 +738,7 @@ class LinearizedLoRA(StochasticLayer):
         return outputs
 
     def compute_output_shape(self, input_shape):
-        return (None, self.last.units * (2 if self.noise_scale is not None else 1))
+        return (_batch_size(input_shape), self.last.units * (2 if self.noise_scale is not None else 1))
 
     # Keras saves / loads a layer's own variables before its sublayers': set the LoRA layers up for them here.
     def save_own_variables(self, store):
@@ -671,13 +754,15 @@ class LinearizedLoRA(StochasticLayer):
     def get_config(self):
         config = super().get_config()
         config.update({"features": keras.saving.serialize_keras_object(self.features),
-                       "last": keras.saving.serialize_keras_object(self.last), "factors": self.factors,
-                       "lora": self.lora, "structure": self.structure, "noise_scale": self.noise_scale})
+                       "last": keras.saving.serialize_keras_object(self.last),
+                       # plain lists: Keras wraps a layer's list attributes in tracking lists, which do not copy
+                       "factors": [list(f) for f in self.factors], "lora": [list(spec) for spec in self.lora],
+                       "structure": self.structure, "noise_scale": self.noise_scale})
         return config
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
+        config = copy.deepcopy(config)  # Keras' deserialization pops from the nested configs
         for key in ("features", "last"):
             config[key] = keras.saving.deserialize_keras_object(config[key])
         return super().from_config(config)
@@ -699,6 +784,8 @@ def _check_lora_layer(layer):
     if not (getattr(layer, "lora_enabled", False) or (not layer.built and layer.lora_rank)):
         raise ValueError("Expected a LoRA-enabled layer (`layer.enable_lora(rank)` after building it, or "
                          f"`lora_rank=`). Received: layer {layer.name!r} without LoRA")
+    if not layer.built:  # Keras checks the rank when the layer builds, not in its constructor
+        checks.integer("lora_rank", layer.lora_rank, 1)
     return layer
 
 
@@ -803,12 +890,17 @@ class VariationalLoRA(BayesianLayer):
             self.layer.lora_alpha = self._lora_alpha
         if not self.layer.lora_enabled:
             raise ValueError(f"Expected a LoRA-enabled layer. Received: layer {self.layer.name!r} without LoRA")
+        self.input_spec = self.layer.input_spec  # a wrong feature count: Keras' own error, naming this layer
         self.rho = self.add_weight(name="rho", shape=self.layer.lora_kernel_a.shape,
                                    initializer=self.rho_initializer, dtype="float32")
         self._build_kl_weight()
 
+    def _mean(self):
+        """``M``, float32 (under a mixed policy too: the KL and the draws are float32)."""
+        return _stored_values([self.layer.lora_kernel_a])[0]
+
     def _scale_and_kl(self):
-        return kl_lib.softplus_scale_and_normal_kl(self.layer.lora_kernel_a, self.rho, self.prior)
+        return kl_lib.softplus_scale_and_normal_kl(self._mean(), self.rho, self.prior)
 
     def a_scale(self):
         """``sigma`` of ``q(A)``, shaped like ``lora_kernel_a``."""
@@ -820,8 +912,9 @@ class VariationalLoRA(BayesianLayer):
 
     def sample_a(self, num_samples=1):
         """``num_samples`` draws of ``A`` (T, *lora_kernel_a.shape) from ``q``, from the layer's seed generator."""
+        num_samples = checks.integer("num_samples", num_samples, 1)
         scale, _ = self._scale_and_kl()
-        return self.layer.lora_kernel_a + scale * self._normal([num_samples, *scale.shape], scale.dtype)
+        return self._mean() + scale * self._normal([num_samples, *scale.shape], scale.dtype)
 
     def _noise(self, inputs, scale):
         """``s (x (*) ((sigma eps) B))`` with one ``eps`` per block of rows (per row when not joint)."""
@@ -860,7 +953,7 @@ class VariationalLoRA(BayesianLayer):
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
+        config = copy.deepcopy(config)  # Keras' deserialization pops from the nested configs
         alpha = config["layer"].get("config", {}).get("lora_alpha")
         config["layer"] = keras.saving.deserialize_keras_object(config["layer"])
         if alpha is not None:  # the layer is built from its build config, which resets lora_alpha to the rank
@@ -892,14 +985,15 @@ class _AdapterPosterior(BayesianLayer):
 
     def scales_and_kl(self, means):
         """``[sigma_l]`` and ``sum_l KL(q(A_l) || p(A_l))`` (unscaled)."""
-        pairs = [kl_lib.softplus_scale_and_normal_kl(m, rho, self.prior) for m, rho in zip(means, self.rhos)]
+        pairs = [kl_lib.softplus_scale_and_normal_kl(m, rho, self.prior)
+                 for m, rho in zip(_stored_values(means), self.rhos)]
         return [scale for scale, _ in pairs], tf.add_n([kl for _, kl in pairs])
 
     def sample(self, means, scales, num_samples=1):
         """``[A_l]``, each ``(num_samples, *M_l.shape)``: ``A_l = M_l + sigma_l eps_l``, one ``eps_l`` per layer from the
         seed generator, in layer order."""
         return [tf.convert_to_tensor(m) + scale * self._normal([num_samples, *scale.shape], scale.dtype)
-                for m, scale in zip(means, scales)]
+                for m, scale in zip(_stored_values(means), scales)]
 
     def add_kl(self, kl, training):
         """Adds ``kl_weight * kl`` to the losses (the :class:`tfbnn.layers.BayesianLayer` convention)."""
@@ -1043,6 +1137,7 @@ class VariationalLoRAModel(NetworkWrapper):
         With ``num_samples`` equal to the call's ``T`` (1 outside :func:`tfbnn.weight_samples`)
         these are the draws the next sampling call makes: it advances the generator the same way.
         """
+        num_samples = checks.integer("num_samples", num_samples, 1)
         means = self._means()
         return self.posterior.sample(means, self.posterior.scales_and_kl(means)[0], num_samples)
 
@@ -1109,7 +1204,7 @@ class VariationalLoRAModel(NetworkWrapper):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
+        config = copy.deepcopy(config)  # Keras' deserialization pops from the nested configs
         model = keras.saving.deserialize_keras_object(config.pop("model"), custom_objects=custom_objects)
         _restore_lora(model, config.pop("lora_layers"))
         weights = model.weights
@@ -1154,6 +1249,7 @@ def variational(model, prior=None, rho_initializer=None, kl_weight=None, seed=No
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"Expected a Keras model. Received: model of type {type(model).__name__}")
+    seed = checks.seed(seed)
     targets = [layer for layer in model.layers if isinstance(layer, _LORA_TYPES) and layer.lora_enabled]
     if not targets or len(targets) < len(lora_layers(model)):  # some nested: out of clone_model's reach
         return VariationalLoRAModel(model, prior=prior, rho_initializer=rho_initializer, kl_weight=kl_weight,
