@@ -205,6 +205,17 @@ def _input_signature(model, input_signature):
     return tf.TensorSpec(model_inputs[0].shape, model_inputs[0].dtype)
 
 
+def _finite_inputs(x):
+    """``x``, checked when served: a floating input with NaN or infinite values fails the call (TensorFlow's
+    ``InvalidArgumentError`` with this message) instead of returning NaN summaries, as :func:`tfbnn.predict`
+    refuses them."""
+    if not x.dtype.is_floating:
+        return x
+    return tf.debugging.assert_all_finite(
+        x, "Expected finite inputs (NaN or infinite values give NaN predictions). Received: x with NaN or "
+           "infinite values")
+
+
 def _summarizer(model, num_samples, task, from_logits, head=None):
     """The traced body of the ``summary`` endpoints: ``x`` -> the T-sample summary dict (float32, also
     for a model computing in float16 under a mixed policy); ``head``: the model's distribution head."""
@@ -317,12 +328,12 @@ def export_saved_model(model, filepath, num_samples=100, task=None, from_logits=
     @tf.function(input_signature=[input_signature])
     def summary(x):
         _reseed(generators, _fresh_seed())
-        return summarize(x)
+        return summarize(_finite_inputs(x))
 
     @tf.function
     def summary_seeded(x, seed):
         _reseed(generators, seed)
-        return summarize(x)
+        return summarize(_finite_inputs(x))
 
     saved_states = [g.state.numpy() for g in generators]
     try:

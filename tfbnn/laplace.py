@@ -269,15 +269,15 @@ def _num_rows(x):
     return int(tf.nest.flatten(x)[0].shape[0])
 
 
-def _finite(values, name, check=True):
-    """``values`` (an array, or a list/dict of them) as NumPy arrays; with ``check``, a ValueError naming ``name``
-    for NaN or inf (which would otherwise surface in fitting as NumPy's "Eigenvalues did not converge")."""
-    return tf.nest.map_structure(lambda v: checks.finite_array(name, v) if check else np.asarray(v), values)
+def _finite(values, name):
+    """``values`` (an array, or a list/dict of them) as NumPy arrays; a ValueError naming ``name`` for NaN or inf
+    (which would surface in fitting as NumPy's "Eigenvalues did not converge", and in predictions as NaN)."""
+    return tf.nest.map_structure(lambda v: checks.finite_array(name, v), values)
 
 
 def _batches(x, y, batch_size, need_targets=True):
-    """``(x, y)`` batches from arrays, or from a batched ``tf.data.Dataset`` of ``(x, y)``; the data of a fit
-    (``need_targets``) must be finite."""
+    """``(x, y)`` batches from arrays, or from a batched ``tf.data.Dataset`` of ``(x, y)``; the inputs (to fit
+    or to predict) and the targets of a fit (``need_targets``) must be finite."""
     if isinstance(x, tf.data.Dataset):
         if y is not None:
             raise ValueError(f"A tf.data.Dataset yields (x, y): do not pass `y`. Received: y of type {type(y).__name__}")
@@ -285,13 +285,14 @@ def _batches(x, y, batch_size, need_targets=True):
             if need_targets and not (isinstance(element, (tuple, list)) and len(element) >= 2):
                 raise ValueError("Expected a dataset of (x, y) batches. Received: elements without targets")
             xb, yb = (element[0], element[1]) if isinstance(element, (tuple, list)) else (element, None)
+            _finite(xb, "x")  # NaN inputs would give NaN predictions: refused, as tfbnn.predict does
             if need_targets:
-                _finite(xb, "x"), _finite(yb, "y")
+                _finite(yb, "y")
             yield xb, yb
         return
     if x is None:
         raise ValueError("Expected inputs `x`. Received: x=None")
-    x = _finite(x, "x", need_targets)
+    x = _finite(x, "x")
     num = _num_rows(x)
     if num == 0:
         raise ValueError("Expected at least one example. Received: x with 0 examples")
@@ -924,13 +925,15 @@ class Laplace:
         (the seed state included) and exports with :mod:`tfbnn.export`.
 
         Args:
-            seed: int or None, seed of the layer's ``keras.random.SeedGenerator``.
+            seed: int in ``[0, 2^31)`` (NumPy integers too) or None, seed of the layer's
+                ``keras.random.SeedGenerator``.
             name: str or None, the model's name.
 
         Returns:
             A functional ``keras.Model``.
         """
         self._check_fitted()
+        seed = checks.numpy_seed(seed)
         if self.subset != "last_layer":
             raise ValueError("`to_model` samples the last layer: it needs subset='last_layer' (for all weights "
                              "use `predict(x, pred_type='nn')`). Received: subset='all'")

@@ -341,6 +341,7 @@ class LoRALaplace(laplace_lib.Laplace):
             ((4, 2), True)
         """
         self._check_fitted()
+        seed = checks.numpy_seed(seed)
         if name is not None and not isinstance(name, str):
             raise ValueError(f"Expected `name` to be a string or None. Received: name={name!r}")
         net = self._net
