@@ -62,6 +62,8 @@ import tensorflow as tf
 from tfbnn._internal import checks
 from tfbnn import moments as moments_lib
 from tfbnn.ensembles import DeepEnsemble
+from tfbnn.inference import FittedPosterior
+from tfbnn.likelihoods import GaussianHead
 from tfbnn.layers.arguments import ConvArguments, ConvTransposeArguments, DenseArguments
 from tfbnn.layers.base import StochasticLayer
 from tfbnn.layers.mean_field import MeanFieldGaussian
@@ -787,6 +789,64 @@ def _export_mode(model, filepath, format, mode, num_samples, task, from_logits, 
     return filepath
 
 
+def _export_posterior(posterior, filepath, format, mode, num_samples, task, from_logits, input_signature,
+                      overwrite, seed):
+    """:func:`export` of a :class:`tfbnn.inference.FittedPosterior`: K weight draws stored in a SavedModel."""
+    if format != "saved_model":
+        raise ValueError(f"A fitted posterior exports format='saved_model'. Received: format={format!r}")
+    if mode == "moments":
+        raise ValueError("A fitted posterior exports its weight draws (mode='monte_carlo' or 'frozen'). "
+                         f"Received: mode={mode!r}")
+    model = posterior.model
+    filepath = _check_target(model, filepath)
+    num_samples = checks.integer("num_samples", num_samples, 1)
+    seed = checks.numpy_seed(seed)
+    if os.path.exists(filepath) and not overwrite:
+        raise ValueError(f"{filepath!r} exists; pass overwrite=True to replace it. Received: filepath={filepath!r}")
+    if posterior.task is not None:
+        if task not in (None, posterior.task) or from_logits:
+            raise ValueError(f"The posterior is a {posterior.task} posterior whose outputs it reads itself. "
+                             f"Received: task={task!r}, from_logits={from_logits!r}")
+        task, head = posterior.task, None
+    else:
+        head = _task_and_head(model, task)[1]
+        task = _output_task(model, task, from_logits, head)
+    noise = posterior.noise_scales(num_samples)
+    if noise is not None:  # appended to the outputs in a GaussianHead's layout, as tfbnn.predict does
+        task, head = "regression", GaussianHead()
+    input_signature = _input_signature(model, input_signature)
+    draws = tf.constant(np.asarray(posterior.weight_draws(num_samples, seed=seed), keras.config.floatx()))
+
+    def outputs(x):
+        samples = posterior.forward(draws, x)
+        if noise is None:
+            return samples
+        scales = tf.reshape(tf.constant(noise, samples.dtype), [-1] + [1] * (samples.shape.rank - 1))
+        return tf.concat([samples, tf.broadcast_to(scales, tf.shape(samples))], axis=-1)
+
+    @tf.function(input_signature=[input_signature], autograph=False)
+    def summary(x):
+        return _summarize_samples(outputs(_finite_inputs(x)), task, from_logits, head)
+
+    @tf.function(input_signature=[input_signature], autograph=False)
+    def samples(x):
+        return outputs(_finite_inputs(x))
+
+    folder = os.path.dirname(os.path.abspath(filepath))
+    staging = tempfile.mkdtemp(dir=folder, prefix=f".{os.path.basename(filepath)}.partial-")
+    try:
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+        for name, fn in (("summary", summary), ("samples", samples)):  # summary is also serving_default
+            archive.add_endpoint(name, fn)
+        target = os.path.join(staging, "saved_model")
+        archive.write_out(target, verbose=False)
+        _replace(target, filepath)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return filepath
+
+
 def export(model, filepath, format="saved_model", num_samples=100, task=None, from_logits=False,
            input_signature=None, overwrite=False, seed=None, quantize=None, mode="monte_carlo"):
     """Exports ``model`` for serving: a SavedModel, a TFLite flatbuffer or ONNX graphs.
@@ -850,6 +910,17 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
     With these modes ``task=None`` reads the task from the output: a distribution head's,
     classification for a softmax or sigmoid output or ``from_logits``, else regression.
 
+    Fitted posteriors (:class:`tfbnn.inference.FittedPosterior`: a fitted
+    :class:`tfbnn.laplace.Laplace`, :class:`tfbnn.swag.SWAGPosterior`,
+    :class:`tfbnn.hmc.HMCResult`) export as a SavedModel holding ``K = num_samples``
+    weight draws ``posterior.weight_draws(K, seed)``, drawn once (``seed`` None: unseeded);
+    endpoints ``summary`` (``serving_default``; the K-draw predictive, equal to
+    ``tfbnn.predict(posterior, x, num_samples=K, seed=seed)``) and ``samples`` (``(K, B,
+    ...)``, with the noise scales appended for a Gaussian likelihood). Like
+    ``mode="frozen"``, every call sees the same K functions. (A last-layer Laplace also
+    exports as a sampling Keras model, ``export(la.to_model(), path)``, with fresh draws
+    in every call.)
+
     Quantization (``format="tflite"`` only): ``"float16"`` stores every float weight
     as float16 (half the weights' bytes; the file shrinks to about 55-70%, and for
     Flipout / reparameterization layers, whose T draws are separate ops, it grows with T:
@@ -868,7 +939,7 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
 
     Args:
         model: a built Keras model with tfbnn layers; a :class:`tfbnn.DeepEnsemble`
-            exports as a SavedModel only.
+            exports as a SavedModel only; a fitted posterior (above) too.
         filepath: the output: a folder (``saved_model``, ``onnx``) or a file (``tflite``).
         format: one of :data:`FORMATS`.
         num_samples: int >= 1, T of the ``summary`` endpoints.
@@ -881,7 +952,8 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
         overwrite: bool. If False and ``filepath`` exists, raise instead of replacing it.
         seed: int >= 0 or None, the fixed seed of a ``tflite`` / ``onnx`` export (see
             above); None for a ``saved_model`` (it has seeded endpoints). With
-            ``mode="frozen"``: the seed of the K weight samples (None: 0).
+            ``mode="frozen"``: the seed of the K weight samples (None: 0). For a fitted
+            posterior: the seed of its K weight draws.
         quantize: one of :data:`QUANTIZATIONS`, for ``tflite``.
         mode: one of :data:`MODES`: ``"monte_carlo"`` (default; random endpoints),
             ``"moments"`` or ``"frozen"`` (random-free, above).
@@ -908,6 +980,9 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
     if quantize is not None and format != "tflite":
         raise ValueError(f"Quantization is offered for format='tflite'. Received: quantize={quantize!r}, "
                          f"format={format!r}")
+    if isinstance(model, FittedPosterior):
+        return _export_posterior(model, filepath, format, mode, num_samples, task, from_logits, input_signature,
+                                 overwrite, seed)
     if mode != "monte_carlo":
         filepath = _check_target(model, filepath)
         num_samples = checks.integer("num_samples", num_samples, 1)
