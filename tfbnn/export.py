@@ -59,7 +59,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, keras_private
 from tfbnn import moments as moments_lib
 from tfbnn.ensembles import DeepEnsemble
 from tfbnn.inference import FittedPosterior
@@ -81,7 +81,7 @@ _TASKS = ("classification", "regression")
 def seed_generators(model):
     """Every ``keras.random.SeedGenerator`` held by a layer of ``model``."""
     found = []
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in keras_private.sublayers(model, include_self=True):
         found += [v for v in vars(layer).values() if isinstance(v, keras.random.SeedGenerator)]
     return found
 
@@ -467,7 +467,7 @@ def portable_noise(model, seed=None):
 def _computing_in_float32(model):
     """``model``, or for a model with layers computing in float16 / bfloat16 (a mixed policy) a copy
     whose layers compute in float32, with the same weights (all float32 under a mixed policy)."""
-    if all(layer.compute_dtype == "float32" for layer in model._flatten_layers(include_self=False)):
+    if all(layer.compute_dtype == "float32" for layer in keras_private.sublayers(model)):
         return model
 
     def float32_layer(layer):

@@ -105,7 +105,7 @@ import numpy as np
 import scipy.optimize
 import tensorflow as tf
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, keras_private
 from tfbnn.inference import FittedPosterior, FlatWeights, RegressionPrediction
 from tfbnn.layers.base import StochasticLayer, input_features
 from tfbnn.likelihoods import GaussianHead
@@ -165,7 +165,7 @@ class _Network:
                 f"subclassed model has none). Received: model={model.name!r}")
         if len(outputs) != 1:
             raise ValueError(f"Expected a model with one output. Received: {len(outputs)} outputs")
-        last = outputs[0]._keras_history.operation
+        last = keras_private.output_layer(model)
         if not isinstance(last, keras.layers.Dense):
             raise ValueError(
                 "Expected the model to end in a keras.layers.Dense layer (its weights are the last layer "

@@ -70,7 +70,7 @@ import keras
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, keras_private
 
 tfd = tfp.distributions
 
@@ -763,7 +763,7 @@ def output_layer(model):
     outputs = getattr(model, "outputs", None)
     if not outputs:
         return None
-    layer = outputs[0]._keras_history.operation
+    layer = keras_private.output_layer(model)
     if isinstance(layer, keras.Model) and layer is not model:
         return output_layer(layer) or layer
     return layer

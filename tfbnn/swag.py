@@ -58,7 +58,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, keras_private
 from tfbnn.inference import FlatWeights, WeightPosterior
 
 # Two snapshots closer than this (relative to the largest weight, at least 1) count as the same:
@@ -69,7 +69,7 @@ __all__ = ["SWAG", "SWAGPosterior", "bn_update", "load"]
 
 
 def _batch_norm_layers(model):
-    return [l for l in model._flatten_layers(include_self=False, recursive=True)
+    return [l for l in keras_private.sublayers(model)
             if isinstance(l, keras.layers.BatchNormalization)]
 
 

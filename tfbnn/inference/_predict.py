@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn._internal import checks, deprecation
+from tfbnn._internal import checks, deprecation, keras_private
 from tfbnn import moments
 from tfbnn.ensembles import DeepEnsemble
 from tfbnn.layers.rank1 import EnsembleMean, ensemble_size, members_as_samples
@@ -405,7 +405,7 @@ def _chain(first, rest):
 def _output_layer(model):
     layer = output_layer(reference_model(model))
     while isinstance(layer, EnsembleMean):  # the members' output layer says what they predict
-        layer = layer._inbound_nodes[0].input_tensors[0]._keras_history.operation
+        layer = keras_private.inbound_layer(layer)
         if isinstance(layer, keras.Model):
             layer = output_layer(layer) or layer
     return layer

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, keras_private
 from tfbnn.inference._sampling import check_finite
 
 _SAMPLE_CHUNK = 64
@@ -90,11 +90,9 @@ def _compiled(forward):
     """``forward(draws, x)`` as a ``tf.function`` that takes any number of draws and rows."""
     # reduce_retracing: the sample chunks and the last batch vary in size; after one retrace the
     # function takes any size (otherwise every size retraced, with TensorFlow's retracing warnings).
-    function = tf.function(forward, reduce_retracing=True)
     # Each posterior traces its own function at most twice; TensorFlow counts the traces of every
     # posterior's forward together and would call that retracing.
-    function._omit_frequent_tracing_warning = True
-    return function
+    return keras_private.quiet_retracing(tf.function(forward, reduce_retracing=True))
 
 
 def _chunked_outputs(function, draws, x, batch_size):
