@@ -263,3 +263,21 @@ def test_exporting_traces_each_endpoint_no_more_than_saving_needs(tmp_path):
     # endpoint is the regression this guards against), and at least once each.
     bounds = {"sample": 2, "mean": 2, "summary": 2, "sample_seeded": 4, "summary_seeded": 4}
     assert all(1 <= counts[name] <= bound for name, bound in bounds.items()), counts
+
+
+def test_summary_endpoints_refuse_nan_inputs(exported):
+    """Issue 36 (8): the served summary returned NaN for a NaN input, where tfbnn.predict refuses it."""
+    import tensorflow as tf
+
+    _, x, path, _ = exported
+    served = tf.saved_model.load(path)
+    bad = np.array(x, copy=True)
+    bad[0, 0] = np.nan
+    message = "Expected finite inputs .*Received: x with NaN or infinite values"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        served.summary(tf.constant(bad))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        served.summary_seeded(tf.constant(bad), tf.constant(1, tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        served.signatures["serving_default"](x=tf.constant(bad))
+    assert np.all(np.isfinite(served.summary(tf.constant(x))["mean_probs"].numpy()))

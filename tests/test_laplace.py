@@ -396,3 +396,34 @@ def test_bad_arguments_after_fit():
         laplace.fit(model, x, y, subset="all", hessian="diag").to_model()
     with pytest.raises(ValueError, match="structure='tril'"):
         laplace.LaplaceDense(3, structure="tril")
+
+
+def test_nan_inputs_and_negative_seeds_are_refused():
+    """Issue 36 (8): predict returned NaN for NaN inputs; to_model took seed=-1 (NumPy ints are seeds)."""
+    model = _mlp(3, "softmax")
+    x, y = _data(8, 3, classification=True)
+    la = laplace.fit(model, x, y)
+    bad = x[:3].copy()
+    bad[1, 2] = np.nan
+    for kwargs in ({}, {"link_approx": "mc"}, {"pred_type": "nn"}):
+        with pytest.raises(ValueError, match=r"Expected `x` to hold finite numbers. Received: x with 1 NaN"):
+            la.predict(bad, **kwargs)
+    with pytest.raises(ValueError, match="Received: x with 1 NaN"):
+        la.predict(tf.data.Dataset.from_tensor_slices(bad).batch(2))
+    with pytest.raises(ValueError, match="Received: x with 1 NaN"):
+        la.function_moments(bad)
+    with pytest.raises(ValueError, match=r"Expected `seed` to be an integer in \[0, 2\^31\).*Received: seed=-1"):
+        la.to_model(seed=-1)
+    assert la.to_model(seed=np.int64(3)).layers[-1].seed == 3
+
+
+def test_laplace_lora_to_model_refuses_a_negative_seed():
+    """Issue 36 (8): LoRALaplace.to_model(seed=-1) was accepted."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((D_IN,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(2)])
+    model.layers[0].enable_lora(1)
+    x, y = _data(10, 2, classification=True)
+    la = tfbnn.lora.fit_laplace(model, x, y, hessian="diag")
+    with pytest.raises(ValueError, match=r"Expected `seed` to be an integer in \[0, 2\^31\).*Received: seed=-1"):
+        la.to_model(seed=-1)
+    la.to_model(seed=np.int32(1))

@@ -68,7 +68,12 @@ _TFDS = ("tensorflow-datasets (seconds to import) loads only when a tfds dataset
 FUNCTION_LOCAL_IMPORTS = {
     ("tfbnn/_internal/startup.py", "import_tensorflow_quietly"):
         "the function's purpose: TensorFlow imported after the arguments parsed, its start-up log filtered",
-    ("tfbnn/kl.py", "in_xla_context"): "a TensorFlow-internal module that may be missing (then False)",
+    ("tfbnn/_internal/keras_private.py", "in_xla_context"):
+        "a TensorFlow-internal module that may be missing (then False)",
+    ("tfbnn/_internal/keras_private.py", "calling_model"):
+        "Keras' call context, a private module that may move (then None)",
+    ("tfbnn/_internal/keras_private.py", "keras_test_case"):
+        "Keras' test utilities, loaded only for the conformance harness's Keras checks",
     ("tfbnn/pruning.py", "write_pruning_curve"): _PLOTS,
     ("tfbnn/datasets/__init__.py", "_loader"): _CATALOG,
     ("tfbnn/datasets/__init__.py", "load_images"): _CATALOG,
@@ -82,8 +87,6 @@ FUNCTION_LOCAL_IMPORTS = {
         "_is_mlp", "build_model", "convert_model", "fixed_noise_gaussian_nll", "_compile", "_fit", "arrays",
         "fit_temperature", "_evaluate_regression", "_evaluate", "_member_data", "_train_ensemble",
         "_element_spec", "_train", "_copy", "_write_outputs", "_is_chief", "run")},
-    ("tfbnn/testing.py", "_run_keras_harness"):
-        "Keras' own harness (keras.src.testing, not public API, imports Keras' test utilities) only for keras_checks",
     ("tfbnn/models/kerashub.py", "_keras_hub"):
         "keras-hub is the optional [hub] extra: imported only when a KerasHub zoo model is built",
     ("tfbnn/export.py", "_onnx_model"): "tf2onnx is the optional [export] extra; the other formats work without it",

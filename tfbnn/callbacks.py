@@ -62,7 +62,7 @@ import warnings
 import keras
 
 from tfbnn import pruning
-from tfbnn._internal import checks
+from tfbnn._internal import checks, keras_private
 from tfbnn import schedules as schedules_lib
 from tfbnn.utils import bayesian_layers, set_kl_weight
 
@@ -128,7 +128,7 @@ class KLAnnealing(keras.callbacks.Callback):
                 "`KLAnnealing(..., steps_per_epoch=M)`. Received: steps_per_epoch=None"
             )
         # Before the first trace of the train step: the layers know N from here on.
-        self._apply(getattr(self.model, "_initial_epoch", 0) or 0, 0)
+        self._apply(keras_private.initial_epoch(self.model), 0)
 
     def beta_at(self, epoch, batch):
         """The beta this callback uses at ``(epoch, batch)`` of the current run."""

@@ -69,7 +69,7 @@ import numpy as np
 from tfbnn import layers as layers_lib
 from tfbnn import methods as registry
 from tfbnn import priors as priors_lib
-from tfbnn._internal import deprecation
+from tfbnn._internal import deprecation, keras_private
 
 __all__ = ["CONVERSION_METHODS", "to_bayesian", "convertible_layers", "by_policy", "policy_plan", "layer_paths",
            "policy_methods", "MC_DROPOUT", "KEEP"]
@@ -82,7 +82,7 @@ _MIN_SIGMA = 1e-12
 
 def convertible_layers(model):
     """The ``keras.layers.Dense`` and ``keras.layers.Conv2D`` layers of ``model`` (nested included)."""
-    found = model._flatten_layers(include_self=False, recursive=True)
+    found = keras_private.sublayers(model)
     return [l for l in found if type(l) in (keras.layers.Dense, keras.layers.Conv2D)]
 
 
@@ -197,7 +197,7 @@ class _Converter:
         return cls(layer.units, **conversion.kwargs("dense", self.prior), **common)
 
     def _holds_plan(self, layer):
-        return any(id(inner) in self.plan for inner in layer._flatten_layers(include_self=False, recursive=True))
+        return any(id(inner) in self.plan for inner in keras_private.sublayers(layer))
 
     def __call__(self, layer):
         if id(layer) in self.plan:
@@ -242,7 +242,7 @@ def _select(model, layers, exclude):
     candidates = convertible_layers(model)
     names = [l.name for l in candidates]
     if not candidates:
-        kinds = sorted({type(l).__name__ for l in model._flatten_layers(include_self=False, recursive=True)})
+        kinds = sorted({type(l).__name__ for l in keras_private.sublayers(model)})
         raise ValueError(
             "Expected a model with at least one keras.layers.Dense or keras.layers.Conv2D layer to "
             f"convert. Received: model={model.name!r} with layers of types {kinds}"
@@ -415,7 +415,7 @@ def _walk(container, prefix="", owner=None):
 
 def _walk_parents(container, prefix="", owner=None):
     """:func:`_walk` with each layer's direct container as a fourth item."""
-    for layer in container._flatten_layers(include_self=False, recursive=False):
+    for layer in keras_private.sublayers(container, recursive=False):
         path = f"{prefix}{layer.name}"
         yield path, layer, owner, container
         inner_owner = owner if _is_graph(layer) else (owner or path)

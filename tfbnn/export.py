@@ -59,9 +59,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, keras_private
 from tfbnn import moments as moments_lib
 from tfbnn.ensembles import DeepEnsemble
+from tfbnn.inference import FittedPosterior
+from tfbnn.likelihoods import GaussianHead
 from tfbnn.layers.arguments import ConvArguments, ConvTransposeArguments, DenseArguments
 from tfbnn.layers.base import StochasticLayer
 from tfbnn.layers.mean_field import MeanFieldGaussian
@@ -80,7 +82,7 @@ _TASKS = ("classification", "regression")
 def seed_generators(model):
     """Every ``keras.random.SeedGenerator`` held by a layer of ``model``."""
     found = []
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in keras_private.sublayers(model, include_self=True):
         found += [v for v in vars(layer).values() if isinstance(v, keras.random.SeedGenerator)]
     return found
 
@@ -216,6 +218,17 @@ def _gp_features(model):
         return layers[0], keras.Model(model.inputs[0] if len(model.inputs) == 1 else model.inputs, layers[0].input)
     except (AttributeError, ValueError):  # a subclassed model's layer has no symbolic input
         return None
+
+
+def _finite_inputs(x):
+    """``x``, checked when served: a floating input with NaN or infinite values fails the call (TensorFlow's
+    ``InvalidArgumentError`` with this message) instead of returning NaN summaries, as :func:`tfbnn.predict`
+    refuses them."""
+    if not x.dtype.is_floating:
+        return x
+    return tf.debugging.assert_all_finite(
+        x, "Expected finite inputs (NaN or infinite values give NaN predictions). Received: x with NaN or "
+           "infinite values")
 
 
 def _summarizer(model, num_samples, task, from_logits, head=None):
@@ -362,12 +375,12 @@ def export_saved_model(model, filepath, num_samples=100, task=None, from_logits=
     def summary(x):
         if generators:
             _reseed(generators, _fresh_seed())
-        return summarize(x)
+        return summarize(_finite_inputs(x))
 
     @tf.function
     def summary_seeded(x, seed):
         _reseed(generators, seed)
-        return summarize(x)
+        return summarize(_finite_inputs(x))
 
     saved_states = [g.state.numpy() for g in generators]
     try:
@@ -499,7 +512,7 @@ def portable_noise(model, seed=None):
 def _computing_in_float32(model):
     """``model``, or for a model with layers computing in float16 / bfloat16 (a mixed policy) a copy
     whose layers compute in float32, with the same weights (all float32 under a mixed policy)."""
-    if all(layer.compute_dtype == "float32" for layer in model._flatten_layers(include_self=False)):
+    if all(layer.compute_dtype == "float32" for layer in keras_private.sublayers(model)):
         return model
 
     def float32_layer(layer):
@@ -821,6 +834,64 @@ def _export_mode(model, filepath, format, mode, num_samples, task, from_logits, 
     return filepath
 
 
+def _export_posterior(posterior, filepath, format, mode, num_samples, task, from_logits, input_signature,
+                      overwrite, seed):
+    """:func:`export` of a :class:`tfbnn.inference.FittedPosterior`: K weight draws stored in a SavedModel."""
+    if format != "saved_model":
+        raise ValueError(f"A fitted posterior exports format='saved_model'. Received: format={format!r}")
+    if mode == "moments":
+        raise ValueError("A fitted posterior exports its weight draws (mode='monte_carlo' or 'frozen'). "
+                         f"Received: mode={mode!r}")
+    model = posterior.model
+    filepath = _check_target(model, filepath)
+    num_samples = checks.integer("num_samples", num_samples, 1)
+    seed = checks.numpy_seed(seed)
+    if os.path.exists(filepath) and not overwrite:
+        raise ValueError(f"{filepath!r} exists; pass overwrite=True to replace it. Received: filepath={filepath!r}")
+    if posterior.task is not None:
+        if task not in (None, posterior.task) or from_logits:
+            raise ValueError(f"The posterior is a {posterior.task} posterior whose outputs it reads itself. "
+                             f"Received: task={task!r}, from_logits={from_logits!r}")
+        task, head = posterior.task, None
+    else:
+        head = _task_and_head(model, task)[1]
+        task = _output_task(model, task, from_logits, head)
+    noise = posterior.noise_scales(num_samples)
+    if noise is not None:  # appended to the outputs in a GaussianHead's layout, as tfbnn.predict does
+        task, head = "regression", GaussianHead()
+    input_signature = _input_signature(model, input_signature)
+    draws = tf.constant(np.asarray(posterior.weight_draws(num_samples, seed=seed), keras.config.floatx()))
+
+    def outputs(x):
+        samples = posterior.forward(draws, x)
+        if noise is None:
+            return samples
+        scales = tf.reshape(tf.constant(noise, samples.dtype), [-1] + [1] * (samples.shape.rank - 1))
+        return tf.concat([samples, tf.broadcast_to(scales, tf.shape(samples))], axis=-1)
+
+    @tf.function(input_signature=[input_signature], autograph=False)
+    def summary(x):
+        return _summarize_samples(outputs(_finite_inputs(x)), task, from_logits, head)
+
+    @tf.function(input_signature=[input_signature], autograph=False)
+    def samples(x):
+        return outputs(_finite_inputs(x))
+
+    folder = os.path.dirname(os.path.abspath(filepath))
+    staging = tempfile.mkdtemp(dir=folder, prefix=f".{os.path.basename(filepath)}.partial-")
+    try:
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+        for name, fn in (("summary", summary), ("samples", samples)):  # summary is also serving_default
+            archive.add_endpoint(name, fn)
+        target = os.path.join(staging, "saved_model")
+        archive.write_out(target, verbose=False)
+        _replace(target, filepath)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return filepath
+
+
 def export(model, filepath, format="saved_model", num_samples=100, task=None, from_logits=False,
            input_signature=None, overwrite=False, seed=None, quantize=None, mode="monte_carlo"):
     """Exports ``model`` for serving: a SavedModel, a TFLite flatbuffer or ONNX graphs.
@@ -884,6 +955,17 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
     With these modes ``task=None`` reads the task from the output: a distribution head's,
     classification for a softmax or sigmoid output or ``from_logits``, else regression.
 
+    Fitted posteriors (:class:`tfbnn.inference.FittedPosterior`: a fitted
+    :class:`tfbnn.laplace.Laplace`, :class:`tfbnn.swag.SWAGPosterior`,
+    :class:`tfbnn.hmc.HMCResult`) export as a SavedModel holding ``K = num_samples``
+    weight draws ``posterior.weight_draws(K, seed)``, drawn once (``seed`` None: unseeded);
+    endpoints ``summary`` (``serving_default``; the K-draw predictive, equal to
+    ``tfbnn.predict(posterior, x, num_samples=K, seed=seed)``) and ``samples`` (``(K, B,
+    ...)``, with the noise scales appended for a Gaussian likelihood). Like
+    ``mode="frozen"``, every call sees the same K functions. (A last-layer Laplace also
+    exports as a sampling Keras model, ``export(la.to_model(), path)``, with fresh draws
+    in every call.)
+
     Quantization (``format="tflite"`` only): ``"float16"`` stores every float weight
     as float16 (half the weights' bytes; the file shrinks to about 55-70%, and for
     Flipout / reparameterization layers, whose T draws are separate ops, it grows with T:
@@ -902,7 +984,7 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
 
     Args:
         model: a built Keras model with tfbnn layers; a :class:`tfbnn.DeepEnsemble`
-            exports as a SavedModel only.
+            exports as a SavedModel only; a fitted posterior (above) too.
         filepath: the output: a folder (``saved_model``, ``onnx``) or a file (``tflite``).
         format: one of :data:`FORMATS`.
         num_samples: int >= 1, T of the ``summary`` endpoints.
@@ -915,7 +997,8 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
         overwrite: bool. If False and ``filepath`` exists, raise instead of replacing it.
         seed: int >= 0 or None, the fixed seed of a ``tflite`` / ``onnx`` export (see
             above); None for a ``saved_model`` (it has seeded endpoints). With
-            ``mode="frozen"``: the seed of the K weight samples (None: 0).
+            ``mode="frozen"``: the seed of the K weight samples (None: 0). For a fitted
+            posterior: the seed of its K weight draws.
         quantize: one of :data:`QUANTIZATIONS`, for ``tflite``.
         mode: one of :data:`MODES`: ``"monte_carlo"`` (default; random endpoints),
             ``"moments"`` or ``"frozen"`` (random-free, above).
@@ -942,6 +1025,9 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
     if quantize is not None and format != "tflite":
         raise ValueError(f"Quantization is offered for format='tflite'. Received: quantize={quantize!r}, "
                          f"format={format!r}")
+    if isinstance(model, FittedPosterior):
+        return _export_posterior(model, filepath, format, mode, num_samples, task, from_logits, input_signature,
+                                 overwrite, seed)
     if mode != "monte_carlo":
         filepath = _check_target(model, filepath)
         num_samples = checks.integer("num_samples", num_samples, 1)

@@ -130,7 +130,10 @@ class HMCResult(WeightPosterior):
         """All draws ``(chains * draws, P)``, draw-major (the chains interleaved)."""
         return self.samples.transpose(1, 0, 2).reshape(self.num_draws, -1)
 
-    def weight_draws(self, num_samples):
+    kind = "hmc"
+
+    def weight_draws(self, num_samples, seed=None):
+        """``num_samples`` draws evenly spaced through the pooled draws; no randomness (``seed`` is unused)."""
         return self.pooled()[self._pooled_indices(num_samples)]
 
     def noise_scales(self, num_samples):
@@ -158,6 +161,22 @@ class HMCResult(WeightPosterior):
         if chains < 2:
             return np.full(outputs.shape[2:], np.nan)
         return np.asarray(tfp.mcmc.potential_scale_reduction(tf.constant(outputs, tf.float64), independent_chain_ndims=1))
+
+    def _state(self):
+        config = {"likelihood": self.likelihood, "noise_scale": self.noise_scale, "step_size": self.step_size,
+                  "seconds": self.seconds, "kernel": self.kernel}
+        arrays = {"samples": self.samples, "r_hat": self.r_hat, "ess": self.ess,
+                  "acceptance_rate": self.acceptance_rate}
+        return config, arrays if self.noise is None else dict(arrays, noise=self.noise)
+
+    @classmethod
+    def _from_state(cls, config, arrays, model):
+        size = FlatWeights(model).num_parameters
+        if arrays["samples"].shape[-1] != size:
+            raise ValueError(f"Expected a model with {arrays['samples'].shape[-1]} trainable weights (the saved "
+                             f"draws'). Received: model={model.name!r} with {size}")
+        return cls(model=model, noise=arrays.get("noise"), **config,
+                   **{k: v for k, v in arrays.items() if k != "noise"})
 
     def summary(self):
         """One line: R-hat's maximum, the smallest ESS, acceptance and time."""

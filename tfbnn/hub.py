@@ -51,6 +51,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfbnn._internal import keras_private
 from tfbnn import convert
 from tfbnn._internal import checks
 from tfbnn import laplace as laplace_lib
@@ -76,7 +77,7 @@ def head_layer(task):
         raise ValueError(
             "Expected a functional model with one output (a KerasHub task, or keras.Model(inputs, outputs)). "
             f"Received: task={task.name!r} with outputs {outputs}")
-    last = outputs[0]._keras_history.operation
+    last = keras_private.output_layer(task)
     if type(last) is not keras.layers.Dense:
         raise ValueError(
             "Expected the task to end in a keras.layers.Dense head on pooled features. "
@@ -196,7 +197,7 @@ def bayesian_head(task, method="flipout", num_examples=None, init_scale=1e-3, pr
     last = head_layer(task)  # a layer of the task's own graph: its path is its name
     model = convert.by_policy(task, [(last.name, method)], init_scale=init_scale, prior=prior, num_examples=num_examples,
                               seed=seed, name=f"{task.name}_{method}_head")
-    new_head = model.outputs[0]._keras_history.operation
+    new_head = keras_private.output_layer(model)
     for layer in model.layers:
         layer.trainable = layer is new_head
     return model
@@ -223,7 +224,7 @@ def load_model(filepath, custom_objects=None, safe_mode=True):
         The uncompiled model; ``model.trainable_variables`` are those of the saved model.
     """
     model = keras.saving.load_model(filepath, custom_objects=custom_objects, compile=False, safe_mode=safe_mode)
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in keras_private.sublayers(model, include_self=True):
         if not layer.trainable:
             layer.trainable = True  # a change of value, so that the setter runs (and reaches the variables)
             layer.trainable = False

@@ -38,6 +38,7 @@ import math
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+from tfbnn._internal import keras_private
 from tfbnn import priors
 
 tfd = tfp.distributions
@@ -347,14 +348,10 @@ def in_xla_context():
     when this is True.
 
     TensorFlow enters an XLA control-flow context for such functions; the check
-    is TensorFlow's own (``control_flow_util``, internal). False if it is missing.
+    is TensorFlow's own (internal: :func:`tfbnn._internal.keras_private.in_xla_context`).
+    False if it is missing.
     """
-    try:
-        from tensorflow.python.framework import ops
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # pragma: no cover - a TensorFlow without the internal module
-        return False
-    return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
+    return keras_private.in_xla_context()
 
 
 def softplus_scale_and_normal_kl(loc, rho, prior):

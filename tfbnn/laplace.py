@@ -105,8 +105,8 @@ import numpy as np
 import scipy.optimize
 import tensorflow as tf
 
-from tfbnn._internal import checks
-from tfbnn.inference import RegressionPrediction
+from tfbnn._internal import checks, keras_private
+from tfbnn.inference import FittedPosterior, FlatWeights, RegressionPrediction
 from tfbnn.layers.base import StochasticLayer, input_features
 from tfbnn.likelihoods import GaussianHead
 
@@ -165,7 +165,7 @@ class _Network:
                 f"subclassed model has none). Received: model={model.name!r}")
         if len(outputs) != 1:
             raise ValueError(f"Expected a model with one output. Received: {len(outputs)} outputs")
-        last = outputs[0]._keras_history.operation
+        last = keras_private.output_layer(model)
         if not isinstance(last, keras.layers.Dense):
             raise ValueError(
                 "Expected the model to end in a keras.layers.Dense layer (its weights are the last layer "
@@ -269,15 +269,15 @@ def _num_rows(x):
     return int(tf.nest.flatten(x)[0].shape[0])
 
 
-def _finite(values, name, check=True):
-    """``values`` (an array, or a list/dict of them) as NumPy arrays; with ``check``, a ValueError naming ``name``
-    for NaN or inf (which would otherwise surface in fitting as NumPy's "Eigenvalues did not converge")."""
-    return tf.nest.map_structure(lambda v: checks.finite_array(name, v) if check else np.asarray(v), values)
+def _finite(values, name):
+    """``values`` (an array, or a list/dict of them) as NumPy arrays; a ValueError naming ``name`` for NaN or inf
+    (which would surface in fitting as NumPy's "Eigenvalues did not converge", and in predictions as NaN)."""
+    return tf.nest.map_structure(lambda v: checks.finite_array(name, v), values)
 
 
 def _batches(x, y, batch_size, need_targets=True):
-    """``(x, y)`` batches from arrays, or from a batched ``tf.data.Dataset`` of ``(x, y)``; the data of a fit
-    (``need_targets``) must be finite."""
+    """``(x, y)`` batches from arrays, or from a batched ``tf.data.Dataset`` of ``(x, y)``; the inputs (to fit
+    or to predict) and the targets of a fit (``need_targets``) must be finite."""
     if isinstance(x, tf.data.Dataset):
         if y is not None:
             raise ValueError(f"A tf.data.Dataset yields (x, y): do not pass `y`. Received: y of type {type(y).__name__}")
@@ -285,13 +285,14 @@ def _batches(x, y, batch_size, need_targets=True):
             if need_targets and not (isinstance(element, (tuple, list)) and len(element) >= 2):
                 raise ValueError("Expected a dataset of (x, y) batches. Received: elements without targets")
             xb, yb = (element[0], element[1]) if isinstance(element, (tuple, list)) else (element, None)
+            _finite(xb, "x")  # NaN inputs would give NaN predictions: refused, as tfbnn.predict does
             if need_targets:
-                _finite(xb, "x"), _finite(yb, "y")
+                _finite(yb, "y")
             yield xb, yb
         return
     if x is None:
         raise ValueError("Expected inputs `x`. Received: x=None")
-    x = _finite(x, "x", need_targets)
+    x = _finite(x, "x")
     num = _num_rows(x)
     if num == 0:
         raise ValueError("Expected at least one example. Received: x with 0 examples")
@@ -459,7 +460,7 @@ class _KroneckerProjection:
 
 
 # -- the approximation -------------------------------------------------------------------
-class Laplace:
+class Laplace(FittedPosterior):
     """The Laplace approximation ``N(theta*, (H + delta I)^-1)`` of a trained Keras model.
 
     The model is a Sequential or functional Keras model that ends in a
@@ -470,6 +471,13 @@ class Laplace:
     ``Laplace(model, likelihood, subset_of_weights, hessian_structure)``: construct,
     :meth:`fit` on the training data, optionally :meth:`optimize_prior_precision`,
     then :meth:`predict` or :meth:`to_model`. :func:`fit` does the first two steps.
+
+    A fitted ``Laplace`` is a :class:`tfbnn.inference.FittedPosterior`, used as SWAG
+    and HMC posteriors are: ``tfbnn.predict(la, x, num_samples=T, seed=s)`` runs the
+    network with T weight draws ``theta_t ~ q`` (the ``"nn"`` predictive; for the last
+    layer the exact linearized one), :meth:`save` and
+    :func:`tfbnn.inference.load_posterior` save it, ``tfbnn.export.export(la, path)``
+    exports it. Any ``subset`` and ``hessian``.
 
     Args:
         model: the trained ``keras.Model`` (its weights are the MAP ``theta*``; they are
@@ -520,6 +528,12 @@ class Laplace:
 
     #: Whether ``subset="all"`` takes ``hessian="kron"`` (a subclass with per-layer factors).
     _kron_all = False
+    kind = "laplace"
+
+    @property
+    def task(self):
+        """The task of :meth:`forward`'s outputs: class probabilities, or regression means."""
+        return self.likelihood
 
     def _subset_variables(self, model):
         """The weights of ``subset="all"``: None for every trainable weight (a subclass picks others)."""
@@ -908,6 +922,32 @@ class Laplace:
             self._net.assign(self.mean)
         return np.stack(outputs)
 
+    # -- the fitted-posterior protocol (tfbnn.predict, save, export) ----------------
+    def weight_draws(self, num_samples, seed=None):
+        """``(T, P)`` draws ``theta ~ N(theta*, Sigma)``: :meth:`sample`."""
+        return self.sample(num_samples, seed=seed)
+
+    def noise_scales(self, num_samples):
+        """``sigma_noise`` for each draw (regression), else None."""
+        return np.full(num_samples, self.sigma_noise) if self.likelihood == "regression" else None
+
+    def forward(self, draws, x):
+        """The network's outputs for weight draws ``(T, P)`` at ``x`` ``(B, ...)``, ``(T, B, K)``: class
+        probabilities (the softmax of the logits ``f``) or the regression means ``f``; traceable."""
+        self._check_fitted()
+        net = self._net
+        if self.subset == "last_layer":
+            phi = net.features(x, training=False)
+            if net.use_bias:
+                phi = tf.concat([phi, tf.ones_like(phi[:, :1])], axis=1)
+            weights = tf.reshape(tf.cast(draws, phi.dtype), [-1, net.input_dim, net.units])
+            f = tf.einsum("bi,tik->tbk", phi, weights)
+        else:
+            if getattr(self, "_flat", None) is None:
+                self._flat = FlatWeights(self.model, logits=True, variables=net.variables)
+            f = self._flat.forward(tf.cast(draws, self._flat.dtype), x)
+        return tf.nn.softmax(f, axis=-1) if self.likelihood == "classification" else f
+
     # -- a Keras model that samples -------------------------------------------------
     def to_model(self, seed=None, name=None):
         """A Keras model whose last layer samples from this posterior (last layer only).
@@ -924,13 +964,15 @@ class Laplace:
         (the seed state included) and exports with :mod:`tfbnn.export`.
 
         Args:
-            seed: int or None, seed of the layer's ``keras.random.SeedGenerator``.
+            seed: int in ``[0, 2^31)`` (NumPy integers too) or None, seed of the layer's
+                ``keras.random.SeedGenerator``.
             name: str or None, the model's name.
 
         Returns:
             A functional ``keras.Model``.
         """
         self._check_fitted()
+        seed = checks.numpy_seed(seed)
         if self.subset != "last_layer":
             raise ValueError("`to_model` samples the last layer: it needs subset='last_layer' (for all weights "
                              "use `predict(x, pred_type='nn')`). Received: subset='all'")
@@ -959,19 +1001,38 @@ class Laplace:
         """Writes the fitted state (``theta*``, the GGN factors, hyperparameters) to an ``.npz`` file.
 
         The model itself is saved separately (``model.save("model.keras")``); :func:`load`
-        takes both.
+        (or :func:`tfbnn.inference.load_posterior`, which reads every fitted posterior) takes both.
         """
+        super().save(path)
+
+    def _state(self):
         self._check_fitted()
         config = {"likelihood": self.likelihood, "subset": self.subset, "hessian": self.hessian,
                   "prior_precision": self.prior_precision, "sigma_noise": self.sigma_noise,
                   "num_data": self.num_data, "fit_terms": self._fit_terms}
         factors = self.hessian_factors if isinstance(self.hessian_factors, tuple) else (self.hessian_factors,)
         arrays = {f"factor_{i}": f for i, f in enumerate(factors)}
-        np.savez(path, config=np.asarray(json.dumps(config)), mean=self.mean, **arrays)
+        return config, dict(arrays, mean=self.mean)
+
+    @classmethod
+    def _from_state(cls, config, arrays, model):
+        factors = [arrays[f"factor_{i}"] for i in range(sum(k.startswith("factor_") for k in arrays))]
+        mean = arrays["mean"]
+        la = Laplace(model, config["likelihood"], config["subset"], config["hessian"], config["prior_precision"],
+                     config["sigma_noise"])
+        if mean.shape != (la.num_parameters,):
+            raise ValueError(f"Expected a state for a model with {la.num_parameters} parameters in the "
+                             f"approximation. Received: a state with {mean.shape[0]}")
+        la.mean, la.num_data, la._fit_terms = mean, config["num_data"], config["fit_terms"]
+        la.hessian_factors = tuple(factors) if config["hessian"] == "kron" else factors[0]
+        la._basis = la._make_basis(la.hessian_factors)
+        return la
 
 
 def load(path, model):
     """A :class:`Laplace` saved by :meth:`Laplace.save`, for ``model`` (the same trained model).
+
+    The same as :func:`tfbnn.inference.load_posterior`, which reads every fitted posterior.
 
     Args:
         path: the ``.npz`` file.
@@ -982,17 +1043,9 @@ def load(path, model):
     """
     with np.load(path, allow_pickle=False) as data:
         config = json.loads(str(data["config"]))
-        factors = [data[f"factor_{i}"] for i in range(sum(k.startswith("factor_") for k in data.files))]
-        mean = data["mean"]
-    la = Laplace(model, config["likelihood"], config["subset"], config["hessian"], config["prior_precision"],
-                 config["sigma_noise"])
-    if mean.shape != (la.num_parameters,):
-        raise ValueError(f"Expected a state for a model with {la.num_parameters} parameters in the approximation. "
-                         f"Received: a state with {mean.shape[0]}")
-    la.mean, la.num_data, la._fit_terms = mean, config["num_data"], config["fit_terms"]
-    la.hessian_factors = tuple(factors) if config["hessian"] == "kron" else factors[0]
-    la._basis = la._make_basis(la.hessian_factors)
-    return la
+        arrays = {name: data[name] for name in data.files if name != "config"}
+    config.pop("kind", None)
+    return Laplace._from_state(config, arrays, model)
 
 
 def fit(model, x, y=None, likelihood="classification", subset="last_layer", hessian=None, prior_precision=1.0,

@@ -70,7 +70,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from tfbnn._internal import checks, keras_calls
+from tfbnn._internal import checks, keras_private
 
 tfd = tfp.distributions
 
@@ -149,7 +149,7 @@ class DistributionHead(keras.layers.Layer):
 
     def __call__(self, *args, **kwargs):
         if self.task == "regression":
-            _refuse_plain_metrics(self, keras_calls.calling_model())
+            _refuse_plain_metrics(self, keras_private.calling_model())
         return super().__call__(*args, **kwargs)
 
     def build(self, input_shape):
@@ -786,7 +786,7 @@ def output_layer(model):
     outputs = getattr(model, "outputs", None)
     if not outputs:
         return None
-    layer = outputs[0]._keras_history.operation
+    layer = keras_private.output_layer(model)
     if isinstance(layer, keras.Model) and layer is not model:
         return output_layer(layer) or layer
     return layer

@@ -91,7 +91,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, keras_private
 from tfbnn import kl as kl_lib
 from tfbnn import laplace as laplace_lib
 from tfbnn import priors as priors_lib
@@ -111,7 +111,7 @@ def _dense_layers(model):
     if not isinstance(model, keras.layers.Layer):
         raise ValueError(f"Expected a Keras model or layer. Received: model of type {type(model).__name__}")
     # Keras' own traversal (KerasHub's Backbone.enable_lora uses it too): nested layers of backbones included.
-    return [layer for layer in model._flatten_layers(include_self=False, recursive=True)
+    return [layer for layer in keras_private.sublayers(model)
             if isinstance(layer, _LORA_TYPES)]
 
 
@@ -223,12 +223,12 @@ class _Probes:
 
     def __enter__(self):
         for layer in self.layers:
-            layer.call = self._call(layer)  # an instance attribute, shadowing the class's method
+            keras_private.override_call(layer, self._call(layer))
         return self
 
     def __exit__(self, *exc):
         for layer in self.layers:
-            del layer.call
+            keras_private.restore_call(layer)
 
 
 class LoRALaplace(laplace_lib.Laplace):
@@ -462,7 +462,7 @@ def fit_laplace(model, x, y=None, likelihood="classification", hessian="kron", p
 
 
 # -- the linearized sampling layer -----------------------------------------------------------------
-_UNMERGED = ("_kernel", "bias", "lora_kernel_a", "lora_kernel_b")
+_UNMERGED = (keras_private.LORA_BASE_KERNEL, "bias", "lora_kernel_a", "lora_kernel_b")
 # The raw scale output for a following GaussianHead, as LaplaceDense's: softplus(-1e4) is 0.
 _RAW_SCALE = -1e4
 
@@ -470,7 +470,7 @@ _RAW_SCALE = -1e4
 def _linearized_candidates(features, last):
     """The ``Dense`` / ``EinsumDense`` layers of ``features`` (nested ones included, in Keras' order), then ``last``:
     :class:`LinearizedLoRA` names its LoRA layers by their index here, which a deserialized copy reproduces."""
-    inner = [layer for layer in features._flatten_layers(include_self=False, recursive=True)
+    inner = [layer for layer in keras_private.sublayers(features)
              if isinstance(layer, _LORA_TYPES) and layer is not last]
     return inner + [last]
 
@@ -495,20 +495,20 @@ def _unmerged_once(layer, load):
         return {name: getattr(layer, name) for name in _UNMERGED if getattr(layer, name, None) is not None}
 
     def save_own_variables(store):
-        del layer.save_own_variables
+        keras_private.restore_variable_saving(layer, save=True)
         for key, variable in variables().items():
             store[key] = variable
 
     def load_own_variables(store):
-        del layer.load_own_variables
+        keras_private.restore_variable_saving(layer, load=True)
         for key, variable in variables().items():
             variable.assign(store[key])
 
     # instance attributes, shadowing the class's methods until they run
     if load:
-        layer.load_own_variables = load_own_variables
+        keras_private.override_variable_saving(layer, load=load_own_variables)
     else:
-        layer.save_own_variables = save_own_variables
+        keras_private.override_variable_saving(layer, save=save_own_variables)
 
 
 @keras.saving.register_keras_serializable(package="tfbnn")
@@ -804,7 +804,7 @@ def _save_unmerged(layer):
             variable.assign(store[str(i)])
 
     # instance attributes: Keras' saving calls `layer.save_own_variables(store)`
-    layer.save_own_variables, layer.load_own_variables = save_own_variables, load_own_variables
+    keras_private.override_variable_saving(layer, save=save_own_variables, load=load_own_variables)
     return layer
 
 

@@ -29,7 +29,7 @@ Reference:
 import keras
 import numpy as np
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, keras_private
 from tfbnn.layers.gp import RandomFeatureGaussianProcess
 
 __all__ = ["ResetCovariance", "gp_layers", "predictive_variance"]
@@ -39,7 +39,7 @@ def gp_layers(model):
     """Every :class:`tfbnn.layers.RandomFeatureGaussianProcess` in ``model`` (nested ones included)."""
     if not isinstance(model, keras.layers.Layer):
         raise ValueError(f"Expected a Keras model or layer. Received: model={model!r}")
-    return [layer for layer in model._flatten_layers(include_self=True, recursive=True)
+    return [layer for layer in keras_private.sublayers(model, include_self=True)
             if isinstance(layer, RandomFeatureGaussianProcess)]
 
 

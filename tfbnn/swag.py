@@ -58,7 +58,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, keras_private
 from tfbnn.inference import FlatWeights, WeightPosterior
 
 # Two snapshots closer than this (relative to the largest weight, at least 1) count as the same:
@@ -69,7 +69,7 @@ __all__ = ["SWAG", "SWAGPosterior", "bn_update", "load"]
 
 
 def _batch_norm_layers(model):
-    return [l for l in model._flatten_layers(include_self=False, recursive=True)
+    return [l for l in keras_private.sublayers(model)
             if isinstance(l, keras.layers.BatchNormalization)]
 
 
@@ -294,8 +294,17 @@ class SWAG(keras.callbacks.Callback, WeightPosterior):
             posterior.bn_update(*self._bn_data)
         return posterior
 
-    def predictive_samples(self, x, num_samples, batch_size=None):
-        return self.posterior().predictive_samples(x, num_samples, batch_size)
+    kind = "swag"
+
+    def weight_draws(self, num_samples, seed=None):
+        """``(T, P)`` draws of :meth:`posterior` (default scale) with ``seed``."""
+        return self.posterior(seed=seed).sample(num_samples)
+
+    def predictive_samples(self, x, num_samples, batch_size=None, seed=None):
+        return self.posterior(seed=seed).predictive_samples(x, num_samples, batch_size)
+
+    def forward(self, draws, x):
+        return self.posterior().forward(draws, x)
 
     # -- saving ----------------------------------------------------------------------
     def get_config(self):
@@ -308,11 +317,18 @@ class SWAG(keras.callbacks.Callback, WeightPosterior):
         return cls(**config)
 
     def save(self, path):
-        """Writes the configuration and the collected moments to an ``.npz`` file (see :func:`load`)."""
+        """Writes the configuration and the collected moments to an ``.npz`` file (see :func:`load`, or
+        :func:`tfbnn.inference.load_posterior`, which reads every fitted posterior)."""
+        super().save(path)
+
+    def _state(self):
         self._check_collected()
         config = dict(self.get_config(), num_snapshots=self.num_snapshots)
-        np.savez(path, config=np.asarray(json.dumps(config)), mean=self.mean, sq_mean=self.sq_mean,
-                 deviations=self.deviations())
+        return config, {"mean": self.mean, "sq_mean": self.sq_mean, "deviations": self.deviations()}
+
+    @classmethod
+    def _from_state(cls, config, arrays, model):
+        return _restore(config, arrays, model)
 
 
 def load(path, model=None):
@@ -328,7 +344,14 @@ def load(path, model=None):
     """
     with np.load(path, allow_pickle=False) as data:
         config = json.loads(str(data["config"]))
-        mean, sq_mean, deviations = data["mean"], data["sq_mean"], data["deviations"]
+        arrays = {name: data[name] for name in ("mean", "sq_mean", "deviations")}
+    config.pop("kind", None)
+    return _restore(config, arrays, model)
+
+
+def _restore(config, arrays, model):
+    mean, sq_mean, deviations = arrays["mean"], arrays["sq_mean"], arrays["deviations"]
+    config = dict(config)
     num_snapshots = config.pop("num_snapshots")
     swag = SWAG.from_config(config)
     if model is not None:
@@ -359,6 +382,8 @@ class SWAGPosterior(WeightPosterior):
         seed: int or None: the draws come from a NumPy generator seeded with it, so a
             posterior made with a seed gives the same sequence of draws.
     """
+
+    kind = "swag_posterior"
 
     def __init__(self, model, mean, diagonal, deviations, scale=0.5, seed=None):
         self.model = model
@@ -403,8 +428,23 @@ class SWAGPosterior(WeightPosterior):
         draws = self.mean + np.sqrt(self.scale) * noise
         return draws[0] if count is None else draws
 
-    def weight_draws(self, num_samples):
-        return self.sample(num_samples)
+    def weight_draws(self, num_samples, seed=None):
+        return self.sample(num_samples, seed=seed)
+
+    def forward(self, draws, x):
+        if self._bn_data is not None and _batch_norm_layers(self.model):
+            raise ValueError("A SWAG posterior that recomputes BatchNorm statistics per draw (`bn_update`) runs "
+                             "one draw at a time, eagerly; it has no traceable forward pass (export). "
+                             f"Received: model={self.model.name!r} with BatchNormalization layers")
+        return super().forward(draws, x)
+
+    def _state(self):
+        config = {"scale": self.scale, "seed": self.seed}
+        return config, {"mean": self.mean, "diagonal": self.diagonal, "deviations": self.deviation_matrix}
+
+    @classmethod
+    def _from_state(cls, config, arrays, model):
+        return cls(model, arrays["mean"], arrays["diagonal"], arrays["deviations"], **config)
 
     def bn_update(self, x, batch_size=32):
         """Predictions recompute the BatchNorm statistics on ``x`` for each weight draw.

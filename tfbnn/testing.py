@@ -16,7 +16,7 @@
    (same weights, same seed state), the posterior-mean outputs are close to float32's, and
    one ``fit`` epoch under the first of them keeps the loss finite;
 7. with ``keras_checks=True``, also what Keras promises of any layer, by Keras' own
-   harness (``keras.src.testing.TestCase.run_layer_test``): build from a shape, symbolic
+   harness (its test case's ``run_layer_test``, private Keras API): build from a shape, symbolic
    and eager calls with the same output shape, the weight, seed-generator and loss
    counts, a ``fit`` run, masking support where asked. This is the one harness: a test
    of a tfbnn layer asks it for Keras' checks instead of calling Keras' harness itself.
@@ -35,6 +35,7 @@ import tempfile
 import keras
 import numpy as np
 
+from tfbnn._internal import keras_private
 from tfbnn.layers.base import BayesianLayer
 from tfbnn.utils import posterior_mean
 
@@ -228,11 +229,11 @@ def run_layer_test(
 
 def _run_keras_harness(layer_cls, init_kwargs, input_shape, expected_output_shape, num_losses, num_seed_generators,
                        num_trainable_weights, run_training, run_mixed_precision, dtype, options):
-    """Keras' own ``run_layer_test`` (not public API: ``keras.src.testing``, Keras >= 3.15)."""
+    """Keras' own ``run_layer_test`` (not public API: :func:`tfbnn._internal.keras_private.keras_test_case`)."""
     if num_trainable_weights is None:
         raise ValueError("Expected `expected_num_trainable_weights` with keras_checks=True: Keras' harness "
                          "checks the count. Received: expected_num_trainable_weights=None")
-    from keras.src.testing import TestCase  # loaded only for these checks: it imports Keras' test utilities
+    TestCase = keras_private.keras_test_case()  # loaded only for these checks: it imports Keras' test utilities
 
     class _Keras(TestCase):
         pass

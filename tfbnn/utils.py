@@ -5,7 +5,7 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from tfbnn._internal import checks
+from tfbnn._internal import checks, keras_private
 from tfbnn.layers.base import INFERENCE_MODES, BayesianLayer, StochasticLayer, validate_kl_weight
 
 __all__ = [
@@ -29,7 +29,7 @@ def stochastic_layers(model):
     if not isinstance(model, keras.layers.Layer):
         raise ValueError(f"Expected a Keras model or layer. Received: model={model!r}")
     # Keras' own traversal: covers Sequential, functional, subclassed and nested models.
-    layers = model._flatten_layers(include_self=True, recursive=True)
+    layers = keras_private.sublayers(model, include_self=True)
     return [layer for layer in layers if isinstance(layer, StochasticLayer)]
 
 
@@ -121,10 +121,8 @@ def build_for_fit(model, data_batch):
         return model  # nothing is traced: Keras builds the state in the first (eager) step
     if model.distribute_strategy is not tf.distribute.get_strategy():
         return model  # a strategy's model outside its scope (Keras builds it there)
-    build = getattr(model, "_symbolic_build", None)
-    if callable(build):
-        build(data_batch=tuple(data_batch))
-    elif model.optimizer is not None and not model.optimizer.built:
+    if not keras_private.symbolic_build(model, data_batch) and model.optimizer is not None and (
+            not model.optimizer.built):
         model.optimizer.build(model.trainable_variables)
     return model
 

@@ -10,7 +10,6 @@ module             what it holds
 ``files``          atomic writes, JSON/CSV/text output, plain-value conversion, tables
 ``configurable``   the base of the small config objects (priors, posterior builders)
 ``backend``        the backend contract: one clear error on a Keras backend other than TensorFlow
-``keras_calls``    the model whose call runs a layer (Keras' call context, private)
 =================  ==============================================================
 
 Any tfbnn module may import from here; users and tests use the public modules.

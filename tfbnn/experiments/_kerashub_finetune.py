@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 import tfbnn
 from tfbnn import hub, lora, metrics, plots
-from tfbnn._internal import files
+from tfbnn._internal import files, keras_private
 from tfbnn.datasets import text
 from tfbnn.experiments import _common
 from tfbnn.inference import entropy
@@ -90,7 +90,7 @@ def _fit_bbb_head(context):
     head layer, ``Input(d) -> head``), and the predictive is the head's over those features: what
     ``tfbnn.predict(bnn, x)`` computes, without running the backbone T times."""
     bnn = hub.bayesian_head(context.copy(), "flipout", num_examples=context.n, seed=context.s["seed"])
-    head = bnn.outputs[0]._keras_history.operation
+    head = keras_private.output_layer(bnn)
     features = hub.pooled_features(context.task, context.x)
     on_features = keras.Sequential([keras.Input(features.shape[1:]), head], name=f"{bnn.name}_on_features")
     context.compile_fit(on_features, features, context.y, context.s["head_epochs"])

@@ -45,12 +45,14 @@ from tfbnn.inference._summaries import (
     summarize_regression,
     entropy,
 )
-from tfbnn.inference._weights import FlatWeights, WeightPosterior
+from tfbnn.inference._weights import FittedPosterior, FlatWeights, WeightPosterior, load_posterior
 from tfbnn.likelihoods import GaussianHead, gaussian_nll
 
 __all__ = [
     "predict",
     "AdaptiveSampling",
+    "FittedPosterior",
+    "load_posterior",
     "WeightPosterior",
     "FlatWeights",
     "SAMPLING_PER",

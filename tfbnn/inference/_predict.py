@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn._internal import checks, deprecation
+from tfbnn._internal import checks, deprecation, keras_private
 from tfbnn import moments
 from tfbnn.ensembles import DeepEnsemble
 from tfbnn.layers.rank1 import EnsembleMean, ensemble_size, members_as_samples
@@ -29,7 +29,7 @@ from tfbnn.inference._summaries import (
     summarize_classification,
     summarize_regression,
 )
-from tfbnn.inference._weights import WeightPosterior
+from tfbnn.inference._weights import FittedPosterior
 from tfbnn.likelihoods import DistributionHead, GaussianHead, output_layer
 from tfbnn.utils import stochastic_layers, weight_samples
 
@@ -53,6 +53,7 @@ def predict(
     joint=False,
     head=None,
     method="monte_carlo",
+    seed=None,
 ):
     """Monte Carlo prediction: T posterior predictive samples per example, summarised.
 
@@ -92,13 +93,15 @@ def predict(
     usual deep ensemble of deterministic networks) is run with ``T = 1``: its
     predictive is exact with M samples, whatever ``num_samples`` says.
 
-    **Weight posteriors.** For a :class:`WeightPosterior` (a
-    :class:`tfbnn.swag.SWAGPosterior`, a :class:`tfbnn.hmc.HMCResult`) the T samples
-    are T draws of the model's flattened weights, each run through the model over
-    the whole batch (one function draw per sample, as ``joint=True``); ``num_samples``
-    must be an int, and the model's output layer decides the task as above. A
-    posterior with a Gaussian noise scale (HMC's ``"normal"`` likelihood) reports it
-    as ``aleatoric_std``.
+    **Fitted posteriors.** For a :class:`FittedPosterior` (a fitted
+    :class:`tfbnn.laplace.Laplace` of any subset and structure, a
+    :class:`tfbnn.swag.SWAG` or :class:`tfbnn.swag.SWAGPosterior`, a
+    :class:`tfbnn.hmc.HMCResult`) the T samples are T weight draws ``theta_t ~ q``
+    (seeded by ``seed``), each run through the network over the whole batch (one
+    function draw per sample, as ``joint=True``); ``num_samples`` must be an int. The
+    posterior's task (Laplace's likelihood) or else the model's output layer decides
+    the task as above. A posterior with a Gaussian noise scale (Laplace regression,
+    HMC's ``"normal"`` likelihood) reports it as ``aleatoric_std``.
 
     **BatchEnsemble and rank-1 models.** A model ending in
     :class:`tfbnn.layers.EnsembleMean` (E members sharing their weights,
@@ -149,7 +152,7 @@ def predict(
 
     Args:
         model: a Keras model with one output, a :class:`tfbnn.DeepEnsemble`, or a
-            :class:`WeightPosterior` (SWAG, HMC).
+            :class:`FittedPosterior` (Laplace, SWAG, HMC).
         x: inputs: an array or tensor ``(N, ...)``, a list/dict of them (multi-input
             models), or a batched ``tf.data.Dataset`` yielding ``x`` or
             ``(x, y, ...)``. Floating-point inputs must be finite (NaN or
@@ -206,7 +209,10 @@ def predict(
             ``num_samples`` is unused; ``samples`` is None, ``num_samples`` 0 and
             ``samples_used`` 0. Sequential or functional chains of the layers that
             :mod:`tfbnn.moments` supports; ``return_samples``, ``mc_dropout``, ``joint``,
-            adaptive sampling, ensembles and weight posteriors are Monte Carlo only.
+            adaptive sampling, ensembles and fitted posteriors are Monte Carlo only.
+        seed: int in ``[0, 2^31)`` or None (default), the seed of a fitted posterior's
+            weight draws: the same seed gives the same draws. A Keras model's layers
+            draw from their own seeds (their ``seed`` argument): pass None.
 
     Returns:
         A :class:`ClassificationPrediction` (``mean_probs (N, C)``, entropies
@@ -239,12 +245,16 @@ def predict(
     """
     if method not in METHODS:
         raise ValueError(f"Expected `method` in {METHODS}. Received: method={method!r}")
+    if seed is not None and not isinstance(model, FittedPosterior):
+        raise ValueError("`seed` seeds a fitted posterior's weight draws; a Keras model's layers draw from their own "
+                         f"seeds (their `seed` argument). Received: seed={seed!r} with model of type "
+                         f"{type(model).__name__}")
     if method == "moments":
         return _predict_moments(model, x, num_samples, batch_size, return_samples, task, from_logits, gaussian_head,
                                 mc_dropout, joint, head)
-    if isinstance(model, WeightPosterior):
+    if isinstance(model, FittedPosterior):
         return _predict_weight_posterior(model, x, num_samples, batch_size, return_samples, task, from_logits,
-                                         gaussian_head, mc_dropout)
+                                         gaussian_head, mc_dropout, seed)
     batch_size = _check_args(model, batch_size, task, from_logits, gaussian_head)
     num_samples, rule = sampling_rule(num_samples)
     adaptive = rule is not None
@@ -310,21 +320,28 @@ def predict(
 
 
 def _predict_weight_posterior(posterior, x, num_samples, batch_size, return_samples, task, from_logits,
-                              gaussian_head, mc_dropout):
-    """``predict`` for a :class:`WeightPosterior`: T weight draws, each a function draw over ``x``."""
+                              gaussian_head, mc_dropout, seed):
+    """``predict`` for a :class:`FittedPosterior`: T weight draws, each a function draw over ``x``."""
     if not checks.is_integer(num_samples):
-        raise ValueError("A weight posterior (SWAG, HMC) is sampled with a fixed number of weight draws. "
+        raise ValueError("A fitted posterior (Laplace, SWAG, HMC) is sampled with a fixed number of weight draws. "
                          f"Received: num_samples={num_samples!r}")
     if mc_dropout:
-        raise ValueError("`mc_dropout` does not apply to a weight posterior (its samples are weight draws). "
+        raise ValueError("`mc_dropout` does not apply to a fitted posterior (its samples are weight draws). "
                          "Received: mc_dropout=True")
     batch_size = _check_args(posterior.model, batch_size, task, from_logits, gaussian_head)
-    samples = posterior.predictive_samples(x, num_samples, batch_size)
+    if posterior.task is not None and task not in ("auto", posterior.task):
+        raise ValueError(f"The posterior is a {posterior.task} posterior. Received: task={task!r}")
+    if posterior.task is not None and (from_logits or gaussian_head):
+        raise ValueError(f"A {type(posterior).__name__} posterior's outputs are read by the posterior. "
+                         f"Received: from_logits={from_logits!r}, gaussian_head={gaussian_head!r}")
+    samples = posterior.predictive_samples(x, num_samples, batch_size, seed=seed)
     if posterior.noise_scales(1) is not None or gaussian_head:
         head = GaussianHead()  # the draws' noise scales are appended to the outputs, a GaussianHead's layout
+    elif posterior.task is not None:
+        head = None
     else:
         head = _resolve_head(posterior.model, None, gaussian_head, task, from_logits)
-    resolved = _task_from_model(task, posterior.model, from_logits, head)
+    resolved = _task_from_model(posterior.task or task, posterior.model, from_logits, head)
     if resolved == "classification":
         probs = samples if head is None else class_probabilities(samples, head=head)
         return summarize_classification(probs, from_logits=from_logits and head is None,
@@ -335,7 +352,7 @@ def _predict_weight_posterior(posterior, x, num_samples, batch_size, return_samp
 def _predict_moments(model, x, num_samples, batch_size, return_samples, task, from_logits, gaussian_head,
                      mc_dropout, joint, head):
     """``predict`` with ``method="moments"``: one moment-propagation pass per batch (:mod:`tfbnn.moments`)."""
-    if isinstance(model, (WeightPosterior, DeepEnsemble)):
+    if isinstance(model, (FittedPosterior, DeepEnsemble)):
         raise ValueError("method='moments' propagates through one network's layers; an ensemble or weight "
                          f"posterior is sampled. Received: model of type {type(model).__name__}")
     monte_carlo_only = {"return_samples": return_samples, "mc_dropout": mc_dropout, "joint": joint}
@@ -388,7 +405,7 @@ def _chain(first, rest):
 def _output_layer(model):
     layer = output_layer(reference_model(model))
     while isinstance(layer, EnsembleMean):  # the members' output layer says what they predict
-        layer = layer._inbound_nodes[0].input_tensors[0]._keras_history.operation
+        layer = keras_private.inbound_layer(layer)
         if isinstance(layer, keras.Model):
             layer = output_layer(layer) or layer
     return layer

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfbnn._internal import keras_private
 from tfbnn.ensembles import DeepEnsemble
 from tfbnn.layers.rank1 import ensemble_means, ensemble_size
 from tfbnn.utils import stochastic_layers
@@ -62,7 +63,7 @@ class _AlwaysTraining(keras.layers.Layer):
 def _only_dropout_depends_on_training(layer):
     """Whether the subclassed ``layer`` has dropout inside and no other sublayer known to act
     differently in training (normalization statistics, noise, Bayesian sampling)."""
-    inner = layer._flatten_layers(include_self=False, recursive=True)
+    inner = keras_private.sublayers(layer)
     other = (keras.layers.BatchNormalization, keras.layers.GaussianNoise, keras.layers.ActivityRegularization)
     sampling = {id(l) for l in stochastic_layers(layer)}
     return (any(isinstance(l, _DROPOUT_TYPES) for l in inner)
@@ -70,7 +71,7 @@ def _only_dropout_depends_on_training(layer):
 
 
 def _dropout_layers(model):
-    return [l for l in model._flatten_layers(include_self=False, recursive=True) if isinstance(l, _DROPOUT_TYPES)]
+    return [l for l in keras_private.sublayers(model) if isinstance(l, _DROPOUT_TYPES)]
 
 
 def _mc_dropout_view(model):
@@ -162,7 +163,7 @@ def compiled_sampler(model, num_samples, joint, mc_dropout, signature):
     # per source function, so a handful of keys (T = 10, 20, 50, ...) would read to it as "retracing"
     # and log its warning, which here has nothing to fix: it is switched off for these functions
     # (as TensorFlow does for the functions of a loaded SavedModel).
-    sample._omit_frequent_tracing_warning = True
+    keras_private.quiet_retracing(sample)
     entry[key] = sample
     return sample
 

@@ -71,7 +71,7 @@ import tensorflow as tf
 
 from tfbnn import kl as kl_lib
 from tfbnn import priors as priors_lib
-from tfbnn._internal import checks
+from tfbnn._internal import checks, keras_private
 from tfbnn.layers.arguments import ConvArguments, DenseArguments
 from tfbnn.layers.base import (FLOAT_PRIOR_ARGUMENTS, BayesianLayer, FloatPriorAttributes, KernelArguments,
                                multiplicative_prior)
@@ -242,7 +242,7 @@ class EnsembleMean(keras.layers.Layer):
 
 def ensemble_means(model):
     """The :class:`EnsembleMean` layers of ``model`` (nested ones included)."""
-    return [l for l in model._flatten_layers(include_self=True, recursive=True) if isinstance(l, EnsembleMean)]
+    return [l for l in keras_private.sublayers(model, include_self=True) if isinstance(l, EnsembleMean)]
 
 
 def ensemble_size(model):
