@@ -95,6 +95,16 @@ def _vector(name, value, length=None, positive=False):
     return v
 
 
+def _class_labels(name, value, n, num_classes):
+    """``value`` as ``(n,)`` integer class labels in ``[0, num_classes)``; else a ValueError naming ``name``."""
+    y = checks.array(name, value)
+    if y.ndim != 1 or len(y) != n or y.dtype.kind not in "iu" or np.any(y < 0) or np.any(y >= num_classes):
+        found = f", min={y.min()}, max={y.max()}" if y.size and y.dtype.kind in "biuf" else ""
+        raise ValueError(f"Expected `{name}` of shape ({n},), ints in [0, {num_classes}). "
+                         f"Received: {name} of shape {y.shape}, dtype {y.dtype}{found}")
+    return y
+
+
 def conformal_quantile(scores, alpha):
     """The split-conformal quantile of calibration ``scores``: ``s_(k)``, ``k = ceil((n + 1)(1 - alpha))``.
 
@@ -162,6 +172,7 @@ class SplitConformalRegressor:
         self.score = score
         self.quantile = None
         self.num_calibration = 0
+        self.num_classes = None
 
     def _scale(self, std, n):
         if self.score == "absolute":
@@ -223,6 +234,7 @@ class ConformalizedQuantileRegressor:
         self.alpha = _alpha(alpha)
         self.quantile = None
         self.num_calibration = 0
+        self.num_classes = None
 
     def fit(self, lower, upper, y):
         """Computes ``q_hat`` from the calibration band ``[lower, upper]`` and targets ``y`` (each ``(n,)``)."""
@@ -286,6 +298,7 @@ class ConformalClassifier:
 
     Attributes:
         quantile: ``q_hat`` after :meth:`fit`.
+        num_classes: ``C`` after :meth:`fit`; :meth:`predict` refuses probabilities over other classes.
 
     Shapes: ``probs`` ``(n, C)``; labels ``(n,)`` ints in ``[0, C)``; :meth:`predict` gives
     a boolean ``(m, C)`` membership matrix.
@@ -309,6 +322,7 @@ class ConformalClassifier:
         self.k_reg = checks.integer("k_reg", k_reg, 0)
         self.quantile = None
         self.num_calibration = 0
+        self.num_classes = None
 
     def scores(self, probs):
         """``(n, C)``: the score of every class of every example (lower: more conforming)."""
@@ -328,20 +342,21 @@ class ConformalClassifier:
     def fit(self, probs, labels):
         """Computes ``q_hat`` from calibration probabilities (or a ClassificationPrediction) and labels."""
         s = self.scores(probs)
-        y = checks.array("labels", labels)
-        if y.ndim != 1 or len(y) != len(s) or not np.issubdtype(y.dtype, np.integer) or np.any(y < 0) \
-                or np.any(y >= s.shape[1]):
-            raise ValueError(f"Expected `labels` of shape ({len(s)},), ints in [0, {s.shape[1]}). "
-                             f"Received: labels of shape {y.shape}, dtype {y.dtype}")
+        y = _class_labels("labels", labels, len(s), s.shape[1])
         self.quantile = conformal_quantile(s[np.arange(len(y)), y], self.alpha)
         self.num_calibration = len(y)
+        self.num_classes = s.shape[1]
         return self
 
     def predict(self, probs):
         """Boolean ``(m, C)``: class ``c`` is in the set of example ``i`` when its score is at most ``q_hat``."""
         if self.quantile is None:
             raise ValueError("Expected a fitted ConformalClassifier: call fit(probs, labels) first.")
-        return self.scores(probs) <= self.quantile
+        scores = self.scores(probs)
+        if scores.shape[1] != self.num_classes:
+            raise ValueError(f"Expected `probs` over the {self.num_classes} classes the sets were calibrated on. "
+                             f"Received: probs.shape={scores.shape}")
+        return scores <= self.quantile
 
 
 def coverage(y, lower_or_sets, upper=None):
@@ -360,14 +375,15 @@ def coverage(y, lower_or_sets, upper=None):
         0.5
     """
     if upper is None:
-        sets = np.asarray(lower_or_sets, bool)
-        labels = np.asarray(y, int)
-        if sets.ndim != 2 or labels.shape != (len(sets),):
-            raise ValueError(f"Expected `y` of shape ({len(sets)},) and sets of shape (m, C). "
-                             f"Received: y.shape={labels.shape}, sets.shape={sets.shape}")
-        return float(np.mean(sets[np.arange(len(labels)), labels]))
+        sets = checks.array("lower_or_sets", lower_or_sets)
+        if sets.ndim != 2 or 0 in sets.shape or not np.all((sets == 0) | (sets == 1)):
+            raise ValueError("Expected `lower_or_sets` to be a boolean (m, C) set matrix with m, C >= 1 (or the "
+                             f"lower ends, with `upper`). Received: lower_or_sets of shape {sets.shape}, "
+                             f"dtype {sets.dtype}")
+        labels = _class_labels("y", y, len(sets), sets.shape[1])
+        return float(np.mean(sets.astype(bool)[np.arange(len(labels)), labels]))
     target = _vector("y", y)
-    lo, hi = _vector("lower", lower_or_sets, len(target)), _vector("upper", upper, len(target))
+    lo, hi = _vector("lower_or_sets", lower_or_sets, len(target)), _vector("upper", upper, len(target))
     return float(np.mean((lo <= target) & (target <= hi)))
 
 

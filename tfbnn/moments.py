@@ -91,6 +91,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfbnn._internal import checks
 from tfbnn.layers.arguments import ConvArguments, ConvTransposeArguments, DenseArguments
 from tfbnn.layers.base import StochasticLayer
 from tfbnn.layers.mc_dropout import MCDropout
@@ -511,6 +512,14 @@ def _check_built(layers):
                              "first. Received: a model with unbuilt layers")
 
 
+def _declared_inputs(model):
+    """The model's declared inputs (a Sequential built without an ``Input`` may have none)."""
+    try:
+        return list(model.inputs or [])
+    except (AttributeError, ValueError):
+        return []
+
+
 def propagate(model, inputs):
     """Propagates the inputs' moments (a point: variance 0) through ``model``: the output's mean and variance.
 
@@ -529,13 +538,16 @@ def propagate(model, inputs):
         :class:`tfbnn.GaussianHead`) and the ``link`` left out.
 
     Raises:
-        ValueError: naming the layer and its class when a layer has no moment rule.
+        ValueError: naming the layer and its class when a layer has no moment rule; naming
+            ``inputs`` when they are not numbers, not shaped like the model's input, or not finite.
     """
     layers = model_layers(model)
     _check_built(layers)
-    mean = tf.convert_to_tensor(inputs)
-    if not mean.dtype.is_floating:
-        mean = tf.cast(mean, tf.float32)
+    mean = checks.float_tensor("inputs", inputs)
+    declared = _declared_inputs(model)
+    if len(declared) == 1:
+        checks.input_shape(mean, declared[0].shape, "inputs")
+    checks.finite_inputs(mean, name="inputs")
     variance = tf.zeros_like(mean)
     link, head = None, None
     for i, layer in enumerate(layers):

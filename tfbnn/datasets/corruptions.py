@@ -37,6 +37,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from tfbnn._internal import checks
+
 __all__ = ["gaussian_noise", "salt_and_pepper", "token_replacement", "check_levels", "make_rng", "CORRUPTIONS", "DEFAULT_LEVELS",
            "IMAGE_CORRUPTIONS", "SEVERITY_PARAMETERS", "check_image_corruption", "corrupt_image", "corruption_transform",
            "corrupt_images", "disk_kernel", "pixelate_size"]
@@ -67,8 +69,9 @@ def _check_fraction(value, name):
 
 
 def _as_float_array(x):
-    x = np.asarray(x)
-    if x.dtype.kind not in "fiu":
+    """``x`` as a float array of finite numbers (integers as float32); else a ValueError naming ``x``."""
+    x = checks.finite_array("x", x)
+    if x.dtype.kind == "b":
         raise ValueError(f"Expected numeric inputs `x`. Received: x of dtype {x.dtype}")
     return x if x.dtype.kind == "f" else x.astype(np.float32)
 
@@ -123,7 +126,8 @@ def salt_and_pepper(x, p, seed=None, low=0.0, high=1.0):
         True
     """
     p = _check_fraction(p, "p")
-    if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+    low, high = checks.number("low", low), checks.number("high", high)
+    if low > high:
         raise ValueError(f"Expected finite `low` <= `high`. Received: low={low!r}, high={high!r}")
     x = _as_float_array(x)
     rng = make_rng(seed)
@@ -458,7 +462,7 @@ def corrupt_images(x, name, severity, seed=0, batch_size=256):
         name: one of :data:`IMAGE_CORRUPTIONS`.
         severity: int in 1..5.
         seed: int >= 0. Default 0.
-        batch_size: int, images per batch of the pipeline.
+        batch_size: int >= 1, images per batch of the pipeline. Default 256.
 
     Returns:
         float32 array of ``x``'s shape in [0, 1].
@@ -472,6 +476,7 @@ def corrupt_images(x, name, severity, seed=0, batch_size=256):
         ((2, 8, 8, 1), True)
     """
     transform = corruption_transform(name, severity, seed)
+    batch_size = checks.integer("batch_size", batch_size, 1)
     x = _as_float_array(x)
     if x.ndim != 4 or x.shape[-1] not in (1, 3) or 0 in x.shape:
         raise ValueError(f"Expected images `x` of shape (n, h, w, 1 or 3). Received: x.shape={x.shape}")
