@@ -355,10 +355,11 @@ NEW_FUNCTION_CASES = [(name, arg) for name in sorted(NEW_FUNCTIONS) for arg in s
 
 def _capped(value, cap):
     """``value``, or ``cap`` for a valid number above it (the check of large values is the bound itself)."""
-    if cap is not None and isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-            value, (bool, np.bool_)) and np.isfinite(float(value)) and value > cap:
-        return type(value)(cap) if not isinstance(value, int) else cap
-    return value
+    if cap is None or isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        return value
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        return value
+    return type(value)(cap) if value > cap else value
 
 
 @FUZZ

@@ -178,14 +178,12 @@ def _not_applicable(args):
     if args.model not in names:
         hint = " (a text model: see `tfbnn vd-transformer`)" if args.model in models.TEXT_MODELS else ""
         raise ValueError(f"unknown model{hint}; expected one of {names}. Received: --model={args.model}")
-    _check_kerashub_method(args)
+    _check_kerashub_method(args, models.kerashub)
 
 
-def _check_kerashub_method(args):
-    """A KerasHub model takes a Bayesian method only as a Bayesian head, which ``tfbnn train`` has no flag for:
-    say which methods it trains."""
-    from tfbnn.models import kerashub
-
+def _check_kerashub_method(args, kerashub):
+    """A KerasHub model (of the zoo's module ``kerashub``) takes a Bayesian method only as a Bayesian head,
+    which ``tfbnn train`` has no flag for: say which methods it trains."""
     member = _member_method(args)
     if args.model in kerashub.__all__ and registry.get(member).build == "zoo" \
             and member not in kerashub.DETERMINISTIC_BODY_METHODS:

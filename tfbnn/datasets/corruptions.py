@@ -61,11 +61,7 @@ def make_rng(seed):
 
 
 def _check_fraction(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not (
-        math.isfinite(value) and 0.0 <= value <= 1.0
-    ):
-        raise ValueError(f"Expected `{name}` in [0, 1]. Received: {name}={value!r}")
-    return float(value)
+    return checks.number(name, value, low=0, high=1, what="in [0, 1]")
 
 
 def _as_float_array(x):
@@ -184,13 +180,18 @@ def check_levels(corruption, levels=None):
         ValueError: an unknown corruption, no level, or a level outside [0, 1]
             (named ``gamma`` for Gaussian noise, ``p`` for salt and pepper).
     """
-    if corruption not in CORRUPTIONS:
+    if not isinstance(corruption, str) or corruption not in CORRUPTIONS:
         raise ValueError(f"Unknown corruption. Expected one of {list(CORRUPTIONS)}. Received: corruption={corruption!r}")
-    levels = DEFAULT_LEVELS[corruption] if levels is None else tuple(levels)
-    if not levels:
+    if levels is None:
+        return DEFAULT_LEVELS[corruption]
+    values = checks.array("levels", levels).reshape(-1) if not isinstance(levels, (list, tuple)) else levels
+    if isinstance(levels, str) or not len(values):
         raise ValueError(f"Expected at least one level. Received: levels={levels!r}")
     name = "gamma" if corruption == "gaussian" else "p"
-    return tuple(_check_fraction(level, name) for level in levels)
+    try:
+        return tuple(_check_fraction(level, name) for level in values)
+    except ValueError as e:
+        raise ValueError(f"Expected `levels` to be intensities in [0, 1] ({e}). Received: levels={levels!r}") from None
 
 
 # -- image corruptions (Hendrycks & Dietterich 2019) ------------------------------------------------
@@ -222,7 +223,7 @@ def check_image_corruption(name, severity):
     Raises:
         ValueError: an unknown name (the known ones listed) or a severity outside 1..5.
     """
-    if name not in IMAGE_CORRUPTIONS:
+    if not isinstance(name, str) or name not in IMAGE_CORRUPTIONS:
         raise ValueError(f"Unknown corruption. Expected one of {list(IMAGE_CORRUPTIONS)}. Received: name={name!r}")
     if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or not 1 <= severity <= 5:
         raise ValueError(f"Expected `severity` to be an integer in 1..5. Received: severity={severity!r}")
@@ -250,11 +251,13 @@ def disk_kernel(radius, alias_blur):
         >>> disk_kernel(1.0, 0.2).shape, round(float(disk_kernel(1.0, 0.2).sum()), 6)
         ((5, 5), 1.0)
     """
+    radius = checks.number("radius", radius, low=0)
+    alias_blur = checks.number("alias_blur", alias_blur, low=0, low_open=True)
     half = int(math.ceil(radius)) + 1  # one ring more for the Gaussian
     grid = np.arange(-half, half + 1, dtype=np.float64)
     disk = (grid[:, None] ** 2 + grid[None, :] ** 2 <= radius ** 2).astype(np.float64)
     disk /= disk.sum()
-    g = np.exp(-np.arange(-1.0, 2.0) ** 2 / (2.0 * alias_blur ** 2))
+    g = np.exp(-((np.arange(-1.0, 2.0) / alias_blur) ** 2) / 2.0)  # (k / s)^2: no 0 / 0 for a tiny s
     g /= g.sum()
     padded = np.pad(disk, 1, mode="reflect")
     rows = sum(g[i] * padded[i:i + disk.shape[0], :] for i in range(3))
@@ -276,6 +279,8 @@ def pixelate_size(side, severity):
         >>> [pixelate_size(8, s) for s in range(1, 6)], [pixelate_size(32, s) for s in range(1, 6)]
         ([7, 6, 5, 4, 3], [30, 29, 27, 24, 21])
     """
+    side = checks.integer("side", side, 1)
+    _, severity = check_image_corruption("pixelate", severity)
     size = side
     for c in SEVERITY_PARAMETERS["pixelate"][:severity]:
         size = max(1, min(int(round(side * c)), size - 1))
