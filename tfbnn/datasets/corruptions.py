@@ -288,7 +288,15 @@ def pixelate_size(side, severity):
 
 
 def _seed_pair(seed):
-    return tf.cast(tf.reshape(seed, [2]), tf.int32)
+    """``seed`` as the int32 pair of a stateless op; else a ValueError naming ``seed``."""
+    try:
+        t = tf.convert_to_tensor(seed)
+    except (TypeError, ValueError, OverflowError):
+        t = None
+    if t is None or not t.dtype.is_integer or (t.shape.is_fully_defined() and t.shape.num_elements() != 2):
+        raise ValueError(f"Expected `seed` to be a pair of integers (a stateless seed, shape (2,)). Received: "
+                         f"seed={seed!r}")
+    return tf.cast(tf.reshape(t, [2]), tf.int32)
 
 
 def _conv(image, kernel):
@@ -360,7 +368,7 @@ def corrupt_image(image, name, severity, seed):
     """
     name, severity = check_image_corruption(name, severity)
     c = SEVERITY_PARAMETERS[name][severity - 1]
-    x = tf.convert_to_tensor(image, tf.float32)
+    x = tf.cast(checks.float_tensor("image", image), tf.float32)
     if x.shape.rank != 3 or x.shape[-1] not in (1, 3):
         raise ValueError(f"Expected an image of shape (h, w, 1 or 3). Received: image.shape={x.shape}")
     seed = _seed_pair(seed)
