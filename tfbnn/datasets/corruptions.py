@@ -158,7 +158,7 @@ def token_replacement(x, p, seed=None, vocab_size=None):
         (True, True, True)
     """
     p = _check_fraction(p, "p")
-    x = np.asarray(x)
+    x = checks.array("x", x)
     if x.dtype.kind not in "iu":
         raise ValueError(f"Expected integer token ids `x`. Received: x of dtype {x.dtype}")
     if vocab_size is None:
