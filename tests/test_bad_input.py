@@ -187,8 +187,9 @@ def test_a_file_that_is_not_a_model_is_named_as_such(command, tmp_path, capsys):
     junk = tmp_path / "junk.keras"
     junk.write_text("junk")
     status, err = _command([command[0], str(junk), *command[1:]], capsys)
-    assert status == 1  # a RunError, as any model that does not load
-    assert err == f"tfbnn: error: {junk} is not a readable .keras model: it is not a zip archive (a .keras file is one)\n"
+    assert status == 2  # a bad argument (issue 36; it was a RunError, 1, until then)
+    assert err == (f"tfbnn: error: argument model: expected a .keras model (a zip archive), received '{junk}', "
+                   f"which is not a zip archive (see 'tfbnn {command[0]} --help')\n")
     assert "File not found" not in err and err.count("\n") == 1
 
 

@@ -16,6 +16,7 @@ import re
 
 import keras
 import numpy as np
+import pytest
 import tensorflow_probability as tfp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -238,3 +239,160 @@ def test_models_build(data):
     kwargs = {**BUILD_ARGS, arg: value}
     name = kwargs.pop("name")
     _check(lambda: tfbnn.models.build(name, **kwargs), arg, {"name": "model"}.get(arg))
+
+
+# -- the newer entry points (issue 36): conformal sets, moments, OOD scores, corruptions, calibration ----------
+
+from tfbnn import conformal, evaluation, moments  # noqa: E402
+from tfbnn.datasets import corruptions  # noqa: E402
+
+
+def _fitted(make, *fit_args):
+    return make().fit(*fit_args)
+
+
+def _prediction():
+    return tfbnn.inference.summarize_classification(np.stack([PROBS, PROBS[:, ::-1]]), keep_samples=True)
+
+
+MEAN, Y, STD = np.array([0.0, 1.0, 2.0]), np.array([0.5, 1.0, 1.5]), np.ones(3)
+CAL_PROBS = np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.2, 0.2, 0.6], [0.6, 0.3, 0.1]])
+CAL_LABELS = np.array([0, 1, 2, 1])
+SETS = np.array([[True, False, False], [True, True, False]])
+IMAGES = np.full((2, 8, 8, 1), 0.5, "float32")
+
+
+def _split_regressor():
+    return _fitted(lambda: conformal.SplitConformalRegressor(0.2, "normalized"), MEAN, Y, STD)
+
+
+def _quantile_regressor():
+    return _fitted(lambda: conformal.ConformalizedQuantileRegressor(0.2), MEAN - 1, MEAN + 1, Y)
+
+
+def _classifier_sets():
+    return _fitted(lambda: conformal.ConformalClassifier(0.2, "aps"), CAL_PROBS, CAL_LABELS)
+
+
+# name -> (function, valid arguments, arguments fuzzed with DATA, {argument: name its errors use},
+#          {argument: the largest valid number tried (bigger valid sizes cost real work)})
+NEW_FUNCTIONS = {
+    "conformal_quantile": (conformal.conformal_quantile, {"scores": Y, "alpha": 0.2}, ("scores",), {}, {}),
+    "SplitConformalRegressor": (conformal.SplitConformalRegressor, {"alpha": 0.1, "score": "absolute"}, (), {}, {}),
+    "SplitConformalRegressor.fit": (lambda mean, y, std: conformal.SplitConformalRegressor(0.2, "normalized").fit(
+        mean, y, std), {"mean": MEAN, "y": Y, "std": STD}, ("mean", "y", "std"), {}, {}),
+    "SplitConformalRegressor.predict": (lambda mean, std: _split_regressor().predict(mean, std),
+                                        {"mean": MEAN, "std": STD}, ("mean", "std"), {}, {}),
+    "ConformalizedQuantileRegressor": (conformal.ConformalizedQuantileRegressor, {"alpha": 0.1}, (), {}, {}),
+    "ConformalizedQuantileRegressor.fit": (lambda lower, upper, y: conformal.ConformalizedQuantileRegressor(0.2).fit(
+        lower, upper, y), {"lower": MEAN - 1, "upper": MEAN + 1, "y": Y}, ("lower", "upper", "y"), {}, {}),
+    "ConformalizedQuantileRegressor.predict": (lambda lower, upper: _quantile_regressor().predict(lower, upper),
+                                               {"lower": MEAN - 1, "upper": MEAN + 1}, ("lower", "upper"), {}, {}),
+    "ConformalClassifier": (conformal.ConformalClassifier, {"alpha": 0.1, "score": "raps", "lam": 0.01, "k_reg": 1},
+                            (), {}, {}),
+    "ConformalClassifier.fit": (lambda probs, labels: conformal.ConformalClassifier(0.2).fit(probs, labels),
+                                {"probs": CAL_PROBS, "labels": CAL_LABELS}, ("probs", "labels"), {}, {}),
+    "ConformalClassifier.predict": (lambda probs: _classifier_sets().predict(probs), {"probs": PROBS}, ("probs",),
+                                    {}, {}),
+    "coverage (sets)": (conformal.coverage, {"y": LABELS, "lower_or_sets": SETS}, ("y", "lower_or_sets"), {}, {}),
+    "coverage (intervals)": (conformal.coverage, {"y": Y, "lower_or_sets": MEAN - 1, "upper": MEAN + 1},
+                             ("y", "lower_or_sets", "upper"), {}, {}),
+    "set_sizes": (conformal.set_sizes, {"sets": SETS}, ("sets",), {}, {}),
+    "relu_moments": (moments.relu_moments, {"mean": MEAN, "variance": STD}, ("mean", "variance"), {}, {}),
+    "probit_softmax": (moments.probit_softmax, {"mean": PROBS, "variance": PROBS, "axis": -1}, ("mean", "variance"),
+                       {}, {}),
+    "probit_sigmoid": (moments.probit_sigmoid, {"mean": MEAN, "variance": STD}, ("mean", "variance"), {}, {}),
+    "gaussian_expectation": (moments.gaussian_expectation, {"fn": np.tanh, "mean": MEAN, "variance": STD, "points": 8},
+                             ("mean", "variance"), {}, {"points": 64}),
+    "propagate": (lambda model, inputs: moments.propagate(model, inputs), {"model": "classifier", "inputs": X},
+                  ("inputs",), {}, {}),
+    "model_layers": (moments.model_layers, {"model": "classifier"}, (), {}, {}),
+    "ood_scores": (evaluation.ood_scores, {"prediction": "prediction", "logits": np.log(PROBS), "temperature": 1.0,
+                                           "log_density": np.zeros(2), "gp_variance": np.ones(2)},
+                   ("logits", "log_density", "gp_variance"), {}, {}),
+    "ood_detection": (evaluation.ood_detection, {"in_scores": {"msp": [0.1, 0.2]}, "out_scores": {"msp": [0.3, 0.4]},
+                                                 "tpr": 0.95}, ("in_scores", "out_scores"), {}, {}),
+    "auroc": (metrics.auroc, {"in_scores": MEAN, "out_scores": Y}, ("in_scores", "out_scores"), {}, {}),
+    "aupr": (metrics.aupr, {"in_scores": MEAN, "out_scores": Y}, ("in_scores", "out_scores"), {}, {}),
+    "fpr_at_tpr": (metrics.fpr_at_tpr, {"in_scores": MEAN, "out_scores": Y, "tpr": 0.95}, ("in_scores", "out_scores"),
+                   {}, {}),
+    "scale_prediction": (calibration.scale_prediction, {"prediction": "prediction", "temperature": 1.5,
+                                                        "method": "samples"}, ("prediction",), {}, {}),
+    "TemperatureScaling.fit": (lambda logits, labels: calibration.TemperatureScaling(max_iterations=5).fit(
+        logits, labels), {"logits": np.log(PROBS), "labels": np.array([1, 1])}, ("logits", "labels"), {}, {}),
+    "TemperatureScaling.fit_prediction": (lambda prediction, labels: calibration.TemperatureScaling(
+        max_iterations=5).fit_prediction(prediction, labels), {"prediction": "prediction", "labels": np.array([1, 1])},
+        ("prediction", "labels"), {}, {}),
+    "TemperatureScaling.transform": (lambda logits: calibration.TemperatureScaling(2.0).transform(logits),
+                                     {"logits": np.log(PROBS)}, ("logits",), {}, {}),
+    "gaussian_noise": (corruptions.gaussian_noise, {"x": X, "gamma": 0.5, "seed": 0}, ("x",), {}, {}),
+    "salt_and_pepper": (corruptions.salt_and_pepper, {"x": X, "p": 0.5, "seed": 0, "low": 0.0, "high": 1.0}, ("x",),
+                        {}, {}),
+    "token_replacement": (corruptions.token_replacement, {"x": np.array([[3, 4, 0]]), "p": 0.5, "seed": 0,
+                                                          "vocab_size": 10}, ("x",), {}, {"vocab_size": 2**31}),
+    "check_levels": (corruptions.check_levels, {"corruption": "gaussian", "levels": (0.0, 0.5)}, ("levels",), {}, {}),
+    "make_rng": (corruptions.make_rng, {"seed": 0}, (), {}, {}),
+    "check_image_corruption": (corruptions.check_image_corruption, {"name": "contrast", "severity": 3}, (), {}, {}),
+    "corrupt_image": (corruptions.corrupt_image, {"image": IMAGES[0], "name": "gaussian_noise", "severity": 2,
+                                                  "seed": [0, 1]}, ("image", "seed"), {}, {}),
+    "corruption_transform": (corruptions.corruption_transform, {"name": "impulse_noise", "severity": 1, "seed": 0}, (),
+                             {}, {}),
+    "corrupt_images": (corruptions.corrupt_images, {"x": IMAGES, "name": "pixelate", "severity": 4, "seed": 0,
+                                                    "batch_size": 2}, ("x",), {}, {}),
+    "disk_kernel": (corruptions.disk_kernel, {"radius": 1.0, "alias_blur": 0.5}, (), {}, {"radius": 8.0,
+                                                                                          "alias_blur": 8.0}),
+    "pixelate_size": (corruptions.pixelate_size, {"side": 32, "severity": 2}, (), {}, {"side": 4096}),
+}
+
+
+def _resolve_new(kwargs):
+    special = {"classifier": _model, "prediction": _prediction}
+    return {k: special[v]() if isinstance(v, str) and v in special else v for k, v in kwargs.items()}
+
+
+NEW_FUNCTION_CASES = [(name, arg) for name in sorted(NEW_FUNCTIONS) for arg in sorted(NEW_FUNCTIONS[name][1])]
+
+
+def _capped(value, cap):
+    """``value``, or ``cap`` for a valid number above it (the check of large values is the bound itself)."""
+    if cap is None or isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        return value
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        return value
+    return type(value)(cap) if value > cap else value
+
+
+@FUZZ
+@given(case=st.sampled_from(NEW_FUNCTION_CASES), scalar=SCALARS, array=DATA)
+def test_new_functions(case, scalar, array):
+    name, arg = case
+    fn, valid, data_args, message_names, caps = NEW_FUNCTIONS[name]
+    value = _capped(array if arg in data_args else scalar, caps.get(arg))
+    kwargs = {**_resolve_new(valid), arg: value}
+    _check(lambda: fn(**kwargs), arg, message_names.get(arg))
+
+
+@pytest.mark.parametrize("name", sorted(NEW_FUNCTIONS))
+def test_new_functions_accept_their_valid_arguments(name):
+    """The table's valid arguments are valid: a fuzz case that fails only reports the fuzzed argument."""
+    fn, valid, *_ = NEW_FUNCTIONS[name]
+    fn(**_resolve_new(valid))
+
+
+def test_every_new_entry_point_is_fuzzed():
+    fuzzed = {name.split(" ")[0].split(".")[0] for name in NEW_FUNCTIONS}
+    for module in (conformal, moments, corruptions):
+        public = {n for n in module.__all__ if callable(getattr(module, n))}
+        assert public - {"OutputMoments"} <= fuzzed, public - fuzzed
+    assert {"ood_scores", "ood_detection", "scale_prediction"} <= fuzzed
+
+
+@FEW
+@given(data=st.data())
+def test_predict_moments(data):
+    arg = data.draw(st.sampled_from(sorted(PREDICT_ARGS)), label="argument")
+    value = data.draw(DATA if arg == "x" else SCALARS, label="value")
+    if arg in ("num_samples", "batch_size") and isinstance(value, int) and value > 40:
+        value = 40
+    kwargs = {**PREDICT_ARGS, "model": _model(), arg: value, "method": "moments"}
+    _check(lambda: tfbnn.predict(**kwargs), arg)

@@ -125,10 +125,14 @@ def _check_method(method):
 def _check_prediction(prediction, method):
     """A :class:`ClassificationPrediction` from one, or from ``(S, N, C)`` sample probabilities."""
     if not isinstance(prediction, ClassificationPrediction):
-        samples = checks.array("prediction", prediction, np.float64)
+        samples = checks.finite_array("prediction", prediction, np.float64)
         if samples.ndim != 3:
             raise ValueError("Expected `prediction` to be a tfbnn.ClassificationPrediction or sample probabilities "
                              f"of shape (S, N, C). Received: prediction.shape={samples.shape}")
+        if samples.size == 0 or np.any(samples < 0):
+            raise ValueError("Expected `prediction` to hold sample probabilities (non-negative, S, N, C >= 1). "
+                             f"Received: prediction of shape {samples.shape}"
+                             + (f", min={samples.min():.6g}" if samples.size else ""))
         prediction = summarize_classification(samples)
     if np.ndim(prediction.mean_probs) != 2:
         raise ValueError("Expected a prediction of one batch axis, mean_probs (N, C). "

@@ -81,18 +81,39 @@ def _alpha(alpha):
                          what="a miscoverage level in (0, 1)")
 
 
-def _vector(name, value, length=None, positive=False):
-    """``value`` as a finite float64 vector (a column ``(n, 1)`` is flattened), of ``length`` when given."""
+def _vector(name, value, length=None, positive=False, like="the other inputs"):
+    """``value`` as a finite float64 vector (a column ``(n, 1)`` is flattened), of ``length`` when given (that
+    of the argument ``like``)."""
     v = checks.finite_array(name, value, np.float64)
     if v.ndim == 2 and v.shape[1] == 1:
         v = v[:, 0]
     if v.ndim != 1 or v.shape[0] == 0:
         raise ValueError(f"Expected `{name}` of shape (n,) with n >= 1. Received: {name}.shape={v.shape}")
     if length is not None and v.shape[0] != length:
-        raise ValueError(f"Expected `{name}` of length {length}, as the other inputs. Received: {name}.shape={v.shape}")
+        raise ValueError(f"Expected `{name}` of length {length}, as {like}. Received: {name}.shape={v.shape}")
     if positive and not np.all(v > 0):
         raise ValueError(f"Expected `{name}` > 0 (standard deviations). Received: min {name}={v.min()!r}")
     return v
+
+
+def _class_labels(name, value, n, num_classes, rows_of):
+    """``value`` as ``(n,)`` integer class labels in ``[0, num_classes)``; else a ValueError naming ``name``."""
+    y = checks.array(name, value)
+    if y.ndim != 1 or len(y) != n or y.dtype.kind not in "iu" or np.any(y < 0) or np.any(y >= num_classes):
+        found = f", min={y.min()}, max={y.max()}" if y.size and y.dtype.kind in "biuf" else ""
+        raise ValueError(f"Expected `{name}` of shape ({n},), ints in [0, {num_classes}) (one class per row of "
+                         f"`{rows_of}`). "
+                         f"Received: {name} of shape {y.shape}, dtype {y.dtype}{found}")
+    return y
+
+
+def _sets(name, value, alternative=""):
+    """``value`` as a boolean ``(m, C)`` membership matrix (bools or 0 / 1), m, C >= 1; else a ValueError."""
+    sets = checks.array(name, value)
+    if sets.ndim != 2 or 0 in sets.shape or not np.all((sets == 0) | (sets == 1)):
+        raise ValueError(f"Expected `{name}` to be a boolean (m, C) set matrix with m, C >= 1{alternative}. "
+                         f"Received: {name} of shape {sets.shape}, dtype {sets.dtype}")
+    return sets.astype(bool)
 
 
 def conformal_quantile(scores, alpha):
@@ -162,6 +183,7 @@ class SplitConformalRegressor:
         self.score = score
         self.quantile = None
         self.num_calibration = 0
+        self.num_classes = None
 
     def _scale(self, std, n):
         if self.score == "absolute":
@@ -169,7 +191,7 @@ class SplitConformalRegressor:
         if std is None:
             raise ValueError("Expected `std` (the predictive standard deviation) with score='normalized'. "
                              "Received: std=None")
-        return _vector("std", std, n, positive=True)
+        return _vector("std", std, n, positive=True, like="`mean`")
 
     def fit(self, mean, y, std=None):
         """Computes ``q_hat`` from calibration predictions and targets; returns ``self``.
@@ -181,7 +203,7 @@ class SplitConformalRegressor:
         """
         mean, std = _regression_moments(mean, std)
         mu = _vector("mean", mean)
-        target = _vector("y", y, len(mu))
+        target = _vector("y", y, len(mu), like="`mean`")
         scores = np.abs(target - mu) / self._scale(std, len(mu))
         self.quantile, self.num_calibration = conformal_quantile(scores, self.alpha), len(mu)
         return self
@@ -223,12 +245,13 @@ class ConformalizedQuantileRegressor:
         self.alpha = _alpha(alpha)
         self.quantile = None
         self.num_calibration = 0
+        self.num_classes = None
 
     def fit(self, lower, upper, y):
         """Computes ``q_hat`` from the calibration band ``[lower, upper]`` and targets ``y`` (each ``(n,)``)."""
         lo = _vector("lower", lower)
-        hi = _vector("upper", upper, len(lo))
-        target = _vector("y", y, len(lo))
+        hi = _vector("upper", upper, len(lo), like="`lower`")
+        target = _vector("y", y, len(lo), like="`lower`")
         self.quantile = conformal_quantile(np.maximum(lo - target, target - hi), self.alpha)
         self.num_calibration = len(lo)
         return self
@@ -238,7 +261,7 @@ class ConformalizedQuantileRegressor:
         if self.quantile is None:
             raise ValueError("Expected a fitted ConformalizedQuantileRegressor: call fit(lower, upper, y) first.")
         lo = _vector("lower", lower)
-        hi = _vector("upper", upper, len(lo))
+        hi = _vector("upper", upper, len(lo), like="`lower`")
         return lo - self.quantile, hi + self.quantile
 
     def fit_model(self, model, x, y, batch_size=None):
@@ -286,6 +309,7 @@ class ConformalClassifier:
 
     Attributes:
         quantile: ``q_hat`` after :meth:`fit`.
+        num_classes: ``C`` after :meth:`fit`; :meth:`predict` refuses probabilities over other classes.
 
     Shapes: ``probs`` ``(n, C)``; labels ``(n,)`` ints in ``[0, C)``; :meth:`predict` gives
     a boolean ``(m, C)`` membership matrix.
@@ -309,6 +333,7 @@ class ConformalClassifier:
         self.k_reg = checks.integer("k_reg", k_reg, 0)
         self.quantile = None
         self.num_calibration = 0
+        self.num_classes = None
 
     def scores(self, probs):
         """``(n, C)``: the score of every class of every example (lower: more conforming)."""
@@ -328,20 +353,21 @@ class ConformalClassifier:
     def fit(self, probs, labels):
         """Computes ``q_hat`` from calibration probabilities (or a ClassificationPrediction) and labels."""
         s = self.scores(probs)
-        y = checks.array("labels", labels)
-        if y.ndim != 1 or len(y) != len(s) or not np.issubdtype(y.dtype, np.integer) or np.any(y < 0) \
-                or np.any(y >= s.shape[1]):
-            raise ValueError(f"Expected `labels` of shape ({len(s)},), ints in [0, {s.shape[1]}). "
-                             f"Received: labels of shape {y.shape}, dtype {y.dtype}")
+        y = _class_labels("labels", labels, len(s), s.shape[1], "probs")
         self.quantile = conformal_quantile(s[np.arange(len(y)), y], self.alpha)
         self.num_calibration = len(y)
+        self.num_classes = s.shape[1]
         return self
 
     def predict(self, probs):
         """Boolean ``(m, C)``: class ``c`` is in the set of example ``i`` when its score is at most ``q_hat``."""
         if self.quantile is None:
             raise ValueError("Expected a fitted ConformalClassifier: call fit(probs, labels) first.")
-        return self.scores(probs) <= self.quantile
+        scores = self.scores(probs)
+        if scores.shape[1] != self.num_classes:
+            raise ValueError(f"Expected `probs` over the {self.num_classes} classes the sets were calibrated on. "
+                             f"Received: probs.shape={scores.shape}")
+        return scores <= self.quantile
 
 
 def coverage(y, lower_or_sets, upper=None):
@@ -360,17 +386,15 @@ def coverage(y, lower_or_sets, upper=None):
         0.5
     """
     if upper is None:
-        sets = np.asarray(lower_or_sets, bool)
-        labels = np.asarray(y, int)
-        if sets.ndim != 2 or labels.shape != (len(sets),):
-            raise ValueError(f"Expected `y` of shape ({len(sets)},) and sets of shape (m, C). "
-                             f"Received: y.shape={labels.shape}, sets.shape={sets.shape}")
-        return float(np.mean(sets[np.arange(len(labels)), labels]))
+        sets = _sets("lower_or_sets", lower_or_sets, " (or the lower ends, with `upper`)")
+        labels = _class_labels("y", y, len(sets), sets.shape[1], "lower_or_sets")
+        return float(np.mean(sets.astype(bool)[np.arange(len(labels)), labels]))
     target = _vector("y", y)
-    lo, hi = _vector("lower", lower_or_sets, len(target)), _vector("upper", upper, len(target))
+    lo = _vector("lower_or_sets", lower_or_sets, len(target), like="`y`")
+    hi = _vector("upper", upper, len(target), like="`y`")
     return float(np.mean((lo <= target) & (target <= hi)))
 
 
 def set_sizes(sets):
     """``(m,)`` ints: the number of classes in each prediction set."""
-    return np.asarray(sets, bool).sum(axis=1)
+    return _sets("sets", sets).sum(axis=1)

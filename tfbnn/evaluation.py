@@ -20,6 +20,7 @@ With a ``temperature`` (fitted on held-out data by
 for the tempered predictive (:func:`tfbnn.calibration.scale_prediction`) too.
 """
 
+import collections.abc
 import dataclasses
 import os
 
@@ -241,8 +242,9 @@ def ood_detection(in_scores, out_scores, tpr=0.95):
     """How well each score separates out-of-distribution inputs from in-distribution ones.
 
     Args:
-        in_scores: dict of score name -> ``(n_in,)`` scores of the in-distribution inputs
-            (:func:`ood_scores` of their prediction).
+        in_scores: non-empty dict of score name -> ``(n_in,)`` scores of the in-distribution
+            inputs (:func:`ood_scores` of their prediction); one score array ``a`` goes in as
+            ``{"score": a}``.
         out_scores: the same for the out-of-distribution inputs (same names).
         tpr: float in (0, 1], the detection rate of the false-positive rate. Default 0.95.
 
@@ -256,7 +258,13 @@ def ood_detection(in_scores, out_scores, tpr=0.95):
         >>> evaluation.ood_detection({"msp": [0.1, 0.2]}, {"msp": [0.3, 0.15]})["msp"]["auroc"]
         0.75
     """
-    missing = sorted(set(in_scores) ^ set(out_scores))
+    for name, scores in (("in_scores", in_scores), ("out_scores", out_scores)):
+        if not isinstance(scores, collections.abc.Mapping) or not scores:
+            raise ValueError(f"Expected `{name}` to be a dict of score name -> (n,) scores, as ood_scores returns "
+                             f"(for one score array a: {{'score': a}}). Received: {name} of type {type(scores).__name__}"
+                             + (" (empty)" if isinstance(scores, collections.abc.Mapping) else ""))
+    tpr = checks.number("tpr", tpr, low=0, high=1, low_open=True, what="a true-positive rate in (0, 1]")
+    missing = sorted(set(in_scores) ^ set(out_scores), key=str)
     if missing:
         raise ValueError(f"Expected the same score names in `in_scores` and `out_scores`. Received: {missing} "
                          "in one only")

@@ -59,7 +59,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn._internal import checks, keras_private
+from tfbnn._internal import checks, files, keras_private
 from tfbnn import moments as moments_lib
 from tfbnn.ensembles import DeepEnsemble
 from tfbnn.inference import FittedPosterior
@@ -181,20 +181,7 @@ def _check_target(model, filepath):
     if not isinstance(filepath, (str, os.PathLike)):
         raise TypeError(f"Expected `filepath` to be a path (str or os.PathLike). "
                         f"Received: filepath of type {type(filepath).__name__}")
-    filepath = os.fspath(filepath)
-    folder = os.path.dirname(os.path.abspath(filepath))
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        reason = "a file is in the way" if isinstance(e, FileExistsError) else e.strerror
-        raise ValueError(f"Expected `filepath` in a folder that exists or can be created; {folder!r} cannot be "
-                         f"created ({reason}). Received: filepath={filepath!r}") from None
-    try:  # a real try: permissions alone do not tell (root, read-only mounts, /proc)
-        os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".tfbnn-probe-"))
-    except OSError as e:
-        raise ValueError(f"Expected `filepath` in a writable folder; {folder!r} is not writable ({e.strerror}). "
-                         f"Received: filepath={filepath!r}") from None
-    return filepath
+    return files.check_target(filepath, "filepath")
 
 
 def _input_signature(model, input_signature):

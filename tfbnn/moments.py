@@ -95,6 +95,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfbnn._internal import checks
 from tfbnn.layers.arguments import ConvArguments, ConvTransposeArguments, DenseArguments
 from tfbnn.layers.base import StochasticLayer
 from tfbnn.layers.gp import RandomFeatureGaussianProcess
@@ -141,10 +142,7 @@ def relu_moments(mean, variance):
         >>> np.round(m.numpy(), 4), np.round(v.numpy(), 4)   # 1/sqrt(2 pi), 1/2 - 1/(2 pi)
         (array([0.3989, 3.    ], dtype=float32), array([0.3408, 0.    ], dtype=float32))
     """
-    mean = tf.convert_to_tensor(mean)
-    if not mean.dtype.is_floating:
-        mean = tf.cast(mean, tf.float32)
-    variance = tf.cast(variance, mean.dtype)
+    mean, variance = _moment_pair(mean, variance)
     mean, variance = mean + tf.zeros_like(variance), variance + tf.zeros_like(mean)
     positive = variance > 0
     std = tf.sqrt(tf.where(positive, variance, tf.ones_like(variance)))
@@ -157,9 +155,22 @@ def relu_moments(mean, variance):
     return tf.where(positive, first, tf.nn.relu(mean)), tf.where(positive, second, tf.zeros_like(second))
 
 
+def _moment_pair(mean, variance):
+    """``mean`` and ``variance`` as float tensors of one dtype and broadcastable shapes; else a ValueError naming
+    the argument."""
+    mean = checks.float_tensor("mean", mean)
+    variance = tf.cast(checks.float_tensor("variance", variance), mean.dtype)
+    try:
+        tf.broadcast_static_shape(mean.shape, variance.shape)
+    except ValueError:
+        raise ValueError(f"Expected `variance` shaped like `mean` (or broadcastable to it). Received: "
+                         f"mean.shape={tuple(mean.shape)}, variance.shape={tuple(variance.shape)}") from None
+    return mean, variance
+
+
 def _probit_scaled(mean, variance):
-    mean = tf.convert_to_tensor(mean)
-    return mean / tf.sqrt(1.0 + (math.pi / 8.0) * tf.cast(variance, mean.dtype))
+    mean, variance = _moment_pair(mean, variance)
+    return mean / tf.sqrt(1.0 + (math.pi / 8.0) * variance)
 
 
 def probit_softmax(mean, variance, axis=-1):
@@ -182,7 +193,10 @@ def probit_softmax(mean, variance, axis=-1):
         >>> np.round(p.numpy(), 4)                 # softmax([2 / sqrt(4), 0]) = softmax([1, 0])
         array([[0.7311, 0.2689]], dtype=float32)
     """
-    return tf.nn.softmax(_probit_scaled(mean, variance), axis=axis)
+    scaled = _probit_scaled(mean, variance)
+    rank = scaled.shape.rank
+    axis = checks.integer("axis", axis, -rank if rank else None, rank - 1 if rank else None)
+    return tf.nn.softmax(scaled, axis=axis)
 
 
 def probit_sigmoid(mean, variance):
@@ -226,11 +240,13 @@ def gaussian_expectation(fn, mean, variance, points=_HERMITE_POINTS):
     """
     if not isinstance(points, (int, np.integer)) or isinstance(points, bool) or points < 1:
         raise ValueError(f"Expected `points` to be an int >= 1. Received: points={points!r}")
-    mean = tf.convert_to_tensor(mean)
+    if not callable(fn):
+        raise ValueError(f"Expected `fn` to be an elementwise function. Received: fn={fn!r}")
+    mean, variance = _moment_pair(mean, variance)
     nodes, weights = np.polynomial.hermite.hermgauss(int(points))
     nodes = tf.constant(nodes, mean.dtype)
     weights = tf.constant(weights / np.sqrt(np.pi), mean.dtype)
-    std = tf.sqrt(2.0 * tf.maximum(tf.cast(variance, mean.dtype), 0.0))
+    std = tf.sqrt(2.0 * tf.maximum(variance, 0.0))
     values = fn(mean[..., None] + std[..., None] * nodes)
     return tf.reduce_sum(values * weights, axis=-1)
 
@@ -608,6 +624,14 @@ def _check_built(layers):
                              "first. Received: a model with unbuilt layers")
 
 
+def _declared_inputs(model):
+    """The model's declared inputs (a Sequential built without an ``Input`` may have none)."""
+    try:
+        return list(model.inputs or [])
+    except (AttributeError, ValueError):
+        return []
+
+
 def propagate(model, inputs):
     """Propagates the inputs' moments (a point: variance 0) through ``model``: the output's mean and variance.
 
@@ -626,13 +650,16 @@ def propagate(model, inputs):
         :class:`tfbnn.GaussianHead`) and the ``link`` left out.
 
     Raises:
-        ValueError: naming the layer and its class when a layer has no moment rule.
+        ValueError: naming the layer and its class when a layer has no moment rule; naming
+            ``inputs`` when they are not numbers, not shaped like the model's input, or not finite.
     """
     layers = model_layers(model)
     _check_built(layers)
-    mean = tf.convert_to_tensor(inputs)
-    if not mean.dtype.is_floating:
-        mean = tf.cast(mean, tf.float32)
+    mean = checks.float_tensor("inputs", inputs)
+    declared = _declared_inputs(model)
+    if len(declared) == 1:
+        checks.input_shape(mean, declared[0].shape, "inputs")
+    checks.finite_inputs(mean, name="inputs")
     variance = tf.zeros_like(mean)
     link, head = None, None
     for i, layer in enumerate(layers):

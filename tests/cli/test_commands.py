@@ -261,7 +261,7 @@ def test_evaluate_rejects_a_model_of_another_dataset(trained, tmp_path, capsys):
     _assert_one_error_line(capsys.readouterr().err)
     broken = tmp_path / "broken.keras"
     broken.write_bytes(b"not a zip")
-    assert cli.main(["evaluate", str(broken)]) == 1
+    assert cli.main(["evaluate", str(broken)]) == 2  # a bad argument, as a missing file (issue 36; it was 1)
     _assert_one_error_line(capsys.readouterr().err)
 
 

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import sys
+import zipfile
 
 from tfbnn._internal import startup
 from tfbnn._internal.backend import BackendError
@@ -197,9 +198,12 @@ def keras_path(text):
 
 
 def existing_model(text):
-    """An existing ``.keras`` file."""
+    """An existing ``.keras`` file: a zip archive (what a ``.keras`` file is), checked before TensorFlow starts."""
     if not os.path.isfile(text) or not text.endswith(".keras"):
         raise argparse.ArgumentTypeError(f"expected an existing .keras file, received {text!r}")
+    if not zipfile.is_zipfile(text):
+        raise argparse.ArgumentTypeError(f"expected a .keras model (a zip archive), received {text!r}, which is "
+                                         "not a zip archive")
     return text
 
 

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 __all__ = [
     "is_integer", "is_number", "integer", "number", "seed", "numpy_seed", "array", "finite_array", "float_tensor", "value_range", "initializer",
+    "finite_inputs", "input_shape",
     "activation", "checked", "registered",
 ]
 
@@ -133,6 +134,31 @@ def finite_array(name, value, dtype=None):
         raise ValueError(f"Expected `{name}` to hold finite numbers. Received: {name} with "
                          f"{len(bad)} NaN or infinite values (the first at index {tuple(int(i) for i in bad[0])})")
     return a
+
+
+def finite_inputs(batch, offset=0, name="x"):
+    """Rejects NaN / infinite values in the floating-point tensors of ``batch`` (a tensor or a nest of them),
+    which would give NaN predictions; the message names ``name`` and the rows (counted from ``offset``)."""
+    for v in tf.nest.flatten(batch):
+        if v.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(v))):
+            flat = tf.reshape(tf.math.is_finite(v), [tf.shape(v)[0] if v.shape.rank else 1, -1])
+            rows = (np.flatnonzero(~tf.reduce_all(flat, axis=1).numpy()) + offset).tolist()
+            raise ValueError(
+                "Expected finite inputs (NaN or infinite values give NaN predictions). "
+                f"Received: {name} with NaN or infinite values in rows {rows[:10]}{' ...' if len(rows) > 10 else ''}"
+            )
+
+
+def input_shape(batch, expected, name="x"):
+    """Rejects a ``batch`` (a tensor or a one-tensor nest) whose shape beyond the batch axis does not fit the
+    model input shape ``expected`` (batch axis first, ``None`` for unknown sizes)."""
+    expected = tf.TensorShape(expected)
+    leaves = tf.nest.flatten(batch)
+    if len(leaves) != 1 or not tf.TensorShape(leaves[0].shape)[1:].is_compatible_with(expected[1:]):
+        raise ValueError(
+            f"Expected `{name}` shaped like the model's input {tuple(expected)}. "
+            f"Received: {name} with shapes {[tuple(v.shape) for v in leaves]}"
+        )
 
 
 def float_tensor(name, value):

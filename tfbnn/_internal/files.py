@@ -28,6 +28,7 @@ import math
 import os
 import shutil
 import signal
+import tempfile
 import threading
 import uuid
 
@@ -43,6 +44,7 @@ __all__ = [
     "make_staging_folder",
     "remove_staging_folder",
     "prepare_output_dir",
+    "check_target",
     "format_table",
     "markdown_table",
     "plain",
@@ -86,6 +88,8 @@ def _remove(path):
 
 #: The staging folders of this process not yet removed (what the SIGTERM handler removes).
 _staging_folders = set()
+#: Staging folder -> the parent folders :func:`make_staging_folder` made for it (deepest first).
+_made_parents = {}
 
 
 def _remove_staging_on_sigterm(signum, frame):
@@ -130,6 +134,7 @@ def make_staging_folder(output_dir):
     _remove_stale_temporaries(os.path.join(folder, base))
     stage = os.path.join(folder, f".{base}{TMP_MARKER}.{os.getpid()}")
     _remove(stage)
+    _made_parents[stage] = _missing_ancestors(folder)[0]
     os.makedirs(stage)
     _staging_folders.add(stage)
     _install_sigterm_cleanup()
@@ -137,9 +142,13 @@ def make_staging_folder(output_dir):
 
 
 def remove_staging_folder(stage):
-    """Removes a folder made by :func:`make_staging_folder` (and forgets it)."""
+    """Removes a folder made by :func:`make_staging_folder` (and forgets it), and the parent folders it made
+    that are still empty: a failed run leaves no folder behind."""
     _staging_folders.discard(stage)
     _remove(stage)
+    for parent in _made_parents.pop(stage, ()):  # from the deepest up
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)
 
 
 @contextlib.contextmanager
@@ -233,12 +242,61 @@ def save_model(model, path):
             existing ``path`` was left untouched).
     """
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with atomic_write(path) as tmp:
             model.save(tmp)
     except OSError as e:
         kept = f"; {path} was left untouched" if os.path.exists(path) else ""
         raise RunError(f"could not save the model to {path}: {e}{kept}") from e
     return path
+
+
+def _missing_ancestors(folder):
+    """The folders of ``folder``'s path that do not exist yet, from ``folder`` up; and the first existing one."""
+    missing = []
+    folder = os.path.abspath(folder)
+    while not os.path.exists(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing, folder
+
+
+def check_target(filepath, argument="filepath", create=True):
+    """``filepath`` (a str) once its folder exists, or could be made, and is writable: a bad target fails
+    before any work, with ``argument`` named.
+
+    With ``create`` the folder is made; without, nothing is left behind (the write test runs in the
+    nearest existing folder), so that a run failing later leaves no empty folder.
+
+    Raises:
+        ValueError: "Expected `argument` in a folder that exists or can be created ..." or "... in a
+            writable folder ...", naming ``argument`` and ``filepath``.
+    """
+    filepath = os.fspath(filepath)
+    folder = os.path.dirname(os.path.abspath(filepath))
+    missing, existing = _missing_ancestors(folder)
+    try:
+        if not os.path.isdir(existing):
+            raise FileExistsError(f"{existing!r} is a file")
+        if create:
+            os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        reason = "a file is in the way" if isinstance(e, FileExistsError) else e.strerror
+        raise ValueError(f"Expected `{argument}` in a folder that exists or can be created; {folder!r} cannot be "
+                         f"created ({reason}). Received: {argument}={filepath!r}") from None
+    probe_in = folder if create or not missing else existing
+    try:  # a real try: permissions alone do not tell (root, read-only mounts, /proc)
+        os.rmdir(tempfile.mkdtemp(dir=probe_in, prefix=".tfbnn-probe-"))
+    except OSError as e:
+        if missing and not create:
+            raise ValueError(f"Expected `{argument}` in a folder that exists or can be created; {folder!r} cannot be "
+                             f"created ({e.strerror}). Received: {argument}={filepath!r}") from None
+        raise ValueError(f"Expected `{argument}` in a writable folder; {folder!r} is not writable ({e.strerror}). "
+                         f"Received: {argument}={filepath!r}") from None
+    return filepath
 
 
 def prepare_output_dir(path, argument="output_dir"):

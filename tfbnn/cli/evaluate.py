@@ -75,16 +75,16 @@ def add_arguments(parser):
     parser.add_argument("--conformalize", type=argtypes.open_unit_interval, default=None, metavar="ALPHA",
                         help="build conformal prediction sets of miscoverage ALPHA in (0, 1), calibrated on the "
                         "validation hold-out; report their coverage and mean size")
-    parser.add_argument("--conformal-score", choices=CONFORMAL_SCORES, default="lac",
+    parser.add_argument("--conformal-score", choices=CONFORMAL_SCORES, default=None,
                         help="with --conformalize: the conformity score (default lac)")
     parser.add_argument("--output-dir", default=None, metavar="DIR",
                         help="where the JSON and PNGs go; default: MODEL without .keras + '_evaluation/'")
 
 
 def load_model(path):
-    """A saved ``.keras`` model (tfbnn's layers registered); a file Keras cannot load is a :class:`RunError`
-    saying that it is not a readable ``.keras`` model (for a file that is no zip archive, Keras' own
-    message says "File not found")."""
+    """A saved ``.keras`` model (tfbnn's layers registered); a file Keras cannot load is a bad argument: a
+    ``ValueError`` naming ``model`` (the command's exit status 2; for a file that is no zip archive, Keras'
+    own message says "File not found")."""
     import zipfile
 
     import keras
@@ -95,11 +95,12 @@ def load_model(path):
     import tfbnn.schedules  # noqa: F401  (the learning-rate schedule of compiled recipe models)
 
     if not zipfile.is_zipfile(path):
-        raise RunError(f"{path} is not a readable .keras model: it is not a zip archive (a .keras file is one)")
+        raise ValueError(f"Expected a readable .keras model (a zip archive). Received: model={path}, which is not a "
+                         "zip archive")
     try:
         return keras.saving.load_model(path)
-    except Exception as e:  # a corrupt or foreign file: one line, not a traceback
-        raise RunError(f"{path} is not a readable .keras model: {argtypes.one_line(e)}") from e
+    except Exception as e:  # a corrupt or foreign file: a bad argument, one line, not a traceback
+        raise ValueError(f"Expected a readable .keras model ({argtypes.one_line(e)}). Received: model={path}") from e
 
 
 def _splits(args, model):
@@ -211,6 +212,9 @@ def run(args):
     """``tfbnn evaluate``: returns the exit status."""
     from tfbnn.evaluation import evaluate_classifier, write_report
 
+    if args.conformal_score is not None and args.conformalize is None:
+        raise ValueError("--conformal-score chooses the score of --conformalize's sets. Received: "
+                         f"--conformal-score={args.conformal_score} without --conformalize")
     folder = args.output_dir or args.model[: -len(".keras")] + "_evaluation"
     num_samples = _num_samples(args)
     model = load_model(args.model)
@@ -220,7 +224,7 @@ def run(args):
                                  shift_gamma=SHIFT_GAMMA, seed=args.seed,
                                  temperature=_temperature(args, validation, held_out))
     if args.conformalize is not None:
-        result.numbers["conformal"] = _conformal_numbers(args.conformalize, args.conformal_score, held_out,
+        result.numbers["conformal"] = _conformal_numbers(args.conformalize, args.conformal_score or "lac", held_out,
                                                         validation[1], result, y_test)
     paths = write_report(result, folder, name=os.path.basename(args.model))
     adaptive = ("mean_samples_used",) if "mean_samples_used" in result.numbers["clean"] else ()

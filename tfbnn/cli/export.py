@@ -3,7 +3,7 @@ uncertainty endpoints."""
 
 import os
 
-from tfbnn._internal import argtypes
+from tfbnn._internal import argtypes, files
 from tfbnn.cli.evaluate import load_model
 
 __all__ = ["DESCRIPTION", "add_arguments", "run", "model_task"]
@@ -86,6 +86,7 @@ def run(args):
         raise ValueError(f"--quantize applies to --format tflite. Received: --format={args.format}, "
                          f"--quantize={args.quantize}")
     output = args.output or args.model[: -len(".keras")] + OUTPUT_SUFFIX[args.format]
+    files.check_target(output, "output", create=False)  # before loading: a bad target leaves nothing behind
     model = load_model(args.model)
     task = model_task(model)
     if args.task != "auto" and args.task != task:

@@ -197,7 +197,7 @@ def run(args):
     from tfbnn.cli.evaluate import load_model
 
     prefix = args.output or args.model[: -len(".keras")] + "_laplace"
-    files.prepare_output_dir(os.path.dirname(os.path.abspath(prefix)), "--output")
+    files.check_target(prefix, "output", create=False)  # made only when the results are written
     need_val = args.prior == "val_nll"
     model = load_model(args.model)
     shape = tuple(model.inputs[0].shape[1:])
@@ -243,6 +243,7 @@ def run(args):
         "fit_seconds": round(seconds, 3), "laplace": ours, "map": base,
     }
     np_path = prefix + ".npz"
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
     la.save(np_path + ".tmp.npz")
     os.replace(np_path + ".tmp.npz", np_path)
     written = [np_path]

@@ -178,6 +178,21 @@ def _not_applicable(args):
     if args.model not in names:
         hint = " (a text model: see `tfbnn vd-transformer`)" if args.model in models.TEXT_MODELS else ""
         raise ValueError(f"unknown model{hint}; expected one of {names}. Received: --model={args.model}")
+    _check_kerashub_method(args, models.kerashub)
+
+
+def _check_kerashub_method(args, kerashub):
+    """A KerasHub model (of the zoo's module ``kerashub``) takes a Bayesian method only as a Bayesian head,
+    which ``tfbnn train`` has no flag for: say which methods it trains."""
+    member = _member_method(args)
+    if args.model in kerashub.__all__ and registry.get(member).build == "zoo" \
+            and member not in kerashub.DETERMINISTIC_BODY_METHODS:
+        works = ", ".join(kerashub.DETERMINISTIC_BODY_METHODS)
+        raise ValueError(f"--model {args.model} trains with --method {works}, or ensemble with --member-method one of "
+                         f"them: KerasHub keeps the backbone's weight layers inside subclassed layers that tfbnn "
+                         f"cannot make Bayesian (a Bayesian head alone: tfbnn.models.build(..., "
+                         f"bayesian_layers='last') in Python). Received: --model={args.model}, --method={args.method}"
+                         + (f", --member-method={member}" if member != args.method else ""))
 
 
 def _method_help(name):

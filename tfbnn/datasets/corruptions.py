@@ -37,6 +37,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from tfbnn._internal import checks
+
 __all__ = ["gaussian_noise", "salt_and_pepper", "token_replacement", "check_levels", "make_rng", "CORRUPTIONS", "DEFAULT_LEVELS",
            "IMAGE_CORRUPTIONS", "SEVERITY_PARAMETERS", "check_image_corruption", "corrupt_image", "corruption_transform",
            "corrupt_images", "disk_kernel", "pixelate_size"]
@@ -59,16 +61,13 @@ def make_rng(seed):
 
 
 def _check_fraction(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not (
-        math.isfinite(value) and 0.0 <= value <= 1.0
-    ):
-        raise ValueError(f"Expected `{name}` in [0, 1]. Received: {name}={value!r}")
-    return float(value)
+    return checks.number(name, value, low=0, high=1, what="in [0, 1]")
 
 
 def _as_float_array(x):
-    x = np.asarray(x)
-    if x.dtype.kind not in "fiu":
+    """``x`` as a float array of finite numbers (integers as float32); else a ValueError naming ``x``."""
+    x = checks.finite_array("x", x)
+    if x.dtype.kind == "b":
         raise ValueError(f"Expected numeric inputs `x`. Received: x of dtype {x.dtype}")
     return x if x.dtype.kind == "f" else x.astype(np.float32)
 
@@ -123,7 +122,8 @@ def salt_and_pepper(x, p, seed=None, low=0.0, high=1.0):
         True
     """
     p = _check_fraction(p, "p")
-    if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+    low, high = checks.number("low", low), checks.number("high", high)
+    if low > high:
         raise ValueError(f"Expected finite `low` <= `high`. Received: low={low!r}, high={high!r}")
     x = _as_float_array(x)
     rng = make_rng(seed)
@@ -158,7 +158,7 @@ def token_replacement(x, p, seed=None, vocab_size=None):
         (True, True, True)
     """
     p = _check_fraction(p, "p")
-    x = np.asarray(x)
+    x = checks.array("x", x)
     if x.dtype.kind not in "iu":
         raise ValueError(f"Expected integer token ids `x`. Received: x of dtype {x.dtype}")
     if vocab_size is None:
@@ -180,13 +180,18 @@ def check_levels(corruption, levels=None):
         ValueError: an unknown corruption, no level, or a level outside [0, 1]
             (named ``gamma`` for Gaussian noise, ``p`` for salt and pepper).
     """
-    if corruption not in CORRUPTIONS:
+    if not isinstance(corruption, str) or corruption not in CORRUPTIONS:
         raise ValueError(f"Unknown corruption. Expected one of {list(CORRUPTIONS)}. Received: corruption={corruption!r}")
-    levels = DEFAULT_LEVELS[corruption] if levels is None else tuple(levels)
-    if not levels:
+    if levels is None:
+        return DEFAULT_LEVELS[corruption]
+    values = checks.array("levels", levels).reshape(-1) if not isinstance(levels, (list, tuple)) else levels
+    if isinstance(levels, str) or not len(values):
         raise ValueError(f"Expected at least one level. Received: levels={levels!r}")
     name = "gamma" if corruption == "gaussian" else "p"
-    return tuple(_check_fraction(level, name) for level in levels)
+    try:
+        return tuple(_check_fraction(level, name) for level in values)
+    except ValueError as e:
+        raise ValueError(f"Expected `levels` to be intensities in [0, 1] ({e}). Received: levels={levels!r}") from None
 
 
 # -- image corruptions (Hendrycks & Dietterich 2019) ------------------------------------------------
@@ -218,7 +223,7 @@ def check_image_corruption(name, severity):
     Raises:
         ValueError: an unknown name (the known ones listed) or a severity outside 1..5.
     """
-    if name not in IMAGE_CORRUPTIONS:
+    if not isinstance(name, str) or name not in IMAGE_CORRUPTIONS:
         raise ValueError(f"Unknown corruption. Expected one of {list(IMAGE_CORRUPTIONS)}. Received: name={name!r}")
     if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or not 1 <= severity <= 5:
         raise ValueError(f"Expected `severity` to be an integer in 1..5. Received: severity={severity!r}")
@@ -246,11 +251,13 @@ def disk_kernel(radius, alias_blur):
         >>> disk_kernel(1.0, 0.2).shape, round(float(disk_kernel(1.0, 0.2).sum()), 6)
         ((5, 5), 1.0)
     """
+    radius = checks.number("radius", radius, low=0)
+    alias_blur = checks.number("alias_blur", alias_blur, low=0, low_open=True)
     half = int(math.ceil(radius)) + 1  # one ring more for the Gaussian
     grid = np.arange(-half, half + 1, dtype=np.float64)
     disk = (grid[:, None] ** 2 + grid[None, :] ** 2 <= radius ** 2).astype(np.float64)
     disk /= disk.sum()
-    g = np.exp(-np.arange(-1.0, 2.0) ** 2 / (2.0 * alias_blur ** 2))
+    g = np.exp(-((np.arange(-1.0, 2.0) / alias_blur) ** 2) / 2.0)  # (k / s)^2: no 0 / 0 for a tiny s
     g /= g.sum()
     padded = np.pad(disk, 1, mode="reflect")
     rows = sum(g[i] * padded[i:i + disk.shape[0], :] for i in range(3))
@@ -272,6 +279,8 @@ def pixelate_size(side, severity):
         >>> [pixelate_size(8, s) for s in range(1, 6)], [pixelate_size(32, s) for s in range(1, 6)]
         ([7, 6, 5, 4, 3], [30, 29, 27, 24, 21])
     """
+    side = checks.integer("side", side, 1)
+    _, severity = check_image_corruption("pixelate", severity)
     size = side
     for c in SEVERITY_PARAMETERS["pixelate"][:severity]:
         size = max(1, min(int(round(side * c)), size - 1))
@@ -279,7 +288,15 @@ def pixelate_size(side, severity):
 
 
 def _seed_pair(seed):
-    return tf.cast(tf.reshape(seed, [2]), tf.int32)
+    """``seed`` as the int32 pair of a stateless op; else a ValueError naming ``seed``."""
+    try:
+        t = tf.convert_to_tensor(seed)
+    except (TypeError, ValueError, OverflowError):
+        t = None
+    if t is None or not t.dtype.is_integer or (t.shape.is_fully_defined() and t.shape.num_elements() != 2):
+        raise ValueError(f"Expected `seed` to be a pair of integers (a stateless seed, shape (2,)). Received: "
+                         f"seed={seed!r}")
+    return tf.cast(tf.reshape(t, [2]), tf.int32)
 
 
 def _conv(image, kernel):
@@ -351,7 +368,7 @@ def corrupt_image(image, name, severity, seed):
     """
     name, severity = check_image_corruption(name, severity)
     c = SEVERITY_PARAMETERS[name][severity - 1]
-    x = tf.convert_to_tensor(image, tf.float32)
+    x = tf.cast(checks.float_tensor("image", image), tf.float32)
     if x.shape.rank != 3 or x.shape[-1] not in (1, 3):
         raise ValueError(f"Expected an image of shape (h, w, 1 or 3). Received: image.shape={x.shape}")
     seed = _seed_pair(seed)
@@ -458,7 +475,7 @@ def corrupt_images(x, name, severity, seed=0, batch_size=256):
         name: one of :data:`IMAGE_CORRUPTIONS`.
         severity: int in 1..5.
         seed: int >= 0. Default 0.
-        batch_size: int, images per batch of the pipeline.
+        batch_size: int >= 1, images per batch of the pipeline. Default 256.
 
     Returns:
         float32 array of ``x``'s shape in [0, 1].
@@ -472,6 +489,7 @@ def corrupt_images(x, name, severity, seed=0, batch_size=256):
         ((2, 8, 8, 1), True)
     """
     transform = corruption_transform(name, severity, seed)
+    batch_size = checks.integer("batch_size", batch_size, 1)
     x = _as_float_array(x)
     if x.ndim != 4 or x.shape[-1] not in (1, 3) or 0 in x.shape:
         raise ValueError(f"Expected images `x` of shape (n, h, w, 1 or 3). Received: x.shape={x.shape}")

@@ -368,6 +368,7 @@ def _predict_moments(model, x, num_samples, batch_size, return_samples, task, fr
                          f"Received: head={head!r}, gaussian_head={gaussian_head!r}")
     parts, seen = [], 0
     for batch in input_batches(x, batch_size):  # eager: one pass per batch, nothing to compile for
+        check_input_shapes(model, batch)
         check_finite(batch, seen)
         seen += int(tf.nest.flatten(batch)[0].shape[0])
         if not model.built:

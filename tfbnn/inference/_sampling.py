@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfbnn._internal import keras_private
+from tfbnn._internal import checks, keras_private
 from tfbnn.ensembles import DeepEnsemble
 from tfbnn.layers.rank1 import ensemble_means, ensemble_size
 from tfbnn.utils import stochastic_layers
@@ -190,15 +190,9 @@ def check_input_shapes(model, batch):
         inputs = reference_model(model).inputs
     except (AttributeError, ValueError):  # a subclassed model declares none
         return
-    leaves = tf.nest.flatten(batch)
     if not inputs or len(inputs) > 1:  # several inputs: Keras matches them by name or order
         return
-    expected = tf.TensorShape(inputs[0].shape)
-    if len(leaves) != 1 or not leaves[0].shape[1:].is_compatible_with(expected[1:]):
-        raise ValueError(
-            f"Expected `x` shaped like the model's input {tuple(expected)}. "
-            f"Received: x with shapes {[tuple(v.shape) for v in leaves]}"
-        )
+    checks.input_shape(batch, inputs[0].shape)
 
 
 def input_batches(x, batch_size):
@@ -235,14 +229,7 @@ def reference_model(model):
 
 def check_finite(batch, offset):
     """Rejects NaN / infinite inputs: they would give NaN summaries."""
-    for v in tf.nest.flatten(batch):
-        if v.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(v))):
-            flat = tf.reshape(tf.math.is_finite(v), [tf.shape(v)[0], -1])
-            rows = (np.flatnonzero(~tf.reduce_all(flat, axis=1).numpy()) + offset).tolist()
-            raise ValueError(
-                "Expected finite inputs (NaN or infinite values give NaN predictions). "
-                f"Received: x with NaN or infinite values in rows {rows[:10]}{' ...' if len(rows) > 10 else ''}"
-            )
+    checks.finite_inputs(batch, offset)
 
 
 def check_dropout(model, mc_dropout):

@@ -52,7 +52,10 @@ from tfbnn.models import _common
 
 __all__ = ["kerashub_vit", "kerashub_bert", "BertInputs"]
 
-_DETERMINISTIC_BODY = ("deterministic", "mc_dropout")
+#: The methods that keep a KerasHub backbone deterministic (or MC dropout), so that it trains with
+#: ``bayesian_layers="all"``; every other method takes a Bayesian head only (``bayesian_layers="last"``).
+DETERMINISTIC_BODY_METHODS = ("deterministic", "mc_dropout")
+_DETERMINISTIC_BODY = DETERMINISTIC_BODY_METHODS
 
 
 def _keras_hub():

@@ -764,12 +764,11 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
                              f"compare_beta={compare_beta!r}")
         comparison_recipe = recipe.replace(beta=compare_beta)
     output_dir = output_dir or os.path.join(DEFAULT_ROOT, recipe.name)
-    parent = os.path.dirname(os.path.abspath(output_dir))
-    files.prepare_output_dir(parent, "output_dir")
+    files.check_target(output_dir, "output_dir", create=False)  # folders are made once the data and model are
     if model_path is not None:
         if not str(model_path).endswith(".keras"):
             raise ValueError(f"Expected a model path ending in '.keras'. Received: model_path={model_path!r}")
-        files.prepare_output_dir(os.path.dirname(os.path.abspath(model_path)), "model_path")
+        files.check_target(model_path, "model_path", create=False)
     if verbose is None:
         verbose = 1 if getattr(sys.stdout, "isatty", lambda: False)() else 2
 
