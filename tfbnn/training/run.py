@@ -254,12 +254,28 @@ def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec):
 
     if recipe.likelihood == "gaussian":
         loss, metrics = fixed_noise_gaussian_nll(recipe.noise_std), None
-    else:
-        loss = "sparse_categorical_crossentropy"
-        metrics = ["accuracy", keras.metrics.SparseCategoricalCrossentropy(name="nll")]
+    else:  # the method's loss (evidential: its own), the metrics of its predictive probabilities
+        loss = registry.get(recipe.method).training_loss(recipe.method_options)
+        metrics = _classifier_metrics(model)
     model.compile(optimizer=make_optimizer(recipe, steps_per_epoch, model), loss=loss, metrics=metrics,
                   jit_compile=jit_compile)
     build_for_fit(model, batch_spec)
+
+
+def _classifier_metrics(model):
+    """Accuracy and NLL of the class probabilities; of a distribution head's (an evidential model's
+    ``alpha / S``) through :class:`tfbnn.metrics.HeadMean`."""
+    import keras
+
+    from tfbnn import likelihoods
+    from tfbnn import metrics as metrics_lib
+
+    metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+               keras.metrics.SparseCategoricalCrossentropy(name="nll")]
+    head = likelihoods.output_layer(getattr(model, "network", model))  # a MultiSampleModel's network
+    if isinstance(head, likelihoods.DistributionHead):
+        metrics = [metrics_lib.HeadMean(m, head) for m in metrics]
+    return metrics
 
 
 def _fit(model, recipe, data, epochs, verbose, extra_callbacks):
@@ -267,7 +283,8 @@ def _fit(model, recipe, data, epochs, verbose, extra_callbacks):
     from tfbnn.training.optim import kl_schedule
 
     guard = callbacks.NaNGuard()
-    cbs = [guard, callbacks.EpochTimer(), *registry.get(recipe.method).training_callbacks(model), *extra_callbacks]
+    cbs = [guard, callbacks.EpochTimer(), *registry.get(recipe.method).training_callbacks(model, recipe.method_options),
+           *extra_callbacks]
     if recipe.is_bayesian:
         schedule = kl_schedule(recipe.kl_schedule, recipe.ramp_epochs, recipe.beta, recipe.warmup_epochs)
         cbs.insert(0, callbacks.KLAnnealing(num_examples=data.num_examples, schedule=schedule))
@@ -364,10 +381,12 @@ def _evaluate(model, recipe, data):
     scaling = fit_temperature(model, recipe, data, t) if recipe.temperature_scaling else None
     # Token ids take no additive noise: text is shifted by replacing a fraction SHIFT_GAMMA of its tokens.
     corruption = "token_replacement" if recipe.dataset in datasets.TEXT_DATASETS else "gaussian"
+    epistemic = registry.get(recipe.method).epistemic  # the method's own score (DDU: a density of the features)
     result = evaluation.evaluate_classifier(model, x_test, y_test, num_samples=t, num_bins=recipe.ece_bins,
                                             shift_gamma=SHIFT_GAMMA, sweep_levels=(), seed=recipe.seed,
                                             corruption=corruption,
-                                            batch_size=max(1, 2048 // total), temperature=scaling)
+                                            batch_size=max(1, 2048 // total), temperature=scaling,
+                                            epistemic=epistemic, density=_density(model, epistemic, data))
     numbers = result.numbers
     test = {**numbers["clean"], "shifted": numbers["shifted"], "shift_detection": numbers["shift_detection"],
             "num_samples": total, "num_test": len(y_test)}
@@ -379,6 +398,16 @@ def _evaluate(model, recipe, data):
     # An ensemble's KL is its members' mean: the KL term of each member's ELBO.
     test["kl"] = float(utils.kl_divergence(model)) / recipe.num_members if utils.bayesian_layers(model) else 0.0
     return test
+
+
+def _density(model, epistemic, data):
+    """DDU's Gaussian discriminant analysis of ``model``'s features, fitted on the training split
+    (:class:`tfbnn.ddu.DDU`), for ``epistemic == "density"``; None otherwise."""
+    if epistemic != "density":
+        return None
+    from tfbnn import ddu
+
+    return ddu.DDU(model).fit(*(data.train if isinstance(data.train, tuple) else arrays(data.train)))
 
 
 def _history_rows(history):
@@ -541,10 +570,17 @@ def _columns(result):
     return columns
 
 
-def _row(name, columns, value, fmt):
-    """One table row: ``fmt`` of ``value(test)`` per column ('' where it is None)."""
+def _row(name, columns, value, fmt, missing=""):
+    """One table row: ``fmt`` of ``value(test)`` per column (``missing`` where it is None)."""
     cells = [value(t) for _, t, _ in columns]
-    return (name, *("" if v is None else fmt.format(v) for v in cells))
+    return (name, *(missing if v is None else fmt.format(v) for v in cells))
+
+
+def _own_score(test):
+    """The name of a column's own epistemic score (:data:`tfbnn.evaluation.EPISTEMIC_LABELS`)."""
+    from tfbnn.evaluation import EPISTEMIC_LABELS
+
+    return EPISTEMIC_LABELS[test["shift_detection"].get("epistemic_score", "mutual_information")]
 
 
 def results_table(result):
@@ -585,9 +621,12 @@ def results_table(result):
         quality.append(_row("accuracy, posterior mean", cols, lambda x: x.get("posterior_mean_accuracy"), "{:.2%}"))
     shift = [(f"shift (clean vs gamma={SHIFT_GAMMA:g})", *(label for label, _, _ in cols)),
              _row("AUROC, predictive entropy", cols, lambda x: x["shift_detection"]["auroc_entropy"], "{:.3f}"),
-             _row("AUROC, epistemic", cols, lambda x: x["shift_detection"]["auroc_epistemic"], "{:.3f}"),
-             _row("epistemic, clean (nats)", cols, lambda x: x["epistemic"], "{:.4f}"),
-             _row("epistemic, shifted (nats)", cols, lambda x: x["shifted"]["epistemic"], "{:.4f}"),
+             _row("AUROC, epistemic (own score)", cols, lambda x: x["shift_detection"]["auroc_epistemic"], "{:.3f}",
+                  "n/a"),
+             ("epistemic score", *(_own_score(x) for _, x, _ in cols)),
+             _row("epistemic, clean", cols, lambda x: x.get("epistemic_own", x["epistemic"]), "{:.4f}", "n/a"),
+             _row("epistemic, shifted", cols, lambda x: x["shifted"].get("epistemic_own", x["shifted"]["epistemic"]),
+                  "{:.4f}", "n/a"),
              _row("accuracy, shifted", cols, lambda x: x["shifted"]["accuracy"], "{:.2%}")]
     s = t["shifted"]
     run_rows = [("training examples (N)", result.num_examples), ("Monte Carlo samples", f"T = {t['num_samples']}")]
@@ -607,10 +646,19 @@ def results_table(result):
                 (f"uncertainty of {cols[0][0]} (nats)", "clean", f"shifted (gamma={SHIFT_GAMMA:g})"),
                 ("predictive entropy (total)", f"{t['predictive_entropy']:.4f}", f"{s['predictive_entropy']:.4f}"),
                 ("expected entropy (aleatoric)", f"{t['aleatoric']:.4f}", f"{s['aleatoric']:.4f}"),
-                ("mutual information (epistemic)", f"{t['epistemic']:.4f}", f"{s['epistemic']:.4f}"),
+                _uncertainty_row(t),
             ],
         ],
     )
+
+
+def _uncertainty_row(test):
+    """The run's epistemic row: its own score on clean and shifted inputs ("n/a" for a method without one)."""
+    name, s = _own_score(test), test["shifted"]
+    if name == "mutual information":
+        return "mutual information (epistemic)", f"{test['epistemic']:.4f}", f"{s['epistemic']:.4f}"
+    own = (test.get("epistemic_own"), s.get("epistemic_own"))
+    return (f"{name} (epistemic)", *("n/a" if v is None else f"{v:.4f}" for v in own))
 
 
 def _confidence_word(test):
@@ -657,7 +705,8 @@ def interpretation(result):
     text.append(
         f"Only the Bayesian model knows what it has not seen: its epistemic uncertainty rises on shifted inputs "
         f"({eps} nats) and separates them from clean ones with AUROC {detect}, where the deterministic network "
-        f"has none (AUROC {base['shift_detection']['auroc_epistemic']:.2f}) and must rely on its predictive entropy "
+        f"has none (AUROC {_auroc_text(base['shift_detection']['auroc_epistemic'])}) and must rely on its "
+        f"predictive entropy "
         f"(AUROC {base['shift_detection']['auroc_entropy']:.3f}; {result.test['shift_detection']['auroc_entropy']:.3f} "
         f"for {name} at beta = {r.beta:g}).")
     if len(betas) > 1:
@@ -669,6 +718,10 @@ def interpretation(result):
             f"clean inputs {hi['epistemic']:.3f} -> {lo['epistemic']:.3f} nats): beta is a hyper-parameter, to be "
             "chosen on validation data, and below 1 the model is no longer the Bayes posterior of its prior.")
     return textwrap.fill(" ".join(text), 100, break_on_hyphens=False)
+
+
+def _auroc_text(value):
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def _write_outputs(stage, result, history_obj):
