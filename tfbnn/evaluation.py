@@ -43,7 +43,7 @@ OOD_SCORES = ("msp", "max_logit", "energy", "predictive_entropy", "mutual_inform
 
 #: The name in reports of each method's own epistemic score (:data:`tfbnn.methods.EPISTEMIC_SCORES`).
 EPISTEMIC_LABELS = {"mutual_information": "mutual information", "gp_variance": "GP variance",
-                    "density": "-log feature density", "evidential": "vacuity K / S", "none": "none"}
+                    "density": "-log feature density", "evidential": "u = K / S", "none": "none"}
 
 
 @dataclasses.dataclass
@@ -177,9 +177,9 @@ def epistemic_scores(model, x, epistemic, prediction=None, density=None, batch_s
     if epistemic == "none":
         return None
     if epistemic == "evidential":
-        head = _dirichlet_head(model)
-        alpha = model.predict(np.asarray(x), batch_size=batch_size, verbose=0)
-        return np.asarray(head.uncertainty(alpha), np.float64)
+        head, x = _dirichlet_head(model), np.asarray(x)  # eager batches: no predict graph to trace
+        return np.concatenate([np.asarray(head.uncertainty(model(x[i:i + batch_size], training=False)), np.float64)
+                               for i in range(0, len(x), batch_size)])
     if prediction is None:
         if epistemic == "mutual_information":
             raise ValueError("Expected the `prediction` of `x` for epistemic='mutual_information'. Received: None")

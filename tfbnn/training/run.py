@@ -724,7 +724,7 @@ def _auroc_text(value):
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def _write_outputs(stage, result, history_obj):
+def _write_outputs(stage, result, history_obj, figures=True):
     from tfbnn import plots
 
     r = result.recipe
@@ -733,8 +733,9 @@ def _write_outputs(stage, result, history_obj):
     files.write_json(os.path.join(stage, "history.json"), result.history)
     logs = {k: v for k, v in history_obj.history.items()
             if k.removeprefix("val_") in ("loss", "accuracy", "nll")}
-    plots.save(plots.learning_curves(logs, title=f"{r.name}: {result.model.name} on {r.dataset}"),
-               os.path.join(stage, "learning_curves.png"))
+    if figures:
+        plots.save(plots.learning_curves(logs, title=f"{r.name}: {result.model.name} on {r.dataset}"),
+                   os.path.join(stage, "learning_curves.png"))
     files.write_json(os.path.join(stage, "results.json"), {
         "recipe": r.name, "num_examples": result.num_examples, "train_seconds": result.train_seconds,
         "test": result.test, "baseline": result.baseline, "comparison": result.comparison,
@@ -761,7 +762,7 @@ def _publish(stage, output_dir):
 
 
 def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, jit_compile="auto",
-        strategy=None, callbacks=(), compare_beta=None, data=None, evaluate=None, quiet=False):
+        strategy=None, callbacks=(), compare_beta=None, data=None, evaluate=None, quiet=False, figures=True):
     """Fits, evaluates and records ``recipe``; returns a :class:`RunResult`.
 
     Args:
@@ -794,6 +795,8 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
             test NLL and epistemic std of the predictive for ``"gaussian"``); a study's
             own analysis.
         quiet: bool; print nothing (a study running many recipes prints its own lines).
+        figures: bool; write ``learning_curves.png`` (default True; a study running many recipes
+            may skip the figure, about a second a run).
 
     Raises:
         ValueError: a bad recipe or argument (named).
@@ -855,7 +858,7 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
                            output_dir=output_dir, baseline=base, comparison=comparison,
                            pretrained=kept.get("pretrained"))
         if _is_chief(strategy):  # under several workers only the chief writes
-            _write_outputs(stage, result, history)
+            _write_outputs(stage, result, history, figures)
             # The model first (atomically): if it cannot be saved, nothing is published.
             saved = files.save_model(model, model_path or os.path.join(stage, "model.keras"))
             result.files = _publish(stage, output_dir) + ([saved] if model_path else [])
