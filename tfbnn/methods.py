@@ -11,8 +11,9 @@ field                    who asks and what it means
 ``description``          one line, shown in ``tfbnn train --help`` (``--method``)
 ``build``                how :func:`tfbnn.training.run` makes the model: ``"zoo"`` (the zoo
                          builds it), ``"convert"`` (a deterministic zoo model converted by
-                         :func:`tfbnn.convert.to_bayesian`, e.g. ``graves``) or ``"ensemble"``
-                         (M member networks, each of a zoo method)
+                         :func:`tfbnn.convert.to_bayesian`, e.g. ``graves``), ``"ensemble"``
+                         (M member networks, each of a zoo method) or ``"adapter"`` (adapters on
+                         a pre-trained network, ``blob``: trained by :func:`tfbnn.training.fit_model`)
 ``bayesian``             its layers carry a KL term: ``num_examples`` (N) and ``beta`` apply
 ``stochastic``           its predictions are random (``train_samples > 1`` makes sense)
 ``options``              the options and their defaults (:class:`tfbnn.models.LayerFactory`)
@@ -98,8 +99,10 @@ from tfbnn._internal import argtypes
 __all__ = ["Method", "Conversion", "Flag", "PRIOR", "ESTIMATORS", "BUILDS", "EPISTEMIC_SCORES", "register",
            "unregister", "get", "names", "conversion_names", "method_of_conversion", "layer_class"]
 
-#: How :func:`tfbnn.training.run` makes a method's model (:attr:`Method.build`).
-BUILDS = ("zoo", "convert", "ensemble")
+#: How :func:`tfbnn.training.run` makes a method's model (:attr:`Method.build`); ``"adapter"``: a method applied to
+#: a pre-trained network by its own function (``blob``: :func:`tfbnn.lora.variational`), which no zoo recipe
+#: builds: :func:`tfbnn.training.fit_model` trains what that function returns.
+BUILDS = ("zoo", "convert", "ensemble", "adapter")
 #: A method's own epistemic score (:attr:`Method.epistemic`), each higher for inputs less like the training data:
 #: ``"mutual_information"`` (Monte Carlo: ``H[p_bar] - mean_t H[p_t]``), ``"gp_variance"`` (SNGP's GP posterior
 #: variance), ``"density"`` (DDU: ``-log q(z)``, the negative log feature density), ``"evidential"`` (``u = K / S``,
@@ -809,4 +812,7 @@ register(Method(
     "heteroscedastic", "heteroscedastic softmax, Collier et al. 2021: correlated logit noise (aleatoric)",
     options={"num_factors": 10, "temperature": 1.0, "train_mc_samples": 1000, "test_mc_samples": 1000},
     head_layers=_heteroscedastic_head, epistemic="none"))
-_BUILT_IN = _BUILT_IN | {"ddu", "evidential", "heteroscedastic"}
+register(Method(
+    "blob", "BLoB, Wang et al. 2024: Gaussian posteriors over the LoRA adapters of a pre-trained network "
+    "(tfbnn.lora.variational)", build="adapter", bayesian=True, label="BLoB"))
+_BUILT_IN = _BUILT_IN | {"ddu", "evidential", "heteroscedastic", "blob"}

@@ -95,8 +95,9 @@ def add_arguments(parser):
                        help="a tfbnn.models name or preset: mlp, lenet5, alexnet, resnet50, vgg16, "
                        "vgg16_small, convnext, wide_resnet28_10, transformer, lenet_300_100, mlp_blundell, ...")
     # --method and each method's flags come from the method registry (tfbnn.methods).
-    model.add_argument("--method", choices=registry.names(), default="bbb",
-                       help="; ".join(_method_help(name) for name in registry.names()))
+    trainable = [name for name in registry.names() if registry.get(name).build != "adapter"]  # run builds them
+    model.add_argument("--method", choices=trainable, default="bbb",
+                       help="; ".join(_method_help(name) for name in trainable))
     for flag, _ in method_flags().values():
         model.add_argument(flag.option, **flag.argparse_kwargs())
     model.add_argument("--hidden-units", type=argtypes.positive_int, default=None, metavar="UNITS",

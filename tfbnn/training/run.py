@@ -55,7 +55,7 @@ from tfbnn._internal.errors import RunError
 from tfbnn.training.recipe import Recipe
 from tfbnn.training.recipes import resolve
 
-__all__ = ["run", "RunResult", "build_model", "convert_model", "deterministic_version", "load_data", "arrays",
+__all__ = ["run", "RunResult", "fit_model", "build_model", "convert_model", "deterministic_version", "load_data", "arrays",
            "results_table", "interpretation", "fit_temperature",
            "SHIFT_GAMMA", "DEFAULT_ROOT"]
 
@@ -163,6 +163,10 @@ def build_model(recipe, data):
     """
     from tfbnn import models
 
+    if registry.get(recipe.method).build == "adapter":
+        raise ValueError(f"Method {recipe.method!r} adapts a pre-trained network: no zoo recipe builds it. Build it "
+                         f"with its own function and train it with tfbnn.training.fit_model. "
+                         f"Received: method={recipe.method!r}")
     # The model's own fit to small images (tfbnn.models.input_options), unless the recipe sets them.
     options = {**models.input_options(recipe.model, data.input_shape), **recipe.model_options}
     seed = options.pop("seed", recipe.seed)  # a study may seed its models apart from the run
@@ -244,7 +248,7 @@ def _steps_per_epoch(recipe, data):
     return recipe.steps_per_epoch or data.steps_per_epoch
 
 
-def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec):
+def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec, from_logits=False):
     """Compiles ``model`` for ``recipe`` and builds its training state from ``batch_spec`` (the
     training batches' element spec), so that ``fit`` traces the step once (:func:`tfbnn.utils.build_for_fit`)."""
     import keras
@@ -254,12 +258,48 @@ def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec):
 
     if recipe.likelihood == "gaussian":
         loss, metrics = fixed_noise_gaussian_nll(recipe.noise_std), None
+    elif from_logits:  # a network that outputs logits (a KerasHub task)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        metrics = ["accuracy", keras.metrics.SparseCategoricalCrossentropy(name="nll", from_logits=True)]
     else:  # the method's loss (evidential: its own), the metrics of its predictive probabilities
         loss = registry.get(recipe.method).training_loss(recipe.method_options)
         metrics = _classifier_metrics(model)
     model.compile(optimizer=make_optimizer(recipe, steps_per_epoch, model), loss=loss, metrics=metrics,
                   jit_compile=jit_compile)
     build_for_fit(model, batch_spec)
+
+
+def fit_model(model, recipe, data, epochs=None, verbose=0, callbacks=(), jit_compile=False, from_logits=False):
+    """Compiles and fits a ready ``model`` as :func:`run` trains a recipe's: the one compile-and-fit path.
+
+    What :func:`run` does after building its model (its ``_train``), for a model built elsewhere (a
+    fine-tuned KerasHub task, a head on frozen features, adapters): the recipe's optimizer and
+    learning-rate schedule, the method's loss and callbacks (:class:`tfbnn.methods.Method`),
+    :class:`tfbnn.KLAnnealing` for a Bayesian method, the NaN guard and per-epoch timing.
+
+    Args:
+        model: an uncompiled (or to be recompiled) ``keras.Model``.
+        recipe: a :class:`Recipe` (its ``method``, optimizer, schedule, ``epochs``, batch size).
+        data: a :class:`tfbnn.datasets.DataPipeline`; its ``train`` may be ``(x, y)`` arrays
+            (``x`` a dict of arrays for a model of several inputs).
+        epochs: int or None (``recipe.epochs``).
+        verbose: Keras ``fit`` verbosity. Default 0.
+        callbacks: extra Keras callbacks.
+        jit_compile: bool. Default False.
+        from_logits: bool; the model outputs logits: the loss and NLL read them as such
+            (a method with its own loss cannot).
+
+    Returns:
+        The Keras ``History``.
+
+    Raises:
+        RunError: training diverged.
+    """
+    if from_logits and registry.get(recipe.method).loss is not None:
+        raise ValueError(f"Method {recipe.method!r} has its own loss on its output layer's values, not logits. "
+                         f"Received: from_logits=True")
+    _compile(model, recipe, _steps_per_epoch(recipe, data), jit_compile, _element_spec(data.train), from_logits)
+    return _fit(model, recipe, data, recipe.epochs if epochs is None else epochs, verbose, callbacks)
 
 
 def _classifier_metrics(model):
@@ -464,7 +504,7 @@ def _element_spec(train):
         return train.element_spec
     import tensorflow as tf
 
-    return tuple(tf.TensorSpec((None, *a.shape[1:]), tf.as_dtype(a.dtype)) for a in train)
+    return tf.nest.map_structure(lambda a: tf.TensorSpec((None, *a.shape[1:]), tf.as_dtype(a.dtype)), tuple(train))
 
 
 def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=False, keep=None):
