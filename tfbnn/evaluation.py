@@ -28,11 +28,11 @@ import os
 
 import numpy as np
 
-from tfbnn import calibration, inference, metrics, plots
+from tfbnn import calibration, ensembles, evidential, inference, likelihoods, metrics, methods, plots, sngp
 from tfbnn._internal import checks, deprecation, files
 from tfbnn._internal.files import markdown_table  # public here: results tables for reports and notebooks
 from tfbnn.datasets import corruptions
-from tfbnn.utils import bayesian_layers, posterior_mean
+from tfbnn.utils import bayesian_layers, posterior_mean, stochastic_layers
 
 __all__ = ["Evaluation", "evaluate_classifier", "shift_detection", "shift_sweep", "write_report", "markdown_table",
            "OOD_SCORES", "ood_scores", "ood_detection", "EPISTEMIC_LABELS", "epistemic_scores", "epistemic_score_of"]
@@ -125,13 +125,11 @@ def epistemic_score_of(model):
         >>> tfbnn.evaluation.epistemic_score_of(tfbnn.models.mlp("sngp", hidden_units=(4,), input_shape=(2,)))
         'gp_variance'
     """
-    from tfbnn import ensembles, evidential, likelihoods, sngp, utils
-
     if sngp.gp_layers(model):
         return "gp_variance"
     if isinstance(likelihoods.output_layer(model), evidential.DirichletHead):
         return "evidential"
-    if isinstance(model, ensembles.DeepEnsemble) or utils.stochastic_layers(model):
+    if isinstance(model, ensembles.DeepEnsemble) or stochastic_layers(model):
         return "mutual_information"
     return "none"
 
@@ -170,8 +168,6 @@ def epistemic_scores(model, x, epistemic, prediction=None, density=None, batch_s
         >>> u.shape, bool(np.all((u > 0) & (u <= 1)))
         ((2,), True)
     """
-    from tfbnn import methods, sngp
-
     if epistemic not in methods.EPISTEMIC_SCORES:
         raise ValueError(f"Expected `epistemic` in {list(methods.EPISTEMIC_SCORES)}. Received: epistemic={epistemic!r}")
     if epistemic == "none":
@@ -196,8 +192,6 @@ def epistemic_scores(model, x, epistemic, prediction=None, density=None, batch_s
 
 
 def _dirichlet_head(model):
-    from tfbnn import evidential, likelihoods
-
     head = likelihoods.output_layer(model)
     if not isinstance(head, evidential.DirichletHead):
         raise ValueError("Expected a model ending in a tfbnn.evidential.DirichletHead for epistemic='evidential'. "
