@@ -22,7 +22,8 @@ What :func:`run` does, in order:
 4. evaluates the Monte Carlo predictive on the test split
    (:func:`tfbnn.evaluation.evaluate_classifier`): accuracy, NLL, ECE, Brier score,
    total / aleatoric / epistemic uncertainty on clean and Gaussian-shifted inputs and
-   how well they detect the shift (AUROC; text: a fraction ``SHIFT_GAMMA`` of the tokens
+   how well they detect the shift (the epistemic side by the method's own score,
+   :attr:`tfbnn.methods.Method.epistemic`: SNGP's GP variance, DDU's feature density) (AUROC; text: a fraction ``SHIFT_GAMMA`` of the tokens
    replaced at random); with ``recipe.temperature_scaling`` it fits
    a temperature to the predictive on the validation hold-out
    (:meth:`tfbnn.TemperatureScaling.fit_prediction`) and evaluates the tempered
@@ -72,9 +73,12 @@ class RunResult:
         recipe: the :class:`Recipe` that ran.
         model: the trained Keras model.
         test: dict of test metrics (``accuracy``, ``nll``, ``ece``, ``brier``,
-            ``confidence``, ``predictive_entropy``, ``aleatoric``, ``epistemic``, and
-            the same under ``shifted``; ``shift_detection``: AUROC of the predictive
-            entropy and of the epistemic uncertainty, clean against shifted;
+            ``confidence``, ``predictive_entropy``, ``aleatoric``, ``epistemic`` (the mutual
+            information), ``epistemic_own`` (the mean of the method's own epistemic score,
+            :attr:`tfbnn.methods.Method.epistemic`; None without one), and the same under
+            ``shifted``; ``shift_detection``: AUROC of the predictive entropy and of the
+            method's own epistemic score (None without one), clean against shifted, and
+            ``epistemic_score``, its name;
             ``posterior_mean_accuracy`` for Bayesian models; ``kl``, for an ensemble
             the members' mean; ``num_samples``, for an ensemble all ``M * T``; with
             ``recipe.temperature_scaling``, ``temperature_scaled``: the fitted
