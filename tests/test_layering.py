@@ -82,11 +82,13 @@ FUNCTION_LOCAL_IMPORTS = {
     ("tfbnn/training/recipe.py", "Recipe.to_dict"): _TRAINING,
     **{("tfbnn/methods.py", name): _REGISTRY for name in (
         "layer_class", "_multi_sample_model", "_check_bbb", "_check_vd", "_check_ibnn", "_ibnn_layer_kwargs", "_ibnn_sample_model", "_ibnn_eval_samples",
-        "_ibnn_optimizer", "_check_sngp", "_sngp_callbacks")},
+        "_ibnn_optimizer", "_check_sngp", "_sngp_callbacks", "_softmax_head", "_evidential_head", "_evidential_loss",
+        "_evidential_callbacks", "_heteroscedastic_head")},
     **{("tfbnn/training/run.py", name): _TRAINING for name in (
         "_is_mlp", "build_model", "convert_model", "fixed_noise_gaussian_nll", "_compile", "_fit", "arrays",
         "fit_temperature", "_evaluate_regression", "_evaluate", "_member_data", "_train_ensemble",
-        "_element_spec", "_train", "_copy", "_write_outputs", "_is_chief", "run")},
+        "_element_spec", "_train", "_copy", "_write_outputs", "_is_chief", "run", "_classifier_metrics", "_density",
+        "_own_score")},
     ("tfbnn/models/kerashub.py", "_keras_hub"):
         "keras-hub is the optional [hub] extra: imported only when a KerasHub zoo model is built",
     ("tfbnn/export.py", "_onnx_model"): "tf2onnx is the optional [export] extra; the other formats work without it",

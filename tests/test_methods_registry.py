@@ -21,10 +21,11 @@ from tfbnn.training import recipe as recipe_module
 # -- the old tuples are the registry's --------------------------------------------------------------
 def test_the_derived_tuples_equal_the_registry():
     assert models.ZOO_METHODS == methods.names(zoo=True) == ("deterministic", "mc_dropout", "bbb", "vd", "ibnn",
-                                                              "sngp")
+                                                              "sngp", "ddu", "evidential", "heteroscedastic")
     assert models.BAYESIAN_METHODS == methods.names(zoo=True, bayesian=True) == ("bbb", "vd", "ibnn")
     assert training.RECIPE_METHODS == methods.names() == (
-        "deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble", "sngp")
+        "deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble", "sngp", "ddu", "evidential",
+        "heteroscedastic", "blob")
     assert recipe_module.MEMBER_METHODS == models.ZOO_METHODS
     assert recipe_module.DEFAULT_MEMBERS == 5
     assert models.ESTIMATORS == methods.ESTIMATORS == ("flipout", "reparameterization", "local_reparameterization")
@@ -34,7 +35,7 @@ def test_the_derived_tuples_equal_the_registry():
     assert set(convert.CONVERSION_METHODS) == {"vd", "vd_additive", "molchanov", "vd_multiplicative", "kingma",
                                                "graves", "flipout", "reparameterization", "local_reparameterization"}
     assert convert.CONVERSION_METHODS == methods.conversion_names()
-    assert methods.names(bayesian=True) == ("bbb", "vd", "ibnn", "graves")
+    assert methods.names(bayesian=True) == ("bbb", "vd", "ibnn", "graves", "blob")
     assert methods.names(build="convert") == ("graves",) and methods.names(build="ensemble") == ("ensemble",)
     assert methods.names(convertible=True) == ("bbb", "vd", "graves")
 
@@ -70,12 +71,13 @@ def test_the_built_in_methods_say_what_each_part_needs():
 # -- unknown names ------------------------------------------------------------------------------------
 def test_an_unknown_method_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"Unknown method\. Expected one of \['deterministic', 'mc_dropout', "
-                                         r"'bbb', 'vd', 'ibnn', 'graves', 'ensemble', 'sngp'\]\. "
-                                         r"Received: method='nope'"):
+                                         r"'bbb', 'vd', 'ibnn', 'graves', 'ensemble', 'sngp', 'ddu', 'evidential', "
+                                         r"'heteroscedastic', 'blob'\]\. Received: method='nope'"):
         methods.get("nope")
-    with pytest.raises(ValueError, match=r"Expected one of \['deterministic', .*'ibnn', 'sngp'\]\. Received: method='graves'"):
+    with pytest.raises(ValueError, match=r"Expected one of \['deterministic', .*'ibnn', 'sngp', 'ddu', 'evidential', "
+                                         r"'heteroscedastic'\]\. Received: method='graves'"):
         models.build("mlp", method="graves")  # a recipe-level method, not the zoo's
-    with pytest.raises(ValueError, match=r"recipe field `method` to be one of \[.*'ensemble', 'sngp'\]"):
+    with pytest.raises(ValueError, match=r"recipe field `method` to be one of \[.*'ensemble', 'sngp', .*'blob'\]"):
         training.Recipe(method="nope")
     with pytest.raises(ValueError, match=r"Unknown conversion method\. Expected one of \[.*'kingma'.*\]"):
         convert.to_bayesian(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]), method="bbb")
@@ -217,3 +219,132 @@ def test_the_registry_loads_no_tensorflow():
             "{'estimator': 'flipout'}); print(sorted(x for x in ('tensorflow', 'keras', 'numpy') if x in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+# -- every method that trains is registered, with its epistemic score (issue 36) --------------------------------
+def test_every_method_declares_its_epistemic_score():
+    assert {name: methods.get(name).epistemic for name in methods.names()} == {
+        "deterministic": "none", "mc_dropout": "mutual_information", "bbb": "mutual_information",
+        "vd": "mutual_information", "ibnn": "mutual_information", "graves": "mutual_information",
+        "ensemble": "mutual_information", "sngp": "gp_variance", "ddu": "density", "evidential": "evidential",
+        "heteroscedastic": "none", "blob": "mutual_information"}
+    with pytest.raises(ValueError, match=r"Expected `epistemic` in \['mutual_information'.*Received: epistemic='gp'"):
+        methods.Method("x", "x", epistemic="gp")
+
+
+@pytest.mark.parametrize("builder, kwargs", [("mlp", {"hidden_units": (8,), "input_shape": (8, 8, 1)}),
+                                             ("lenet5", {"input_shape": (8, 8, 1), "padding": "same"})])
+def test_the_zoo_builds_the_single_pass_methods(builder, kwargs):
+    """The MLP and a conv net of DDU (spectral body, softmax Dense), evidential (Dense -> DirichletHead) and the
+    heteroscedastic softmax, each output layer named "predictions"; a seeded model builds again the same."""
+    x = np.random.default_rng(0).random((3, 8, 8, 1)).astype("float32")
+    expected = {"ddu": ("SpectralDense", "Dense"), "evidential": ("Dense", "DirichletHead"),
+                "heteroscedastic": ("Dense", "HeteroscedasticSoftmax")}
+    for method, (body, head) in expected.items():
+        keras.utils.set_random_seed(0)
+        model = models.build(builder, method=method, num_classes=3, seed=1, **kwargs)
+        assert type(model.layers[-1]).__name__ == head and model.layers[-1].name == "predictions"
+        assert body in [type(layer).__name__ for layer in model.layers]
+        if builder == "lenet5" and method == "ddu":
+            assert "SpectralConv2D" in [type(layer).__name__ for layer in model.layers]
+        keras.utils.set_random_seed(0)
+        again = models.build(builder, method=method, num_classes=3, seed=1, **kwargs)
+        for a, b in zip(model.get_weights(), again.get_weights()):
+            np.testing.assert_array_equal(a, b)
+        out = np.asarray(model(x))
+        assert out.shape == (3, 3) and np.all(np.isfinite(out))
+
+
+@pytest.mark.heavy
+def test_the_single_pass_methods_train_through_run_and_report_their_own_score(tmp_path):
+    """training.run trains DDU, evidential and heteroscedastic recipes (the method's loss, head and callbacks) and
+    reports the method's own epistemic AUROC: the evidential vacuity K / S computed by hand from the model's
+    Dirichlet outputs (scikit-learn's AUROC), DDU's -log density of a GDA fitted again on the training split,
+    and none (None) for the heteroscedastic softmax."""
+    from sklearn.metrics import roc_auc_score
+
+    from tfbnn import ddu
+    from tfbnn.datasets import corruptions
+
+    base = training.get_recipe("digits-bbb-mlp").quick(epochs=2).replace(
+        model_options={"hidden_units": (16,)}, max_examples=240, temperature_scaling=False, validation_fraction=0.0)
+    options = {"evidential": {"annealing_epochs": 2},
+               "heteroscedastic": {"num_factors": 2, "train_mc_samples": 8, "test_mc_samples": 8}, "ddu": {}}
+    for method, opts in options.items():
+        recipe = base.replace(name=f"own-{method}", method=method, method_options=opts, eval_samples=2)
+        result = training.run(recipe, output_dir=str(tmp_path / method), verbose=0, jit_compile=False, quiet=True)
+        history = result.history[-1]
+        assert np.isfinite(history["loss"]) and 0 <= history["accuracy"] <= 1
+        detection = result.test["shift_detection"]
+        assert detection["epistemic_score"] == methods.get(method).epistemic
+        data = training.load_data(recipe)
+        x, _ = training.arrays(data.test)
+        rng = corruptions.make_rng(recipe.seed)
+        clean, shifted = (corruptions.CORRUPTIONS["gaussian"](x, level, seed=rng) for level in (0.0, 0.5))
+        if method == "heteroscedastic":
+            assert detection["auroc_epistemic"] is None and result.test["epistemic_own"] is None
+            continue
+        if method == "evidential":
+            assert history["evidential_kl_coefficient"] == 0.5  # the method's callback ran: epoch 1 of 2
+            alpha = [np.asarray(result.model(v), np.float64) for v in (clean, shifted)]
+            scores = [a.shape[1] / a.sum(axis=1) for a in alpha]
+        else:
+            gda = ddu.DDU(result.model).fit(*training.arrays(data.train))
+            scores = [-gda.log_density(v) for v in (clean, shifted)]
+        expected = roc_auc_score(np.r_[np.zeros(len(x)), np.ones(len(x))], np.r_[scores[0], scores[1]])
+        assert detection["auroc_epistemic"] == pytest.approx(expected, abs=1e-9)
+        assert result.test["epistemic_own"] == pytest.approx(scores[0].mean(), rel=1e-6)
+
+
+def test_blob_is_registered_but_no_zoo_recipe_builds_it(tmp_path):
+    recipe = training.get_recipe("digits-bbb-mlp").quick().replace(method="blob", method_options={})
+    with pytest.raises(ValueError, match=r"Method 'blob' adapts a pre-trained network.*fit_model.*method='blob'"):
+        training.run(recipe, output_dir=str(tmp_path / "x"), verbose=0, quiet=True)
+    assert not os.path.exists(tmp_path / "x")
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    train_command.add_arguments(parser)
+    assert parser.parse_args(["--method", "evidential"]).method == "evidential"
+    with pytest.raises(SystemExit):  # not a --method choice: it adapts a pre-trained network
+        parser.parse_args(["--method", "blob"])
+
+
+def _study_sources():
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(tfbnn.__file__))), "tfbnn", "experiments")
+    return {name: open(os.path.join(root, name)).read() for name in sorted(os.listdir(root)) if name.endswith(".py")}
+
+
+def _named_methods(source):
+    """The method names a study's source trains: string literals given as the first argument of ``train`` /
+    ``_trained`` / ``_own_score``, as the second of ``fit`` (the KerasHub study's ``context.fit``), or as
+    ``method=`` of a ``Recipe`` or its ``replace``."""
+    import ast
+
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = getattr(node.func, "attr", getattr(node.func, "id", ""))
+        args = {"train": 0, "_trained": 0, "_own_score": 0, "fit": 1}
+        if func in args and len(node.args) > args[func] and isinstance(node.args[args[func]], ast.Constant) \
+                and isinstance(node.args[args[func]].value, str):
+            names.append(node.args[args[func]].value)
+        if func in ("Recipe", "replace"):
+            names += [k.value.value for k in node.keywords
+                      if k.arg == "method" and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)]
+    return names
+
+
+def test_the_studies_train_registered_methods_only():
+    """A method trained in tfbnn/experiments is a registered one, and the shift benchmark and the KerasHub study
+    compile and fit nothing themselves: they train through tfbnn.training (run / fit_model)."""
+    sources = _study_sources()
+    named = {name: _named_methods(source) for name, source in sources.items()}
+    unregistered = {f: sorted(set(n) - set(methods.names())) for f, n in named.items() if set(n) - set(methods.names())}
+    assert unregistered == {}
+    assert {"ddu", "evidential", "heteroscedastic", "sngp"} <= set(named["_shift_benchmark.py"])
+    assert {"deterministic", "bbb", "blob"} <= set(named["_kerashub_finetune.py"])
+    for name in ("_shift_benchmark.py", "_kerashub_finetune.py"):
+        assert ".compile(" not in sources[name] and "model.fit(" not in sources[name], name
+    assert _named_methods("context.train('gp'); training.Recipe(method='bogus')") == ["gp", "bogus"]

@@ -11,9 +11,12 @@ The ``tfbnn evaluate`` command and :func:`tfbnn.training.run` use both.
 
 Shift detection: how well an uncertainty score tells the shifted inputs from the
 clean ones, as the AUROC (:func:`tfbnn.metrics.auroc`, 0.5 = chance) of the
-predictive entropy (total) and of the mutual information (epistemic). A
-deterministic model has no epistemic uncertainty (0 everywhere), so its epistemic
-AUROC is exactly 0.5: only its total uncertainty can flag a shift.
+predictive entropy (total) and of the method's own epistemic score
+(:func:`epistemic_scores`, one of :data:`tfbnn.methods.EPISTEMIC_SCORES`): the mutual
+information of a Monte Carlo method, SNGP's GP variance, DDU's negative log feature
+density, the evidential vacuity ``K / S``. A single-pass method has no mutual information
+(0 everywhere); its own score is what flags a shift, and a method with none (a
+deterministic network: ``"none"``) has no epistemic AUROC (None, "n/a" in the reports).
 
 With a ``temperature`` (fitted on held-out data by
 :meth:`tfbnn.TemperatureScaling.fit_prediction`), the same numbers are computed
@@ -26,18 +29,22 @@ import os
 
 import numpy as np
 
-from tfbnn import calibration, inference, metrics, plots
+from tfbnn import calibration, ensembles, evidential, inference, likelihoods, metrics, methods, plots, sngp
 from tfbnn._internal import checks, deprecation, files
 from tfbnn._internal.files import markdown_table  # public here: results tables for reports and notebooks
 from tfbnn.datasets import corruptions
-from tfbnn.utils import bayesian_layers, posterior_mean
+from tfbnn.utils import bayesian_layers, posterior_mean, stochastic_layers
 
 __all__ = ["Evaluation", "evaluate_classifier", "shift_detection", "shift_sweep", "write_report", "markdown_table",
-           "OOD_SCORES", "ood_scores", "ood_detection"]
+           "OOD_SCORES", "ood_scores", "ood_detection", "EPISTEMIC_LABELS", "epistemic_scores", "epistemic_score_of"]
 
 #: The out-of-distribution scores :func:`ood_scores` computes (higher: more likely out of distribution).
 OOD_SCORES = ("msp", "max_logit", "energy", "predictive_entropy", "mutual_information", "variation_ratio",
               "ddu_density", "sngp_variance")
+
+#: The name in reports of each method's own epistemic score (:data:`tfbnn.methods.EPISTEMIC_SCORES`).
+EPISTEMIC_LABELS = {"mutual_information": "mutual information", "gp_variance": "GP variance",
+                    "density": "-log feature density", "evidential": "u = K / S", "none": "none"}
 
 
 @dataclasses.dataclass
@@ -66,26 +73,131 @@ def _summary(res, labels, num_bins):
     }
 
 
-def shift_detection(clean, shifted):
+def _own(score, prediction, values):
+    """The own epistemic scores of one set: the prediction's mutual information, ``values``, or None."""
+    if score == "mutual_information":
+        return np.asarray(prediction.mutual_information, np.float64)
+    return None if score == "none" else values
+
+
+def shift_detection(clean, shifted, epistemic="mutual_information", clean_scores=None, shifted_scores=None):
     """AUROC of telling ``shifted`` from ``clean`` predictions by their uncertainty.
 
     Args:
         clean, shifted: :class:`tfbnn.ClassificationPrediction` of the clean and the
             shifted inputs.
+        epistemic: the method's own epistemic score, one of :data:`tfbnn.methods.EPISTEMIC_SCORES`.
+            Default ``"mutual_information"`` (read from the predictions).
+        clean_scores, shifted_scores: ``(n,)`` own scores of the clean and shifted inputs
+            (:func:`epistemic_scores`), for a score other than ``"mutual_information"`` and ``"none"``.
 
     Returns:
-        ``{"auroc_entropy": ..., "auroc_epistemic": ...}``: :func:`tfbnn.metrics.auroc`
-        of the predictive entropy and of the mutual information.
+        ``{"auroc_entropy": ..., "auroc_epistemic": ..., "epistemic_score": epistemic}``:
+        :func:`tfbnn.metrics.auroc` of the predictive entropy and of the own epistemic score
+        (None for ``"none"``: the method has no epistemic uncertainty to detect a shift with).
     """
+    own = (_own(epistemic, clean, clean_scores), _own(epistemic, shifted, shifted_scores))
+    if epistemic not in ("mutual_information", "none") and (own[0] is None or own[1] is None):
+        raise ValueError(f"Expected `clean_scores` and `shifted_scores` for epistemic={epistemic!r}. Received: None")
     return {
         "auroc_entropy": metrics.auroc(clean.predictive_entropy, shifted.predictive_entropy),
-        "auroc_epistemic": metrics.auroc(clean.mutual_information, shifted.mutual_information),
+        "auroc_epistemic": None if own[0] is None else metrics.auroc(*own),
+        "epistemic_score": epistemic,
     }
 
 
-def _numbers(clean, shifted, labels, num_bins):
-    return {"clean": _summary(clean, labels, num_bins), "shifted": _summary(shifted, labels, num_bins),
-            "shift_detection": shift_detection(clean, shifted)}
+def _numbers(clean, shifted, labels, num_bins, epistemic="mutual_information", scores=(None, None)):
+    numbers = {"clean": _summary(clean, labels, num_bins), "shifted": _summary(shifted, labels, num_bins),
+               "shift_detection": shift_detection(clean, shifted, epistemic, *scores)}
+    for part, prediction, values in (("clean", clean, scores[0]), ("shifted", shifted, scores[1])):
+        own = _own(epistemic, prediction, values)
+        numbers[part]["epistemic_own"] = None if own is None else float(np.mean(own))
+    return numbers
+
+
+def epistemic_score_of(model):
+    """The epistemic score (:data:`tfbnn.methods.EPISTEMIC_SCORES`) a trained classifier shows by its layers:
+    ``"gp_variance"`` with an SNGP GP layer, ``"evidential"`` ending in a :class:`tfbnn.evidential.DirichletHead`,
+    ``"mutual_information"`` with stochastic layers or several members, otherwise ``"none"``. A DDU network
+    is a plain softmax network to look at: its ``"density"`` needs to be asked for.
+
+    Example:
+        >>> import tfbnn
+        >>> tfbnn.evaluation.epistemic_score_of(tfbnn.models.mlp("sngp", hidden_units=(4,), input_shape=(2,)))
+        'gp_variance'
+    """
+    if sngp.gp_layers(model):
+        return "gp_variance"
+    if isinstance(likelihoods.output_layer(model), evidential.DirichletHead):
+        return "evidential"
+    if isinstance(model, ensembles.DeepEnsemble) or stochastic_layers(model):
+        return "mutual_information"
+    return "none"
+
+
+def epistemic_scores(model, x, epistemic, prediction=None, density=None, batch_size=256):
+    """A method's own epistemic score of each input, higher for inputs less like the training data.
+
+    ==========================  ===================================================================
+    ``epistemic``               the score
+    ==========================  ===================================================================
+    ``"mutual_information"``    ``H[p_bar] - mean_t H[p_t]`` of ``prediction`` (Depeweg et al. 2018)
+    ``"gp_variance"``           SNGP's GP posterior variance (:func:`tfbnn.sngp.predictive_variance`;
+                                Liu et al. 2020, eq. 9), :func:`ood_scores`' ``sngp_variance``
+    ``"density"``               ``-log q(f(x))`` of a fitted :class:`tfbnn.ddu.DDU` ``density``
+                                (Mukhoti et al. 2023, eq. 2), :func:`ood_scores`' ``ddu_density``
+    ``"evidential"``            ``u = K / S`` of the model's Dirichlet ``alpha`` (Sensoy et al. 2018)
+    ``"none"``                  None: the method has no epistemic score
+    ==========================  ===================================================================
+
+    Args:
+        model: the trained classifier.
+        x: ``(n, ...)`` inputs.
+        epistemic: one of :data:`tfbnn.methods.EPISTEMIC_SCORES`.
+        prediction: the :class:`tfbnn.ClassificationPrediction` of ``x`` (``tfbnn.predict``); needed for
+            ``"mutual_information"``, computed with one sample when None otherwise.
+        density: a fitted :class:`tfbnn.ddu.DDU` of ``model``, for ``"density"``.
+        batch_size: int, the forward passes' batch. Default 256.
+
+    Returns:
+        ``(n,)`` float64 scores, or None for ``"none"``.
+
+    Example:
+        >>> import numpy as np, tfbnn
+        >>> model = tfbnn.models.mlp("evidential", hidden_units=(4,), input_shape=(2,), num_classes=3, seed=0)
+        >>> u = tfbnn.evaluation.epistemic_scores(model, np.zeros((2, 2), "float32"), "evidential")
+        >>> u.shape, bool(np.all((u > 0) & (u <= 1)))
+        ((2,), True)
+    """
+    if epistemic not in methods.EPISTEMIC_SCORES:
+        raise ValueError(f"Expected `epistemic` in {list(methods.EPISTEMIC_SCORES)}. Received: epistemic={epistemic!r}")
+    if epistemic == "none":
+        return None
+    if epistemic == "evidential":
+        head, x = _dirichlet_head(model), np.asarray(x)  # eager batches: no predict graph to trace
+        return np.concatenate([np.asarray(head.uncertainty(model(x[i:i + batch_size], training=False)), np.float64)
+                               for i in range(0, len(x), batch_size)])
+    if prediction is None:
+        if epistemic == "mutual_information":
+            raise ValueError("Expected the `prediction` of `x` for epistemic='mutual_information'. Received: None")
+        prediction = inference.predict(model, x, num_samples=1, batch_size=batch_size, task="classification")
+    if epistemic == "mutual_information":
+        return ood_scores(prediction)["mutual_information"]
+    if epistemic == "gp_variance":
+        return ood_scores(prediction, gp_variance=sngp.predictive_variance(model, x, batch_size=batch_size))[
+            "sngp_variance"]
+    if density is None or not hasattr(density, "log_density"):
+        raise ValueError(f"Expected a fitted tfbnn.ddu.DDU as `density` for epistemic='density'. "
+                         f"Received: density={density!r}")
+    return ood_scores(prediction, log_density=density.log_density(x))["ddu_density"]
+
+
+def _dirichlet_head(model):
+    head = likelihoods.output_layer(model)
+    if not isinstance(head, evidential.DirichletHead):
+        raise ValueError("Expected a model ending in a tfbnn.evidential.DirichletHead for epistemic='evidential'. "
+                         f"Received: a model ending in {type(head).__name__}")
+    return head
 
 
 # Until the next release evaluate_classifier and shift_sweep also take tolerance= and max_samples=
@@ -98,7 +210,7 @@ _ADAPTIVE_KEYWORDS = deprecation.keywords_moved("num_samples", inference.Adaptiv
 @_ADAPTIVE_KEYWORDS
 def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.5,
                         sweep_levels=(0.0, 0.25, 0.5, 0.75, 1.0), seed=0, batch_size=256, temperature=None,
-                        corruption="gaussian"):
+                        corruption="gaussian", epistemic="mutual_information", density=None):
     """Monte Carlo evaluation of a classifier on clean and shifted inputs.
 
     Args:
@@ -120,11 +232,17 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
         corruption: the shift, a name of :data:`tfbnn.datasets.corruptions.CORRUPTIONS`:
             ``"gaussian"`` (default; ``shift_gamma`` its intensity) or, for token ids,
             ``"token_replacement"`` (``shift_gamma`` the replaced fraction).
+        epistemic: the method's own epistemic score (:data:`tfbnn.methods.EPISTEMIC_SCORES`,
+            :func:`epistemic_scores`): the ``auroc_epistemic`` of ``shift_detection`` and the
+            ``epistemic_own`` means. Default ``"mutual_information"``; :func:`epistemic_score_of`
+            reads it off the model's layers.
+        density: a fitted :class:`tfbnn.ddu.DDU` of ``model`` for ``epistemic="density"``.
 
     Returns:
         An :class:`Evaluation`; ``numbers`` holds ``clean`` and ``shifted`` dicts
         (accuracy, nll, brier, ece, confidence (the mean top probability),
-        predictive_entropy, aleatoric, epistemic), ``shift_detection``
+        predictive_entropy, aleatoric, epistemic (the mutual information), epistemic_own (the
+        mean own epistemic score, None for ``"none"``)), ``shift_detection``
         (:func:`shift_detection`), ``selective_area``, ``posterior_mean_accuracy`` and
         ``posterior_mean_ece`` (Bayesian models), the ``sweep`` rows, and with a
         ``temperature`` ``temperature_scaled``: ``temperature``, ``method`` and the
@@ -134,17 +252,27 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
     labels = np.asarray(y)
     sweep_levels = tuple(sweep_levels or ())
     levels = tuple(sorted({0.0, float(shift_gamma), *map(float, sweep_levels)}))
-    rows, predictions = shift_sweep(model, x, labels, corruption, levels=levels, num_samples=num_samples,
-                                    seed=seed, batch_size=batch_size, return_predictions=True,
-                                    return_samples=scaling is not None and scaling.method == "samples")
-    clean, shifted = predictions[levels.index(0.0)], predictions[levels.index(float(shift_gamma))]
+    if epistemic == "density" and density is None:
+        raise ValueError("Expected a fitted tfbnn.ddu.DDU as `density` for epistemic='density'. Received: None")
+    kept = {0.0, float(shift_gamma)}
+
+    def own(level, inputs, prediction):  # the own score of the two compared sets
+        if level in kept and epistemic not in ("mutual_information", "none"):
+            return epistemic_scores(model, inputs, epistemic, prediction, density, batch_size)
+        return None
+
+    rows, predictions, scores = _sweep(model, x, labels, corruption, levels, num_samples, seed, batch_size,
+                                       return_samples=scaling is not None and scaling.method == "samples", score=own)
+    at = (levels.index(0.0), levels.index(float(shift_gamma)))
+    clean, shifted = predictions[at[0]], predictions[at[1]]
+    own_scores = (scores[at[0]], scores[at[1]])
     sweep = [row for row in rows if row["level"] in set(map(float, sweep_levels))]
     numbers = {
         "num_examples": int(len(labels)),
         **_sampling_numbers(num_samples),
         "num_bins": int(num_bins),
         "shift_gamma": float(shift_gamma),
-        **_numbers(clean, shifted, labels, num_bins),
+        **_numbers(clean, shifted, labels, num_bins, epistemic, own_scores),
         "selective_area": metrics.selective_prediction(clean.mean_probs, labels, clean.predictive_entropy).area,
         "sweep": sweep,
     }
@@ -156,7 +284,8 @@ def evaluate_classifier(model, x, y, num_samples=50, num_bins=15, shift_gamma=0.
     if scaling is not None:
         numbers["temperature_scaled"] = {
             "temperature": scaling.temperature, "method": scaling.method,
-            **_numbers(scaling.transform_prediction(clean), scaling.transform_prediction(shifted), labels, num_bins),
+            **_numbers(scaling.transform_prediction(clean), scaling.transform_prediction(shifted), labels, num_bins,
+                       epistemic, own_scores),
         }
     return Evaluation(numbers=numbers, labels=labels, clean=clean, shifted=shifted, sweep=sweep)
 
@@ -368,6 +497,15 @@ def shift_sweep(
         (2, ['accuracy', 'ece', 'expected_entropy', 'level', 'mutual_information', 'nll', 'predictive_entropy'])
     """
     levels = corruptions.check_levels(corruption, levels)
+    rows, predictions, _ = _sweep(model, x, y, corruption, levels, num_samples, seed, batch_size, from_logits,
+                                  mc_dropout, return_samples)
+    return (rows, predictions) if return_predictions else rows
+
+
+def _sweep(model, x, y, corruption, levels, num_samples, seed, batch_size, from_logits=False, mc_dropout=False,
+           return_samples=False, score=None):
+    """:func:`shift_sweep`'s rows and predictions, and per level ``score(level, inputs, prediction)``
+    (None without ``score``) of the corrupted inputs."""
     x = np.asarray(x)
     if x.dtype.kind not in "fiu":
         raise ValueError(f"Expected numeric inputs `x`. Received: x of dtype {x.dtype}")
@@ -378,11 +516,12 @@ def shift_sweep(
         )
     rng = seed if isinstance(seed, np.random.Generator) else corruptions.make_rng(seed)
     corrupt = corruptions.CORRUPTIONS[corruption]
-    rows, predictions = [], []
+    rows, predictions, scores = [], [], []
     for level in levels:
+        inputs = corrupt(x, level, seed=rng)
         res = inference.predict(
             model,
-            corrupt(x, level, seed=rng),
+            inputs,
             num_samples=num_samples,
             batch_size=batch_size,
             task="classification",
@@ -391,6 +530,7 @@ def shift_sweep(
             return_samples=return_samples,
         )
         predictions.append(res)
+        scores.append(None if score is None else score(float(level), inputs, res))
         rows.append(
             {
                 "level": float(level),
@@ -403,4 +543,4 @@ def shift_sweep(
                 **({} if res.standard_error is None else {"mean_samples_used": float(np.mean(res.samples_used))}),
             }
         )
-    return (rows, predictions) if return_predictions else rows
+    return rows, predictions, scores

@@ -11,8 +11,9 @@ field                    who asks and what it means
 ``description``          one line, shown in ``tfbnn train --help`` (``--method``)
 ``build``                how :func:`tfbnn.training.run` makes the model: ``"zoo"`` (the zoo
                          builds it), ``"convert"`` (a deterministic zoo model converted by
-                         :func:`tfbnn.convert.to_bayesian`, e.g. ``graves``) or ``"ensemble"``
-                         (M member networks, each of a zoo method)
+                         :func:`tfbnn.convert.to_bayesian`, e.g. ``graves``), ``"ensemble"``
+                         (M member networks, each of a zoo method) or ``"adapter"`` (adapters on
+                         a pre-trained network, ``blob``: trained by :func:`tfbnn.training.fit_model`)
 ``bayesian``             its layers carry a KL term: ``num_examples`` (N) and ``beta`` apply
 ``stochastic``           its predictions are random (``train_samples > 1`` makes sense)
 ``options``              the options and their defaults (:class:`tfbnn.models.LayerFactory`)
@@ -29,8 +30,20 @@ field                    who asks and what it means
 ``head_kwargs``          ``f(options) -> dict``: the arguments the zoo gives a ``"head"`` layer of
                          ``layers`` (the classifier's output layer, when it is not the dense one;
                          ``seed`` is the zoo's), instead of ``layer_kwargs``
-``callbacks``            ``f(model) -> list``: Keras callbacks :func:`tfbnn.training.run` adds to the
-                         method's training (``sngp``: :class:`tfbnn.sngp.ResetCovariance`), or None
+``callbacks``            ``f(model, options) -> list``: Keras callbacks :func:`tfbnn.training.run` adds to
+                         the method's training (``sngp``: :class:`tfbnn.sngp.ResetCovariance`;
+                         ``evidential``: :class:`tfbnn.evidential.EvidentialAnnealing`), or None
+``head_layers``          ``f(units, options, seed, name) -> [layers]``: the classifier's output layers
+                         when they are not one layer of ``layers`` (``evidential``: ``Dense`` and a
+                         :class:`tfbnn.evidential.DirichletHead`; ``heteroscedastic``:
+                         :class:`tfbnn.layers.HeteroscedasticSoftmax`; ``ddu``: a softmax ``Dense``),
+                         the last one named ``name``; or None
+``loss``                 ``f(options) -> Keras loss``: the training loss of a classifier, or None (sparse
+                         categorical cross-entropy on the probabilities)
+``epistemic``            the method's own epistemic score, one of :data:`EPISTEMIC_SCORES` (what
+                         :func:`tfbnn.evaluation.epistemic_scores` computes and ``tfbnn train``,
+                         ``tfbnn evaluate`` and the studies report); default ``"mutual_information"``
+                         for a stochastic method, ``"none"`` otherwise
 ``dropout_option``       the option holding the rate of the MC dropout the zoo adds after a
                          block (``mc_dropout``: ``"rate"``), or None
 ``ensembles``            the in-network ensembles (``"batch_ensemble"``, ``"rank1"``) it goes with
@@ -83,11 +96,19 @@ import types
 
 from tfbnn._internal import argtypes
 
-__all__ = ["Method", "Conversion", "Flag", "PRIOR", "ESTIMATORS", "BUILDS", "register", "unregister", "get",
-           "names", "conversion_names", "method_of_conversion", "layer_class"]
+__all__ = ["Method", "Conversion", "Flag", "PRIOR", "ESTIMATORS", "BUILDS", "EPISTEMIC_SCORES", "register",
+           "unregister", "get", "names", "conversion_names", "method_of_conversion", "layer_class"]
 
-#: How :func:`tfbnn.training.run` makes a method's model (:attr:`Method.build`).
-BUILDS = ("zoo", "convert", "ensemble")
+#: How :func:`tfbnn.training.run` makes a method's model (:attr:`Method.build`); ``"adapter"``: a method applied to
+#: a pre-trained network by its own function (``blob``: :func:`tfbnn.lora.variational`), which no zoo recipe
+#: builds: :func:`tfbnn.training.fit_model` trains what that function returns.
+BUILDS = ("zoo", "convert", "ensemble", "adapter")
+#: A method's own epistemic score (:attr:`Method.epistemic`), each higher for inputs less like the training data:
+#: ``"mutual_information"`` (Monte Carlo: ``H[p_bar] - mean_t H[p_t]``), ``"gp_variance"`` (SNGP's GP posterior
+#: variance), ``"density"`` (DDU: ``-log q(z)``, the negative log feature density), ``"evidential"`` (``u = K / S``,
+#: the Dirichlet's vacuity) and ``"none"`` (the method has none: a deterministic network; the heteroscedastic
+#: softmax, whose noise is aleatoric).
+EPISTEMIC_SCORES = ("mutual_information", "gp_variance", "density", "evidential", "none")
 #: Gradient estimators of the ``bbb`` method.
 ESTIMATORS = ("flipout", "reparameterization", "local_reparameterization")
 #: In a :class:`Conversion`'s keyword arguments: the ``prior`` given to :func:`tfbnn.convert.to_bayesian`.
@@ -194,7 +215,11 @@ class Method:
         layers: dict of layer kind -> :mod:`tfbnn.layers` class name or ``f(options) -> name``.
         layer_kwargs: ``f(options) -> dict`` or None.
         head_kwargs: ``f(options) -> dict`` or None (no arguments).
-        callbacks: ``f(model) -> list`` of Keras callbacks, or None.
+        callbacks: ``f(model, options) -> list`` of Keras callbacks, or None.
+        head_layers: ``f(units, options, seed, name) -> list`` of the classifier's output layers, or None.
+        loss: ``f(options) -> Keras loss``, or None (sparse categorical cross-entropy).
+        epistemic: one of :data:`EPISTEMIC_SCORES`, or None (``"mutual_information"`` for a stochastic
+            method, ``"none"`` otherwise).
         dropout_option: str or None.
         ensembles: tuple of in-network ensemble names.
         conversions: dict of :func:`tfbnn.convert.to_bayesian` method name -> :class:`Conversion`.
@@ -225,6 +250,9 @@ class Method:
     layer_kwargs: object = None
     head_kwargs: object = None
     callbacks: object = None
+    head_layers: object = None
+    loss: object = None
+    epistemic: object = None
     dropout_option: object = None
     ensembles: tuple = ()
     conversions: dict = dataclasses.field(default_factory=dict)
@@ -260,6 +288,10 @@ class Method:
         set_(self, "flags", tuple(self.flags))
         if self.stochastic is None:
             set_(self, "stochastic", bool(self.bayesian or self.dropout_option))
+        if self.epistemic is None:
+            set_(self, "epistemic", "mutual_information" if self.stochastic else "none")
+        if self.epistemic not in EPISTEMIC_SCORES:
+            raise ValueError(f"Expected `epistemic` in {list(EPISTEMIC_SCORES)}. Received: epistemic={self.epistemic!r}")
 
     # -- what the zoo asks ---------------------------------------------------------------
     @property
@@ -302,9 +334,18 @@ class Method:
         return dict((self.head_kwargs or _no_kwargs)(options))
 
     # -- what the runner asks ------------------------------------------------------------
-    def training_callbacks(self, model):
-        """The Keras callbacks the method's training of ``model`` needs (:attr:`callbacks`)."""
-        return list(self.callbacks(model)) if self.callbacks is not None else []
+    def training_callbacks(self, model, options=None):
+        """The Keras callbacks the method's training of ``model`` with ``options`` needs (:attr:`callbacks`)."""
+        return list(self.callbacks(model, self.resolve_options(options))) if self.callbacks is not None else []
+
+    def training_loss(self, options=None):
+        """The classifier's training loss for ``options`` (:attr:`loss`): a Keras loss, or
+        ``"sparse_categorical_crossentropy"``."""
+        return self.loss(self.resolve_options(options)) if self.loss is not None else "sparse_categorical_crossentropy"
+
+    def output_layers(self, units, options, seed, name):
+        """The classifier's output layers (:attr:`head_layers`) for the resolved ``options``, or None."""
+        return None if self.head_layers is None else list(self.head_layers(units, options, seed, name))
 
     def conversion_name(self, options):
         """The :func:`tfbnn.convert.to_bayesian` method converting to this one, or None."""
@@ -708,7 +749,7 @@ def _check_sngp(options):
     return resolved
 
 
-def _sngp_callbacks(model):
+def _sngp_callbacks(model, options):
     from tfbnn import sngp
 
     return [sngp.ResetCovariance()]
@@ -720,5 +761,58 @@ register(Method(
     layers={"dense": "SpectralDense", "conv2d": "SpectralConv2D", "head": "RandomFeatureGaussianProcess"},
     layer_kwargs=lambda o: {k: o[k] for k in _SNGP_BODY},
     head_kwargs=lambda o: {k: v for k, v in o.items() if k not in _SNGP_BODY},
-    callbacks=_sngp_callbacks, label="SNGP"))
+    callbacks=_sngp_callbacks, epistemic="gp_variance", label="SNGP"))
 _BUILT_IN = _BUILT_IN | {"sngp"}
+
+
+# -- single-pass methods with their own output layers: DDU, evidential, heteroscedastic ---------------------------
+def _softmax_head(units, options, seed, name):
+    import keras
+
+    return [keras.layers.Dense(units, activation="softmax", name=name)]
+
+
+def _evidential_head(units, options, seed, name):
+    import keras
+
+    from tfbnn import evidential
+
+    return [keras.layers.Dense(units, name=f"{name}_evidence"),
+            evidential.DirichletHead(evidence=options["evidence"], name=name)]
+
+
+def _evidential_loss(options):
+    from tfbnn import evidential
+
+    return evidential.EvidentialClassificationLoss(options["loss"])
+
+
+def _evidential_callbacks(model, options):
+    from tfbnn import evidential
+
+    return [evidential.EvidentialAnnealing(options["annealing_epochs"])]
+
+
+def _heteroscedastic_head(units, options, seed, name):
+    from tfbnn import layers
+
+    return [layers.HeteroscedasticSoftmax(units, seed=seed, name=name, **options)]
+
+
+register(Method(
+    "ddu", "DDU, Mukhoti et al. 2023: spectrally normalized body, softmax head, a feature density fitted after "
+    "training", options={k: _SNGP_DEFAULTS[k] for k in _SNGP_BODY},
+    layers={"dense": "SpectralDense", "conv2d": "SpectralConv2D"}, layer_kwargs=lambda o: dict(o),
+    head_layers=_softmax_head, epistemic="density", label="DDU"))
+register(Method(
+    "evidential", "evidential classification, Sensoy et al. 2018: a Dirichlet head, the annealed MSE loss",
+    options={"evidence": "softplus", "loss": "mse", "annealing_epochs": 10},
+    head_layers=_evidential_head, loss=_evidential_loss, callbacks=_evidential_callbacks, epistemic="evidential"))
+register(Method(
+    "heteroscedastic", "heteroscedastic softmax, Collier et al. 2021: correlated logit noise (aleatoric)",
+    options={"num_factors": 10, "temperature": 1.0, "train_mc_samples": 1000, "test_mc_samples": 1000},
+    head_layers=_heteroscedastic_head, epistemic="none"))
+register(Method(
+    "blob", "BLoB, Wang et al. 2024: Gaussian posteriors over the LoRA adapters of a pre-trained network "
+    "(tfbnn.lora.variational)", build="adapter", bayesian=True, label="BLoB"))
+_BUILT_IN = _BUILT_IN | {"ddu", "evidential", "heteroscedastic", "blob"}

@@ -182,8 +182,12 @@ def test_train_reports_beta_1_and_the_deterministic_baseline_beside_the_tempered
         assert scaled["method"] == "pooled" and scaled["temperature"] > 0 and scaled["num_validation"] == 216
         assert scaled["clean"]["accuracy"] == test["accuracy"]  # pooled temperature scaling keeps the argmax
         assert 0 <= test["shift_detection"]["auroc_entropy"] <= 1
-    det_row = next(line for line in lines if line.startswith("AUROC, epistemic"))
-    assert det_row.split()[-1] == "0.500" and results["baseline"]["epistemic"] == 0.0
+    # the deterministic baseline has no epistemic score (issue 36: "n/a", not a chance-level 0.500)
+    det_row = next(line for line in lines if line.startswith("AUROC, epistemic (own score)"))
+    assert det_row.split()[-1] == "n/a" and results["baseline"]["epistemic"] == 0.0
+    assert results["baseline"]["shift_detection"] == {**results["baseline"]["shift_detection"],
+                                                      "auroc_epistemic": None, "epistemic_score": "none"}
+    assert results["test"]["shift_detection"]["epistemic_score"] == "mutual_information"
     assert "Reading the table (N = 1221 training examples)" in out and "at beta = 1 (the ELBO)" in out
     assert "tempered, 'cold' posterior" in out  # the header says beta < 1 is not the ELBO
 
@@ -625,3 +629,40 @@ def test_the_console_script_is_the_entry_module_and_parses_before_tensorflow():
     out = subprocess.run([sys.executable, "-c", "import sys, tfbnn; print('tensorflow' in sys.modules)"],
                          capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "True", out.stderr[-2000:]
+
+
+@pytest.mark.heavy
+def test_evaluate_reports_the_model_s_own_epistemic_score(tmp_path, capsys):
+    """`tfbnn evaluate` reads an SNGP model's score off its GP layer: the AUROC of the GP variance of the clean
+    against the shifted test digits (scikit-learn's, on the variance of the same inputs), not 0.5 from a mutual
+    information that is 0; `--epistemic none` prints n/a."""
+    import json
+
+    from sklearn.metrics import roc_auc_score
+
+    from tfbnn import datasets, sngp, training
+    from tfbnn.datasets import corruptions
+
+    keras.utils.set_random_seed(0)
+    model = tfbnn.models.mlp("sngp", hidden_units=(16,), input_shape=(64,), num_inducing=32, seed=0)
+    path = tmp_path / "sngp.keras"
+    model.save(path)
+    assert cli.main(["evaluate", str(path), "--num-samples", "2", "--max-examples", "60",
+                     "--output-dir", str(tmp_path / "e")]) == 0
+    out = capsys.readouterr().out
+    detection = json.loads((tmp_path / "e" / "metrics.json").read_text())["shift_detection"]
+    x, _ = training.arrays(datasets.load_pipeline("digits", batch_size=1024, flatten=True, seed=0,
+                                                  max_test_examples=60).test)
+    rng = corruptions.make_rng(0)
+    levels = (0.0, 0.25, 0.5, 0.75, 1.0)  # the sweep's stream: the clean and the 0.5 inputs
+    inputs = {level: corruptions.CORRUPTIONS["gaussian"](x, level, seed=rng) for level in levels}
+    v = [sngp.predictive_variance(model, inputs[level]) for level in (0.0, 0.5)]
+    expected = roc_auc_score(np.r_[np.zeros(len(x)), np.ones(len(x))], np.r_[v[0], v[1]])
+    assert detection["epistemic_score"] == "gp_variance" and detection["auroc_epistemic"] != 0.5
+    assert detection["auroc_epistemic"] == pytest.approx(expected, abs=1e-9)
+    row = next(line for line in out.splitlines() if line.startswith("epistemic (GP variance)"))
+    assert row.split()[-1] == f"{detection['auroc_epistemic']:.4f}"
+    assert cli.main(["evaluate", str(path), "--num-samples", "2", "--max-examples", "60", "--epistemic", "none",
+                     "--output-dir", str(tmp_path / "n")]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("epistemic (none)"))
+    assert row.split()[-1] == "n/a"

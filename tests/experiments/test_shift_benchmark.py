@@ -67,6 +67,10 @@ def test_quick_run_writes_the_table_and_it_matches_the_stored_predictions(quick)
     # DVI predicts the network of the bbb row (one cached training run) by moments, not by sampling
     runs = os.listdir(out / "runs")
     assert "bbb" in runs and "dvi" not in runs
+    # every network trained through tfbnn.training.run, the single-pass ones too (without its figure)
+    assert {"ddu", "evidential", "heteroscedastic", "sngp"} <= set(runs)
+    assert "results.json" in os.listdir(out / "runs" / "ddu") and "learning_curves.png" not in os.listdir(
+        out / "runs" / "ddu")
     assert not np.allclose(stored["dvi|clean"], stored["bbb|clean"], atol=1e-6)
     own = {"SNGP", "DDU", "evidential"}
     assert "own scores: SNGP: GP variance; DDU: -log feature density; evidential: u = K / S" in (

@@ -437,3 +437,53 @@ def test_auto_xla_only_for_runs_long_enough_to_pay_for_its_compilation():
     assert run_module._jit(True, main_job, 3) is True and run_module._jit(False, main_job, 10 ** 6) is False
     flipout = main_job.replace(method_options={"estimator": "flipout", "prior": "normal"})
     assert run_module._jit("auto", flipout, 10 ** 6) is False
+
+
+# -- each method's own epistemic score (tfbnn.methods.Method.epistemic) ----------------------------------------
+def _shifted_test_inputs(recipe, data):
+    """The clean and Gaussian-shifted test inputs of a run's evaluation, drawn again from the same stream."""
+    from tfbnn.datasets import corruptions
+
+    x, y = training.arrays(data.test)
+    rng = corruptions.make_rng(recipe.seed)
+    clean = corruptions.CORRUPTIONS["gaussian"](x, 0.0, seed=rng)
+    return clean, corruptions.CORRUPTIONS["gaussian"](x, training.SHIFT_GAMMA, seed=rng)
+
+
+def _auroc(clean, shifted):
+    from sklearn.metrics import roc_auc_score
+
+    return roc_auc_score(np.r_[np.zeros(len(clean)), np.ones(len(shifted))], np.r_[clean, shifted])
+
+
+def _gp_variance_by_hand(model, x):
+    """``diag(Phi P^{-1} Phi^T)`` in NumPy from the GP layer's weights: ``Phi = sqrt(2 / D) cos(h W + b)``."""
+    gp = tfbnn.sngp.gp_layers(model)[0]
+    h = np.asarray(keras.Model(model.inputs[0], gp.input)(x, training=False), np.float64)
+    d = gp.num_inducing
+    phi = np.sqrt(2.0 / d) * np.cos(h / np.sqrt(gp.gp_kernel_scale) @ gp.feature_kernel.numpy().astype(np.float64)
+                                    + gp.feature_bias.numpy())
+    return np.einsum("bi,ij,bj->b", phi, np.linalg.inv(gp.precision.numpy().astype(np.float64)), phi)
+
+
+def test_single_pass_methods_report_their_own_epistemic_score(tmp_path, capsys):
+    """SNGP's shift-detection AUROC is that of its GP variance (scikit-learn's, on the variance computed in NumPy
+    from the GP layer's weights), not the mutual information of a deterministic pass (0 everywhere: AUROC 0.5)."""
+    recipe = training.Recipe(
+        name="sngp-own", model="mlp", model_options={"hidden_units": (16,)}, method="sngp",
+        method_options={"num_inducing": 32}, dataset="digits", epochs=2).quick(epochs=2)
+    result = training.run(recipe, output_dir=str(tmp_path / "run"), verbose=0, jit_compile=False,
+                          baseline=True)
+    table = capsys.readouterr().out
+    detection = result.test["shift_detection"]
+    assert detection["epistemic_score"] == "gp_variance" and result.test["epistemic"] == 0.0
+    clean, shifted = _shifted_test_inputs(recipe, training.load_data(recipe))
+    v_clean, v_shifted = _gp_variance_by_hand(result.model, clean), _gp_variance_by_hand(result.model, shifted)
+    assert detection["auroc_epistemic"] == pytest.approx(_auroc(v_clean, v_shifted), abs=1e-9)
+    assert detection["auroc_epistemic"] != 0.5
+    assert result.test["epistemic_own"] == pytest.approx(v_clean.mean(), rel=1e-4)
+    # the table: the own score's AUROC, and n/a for the deterministic baseline, which has none
+    row = next(line for line in table.splitlines() if line.startswith("AUROC, epistemic (own score)"))
+    assert row.split()[-2:] == [f"{detection['auroc_epistemic']:.3f}", "n/a"]
+    assert result.baseline["shift_detection"]["auroc_epistemic"] is None
+    assert "GP variance (epistemic)" in table and "mutual information (epistemic)" not in table

@@ -3,11 +3,13 @@
 import os
 
 from tfbnn import datasets, training
+from tfbnn import methods as registry
 from tfbnn._internal import argtypes, files
 from tfbnn._internal.errors import RunError
 from tfbnn.datasets.catalog import CLASSIFICATION_DATASETS
 
 CONFORMAL_SCORES = ("lac", "aps", "raps")  # tfbnn.conformal.CLASSIFICATION_SCORES (this module loads no NumPy)
+EPISTEMIC_SCORES = registry.EPISTEMIC_SCORES
 
 __all__ = ["DESCRIPTION", "add_arguments", "run", "load_model", "SHIFT_GAMMA"]
 
@@ -77,6 +79,11 @@ def add_arguments(parser):
                         "validation hold-out; report their coverage and mean size")
     parser.add_argument("--conformal-score", choices=CONFORMAL_SCORES, default=None,
                         help="with --conformalize: the conformity score (default lac)")
+    parser.add_argument("--epistemic", choices=("auto",) + EPISTEMIC_SCORES, default="auto",
+                        help="the epistemic score of the shift detection: auto (default) reads it off the model: "
+                        "gp_variance with an SNGP GP layer, evidential (K / S) ending in a Dirichlet head, "
+                        "mutual_information with stochastic layers or members, none otherwise; density: DDU's "
+                        "-log feature density, fitted on the dataset's training split (--seed)")
     parser.add_argument("--output-dir", default=None, metavar="DIR",
                         help="where the JSON and PNGs go; default: MODEL without .keras + '_evaluation/'")
 
@@ -124,7 +131,7 @@ def _splits(args, model):
         raise ValueError(f"the model expects inputs of shape {shape}, the dataset has {tuple(data.input_shape)}. "
                          f"Received: --dataset={args.dataset}")
     validation = training.arrays(data.validation) if data.validation is not None else None
-    return data.name, training.arrays(data.test), validation
+    return data.name, training.arrays(data.test), validation, data
 
 
 def _num_samples(args):
@@ -197,20 +204,22 @@ def _metric_rows(title, part, keys, num_bins):
     return rows + [(labels[k], f"{part['clean'][k]:.4f}", f"{part['shifted'][k]:.4f}") for k in keys]
 
 
-def _detection_rows(numbers):
+def _detection_rows(numbers, labels):
     rows = [("shift detection (AUROC)", "raw")]
     d = numbers["shift_detection"]
     scaled = numbers.get("temperature_scaled")
     if scaled:
         rows[0] += ("temperature-scaled",)
-    for key, label in (("auroc_entropy", "predictive entropy"), ("auroc_epistemic", "epistemic")):
-        rows.append((label, f"{d[key]:.4f}", *([f"{scaled['shift_detection'][key]:.4f}"] if scaled else [])))
+    own = f"epistemic ({labels[d['epistemic_score']]})"
+    for key, label in (("auroc_entropy", "predictive entropy"), ("auroc_epistemic", own)):
+        cells = [d[key]] + ([scaled["shift_detection"][key]] if scaled else [])
+        rows.append((label, *("n/a" if v is None else f"{v:.4f}" for v in cells)))
     return rows
 
 
 def run(args):
     """``tfbnn evaluate``: returns the exit status."""
-    from tfbnn.evaluation import evaluate_classifier, write_report
+    from tfbnn.evaluation import EPISTEMIC_LABELS, epistemic_score_of, evaluate_classifier, write_report
 
     if args.conformal_score is not None and args.conformalize is None:
         raise ValueError("--conformal-score chooses the score of --conformalize's sets. Received: "
@@ -218,11 +227,18 @@ def run(args):
     folder = args.output_dir or args.model[: -len(".keras")] + "_evaluation"
     num_samples = _num_samples(args)
     model = load_model(args.model)
-    name, (x_test, y_test), validation = _splits(args, model)
+    name, (x_test, y_test), validation, data = _splits(args, model)
     held_out = _validation_prediction(model, validation, num_samples)
+    epistemic = epistemic_score_of(model) if args.epistemic == "auto" else args.epistemic
+    density = None
+    if epistemic == "density":  # DDU's class-conditional Gaussians of the features, fitted on the training split
+        from tfbnn import ddu
+
+        density = ddu.DDU(model).fit(*training.arrays(data.train))
     result = evaluate_classifier(model, x_test, y_test, num_samples=num_samples, num_bins=args.num_bins,
                                  shift_gamma=SHIFT_GAMMA, seed=args.seed,
-                                 temperature=_temperature(args, validation, held_out))
+                                 temperature=_temperature(args, validation, held_out), epistemic=epistemic,
+                                 density=density)
     if args.conformalize is not None:
         result.numbers["conformal"] = _conformal_numbers(args.conformalize, args.conformal_score or "lac", held_out,
                                                         validation[1], result, y_test)
@@ -234,7 +250,7 @@ def run(args):
     if scaled:
         blocks.append(_metric_rows(f"temperature-scaled (temperature {scaled['temperature']:.4g})", scaled,
                                    ("nll", "brier", "ece", "predictive_entropy"), args.num_bins))
-    blocks.append(_detection_rows(result.numbers))
+    blocks.append(_detection_rows(result.numbers, EPISTEMIC_LABELS))
     if "conformal" in result.numbers:
         blocks.append(_conformal_rows(result.numbers))
     sweep = [("Gaussian shift gamma", "accuracy", "total", "aleatoric", "epistemic")]

@@ -58,7 +58,8 @@ DESCRIPTION = (
     "The results table shows test accuracy, NLL, ECE (raw and after temperature scaling fitted\n"
     "on a 15% validation hold-out), Brier score and mean confidence of the Monte Carlo\n"
     "predictive (--num-samples samples), the KL, and shift detection: how well the predictive\n"
-    "entropy and the epistemic uncertainty (mutual information) tell noise-shifted inputs\n"
+    "entropy and the method's own epistemic score (mutual information for Monte Carlo methods,\n"
+    "SNGP's GP variance, DDU's feature density, the evidential K / S; n/a without one) tell noise-shifted inputs\n"
     "x' = (1 - g) x + g * eps, eps ~ N(0, 1), g = 0.5 from clean ones (AUROC, 0.5 = chance),\n"
     "followed by a paragraph reading the trade-off.\n"
     "\n"
@@ -95,8 +96,9 @@ def add_arguments(parser):
                        help="a tfbnn.models name or preset: mlp, lenet5, alexnet, resnet50, vgg16, "
                        "vgg16_small, convnext, wide_resnet28_10, transformer, lenet_300_100, mlp_blundell, ...")
     # --method and each method's flags come from the method registry (tfbnn.methods).
-    model.add_argument("--method", choices=registry.names(), default="bbb",
-                       help="; ".join(_method_help(name) for name in registry.names()))
+    trainable = [name for name in registry.names() if registry.get(name).build != "adapter"]  # run builds them
+    model.add_argument("--method", choices=trainable, default="bbb",
+                       help="; ".join(_method_help(name) for name in trainable))
     for flag, _ in method_flags().values():
         model.add_argument(flag.option, **flag.argparse_kwargs())
     model.add_argument("--hidden-units", type=argtypes.positive_int, default=None, metavar="UNITS",

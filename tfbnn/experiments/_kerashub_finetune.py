@@ -15,9 +15,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 import tfbnn
-from tfbnn import hub, lora, metrics, plots
+from tfbnn import hub, lora, metrics, plots, training
 from tfbnn._internal import files, keras_private
-from tfbnn.datasets import text
+from tfbnn.datasets import DataPipeline, text
 from tfbnn.experiments import _common
 from tfbnn.inference import entropy
 
@@ -49,12 +49,19 @@ class Context:
         clone.set_weights(self.task.get_weights())
         return clone
 
-    def compile_fit(self, model, x, y, epochs):
-        """Adam on the logits' cross-entropy (and any KL in ``model.losses``), seeded shuffling."""
-        model.compile(keras.optimizers.Adam(self.s["learning_rate"]),
-                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        history = model.fit(x, y, batch_size=self.s["batch_size"], epochs=epochs, verbose=0)
-        _common.check_finite_history(history, f"{self.kind}/{model.name}")
+    def fit(self, model, method, x, y, epochs):
+        """Trains ``model`` (logits out) as :func:`tfbnn.training.run` trains the registered ``method``
+        (:func:`tfbnn.training.fit_model`): Adam at ``learning_rate`` on the logits' cross-entropy, batches of
+        ``batch_size`` reshuffled every epoch (seeded), the method's callbacks and, for a Bayesian method, its
+        KL at beta = 1 (``kl_weight = 1 / N``, ``N`` the examples ``x``)."""
+        recipe = training.Recipe(
+            name=f"kerashub-{self.kind}-{method}", model="kerashub_bert" if self.kind == "text" else "kerashub_vit",
+            method=method, dataset=self.kind, optimizer="adam", learning_rate=self.s["learning_rate"], epochs=epochs,
+            batch_size=self.s["batch_size"], kl_schedule="constant", beta=1.0, seed=self.s["seed"])
+        data = DataPipeline(train=(x, y), validation=None, test=None, num_examples=len(y), num_validation=0,
+                            num_test=0, num_classes=None, input_shape=(), name=self.kind,
+                            batch_size=self.s["batch_size"])
+        training.fit_model(model, recipe, data, from_logits=True)
         return model
 
 
@@ -93,7 +100,7 @@ def _fit_bbb_head(context):
     head = keras_private.output_layer(bnn)
     features = hub.pooled_features(context.task, context.x)
     on_features = keras.Sequential([keras.Input(features.shape[1:]), head], name=f"{bnn.name}_on_features")
-    context.compile_fit(on_features, features, context.y, context.s["head_epochs"])
+    context.fit(on_features, "bbb", features, context.y, context.s["head_epochs"])
     samples = context.s["num_samples"]
     return lambda x: tfbnn.predict(on_features, hub.pooled_features(context.task, x, batch_size=256),
                                    num_samples=samples, from_logits=True).mean_probs
@@ -107,7 +114,7 @@ def _lora_task(context):
 
 
 def _fit_laplace_lora(context):
-    task = context.compile_fit(_lora_task(context), context.x, context.y, context.s["adapter_epochs"])
+    task = context.fit(_lora_task(context), "deterministic", context.x, context.y, context.s["adapter_epochs"])
     la = lora.fit_laplace(task, context.x, context.y, likelihood="classification", hessian="diag")
     la = la.optimize_prior_precision(method="marglik")
     return lambda x: la.predict(x)
@@ -121,7 +128,7 @@ def _variational_adapters(task, kl_weight, seed):
 
 def _fit_blob(context):
     model = _variational_adapters(_lora_task(context), 1.0 / context.n, context.s["seed"])
-    context.compile_fit(model, context.x, context.y, context.s["adapter_epochs"])
+    context.fit(model, "blob", context.x, context.y, context.s["adapter_epochs"])
     samples = context.s["num_samples"]
     return lambda x: tfbnn.predict(model, x, num_samples=samples, batch_size=256, from_logits=True).mean_probs
 
@@ -135,8 +142,8 @@ def _fit_mc_dropout(context):
 def _fit_ensemble(context):
     members = context.s["members"]
     heads = hub.ensemble_heads(context.task, members, seed=context.s["seed"])
-    context.compile_fit(heads, hub.pooled_features(context.task, context.x), hub.tile_labels(context.y, members),
-                        context.s["head_epochs"])
+    context.fit(heads, "deterministic", hub.pooled_features(context.task, context.x),
+                hub.tile_labels(context.y, members), context.s["head_epochs"])
     model = hub.ensemble_model(context.task, heads)
     return lambda x: np.asarray(model.predict(x, batch_size=256, verbose=0), np.float64)
 
@@ -244,7 +251,7 @@ def predict_all(s, verbose=False):
         data = load(kind, s)
         task = build_task(kind, data, s)
         context = Context(s, kind, task, data["x_train"], data["y_train"])
-        context.compile_fit(task, data["x_train"], data["y_train"], s["epochs"])
+        context.fit(task, "deterministic", data["x_train"], data["y_train"], s["epochs"])
         if verbose:
             print(f"{kind}: {type(task).__name__} ({task.count_params()} weights) fine-tuned on {context.n} examples "
                   f"for {s['epochs']} epochs in {time.perf_counter() - start:.1f} s", flush=True)

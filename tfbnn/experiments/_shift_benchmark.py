@@ -15,8 +15,9 @@ Adding a method is one entry::
         return lambda x: my_predictive(result.model, x)                        # (n, K) probabilities
     METHODS["vd_kingma"] = BenchmarkMethod("VD (Kingma)", fit_mine)
 
-:func:`_network` trains the study's MLP with another body layer or head (DDU, evidential,
-heteroscedastic do).
+Every network trains through :func:`tfbnn.training.run` (``context.train``) as a method of the
+registry (:mod:`tfbnn.methods`), the single-pass ones (SNGP, DDU, evidential, heteroscedastic)
+included; a method's own epistemic score is the registry's (:attr:`tfbnn.methods.Method.epistemic`).
 
 ``context`` (:class:`Context`) holds the settings, the training arrays, a seeded
 :func:`tfbnn.training.run` of the study's recipe with another method (``context.train``,
@@ -33,7 +34,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 import tfbnn
-from tfbnn import conformal, ddu, evidential, laplace, metrics, plots, sngp, swag, training
+from tfbnn import conformal, ddu, evaluation, laplace, metrics, plots, swag, training
 from tfbnn._internal import files
 from tfbnn.datasets import corruptions
 from tfbnn.experiments import _common
@@ -75,7 +76,7 @@ class Context:
         data = pipeline(self.x, self.y, self.s["dataset"], recipe.batch_size, self.num_classes, self.s["seed"])
         folder = os.path.join(self.output_dir, "runs", method + ("-" + str(len(self._runs)) if callbacks else ""))
         result = training.run(recipe, output_dir=folder, verbose=0, data=data, evaluate=lambda *_: {}, quiet=True,
-                              jit_compile=False, callbacks=list(callbacks))
+                              jit_compile=False, callbacks=list(callbacks), figures=False)
         if not callbacks:
             self._runs[key] = result
         return result
@@ -87,38 +88,30 @@ def _monte_carlo(model, x, num_samples, batch_size=512):
 
 
 def _trained(method, options=lambda s: {}):
-    """``fit`` of a :mod:`tfbnn.methods` method trained by the study's recipe, its Monte Carlo
-    predictive with ``num_samples`` draws (one for a deterministic network or ensemble member)."""
+    """``fit`` of a :mod:`tfbnn.methods` method trained by the study's recipe (:meth:`Context.train`): its
+    Monte Carlo predictive with ``num_samples`` draws (one for a method whose predictions are not random), and
+    for a method whose own epistemic score is not the mutual information (:attr:`tfbnn.methods.Method.epistemic`:
+    SNGP's GP variance, DDU's ``-log q(z)`` of a feature density fitted on the training images, the evidential
+    ``u = K / S``) that score (:func:`tfbnn.evaluation.epistemic_scores`)."""
 
     def fit(context):
         result = context.train(method, options(context.s))
         spec = tfbnn.methods.get(method)
-        samples = context.s["num_samples"] if spec.stochastic else 1
-        samples = spec.num_eval_samples(result.model, samples)
-        return lambda x: _monte_carlo(result.model, x, samples)
+        samples = spec.num_eval_samples(result.model, context.s["num_samples"] if spec.stochastic else 1)
+        own = spec.epistemic not in ("mutual_information", "none")
+        density = ddu.DDU(result.model, batch_size=512).fit(context.x, context.y) if spec.epistemic == "density" \
+            else None
+
+        def predict(x):
+            prediction = tfbnn.predict(result.model, x, num_samples=samples, batch_size=512)
+            if not own:
+                return prediction.mean_probs
+            return prediction.mean_probs, evaluation.epistemic_scores(result.model, x, spec.epistemic, prediction,
+                                                                      density, batch_size=512)
+
+        return predict
 
     return fit
-
-
-def _network(context, head, loss, body=None, callbacks=()):
-    """The study's MLP (``hidden_units`` x ``depth`` ReLU layers ``body(units)``, default ``keras.layers.Dense``)
-    ending in the layers ``head``,
-    trained as the recipe trains (Adam at ``learning_rate``, ``epochs``, ``batch_size``, the same seeded data
-    order) on ``loss``: the methods whose head or body :mod:`tfbnn.methods` does not build."""
-    s = context.s
-    layers = [keras.Input(context.x.shape[1:]), keras.layers.Flatten()]
-    body = body or (lambda units: keras.layers.Dense(units, activation="relu"))
-    layers += [body(s["hidden_units"]) for _ in range(s["depth"])]
-    model = keras.Sequential(layers + list(head))
-    model.compile(keras.optimizers.Adam(s["learning_rate"]), loss=loss)
-    data = pipeline(context.x, context.y, s["dataset"], s["batch_size"], context.num_classes, s["seed"])
-    model.fit(data.train, epochs=s["epochs"], verbose=0, shuffle=False, callbacks=list(callbacks))  # shuffled data
-    return model
-
-
-def _batches(fn, x, batch_size=512):
-    """``fn`` of ``x`` in batches, concatenated as float64 (eager calls: no predict graph to trace)."""
-    return np.concatenate([np.asarray(fn(x[i:i + batch_size]), np.float64) for i in range(0, len(x), batch_size)])
 
 
 def _bbb_options(s):
@@ -133,51 +126,30 @@ def _fit_dvi(context):
     return lambda x: tfbnn.predict(model, x, method="moments", batch_size=512).mean_probs
 
 
-def _fit_sngp(context):
+def _sngp_options(s):
     """SNGP (:mod:`tfbnn.sngp`; spectrally normalized ReLU layers, a random-feature GP head with Gaussian
     precision weights and input normalization, as the single-pass guide recommends): the mean-field
     predictive; own score the GP posterior variance (Liu et al. 2020, eq. 9)."""
-    options = {"num_inducing": context.s["num_inducing"], "gp_cov_likelihood": "gaussian", "normalize_input": True}
-    predict = _trained("sngp", lambda s: options)(context)
-    model = context.train("sngp", options).model
-    return lambda x: (predict(x), sngp.predictive_variance(model, x, batch_size=512))
+    return {"num_inducing": s["num_inducing"], "gp_cov_likelihood": "gaussian", "normalize_input": True}
 
 
-def _fit_ddu(context):
-    """DDU (:mod:`tfbnn.ddu`): a softmax MLP with spectrally normalized hidden layers, a GDA fitted on its
-    penultimate features of the training images; own score ``-log q(z)`` (Mukhoti et al. 2023, eq. 2)."""
-    model = _network(context, [keras.layers.Dense(context.num_classes, activation="softmax")],
-                     "sparse_categorical_crossentropy",
-                     body=lambda units: tfbnn.layers.SpectralDense(units, activation="relu", seed=context.s["seed"]))
-    gda = ddu.DDU(model, batch_size=512).fit(context.x, context.y)
-    return lambda x: (_batches(model, x), -gda.log_density(x))
-
-
-def _fit_evidential(context):
+def _evidential_options(s):
     """Evidential classification (Sensoy et al. 2018, :mod:`tfbnn.evidential`): a Dirichlet head on the MLP,
     the MSE loss (eq. 5) with the KL term annealed over min(10, epochs) epochs; predictive ``alpha / S``,
     own score ``u = K / S``."""
-    head = evidential.DirichletHead()
-    loss = evidential.EvidentialClassificationLoss("mse")
-    model = _network(context, [keras.layers.Dense(context.num_classes), head], loss,
-                     callbacks=[evidential.EvidentialAnnealing(min(10, context.s["epochs"]), losses=[loss])])
-
-    def predict(x):
-        alpha = _batches(model, x)
-        strength = alpha.sum(axis=1)
-        return alpha / strength[:, None], alpha.shape[1] / strength
-
-    return predict
+    return {"loss": "mse", "annealing_epochs": min(10, s["epochs"])}
 
 
-def _fit_heteroscedastic(context):
+def _heteroscedastic_options(s):
     """The heteroscedastic softmax of Collier et al. (2021) (:class:`tfbnn.layers.HeteroscedasticSoftmax`,
     rank-3 correlated logit noise plus a diagonal, 100 Monte Carlo samples in training, 1000 at
     inference) on the MLP."""
-    head = tfbnn.layers.HeteroscedasticSoftmax(context.num_classes, num_factors=3, train_mc_samples=100,
-                                               test_mc_samples=1000, seed=context.s["seed"])
-    model = _network(context, [head], "sparse_categorical_crossentropy")
-    return lambda x: _batches(model, x)
+    return {"num_factors": 3, "train_mc_samples": 100, "test_mc_samples": 1000}
+
+
+def _own_score(method):
+    """The name of a registered method's own epistemic score in the tables (:data:`tfbnn.evaluation.EPISTEMIC_LABELS`)."""
+    return evaluation.EPISTEMIC_LABELS[tfbnn.methods.get(method).epistemic]
 
 
 def _fit_laplace(context):
@@ -209,10 +181,11 @@ METHODS = {
     "laplace": BenchmarkMethod("Laplace (last layer)", _fit_laplace),
     "swag": BenchmarkMethod("SWAG", _fit_swag),
     "dvi": BenchmarkMethod("DVI (BbB, moments)", _fit_dvi),
-    "sngp": BenchmarkMethod("SNGP", _fit_sngp, score="GP variance"),
-    "ddu": BenchmarkMethod("DDU", _fit_ddu, score="-log feature density"),
-    "evidential": BenchmarkMethod("evidential", _fit_evidential, score="u = K / S"),
-    "heteroscedastic": BenchmarkMethod("heteroscedastic", _fit_heteroscedastic),
+    "sngp": BenchmarkMethod("SNGP", _trained("sngp", _sngp_options), score=_own_score("sngp")),
+    "ddu": BenchmarkMethod("DDU", _trained("ddu"), score=_own_score("ddu")),
+    "evidential": BenchmarkMethod("evidential", _trained("evidential", _evidential_options),
+                                  score=_own_score("evidential")),
+    "heteroscedastic": BenchmarkMethod("heteroscedastic", _trained("heteroscedastic", _heteroscedastic_options)),
 }
 
 

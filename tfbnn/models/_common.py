@@ -41,13 +41,14 @@ def check_input_shape(input_shape, rank=None, min_side=1, model=""):
 
 
 def classifier_head(x, factory, num_classes, name="predictions"):
-    """The task head: a dense layer of the model's method with a softmax (probabilities).
+    """The task head: a dense layer of the model's method with a softmax (probabilities), or the
+    method's own output layers (:meth:`~tfbnn.models.LayerFactory.classify`).
 
     Bayesian with either ``bayesian_layers``; for ``mc_dropout`` with ``"last"`` the
     model's one MC dropout layer (``<name>_dropout``) comes in front of it.
     """
     x = factory.head_dropout(x, name=f"{name}_dropout")
-    return factory.head(check_num_classes(num_classes), activation="softmax", name=name)(x)
+    return factory.classify(x, check_num_classes(num_classes), name=name)
 
 
 def hidden_dense(x, factory, units, activation, name, dropout_name):

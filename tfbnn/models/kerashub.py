@@ -146,8 +146,8 @@ def _head(build, pooled, dropout, default_name):
     x = factory.head_dropout(factory.dropout(pooled, name="head_dropout"), name="head_dropout")
     if x is pooled:
         x = keras.layers.Dropout(dropout, name="head_dropout")(pooled)
-    head = factory.head(_common.check_num_classes(build.num_classes), activation="softmax", name="predictions")
-    return build.model(head(x), default_name)
+    return build.model(factory.classify(x, _common.check_num_classes(build.num_classes), name="predictions"),
+                       default_name)
 
 
 def kerashub_vit(method="deterministic", *, patch_size=None, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32,

@@ -279,6 +279,17 @@ class LayerFactory:
                        **self._method.extra_head_kwargs(self.options))
         return self._dense(self._method, units, activation, use_bias, name)
 
+    def classify(self, x, units, name=None):
+        """The classifier's output on features ``x``: the method's own output layers
+        (:attr:`tfbnn.methods.Method.head_layers`: ``evidential``'s Dirichlet head, ``heteroscedastic``'s
+        softmax, ``ddu``'s softmax ``Dense``; the last one named ``name``) where it has them, otherwise
+        :meth:`head` with a softmax."""
+        if self.ensemble is not None or self._method.head_layers is None:
+            return self.head(units, activation="softmax", name=name)(x)
+        for layer in self._method.output_layers(units, self.options, self.next_seed(), name):
+            x = layer(x)
+        return x
+
     def _dense(self, method, units, activation, use_bias, name):
         if self.ensemble is not None:
             return _ENSEMBLE_DENSE[self.ensemble](units, activation=activation, use_bias=use_bias, name=name,

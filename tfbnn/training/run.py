@@ -22,7 +22,8 @@ What :func:`run` does, in order:
 4. evaluates the Monte Carlo predictive on the test split
    (:func:`tfbnn.evaluation.evaluate_classifier`): accuracy, NLL, ECE, Brier score,
    total / aleatoric / epistemic uncertainty on clean and Gaussian-shifted inputs and
-   how well they detect the shift (AUROC; text: a fraction ``SHIFT_GAMMA`` of the tokens
+   how well they detect the shift (the epistemic side by the method's own score,
+   :attr:`tfbnn.methods.Method.epistemic`: SNGP's GP variance, DDU's feature density) (AUROC; text: a fraction ``SHIFT_GAMMA`` of the tokens
    replaced at random); with ``recipe.temperature_scaling`` it fits
    a temperature to the predictive on the validation hold-out
    (:meth:`tfbnn.TemperatureScaling.fit_prediction`) and evaluates the tempered
@@ -55,7 +56,7 @@ from tfbnn._internal.errors import RunError
 from tfbnn.training.recipe import Recipe
 from tfbnn.training.recipes import resolve
 
-__all__ = ["run", "RunResult", "build_model", "convert_model", "deterministic_version", "load_data", "arrays",
+__all__ = ["run", "RunResult", "fit_model", "build_model", "convert_model", "deterministic_version", "load_data", "arrays",
            "results_table", "interpretation", "fit_temperature",
            "SHIFT_GAMMA", "DEFAULT_ROOT"]
 
@@ -72,9 +73,12 @@ class RunResult:
         recipe: the :class:`Recipe` that ran.
         model: the trained Keras model.
         test: dict of test metrics (``accuracy``, ``nll``, ``ece``, ``brier``,
-            ``confidence``, ``predictive_entropy``, ``aleatoric``, ``epistemic``, and
-            the same under ``shifted``; ``shift_detection``: AUROC of the predictive
-            entropy and of the epistemic uncertainty, clean against shifted;
+            ``confidence``, ``predictive_entropy``, ``aleatoric``, ``epistemic`` (the mutual
+            information), ``epistemic_own`` (the mean of the method's own epistemic score,
+            :attr:`tfbnn.methods.Method.epistemic`; None without one), and the same under
+            ``shifted``; ``shift_detection``: AUROC of the predictive entropy and of the
+            method's own epistemic score (None without one), clean against shifted, and
+            ``epistemic_score``, its name;
             ``posterior_mean_accuracy`` for Bayesian models; ``kl``, for an ensemble
             the members' mean; ``num_samples``, for an ensemble all ``M * T``; with
             ``recipe.temperature_scaling``, ``temperature_scaled``: the fitted
@@ -163,6 +167,10 @@ def build_model(recipe, data):
     """
     from tfbnn import models
 
+    if registry.get(recipe.method).build == "adapter":
+        raise ValueError(f"Method {recipe.method!r} adapts a pre-trained network: no zoo recipe builds it. Build it "
+                         f"with its own function and train it with tfbnn.training.fit_model. "
+                         f"Received: method={recipe.method!r}")
     # The model's own fit to small images (tfbnn.models.input_options), unless the recipe sets them.
     options = {**models.input_options(recipe.model, data.input_shape), **recipe.model_options}
     seed = options.pop("seed", recipe.seed)  # a study may seed its models apart from the run
@@ -244,7 +252,7 @@ def _steps_per_epoch(recipe, data):
     return recipe.steps_per_epoch or data.steps_per_epoch
 
 
-def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec):
+def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec, from_logits=False):
     """Compiles ``model`` for ``recipe`` and builds its training state from ``batch_spec`` (the
     training batches' element spec), so that ``fit`` traces the step once (:func:`tfbnn.utils.build_for_fit`)."""
     import keras
@@ -254,12 +262,64 @@ def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec):
 
     if recipe.likelihood == "gaussian":
         loss, metrics = fixed_noise_gaussian_nll(recipe.noise_std), None
-    else:
-        loss = "sparse_categorical_crossentropy"
-        metrics = ["accuracy", keras.metrics.SparseCategoricalCrossentropy(name="nll")]
+    elif from_logits:  # a network that outputs logits (a KerasHub task)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        metrics = ["accuracy", keras.metrics.SparseCategoricalCrossentropy(name="nll", from_logits=True)]
+    else:  # the method's loss (evidential: its own), the metrics of its predictive probabilities
+        loss = registry.get(recipe.method).training_loss(recipe.method_options)
+        metrics = _classifier_metrics(model)
     model.compile(optimizer=make_optimizer(recipe, steps_per_epoch, model), loss=loss, metrics=metrics,
                   jit_compile=jit_compile)
     build_for_fit(model, batch_spec)
+
+
+def fit_model(model, recipe, data, epochs=None, verbose=0, callbacks=(), jit_compile=False, from_logits=False):
+    """Compiles and fits a ready ``model`` as :func:`run` trains a recipe's: the one compile-and-fit path.
+
+    What :func:`run` does after building its model (its ``_train``), for a model built elsewhere (a
+    fine-tuned KerasHub task, a head on frozen features, adapters): the recipe's optimizer and
+    learning-rate schedule, the method's loss and callbacks (:class:`tfbnn.methods.Method`),
+    :class:`tfbnn.KLAnnealing` for a Bayesian method, the NaN guard and per-epoch timing.
+
+    Args:
+        model: an uncompiled (or to be recompiled) ``keras.Model``.
+        recipe: a :class:`Recipe` (its ``method``, optimizer, schedule, ``epochs``, batch size).
+        data: a :class:`tfbnn.datasets.DataPipeline`; its ``train`` may be ``(x, y)`` arrays
+            (``x`` a dict of arrays for a model of several inputs).
+        epochs: int or None (``recipe.epochs``).
+        verbose: Keras ``fit`` verbosity. Default 0.
+        callbacks: extra Keras callbacks.
+        jit_compile: bool. Default False.
+        from_logits: bool; the model outputs logits: the loss and NLL read them as such
+            (a method with its own loss cannot).
+
+    Returns:
+        The Keras ``History``.
+
+    Raises:
+        RunError: training diverged.
+    """
+    if from_logits and registry.get(recipe.method).loss is not None:
+        raise ValueError(f"Method {recipe.method!r} has its own loss on its output layer's values, not logits. "
+                         f"Received: from_logits=True")
+    _compile(model, recipe, _steps_per_epoch(recipe, data), jit_compile, _element_spec(data.train), from_logits)
+    return _fit(model, recipe, data, recipe.epochs if epochs is None else epochs, verbose, callbacks)
+
+
+def _classifier_metrics(model):
+    """Accuracy and NLL of the class probabilities; of a distribution head's (an evidential model's
+    ``alpha / S``) through :class:`tfbnn.metrics.HeadMean`."""
+    import keras
+
+    from tfbnn import likelihoods
+    from tfbnn import metrics as metrics_lib
+
+    metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+               keras.metrics.SparseCategoricalCrossentropy(name="nll")]
+    head = likelihoods.output_layer(getattr(model, "network", model))  # a MultiSampleModel's network
+    if isinstance(head, likelihoods.DistributionHead):
+        metrics = [metrics_lib.HeadMean(m, head) for m in metrics]
+    return metrics
 
 
 def _fit(model, recipe, data, epochs, verbose, extra_callbacks):
@@ -267,7 +327,8 @@ def _fit(model, recipe, data, epochs, verbose, extra_callbacks):
     from tfbnn.training.optim import kl_schedule
 
     guard = callbacks.NaNGuard()
-    cbs = [guard, callbacks.EpochTimer(), *registry.get(recipe.method).training_callbacks(model), *extra_callbacks]
+    cbs = [guard, callbacks.EpochTimer(), *registry.get(recipe.method).training_callbacks(model, recipe.method_options),
+           *extra_callbacks]
     if recipe.is_bayesian:
         schedule = kl_schedule(recipe.kl_schedule, recipe.ramp_epochs, recipe.beta, recipe.warmup_epochs)
         cbs.insert(0, callbacks.KLAnnealing(num_examples=data.num_examples, schedule=schedule))
@@ -364,10 +425,12 @@ def _evaluate(model, recipe, data):
     scaling = fit_temperature(model, recipe, data, t) if recipe.temperature_scaling else None
     # Token ids take no additive noise: text is shifted by replacing a fraction SHIFT_GAMMA of its tokens.
     corruption = "token_replacement" if recipe.dataset in datasets.TEXT_DATASETS else "gaussian"
+    epistemic = registry.get(recipe.method).epistemic  # the method's own score (DDU: a density of the features)
     result = evaluation.evaluate_classifier(model, x_test, y_test, num_samples=t, num_bins=recipe.ece_bins,
                                             shift_gamma=SHIFT_GAMMA, sweep_levels=(), seed=recipe.seed,
                                             corruption=corruption,
-                                            batch_size=max(1, 2048 // total), temperature=scaling)
+                                            batch_size=max(1, 2048 // total), temperature=scaling,
+                                            epistemic=epistemic, density=_density(model, epistemic, data))
     numbers = result.numbers
     test = {**numbers["clean"], "shifted": numbers["shifted"], "shift_detection": numbers["shift_detection"],
             "num_samples": total, "num_test": len(y_test)}
@@ -379,6 +442,16 @@ def _evaluate(model, recipe, data):
     # An ensemble's KL is its members' mean: the KL term of each member's ELBO.
     test["kl"] = float(utils.kl_divergence(model)) / recipe.num_members if utils.bayesian_layers(model) else 0.0
     return test
+
+
+def _density(model, epistemic, data):
+    """DDU's Gaussian discriminant analysis of ``model``'s features, fitted on the training split
+    (:class:`tfbnn.ddu.DDU`), for ``epistemic == "density"``; None otherwise."""
+    if epistemic != "density":
+        return None
+    from tfbnn import ddu
+
+    return ddu.DDU(model).fit(*(data.train if isinstance(data.train, tuple) else arrays(data.train)))
 
 
 def _history_rows(history):
@@ -435,7 +508,7 @@ def _element_spec(train):
         return train.element_spec
     import tensorflow as tf
 
-    return tuple(tf.TensorSpec((None, *a.shape[1:]), tf.as_dtype(a.dtype)) for a in train)
+    return tf.nest.map_structure(lambda a: tf.TensorSpec((None, *a.shape[1:]), tf.as_dtype(a.dtype)), tuple(train))
 
 
 def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=False, keep=None):
@@ -541,10 +614,17 @@ def _columns(result):
     return columns
 
 
-def _row(name, columns, value, fmt):
-    """One table row: ``fmt`` of ``value(test)`` per column ('' where it is None)."""
+def _row(name, columns, value, fmt, missing=""):
+    """One table row: ``fmt`` of ``value(test)`` per column (``missing`` where it is None)."""
     cells = [value(t) for _, t, _ in columns]
-    return (name, *("" if v is None else fmt.format(v) for v in cells))
+    return (name, *(missing if v is None else fmt.format(v) for v in cells))
+
+
+def _own_score(test):
+    """The name of a column's own epistemic score (:data:`tfbnn.evaluation.EPISTEMIC_LABELS`)."""
+    from tfbnn.evaluation import EPISTEMIC_LABELS
+
+    return EPISTEMIC_LABELS[test["shift_detection"].get("epistemic_score", "mutual_information")]
 
 
 def results_table(result):
@@ -585,9 +665,12 @@ def results_table(result):
         quality.append(_row("accuracy, posterior mean", cols, lambda x: x.get("posterior_mean_accuracy"), "{:.2%}"))
     shift = [(f"shift (clean vs gamma={SHIFT_GAMMA:g})", *(label for label, _, _ in cols)),
              _row("AUROC, predictive entropy", cols, lambda x: x["shift_detection"]["auroc_entropy"], "{:.3f}"),
-             _row("AUROC, epistemic", cols, lambda x: x["shift_detection"]["auroc_epistemic"], "{:.3f}"),
-             _row("epistemic, clean (nats)", cols, lambda x: x["epistemic"], "{:.4f}"),
-             _row("epistemic, shifted (nats)", cols, lambda x: x["shifted"]["epistemic"], "{:.4f}"),
+             _row("AUROC, epistemic (own score)", cols, lambda x: x["shift_detection"]["auroc_epistemic"], "{:.3f}",
+                  "n/a"),
+             ("epistemic score", *(_own_score(x) for _, x, _ in cols)),
+             _row("epistemic, clean", cols, lambda x: x.get("epistemic_own", x["epistemic"]), "{:.4f}", "n/a"),
+             _row("epistemic, shifted", cols, lambda x: x["shifted"].get("epistemic_own", x["shifted"]["epistemic"]),
+                  "{:.4f}", "n/a"),
              _row("accuracy, shifted", cols, lambda x: x["shifted"]["accuracy"], "{:.2%}")]
     s = t["shifted"]
     run_rows = [("training examples (N)", result.num_examples), ("Monte Carlo samples", f"T = {t['num_samples']}")]
@@ -607,10 +690,19 @@ def results_table(result):
                 (f"uncertainty of {cols[0][0]} (nats)", "clean", f"shifted (gamma={SHIFT_GAMMA:g})"),
                 ("predictive entropy (total)", f"{t['predictive_entropy']:.4f}", f"{s['predictive_entropy']:.4f}"),
                 ("expected entropy (aleatoric)", f"{t['aleatoric']:.4f}", f"{s['aleatoric']:.4f}"),
-                ("mutual information (epistemic)", f"{t['epistemic']:.4f}", f"{s['epistemic']:.4f}"),
+                _uncertainty_row(t),
             ],
         ],
     )
+
+
+def _uncertainty_row(test):
+    """The run's epistemic row: its own score on clean and shifted inputs ("n/a" for a method without one)."""
+    name, s = _own_score(test), test["shifted"]
+    if name == "mutual information":
+        return "mutual information (epistemic)", f"{test['epistemic']:.4f}", f"{s['epistemic']:.4f}"
+    own = (test.get("epistemic_own"), s.get("epistemic_own"))
+    return (f"{name} (epistemic)", *("n/a" if v is None else f"{v:.4f}" for v in own))
 
 
 def _confidence_word(test):
@@ -657,7 +749,8 @@ def interpretation(result):
     text.append(
         f"Only the Bayesian model knows what it has not seen: its epistemic uncertainty rises on shifted inputs "
         f"({eps} nats) and separates them from clean ones with AUROC {detect}, where the deterministic network "
-        f"has none (AUROC {base['shift_detection']['auroc_epistemic']:.2f}) and must rely on its predictive entropy "
+        f"has none (AUROC {_auroc_text(base['shift_detection']['auroc_epistemic'])}) and must rely on its "
+        f"predictive entropy "
         f"(AUROC {base['shift_detection']['auroc_entropy']:.3f}; {result.test['shift_detection']['auroc_entropy']:.3f} "
         f"for {name} at beta = {r.beta:g}).")
     if len(betas) > 1:
@@ -671,7 +764,11 @@ def interpretation(result):
     return textwrap.fill(" ".join(text), 100, break_on_hyphens=False)
 
 
-def _write_outputs(stage, result, history_obj):
+def _auroc_text(value):
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _write_outputs(stage, result, history_obj, figures=True):
     from tfbnn import plots
 
     r = result.recipe
@@ -680,8 +777,9 @@ def _write_outputs(stage, result, history_obj):
     files.write_json(os.path.join(stage, "history.json"), result.history)
     logs = {k: v for k, v in history_obj.history.items()
             if k.removeprefix("val_") in ("loss", "accuracy", "nll")}
-    plots.save(plots.learning_curves(logs, title=f"{r.name}: {result.model.name} on {r.dataset}"),
-               os.path.join(stage, "learning_curves.png"))
+    if figures:
+        plots.save(plots.learning_curves(logs, title=f"{r.name}: {result.model.name} on {r.dataset}"),
+                   os.path.join(stage, "learning_curves.png"))
     files.write_json(os.path.join(stage, "results.json"), {
         "recipe": r.name, "num_examples": result.num_examples, "train_seconds": result.train_seconds,
         "test": result.test, "baseline": result.baseline, "comparison": result.comparison,
@@ -708,7 +806,7 @@ def _publish(stage, output_dir):
 
 
 def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, jit_compile="auto",
-        strategy=None, callbacks=(), compare_beta=None, data=None, evaluate=None, quiet=False):
+        strategy=None, callbacks=(), compare_beta=None, data=None, evaluate=None, quiet=False, figures=True):
     """Fits, evaluates and records ``recipe``; returns a :class:`RunResult`.
 
     Args:
@@ -741,6 +839,8 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
             test NLL and epistemic std of the predictive for ``"gaussian"``); a study's
             own analysis.
         quiet: bool; print nothing (a study running many recipes prints its own lines).
+        figures: bool; write ``learning_curves.png`` (default True; a study running many recipes
+            may skip the figure, about a second a run).
 
     Raises:
         ValueError: a bad recipe or argument (named).
@@ -801,7 +901,7 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
                            output_dir=output_dir, baseline=base, comparison=comparison,
                            pretrained=kept.get("pretrained"))
         if _is_chief(strategy):  # under several workers only the chief writes
-            _write_outputs(stage, result, history)
+            _write_outputs(stage, result, history, figures)
             # The model first (atomically): if it cannot be saved, nothing is published.
             saved = files.save_model(model, model_path or os.path.join(stage, "model.keras"))
             result.files = _publish(stage, output_dir) + ([saved] if model_path else [])
