@@ -21,6 +21,15 @@
    counts, a ``fit`` run, masking support where asked. This is the one harness: a test
    of a tfbnn layer asks it for Keras' checks instead of calling Keras' harness itself.
 
+The conformance harness (``tests/test_conformance.py``) runs over every public layer and
+model class of tfbnn (:func:`public_classes`): each has a construction :class:`Case` or a
+declared row in :data:`DECLARED`, the one table of exceptions, with its reason; each
+capability of :data:`CAPABILITIES` passes its check or is declared, and a declared refusal
+or known defect is checked to still fail as documented. :func:`support_matrix_markdown`
+writes the deployment guide's support matrix from that table
+(``python -m tfbnn.testing --write-support-matrix``). A new public layer adds a case to
+``_cases()`` here (a few keyword arguments, an input shape, Keras' counts).
+
 Example:
     >>> from tfbnn import testing, layers
     >>> layer = testing.run_layer_test(layers.DenseFlipout, {"units": 3, "seed": 1}, input_shape=(4, 5),
@@ -39,7 +48,8 @@ import numpy as np
 from tfbnn.layers.base import BayesianLayer
 from tfbnn.utils import posterior_mean
 
-__all__ = ["run_layer_test", "count_seed_generators", "data_formats", "to_channels_last"]
+__all__ = ["run_layer_test", "count_seed_generators", "data_formats", "to_channels_last", "CAPABILITIES", "DECLARED",
+           "Case", "cases", "public_classes", "support_matrix_markdown", "write_support_matrix", "check_method"]
 
 
 def count_seed_generators(layer):
@@ -288,6 +298,9 @@ CAPABILITIES = {
 }
 
 _KL = {"kl_weight": 0.01, "seed": 1}
+#: The export formats of :func:`tfbnn.export.export` and where each writes, by capability.
+EXPORTS = {"export_savedmodel": ("saved_model", "saved_model"), "export_tflite": ("tflite", "model.tflite"),
+           "export_onnx": ("onnx", "onnx")}
 
 
 class Case:
@@ -300,7 +313,8 @@ class Case:
         input_shape: shape of one concrete batch, batch axis first.
         output_shape: the output shape for that batch.
         weights: trainable weights (Keras' harness count).
-        seeds: seed generators; losses: entries of ``layer.losses`` after a call.
+        seeds: seed generators of the layer.
+        losses: entries of ``layer.losses`` after a call.
         ids: int ``high`` for integer ids in ``[0, high)`` as input (an embedding), or None.
         make: ``f() -> layer or model`` for classes built from other objects.
         name: the case id (default the class name).
@@ -497,6 +511,10 @@ _WRAPPER = ("not applicable: a keras.Model wrapping a model (built from objects,
 _NO_MOMENTS = "refused: no moment rule (tfbnn.moments.propagate raises a ValueError naming the layer)"
 
 
+_ROWS = ("not checked: changes the number of rows (members x examples), which the harness's export check (one "
+         "row per example) cannot hold; no test exports it yet")
+
+
 def _defect(branch):
     return f"known defect, fixed on branch {branch} (issue 36)"
 
@@ -524,6 +542,15 @@ DECLARED = {
         "LinearizedLoRA", "DeepEnsemble", "MultiSampleModel", "IBNNModel")},
     **{(name, "moments"): _defect("sngp") for name in ("SpectralDense", "SpectralConv2D",
                                                         "RandomFeatureGaussianProcess")},
+    **{(name, "mixed_precision"): _defect("lora") for name in ("VariationalLoRA", "VariationalLoRAModel",
+                                                                "LinearizedLoRA")},
+    ("RandomFeatureGaussianProcess", "mixed_precision"): _defect("sngp"),
+    **{("DenseVariational", f"export_{fmt}"): "refused: its TFP distribution samples with stateless random ops, "
+                                              "which TFLite and ONNX lack (tfbnn.export.UNSUPPORTED)"
+       for fmt in ("tflite", "onnx")},
+    ("DeepEnsemble", "export_tflite"): "refused: a DeepEnsemble exports as a SavedModel only",
+    ("DeepEnsemble", "export_onnx"): "refused: a DeepEnsemble exports as a SavedModel only",
+    **{(name, capability): _ROWS for name in ("EnsembleTile", "EnsembleMean", "MembersToRows") for capability in EXPORTS},
     **{(name, "keras_contract"): _WRAPPER for name in ("SpectralNormalization", "VariationalLoRA",
                                                        "VariationalLoRAModel", "LinearizedLoRA", "DeepEnsemble",
                                                        "MultiSampleModel", "IBNNModel")},
@@ -601,21 +628,16 @@ def _targets(selected):
 
 
 def _per_case(check, selected):
-    """``{case name: error message or None}``: ``check(cases)`` on all at once, and, if that
-    fails, on each case alone (to name the failing ones)."""
+    """``{case name: error message or None}``: ``check(cases)`` on all at once and, if that fails,
+    on halves of them, down to the failing cases (a few batches name them)."""
     try:
         check(selected)
         return {case.name: None for case in selected}
-    except Exception:  # noqa: BLE001 - any failure is attributed case by case below
-        pass
-    results = {}
-    for case in selected:
-        try:
-            check([case])
-            results[case.name] = None
-        except Exception as e:  # noqa: BLE001 - reported by the test of the case
-            results[case.name] = f"{type(e).__name__}: {e}"[:2000]
-    return results
+    except Exception as e:  # noqa: BLE001 - any failure is attributed to the failing cases below
+        if len(selected) == 1:
+            return {selected[0].name: f"{type(e).__name__}: {e}"[:2000]}
+    half = len(selected) // 2
+    return {**_per_case(check, selected[:half]), **_per_case(check, selected[half:])}
 
 
 def _check_mixed_precision_batch(selected):
@@ -763,9 +785,6 @@ assert not any(name == "tfbnn" or name.startswith("tfbnn.") for name in sys.modu
 np.savez(os.path.join(folder, fmt + ".npz"), mean=np.asarray(mean), sample=np.asarray(sample))
 """
 
-#: The export formats of :func:`tfbnn.export.export` and where each writes, by capability.
-EXPORTS = {"export_savedmodel": ("saved_model", "saved_model"), "export_tflite": ("tflite", "model.tflite"),
-           "export_onnx": ("onnx", "onnx")}
 _EXPORT_BATCH = 4
 
 
@@ -828,8 +847,13 @@ def check_export_refused(case, capability, folder):
     from tfbnn import export
 
     fmt, target = EXPORTS[capability]
+    model = case.build()
+    if isinstance(model, keras.Model):  # a model class is exported as itself
+        model(case.data())
+    else:
+        model = _flat_model([case])
     try:
-        export.export(_flat_model([case]), os.path.join(folder, target), format=fmt, num_samples=2,
+        export.export(model, os.path.join(folder, target), format=fmt, num_samples=2,
                       task="regression", overwrite=True)
     except ValueError as e:
         if case.cls.__name__ not in str(e) or repr(fmt) not in str(e):
