@@ -539,7 +539,13 @@ DECLARED = {
         "HeteroscedasticSoftmax", "StudentTHead", "MixtureNormalHead", "BernoulliHead", "CategoricalHead",
         "QuantileHead", "DirichletHead", "EvidentialRegressionHead", "EnsembleDense", "MembersToRows", "LaplaceDense",
         "LayerScale", "StochasticDepth", "TokenAndPositionEmbedding", "VariationalLoRA", "VariationalLoRAModel",
-        "LinearizedLoRA", "DeepEnsemble", "MultiSampleModel", "IBNNModel")},
+        "DeepEnsemble", "MultiSampleModel", "IBNNModel", "DenseVariational", "Conv1DTransposeFlipout",
+        "Conv1DTransposeReparameterization", "Conv2DTransposeFlipout", "Conv2DTransposeReparameterization",
+        "Conv3DTransposeFlipout", "Conv3DTransposeReparameterization")},
+    ("LinearizedLoRA", "moments"): ("known defect: tfbnn.moments.propagate refuses the branched model that "
+                                    "LoRALaplace.to_model builds by the model's name, not the layer's (found by the "
+                                    "harness, not fixed)"),
+    **{(name, "keras_contract"): _defect("heads") for name in ("EnsembleMean", "MembersToRows")},
     **{(name, "moments"): _defect("sngp") for name in ("SpectralDense", "SpectralConv2D",
                                                         "RandomFeatureGaussianProcess")},
     **{(name, "mixed_precision"): _defect("lora") for name in ("VariationalLoRA", "VariationalLoRAModel",
@@ -949,20 +955,25 @@ def check_method(name):
     tfbnn = _tfbnn()
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(8, 3)).astype("float32"), rng.integers(0, 2, size=8).astype("int32")
+    def trained(model):  # a deep ensemble trains its members one by one (it refuses fit as a whole)
+        return list(model.members) if isinstance(model, tfbnn.DeepEnsemble) else [model]
+
     with _global_policy("mixed_float16"):
-        model = method_model(name)
-        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy")
-        loss = model.fit(x, y, batch_size=8, epochs=1, verbose=0).history["loss"][-1]
-        if not np.isfinite(loss):
-            raise AssertionError(f"{name}: mixed_float16 training loss {loss}")
-        wrong = [w.path for w in model.weights if "float" in str(w.dtype) and str(w.dtype) != "float32"]
-        if wrong:
-            raise AssertionError(f"{name}: mixed_float16 variables not float32: {wrong}")
+        for model in trained(method_model(name)):
+            model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy")
+            loss = model.fit(x, y, batch_size=8, epochs=1, verbose=0).history["loss"][-1]
+            if not np.isfinite(loss):
+                raise AssertionError(f"{name}: mixed_float16 training loss {loss}")
+            wrong = [w.path for w in model.weights if "float" in str(w.dtype) and str(w.dtype) != "float32"]
+            if wrong:
+                raise AssertionError(f"{name}: mixed_float16 variables not float32: {wrong}")
     model = method_model(name)
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy", jit_compile=True)
-    loss = model.train_on_batch(x, y)
-    if not np.isfinite(loss[0] if isinstance(loss, (list, tuple)) else loss):
-        raise AssertionError(f"{name}: jit_compile=True training loss {loss}")
+    for trainee in trained(model):
+        trainee.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy",
+                        jit_compile=True)
+        loss = trainee.train_on_batch(x, y)
+        if not np.isfinite(loss[0] if isinstance(loss, (list, tuple)) else loss):
+            raise AssertionError(f"{name}: jit_compile=True training loss {loss}")
     result = tfbnn.predict(model, x, num_samples=2)
     if not np.all(np.isfinite(result.mean_probs)):
         raise AssertionError(f"{name}: tfbnn.predict gave non-finite probabilities")
