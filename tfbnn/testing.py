@@ -38,13 +38,16 @@ Example:
     (3, True)
 """
 
+import inspect
 import os
+import subprocess
 import sys
 import tempfile
 
 import keras
 import numpy as np
 
+from tfbnn import moments
 from tfbnn.layers.base import BayesianLayer
 from tfbnn.utils import posterior_mean
 
@@ -575,8 +578,6 @@ def public_classes():
     ``keras.layers.Layer`` (``keras.Model`` included), and adds every layer registered as
     serializable under the package ``"tfbnn"`` (a saved model can hold it) whose name is public.
     """
-    import inspect
-
     tfbnn = _tfbnn()
     found = {}
     for module_name in tfbnn.__all__:
@@ -695,8 +696,6 @@ def _check_xla_batch(selected):
 
 def check_moments(case):
     """``tfbnn.moments.propagate`` on ``Input -> layer``: finite moments of the output's shape."""
-    from tfbnn import moments
-
     inputs = keras.Input(case.input_shape[1:], dtype="int32" if case.ids else "float32")
     model = keras.Model(inputs, case.build()(inputs))
     x = case.data()
@@ -737,8 +736,6 @@ np.savez(sys.argv[3], **out)
 def roundtrip(selected, folder):
     """Saves one model of all ``selected`` cases as ``.keras``, loads it in a fresh process and returns
     ``{case name: error message or None}``: equal weights, posterior-mean outputs and next seeded sample."""
-    import subprocess
-
     keras.utils.set_random_seed(0)
     layers = {}
     model, x = _model(selected, layers=layers), _data(selected)
@@ -824,9 +821,7 @@ def export_and_serve(selected, capability, folder):
     """Exports one model of ``selected`` with :func:`tfbnn.export.export` in ``capability``'s format,
     serves its ``mean`` and ``sample`` endpoints in a fresh process that never imports tfbnn, and
     raises unless the served posterior-mean outputs equal the model's and the samples are finite."""
-    import subprocess
-
-    from tfbnn import export
+    from tfbnn import export  # a floor above (inference/, export): loaded when a check runs
 
     fmt, target = EXPORTS[capability]
     keras.utils.set_random_seed(0)
