@@ -408,6 +408,13 @@ FORMATS = ("saved_model", "tflite", "onnx")
 QUANTIZATIONS = (None, "float16", "int8")
 #: The endpoints of a TFLite or ONNX export, in order.
 PORTABLE_ENDPOINTS = ("summary", "sample", "mean")
+#: What a format cannot hold, by layer class name: ``{class name: {format: why}}``. :func:`export`
+#: refuses a model with such a layer before converting anything, naming the layer and the format
+#: (the deployment guide's support matrix lists them).
+UNSUPPORTED = {
+    "DenseVariational": dict.fromkeys(("tflite", "onnx"), "its TFP distribution samples with stateless random "
+                                                          "ops, which TFLite and ONNX lack"),
+}
 _ONNX_OPSET = 17
 # An ONNX `seed` attribute is a float: op seeds stay below 2^24, where every integer is exact.
 _SEED2_RANGE = 2**24 - 1
@@ -494,6 +501,17 @@ def portable_noise(model, seed=None):
     finally:
         for layer, noise in zip(layers, previous):
             layer._portable_noise = noise
+
+
+def _refuse_unsupported(model, format):
+    """A ValueError naming the first layer of ``model`` that ``format`` cannot hold (:data:`UNSUPPORTED`)."""
+    for layer in stochastic_layers(model):
+        for cls in type(layer).__mro__:
+            why = UNSUPPORTED.get(cls.__name__, {}).get(format)
+            if why:
+                raise ValueError(f"Cannot export layer '{layer.name}' ({type(layer).__name__}) to format={format!r}: "
+                                 f"{why}. Export it as a SavedModel (format='saved_model'). Received: "
+                                 f"format={format!r}")
 
 
 def _computing_in_float32(model):
@@ -1032,6 +1050,7 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
     task, _ = _task_and_head(model, task)
     if isinstance(model, DeepEnsemble):
         raise ValueError(f"A DeepEnsemble exports as a SavedModel only. Received: format={format!r}")
+    _refuse_unsupported(model, format)
     if os.path.exists(filepath) and not overwrite:
         raise ValueError(f"{filepath!r} exists; pass overwrite=True to replace it. Received: filepath={filepath!r}")
     if format == "tflite":

@@ -9,24 +9,18 @@ dtype). Here only Keras' part runs (the rest of the harness runs per family in t
 files); the recurrent layers run it in ``tests/layers/test_recurrent.py``.
 """
 
-import numpy as np
 import pytest
 
 import tfbnn
 from tfbnn import testing
-from tfbnn.layers import conv
 
 KL = {"kl_weight": 0.01, "seed": 1}
-TRANSPOSE_SHAPES = {1: ((2, 3, 2), (2, 6, 3)), 2: ((2, 3, 3, 2), (2, 6, 6, 3)), 3: ((2, 3, 3, 3, 2), (2, 6, 6, 6, 3))}
 
 # (id, class, init kwargs, input shape, output shape, trainable weights, seed generators, losses)
+# Conv3D, the transposed convolutions, DenseVariational (mean field), NodeDenseFlow, NodeConv2DFlow,
+# EnsembleTile and EmbeddingReparameterization run Keras' harness (the same call, the same options) in
+# the conformance harness, tests/test_conformance.py (tfbnn.testing.cases()); the cases here add options.
 CASES = [
-    *[(cls.__name__, cls, {"filters": 2, "kernel_size": 2, **KL}, (2, 3, 4, 3, 2), (2, 2, 3, 2, 2), 4, 1, 1)
-      for cls in (conv.Conv3DReparameterization, conv.Conv3DFlipout)],
-    *[(f"Conv{rank}DTranspose{name}", getattr(conv, f"Conv{rank}DTranspose{name}"),
-       {"filters": 3, "kernel_size": 3, "strides": 2, "padding": "same", "output_padding": 1, **KL},
-       *TRANSPOSE_SHAPES[rank], 4, 1, 1)
-      for rank in (1, 2, 3) for name in ("Reparameterization", "Flipout")],
     ("DenseRank1", tfbnn.layers.DenseRank1, {"units": 3, "ensemble_size": 2, "activation": "relu", **KL},
      (4, 5), (4, 3), 6, 1, 1),
     ("Conv2DRank1", tfbnn.layers.Conv2DRank1, {"filters": 3, "kernel_size": 3, "ensemble_size": 2, **KL},
@@ -36,16 +30,11 @@ CASES = [
     ("Conv2DBatchEnsemble", tfbnn.layers.Conv2DBatchEnsemble,
      {"filters": 3, "kernel_size": 3, "padding": "same", "ensemble_size": 2, "seed": 1}, (4, 5, 5, 2), (4, 5, 5, 3),
      4, 0, 0),
-    ("DenseVariational-mean_field", tfbnn.layers.DenseVariational, {"units": 3, **KL}, (4, 5), (4, 3), 2, 1, 1),
     ("DenseVariational-full_covariance", tfbnn.layers.DenseVariational,
      {"units": 3, "make_posterior_fn": "full_covariance", **KL}, (4, 5), (4, 3), 2, 1, 1),
     ("DenseVariational-low_rank", tfbnn.layers.DenseVariational,
      {"units": 3, "make_posterior_fn": "low_rank", "make_prior_fn": "trainable_normal", **KL}, (4, 5), (4, 3), 4,
      1, 1),
-    ("NodeDenseFlow", tfbnn.layers.NodeDenseFlow, {"units": 3, "hidden_units": 4, **KL}, (4, 5), (4, 3), 12, 1, 1),
-    ("NodeConv2DFlow", tfbnn.layers.NodeConv2DFlow, {"filters": 2, "kernel_size": 3, "hidden_units": 4, **KL},
-     (2, 5, 5, 3), (2, 3, 3, 2), 12, 1, 1),
-    ("EnsembleTile", tfbnn.layers.EnsembleTile, {"ensemble_size": 2}, (3, 5), (6, 5), 0, 0, 0),
     # EnsembleMean is not here: its rows are E * B in training (passed through) and B at inference,
     # so its static output shape leaves the batch None, which Keras' harness compares with the call's.
 ]
@@ -64,12 +53,6 @@ def _keras_only(cls, kwargs, shape, out, weights, seeds, losses, input_data=None
                          [pytest.param(*case[1:], id=case[0]) for case in CASES])
 def test_keras_run_layer_test(cls, kwargs, shape, out, weights, seeds, losses):
     _keras_only(cls, kwargs, shape, out, weights, seeds, losses)
-
-
-def test_keras_run_layer_test_on_the_bayesian_embedding():
-    ids = np.array([[0, 5, 2, 1], [3, 3, 4, 0]], "int32")
-    _keras_only(tfbnn.layers.EmbeddingReparameterization, {"input_dim": 6, "output_dim": 3, **KL}, (2, 4), (2, 4, 3),
-                2, 1, 1, input_data=ids)
 
 
 def test_the_harness_reports_what_keras_finds_and_refuses_keras_options_without_its_checks():

@@ -68,8 +68,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.vocab_size = checks.integer("vocab_size", vocab_size, 1)
         self.max_length = checks.integer("max_length", max_length, 1)
         self.embed_dim = checks.integer("embed_dim", embed_dim, 1)
-        self.token = keras.layers.Embedding(vocab_size, embed_dim, name="token")
-        self.position = keras.layers.Embedding(max_length, embed_dim, name="position")
+        # The sublayers compute in this layer's policy (a mixed policy's float16 outputs, float32 tables).
+        self.token = keras.layers.Embedding(vocab_size, embed_dim, dtype=self.dtype_policy, name="token")
+        self.position = keras.layers.Embedding(max_length, embed_dim, dtype=self.dtype_policy, name="position")
 
     def build(self, input_shape):
         self.token.build(input_shape)
