@@ -8,9 +8,18 @@ that cost a compile, a process or a conversion run once over all cases together 
 model holding every case side by side) and are reported per class.
 """
 
+import os
+
 import pytest
 
 from tfbnn import testing
+
+#: The batched checks (mixed precision, XLA, the fresh-process round trip, the three exports) build one model of
+#: every case and cost more than ten minutes of CPU on 2 cores: over the suite's 15-minute budget. They run with
+#: TFBNN_CONFORMANCE=full (python -m pytest tests/test_conformance.py with it set); the default run checks the
+#: Keras contract, moments, declared refusals, coverage, the support matrix and every registered method.
+FULL = os.environ.get("TFBNN_CONFORMANCE") == "full"
+BATCHED = ("mixed_precision", "xla", "keras_roundtrip", "export_savedmodel", "export_tflite", "export_onnx")
 
 CASES = testing.cases()
 CELLS = [(name, capability) for name in testing.public_classes() for capability in testing.CAPABILITIES]
@@ -62,11 +71,14 @@ def _check_one(case, capability, tmp_path):
         testing.export_and_serve([case], capability, str(tmp_path))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name, capability", [pytest.param(*cell, id=f"{cell[0]}-{cell[1]}") for cell in CELLS])
 def test_conformance(name, capability, batched, tmp_path):
     reason = testing.declared(name, capability)
     if reason is not None and not reason.startswith(("known defect", "refused")):
         pytest.skip(reason)  # abstract bases, parts tested through their owners, checks that do not apply
+    if capability in BATCHED and not FULL and (reason is None or reason.startswith("known defect")):
+        pytest.skip("a batched check: runs with TFBNN_CONFORMANCE=full (over the default suite's time budget)")
     case = CASES[name]
     if reason is None:
         if capability in ("keras_contract", "moments"):
@@ -114,6 +126,7 @@ def _methods():
     return methods.names()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", _methods())
 def test_every_registered_method_trains_under_mixed_precision_and_xla_and_predicts(name):
     testing.check_method(name)

@@ -519,10 +519,6 @@ _ROWS = ("not checked: changes the number of rows (members x examples), which th
          "row per example) cannot hold; no test exports it yet")
 
 
-def _defect(branch):
-    return f"known defect, fixed on branch {branch} (issue 36)"
-
-
 #: The one table of exceptions: ``{(class name, capability or "*"): reason}``. A capability
 #: here is checked to fail as documented (an export: a ValueError at export time naming the
 #: layer and the format), so a row that starts passing fails the suite and is removed.
