@@ -85,8 +85,10 @@ def test_laplace_refuses_a_negative_numpy_seed_naming_it():
     for call in (lambda: la.sample(3, seed=-1), lambda: la.predict(x, link_approx="mc", seed=-1)):
         with pytest.raises(ValueError, match=r"Expected `seed` to be an integer in \[0, 2\^31\).*seed=-1"):
             call()
-    # The Keras layer of to_model takes any int64 seed, as keras.random.SeedGenerator does.
-    assert la.to_model(seed=-1)(x).shape == (16, 2)
+    # to_model refuses it as well (issue 36: a negative seed was accepted there and not elsewhere).
+    with pytest.raises(ValueError, match=r"Expected `seed` to be an integer in \[0, 2\^31\).*seed=-1"):
+        la.to_model(seed=-1)
+    assert la.to_model(seed=np.int64(1))(x).shape == (16, 2)
 
 
 def _regression():

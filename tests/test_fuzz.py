@@ -307,6 +307,8 @@ NEW_FUNCTIONS = {
     "propagate": (lambda model, inputs: moments.propagate(model, inputs), {"model": "classifier", "inputs": X},
                   ("inputs",), {}, {}),
     "model_layers": (moments.model_layers, {"model": "classifier"}, (), {}, {}),
+    "random_feature_gp_moments": (moments.random_feature_gp_moments, {"layer": "gp", "mean": X, "variance": X},
+                                  ("mean", "variance"), {}, {}),
     "ood_scores": (evaluation.ood_scores, {"prediction": "prediction", "logits": np.log(PROBS), "temperature": 1.0,
                                            "log_density": np.zeros(2), "gp_variance": np.ones(2)},
                    ("logits", "log_density", "gp_variance"), {}, {}),
@@ -345,8 +347,15 @@ NEW_FUNCTIONS = {
 }
 
 
+def _gp():
+    """A built random-feature GP layer on the 4 features of ``X``."""
+    layer = tfbnn.layers.RandomFeatureGaussianProcess(2, num_inducing=8, seed=0)
+    layer.build((None, 4))
+    return layer
+
+
 def _resolve_new(kwargs):
-    special = {"classifier": _model, "prediction": _prediction}
+    special = {"classifier": _model, "prediction": _prediction, "gp": _gp}
     return {k: special[v]() if isinstance(v, str) and v in special else v for k, v in kwargs.items()}
 
 

@@ -373,7 +373,8 @@ class LoRALaplace(laplace_lib.Laplace):
         the route to save Laplace-LoRA (:meth:`save` is not available).
 
         Args:
-            seed: int or None, seed of the sampling layer's ``keras.random.SeedGenerator``.
+            seed: int in ``[0, 2^31)`` (NumPy integers too) or None, seed of the sampling layer's
+                ``keras.random.SeedGenerator`` (as :meth:`tfbnn.laplace.Laplace.to_model`).
             name: str or None, the model's name.
 
         Returns:
@@ -392,7 +393,7 @@ class LoRALaplace(laplace_lib.Laplace):
             ((4, 2), True)
         """
         self._check_fitted()
-        seed = checks.integer("seed", seed, 0, 2**63 - 1, "a non-negative integer (int64) or None", allow_none=True)
+        seed = checks.numpy_seed(seed)
         if name is not None and not isinstance(name, str):
             raise ValueError(f"Expected `name` to be a string or None. Received: name={name!r}")
         net = self._net

@@ -533,11 +533,25 @@ def random_feature_gp_moments(layer, mean, variance):
         >>> bool(np.allclose(m, gp(h), atol=1e-6)), bool(np.allclose(v[:, 0], gp.predictive_variance(h), atol=1e-6))
         (True, True)
     """
+    if not isinstance(layer, RandomFeatureGaussianProcess):
+        raise TypeError(f"Expected `layer` to be a tfbnn.layers.RandomFeatureGaussianProcess. Received: "
+                        f"layer={layer!r}")
     if layer.input_norm is not None:
         _refuse(layer, "its input layer normalization (normalize_input=True) of a random input has no closed-form "
                        "moments")
-    mean = tf.cast(tf.convert_to_tensor(mean), tf.float32)
-    variance = tf.cast(tf.convert_to_tensor(variance), tf.float32)
+    mean, variance = _moment_pair(mean, variance)
+    mean, variance = tf.cast(mean, tf.float32), tf.cast(variance, tf.float32)
+    if mean.shape.rank != 2 or variance.shape != mean.shape:
+        raise ValueError(f"Expected `mean` and `variance` of one shape (batch, features). Received: "
+                         f"mean.shape={tuple(mean.shape)}, variance.shape={tuple(variance.shape)}")
+    if layer.built and mean.shape[-1] != layer.feature_kernel.shape[0]:
+        raise ValueError(f"Expected `mean` with {layer.feature_kernel.shape[0]} features (the layer's input). "
+                         f"Received: mean.shape={tuple(mean.shape)}")
+    if tf.executing_eagerly() and not bool(tf.reduce_all(tf.math.is_finite(mean))):
+        raise ValueError("Expected `mean` to hold finite numbers. Received: mean with NaN or infinite values")
+    if tf.executing_eagerly() and not bool(tf.reduce_all(tf.math.is_finite(variance) & (variance >= 0.0))):
+        raise ValueError("Expected `variance` to hold finite numbers >= 0. Received: "
+                         f"{checks.value_range('variance', variance.numpy())}")
     if not layer.built:
         layer.build(mean.shape)
     w = tf.convert_to_tensor(layer.feature_kernel) / math.sqrt(layer.gp_kernel_scale)

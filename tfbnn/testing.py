@@ -535,7 +535,7 @@ DECLARED = {
     **{(name, "moments"): _NO_MOMENTS for name in (
         "EmbeddingReparameterization", "LSTMReparameterization", "GRUReparameterization", "NodeDense", "NodeConv1D",
         "NodeConv2D", "NodeNoise", "NodeDenseFlow", "NodeConv2DFlow", "DenseRank1", "Conv2DRank1",
-        "DenseBatchEnsemble", "Conv2DBatchEnsemble", "EnsembleTile", "EnsembleMean", "SpectralNormalization",
+        "DenseBatchEnsemble", "Conv2DBatchEnsemble", "EnsembleTile", "EnsembleMean",
         "HeteroscedasticSoftmax", "StudentTHead", "MixtureNormalHead", "BernoulliHead", "CategoricalHead",
         "QuantileHead", "DirichletHead", "EvidentialRegressionHead", "EnsembleDense", "MembersToRows", "LaplaceDense",
         "LayerScale", "StochasticDepth", "TokenAndPositionEmbedding", "VariationalLoRA", "VariationalLoRAModel",

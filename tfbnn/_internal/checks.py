@@ -138,7 +138,10 @@ def finite_array(name, value, dtype=None):
 
 def finite_inputs(batch, offset=0, name="x"):
     """Rejects NaN / infinite values in the floating-point tensors of ``batch`` (a tensor or a nest of them),
-    which would give NaN predictions; the message names ``name`` and the rows (counted from ``offset``)."""
+    which would give NaN predictions; the message names ``name`` and the rows (counted from ``offset``).
+    Eager only: inside a traced function (an export's endpoint) the check is the export's own, in the graph."""
+    if not tf.executing_eagerly():
+        return
     for v in tf.nest.flatten(batch):
         if v.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(v))):
             flat = tf.reshape(tf.math.is_finite(v), [tf.shape(v)[0] if v.shape.rank else 1, -1])
