@@ -532,7 +532,7 @@ def test_to_model_rejects_bad_input():
     with pytest.raises(NotImplementedError, match="to_model"):
         la.save("la.npz")
     # issue 36: a negative seed was accepted; NumPy integers are seeds too
-    with pytest.raises(ValueError, match=r"Expected `seed` to be a non-negative integer .*Received: seed=-1"):
+    with pytest.raises(ValueError, match=r"Expected `seed` to be an integer in \[0, 2\^31\).*Received: seed=-1"):
         la.to_model(seed=-1)
     assert _sampling_layer(la.to_model(seed=np.int64(3))).seed == 3
     with pytest.raises(ValueError, match=r"Expected inputs of shape \[\(None, 3\)\].*Received: x of shape \[\(20, 4\)\]"):

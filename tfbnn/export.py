@@ -414,6 +414,13 @@ PORTABLE_ENDPOINTS = ("summary", "sample", "mean")
 UNSUPPORTED = {
     "DenseVariational": dict.fromkeys(("tflite", "onnx"), "its TFP distribution samples with stateless random "
                                                           "ops, which TFLite and ONNX lack"),
+    # Found by the conformance harness (tfbnn.testing, 2026-11-29): TFLite's converter fails on these with
+    # builtin ops only; refused here by name instead of TensorFlow's ConverterError.
+    **{name: {"tflite": "its recurrent loop is a TensorList (while-loop) op, which TFLite's builtin ops lack"}
+       for name in ("LSTMReparameterization", "GRUReparameterization")},
+    "MixtureNormalHead": {"tflite": "its EnsureShape op (the mixture's parameter split) is no TFLite builtin op"},
+    **{name: {"tflite": "its per-sample map (tf.map_fn over the Monte Carlo blocks) is a TensorList op, which "
+                        "TFLite's builtin ops lack"} for name in ("VariationalLoRAModel", "LinearizedLoRA")},
 }
 _ONNX_OPSET = 17
 # An ONNX `seed` attribute is a float: op seeds stay below 2^24, where every integer is exact.
@@ -505,7 +512,7 @@ def portable_noise(model, seed=None):
 
 def _refuse_unsupported(model, format):
     """A ValueError naming the first layer of ``model`` that ``format`` cannot hold (:data:`UNSUPPORTED`)."""
-    for layer in stochastic_layers(model):
+    for layer in keras_private.sublayers(model, include_self=True):
         for cls in type(layer).__mro__:
             why = UNSUPPORTED.get(cls.__name__, {}).get(format)
             if why:

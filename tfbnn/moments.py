@@ -398,7 +398,8 @@ def model_layers(model):
     if not isinstance(model, keras.Sequential) and not _is_chain(model, layers):
         raise ValueError("Moment propagation and frozen export walk a Sequential or functional model whose layers "
                          "form a chain (one input, each layer fed by the previous one). "
-                         f"Received: model '{model.name}' of type {type(model).__name__}")
+                         f"Received: model '{model.name}' of type {type(model).__name__}, whose layers are "
+                         + ", ".join(f"'{layer.name}' ({type(layer).__name__})" for layer in layers))
     flat = []
     for layer in layers:
         flat.extend(model_layers(layer) if isinstance(layer, keras.Model) else [layer])

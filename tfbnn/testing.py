@@ -539,17 +539,23 @@ DECLARED = {
         "HeteroscedasticSoftmax", "StudentTHead", "MixtureNormalHead", "BernoulliHead", "CategoricalHead",
         "QuantileHead", "DirichletHead", "EvidentialRegressionHead", "EnsembleDense", "MembersToRows", "LaplaceDense",
         "LayerScale", "StochasticDepth", "TokenAndPositionEmbedding", "VariationalLoRA", "VariationalLoRAModel",
+        "LinearizedLoRA",
         "DeepEnsemble", "MultiSampleModel", "IBNNModel", "DenseVariational", "Conv1DTransposeFlipout",
         "Conv1DTransposeReparameterization", "Conv2DTransposeFlipout", "Conv2DTransposeReparameterization",
         "Conv3DTransposeFlipout", "Conv3DTransposeReparameterization")},
-    ("LinearizedLoRA", "moments"): ("known defect: tfbnn.moments.propagate refuses the branched model that "
-                                    "LoRALaplace.to_model builds by the model's name, not the layer's (found by the "
-                                    "harness, not fixed)"),
     ("MembersToRows", "keras_contract"): ("not applicable: it turns B rows into M * B, so Keras' harness cannot "
                                           "fit it on B targets; its shapes are tested in tests/test_hub.py"),
     **{("DenseVariational", f"export_{fmt}"): "refused: its TFP distribution samples with stateless random ops, "
                                               "which TFLite and ONNX lack (tfbnn.export.UNSUPPORTED)"
        for fmt in ("tflite", "onnx")},
+    **{(name, "export_tflite"): "refused: its recurrent loop is a TensorList op, which TFLite's builtin ops lack "
+                                "(tfbnn.export.UNSUPPORTED)" for name in ("LSTMReparameterization",
+                                                                          "GRUReparameterization")},
+    ("MixtureNormalHead", "export_tflite"): "refused: its EnsureShape op is no TFLite builtin op "
+                                            "(tfbnn.export.UNSUPPORTED)",
+    **{(name, "export_tflite"): "refused: its per-sample map over the Monte Carlo blocks is a TensorList op, "
+                                "which TFLite's builtin ops lack (tfbnn.export.UNSUPPORTED)"
+       for name in ("VariationalLoRAModel", "LinearizedLoRA")},
     ("DeepEnsemble", "export_tflite"): "refused: a DeepEnsemble exports as a SavedModel only",
     ("DeepEnsemble", "export_onnx"): "refused: a DeepEnsemble exports as a SavedModel only",
     **{(name, capability): _ROWS for name in ("EnsembleTile", "EnsembleMean", "MembersToRows") for capability in EXPORTS},
@@ -605,15 +611,46 @@ def check_keras_contract(case):
                    run_mixed_precision_check=True, **case.keras)
 
 
-def _model(selected, dtype=None, layers=None):
+class _RowsBack(keras.layers.Layer):
+    """Gives a row-changing case's output (``M B`` or ``B / E`` rows, or ``B`` where the layer leaves a
+    training batch alone) the input's ``B`` rows again, so that ``fit`` pairs it with one target row per
+    example: ``M B`` rows averaged over the ``M`` blocks, ``B / E`` rows repeated ``E`` times. Used only by
+    the training checks (mixed precision, XLA); no weights."""
+
+    def call(self, outputs, inputs):
+        rows, rows_out = keras.ops.shape(inputs)[0], keras.ops.shape(outputs)[0]
+        if self.more:  # M blocks of the B rows
+            return keras.ops.mean(keras.ops.reshape(outputs, (-1, rows, *outputs.shape[1:])), axis=0)
+        return keras.ops.repeat(outputs, keras.ops.maximum(rows // rows_out, 1), axis=0)
+
+    def __init__(self, more, **kwargs):
+        super().__init__(**kwargs)
+        self.more = more
+
+
+def _rows_changed(case):
+    return case.output_shape[0] != case.input_shape[0]
+
+
+def _target_shape(case):
+    """The output shape a training check fits: the case's, with the input's rows (:class:`_RowsBack`)."""
+    return (case.input_shape[0], *case.output_shape[1:])
+
+
+def _model(selected, dtype=None, layers=None, same_rows=False):
     """One functional model holding ``selected`` cases side by side: an input and an output per case
-    (``layers``, a dict, receives each case's layer)."""
+    (``layers``, a dict, receives each case's layer); ``same_rows``: a row-changing case's output gets
+    the input's rows back (:class:`_RowsBack`), for ``fit``."""
     inputs, outputs = {}, {}
     for case in selected:
         inputs[case.name] = keras.Input(case.input_shape[1:], dtype="int32" if case.ids else "float32",
                                         name=case.name)
         layer = case.build(dtype)
         outputs[case.name] = layer(inputs[case.name])
+        if same_rows and _rows_changed(case):
+            more = case.output_shape[0] > case.input_shape[0]
+            outputs[case.name] = _RowsBack(more, dtype=dtype,
+                                           name=f"{case.name}_rows")(outputs[case.name], inputs[case.name])
         if layers is not None:
             layers[case.name] = layer
     return keras.Model(inputs, outputs)
@@ -624,7 +661,7 @@ def _data(selected):
 
 
 def _targets(selected):
-    return {case.name: np.zeros(case.output_shape, "float32") for case in selected}
+    return {case.name: np.zeros(_target_shape(case), "float32") for case in selected}
 
 
 def _per_case(check, selected):
@@ -644,7 +681,8 @@ def _check_mixed_precision_batch(selected):
     tfbnn = _tfbnn()
     for policy in MIXED_PRECISION_TOLERANCE:
         keras.utils.set_random_seed(0)
-        model = _model(selected, policy)
+        layers = {}
+        model = _model(selected, policy, layers=layers, same_rows=True)
         x, y = _data(selected), _targets(selected)
         model.compile(optimizer=keras.optimizers.Adam(1e-2), loss={name: "mse" for name in y})
         loss = model.fit(x, y, batch_size=None, epochs=1, verbose=0).history["loss"][-1]
@@ -671,14 +709,15 @@ def _check_mixed_precision_batch(selected):
             if called[case.name].dtype != keras.mixed_precision.Policy(policy).compute_dtype:
                 raise AssertionError(f"{policy}: outputs of {case.name} are {called[case.name].dtype}")
             branch = keras.Model(model.input[case.name], model.output[case.name])
-            result = tfbnn.predict(branch, x[case.name], num_samples=2, task="regression")
-            if not np.all(np.isfinite(result.mean)):
+            task = getattr(layers[case.name], "task", "regression")  # a head says its task
+            result = tfbnn.predict(branch, x[case.name], num_samples=2, task=task)
+            if not np.all(np.isfinite(result.mean if task == "regression" else result.mean_probs)):
                 raise AssertionError(f"{policy}: tfbnn.predict of {case.name} is not finite")
 
 
 def _check_xla_batch(selected):
     keras.utils.set_random_seed(0)
-    model = _model(selected)
+    model = _model(selected, same_rows=True)
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss={case.name: "mse" for case in selected},
                   jit_compile=True)
     loss = model.train_on_batch(_data(selected), _targets(selected))
@@ -689,8 +728,12 @@ def _check_xla_batch(selected):
 
 def check_moments(case):
     """``tfbnn.moments.propagate`` on ``Input -> layer``: finite moments of the output's shape."""
-    inputs = keras.Input(case.input_shape[1:], dtype="int32" if case.ids else "float32")
-    model = keras.Model(inputs, case.build()(inputs))
+    layer = case.build()
+    if isinstance(layer, keras.Model):  # a model class is propagated as itself
+        model = layer
+    else:
+        inputs = keras.Input(case.input_shape[1:], dtype="int32" if case.ids else "float32")
+        model = keras.Model(inputs, layer(inputs))
     x = case.data()
     model(x)
     result = moments.propagate(model, x)
@@ -854,6 +897,29 @@ def check_export_refused(case, capability, folder):
             raise AssertionError(f"The refusal names neither {case.cls.__name__} nor format={fmt!r}: {e}") from e
         return
     raise AssertionError(f"{case.cls.__name__} is declared refused for {fmt}, but it exported: remove the row")
+
+
+def check_batch(capability, selected, folder):
+    """A batched capability's check on ``selected`` cases together: ``{case name: error message or None}``.
+
+    One model holds every case side by side (one compile, one process, one conversion); if it fails,
+    halves of the cases are checked again down to the failing ones (:func:`_per_case`).
+
+    Args:
+        capability: one of ``"mixed_precision"``, ``"xla"``, ``"keras_roundtrip"`` or a key of :data:`EXPORTS`.
+        selected: list of :class:`Case`.
+        folder: str, a writable folder for saved models and exports.
+    """
+    if capability == "mixed_precision":
+        return _per_case(_check_mixed_precision_batch, selected)
+    if capability == "xla":
+        return _per_case(_check_xla_batch, selected)
+    if capability == "keras_roundtrip":
+        return roundtrip(selected, folder)
+    if capability in EXPORTS:
+        return _per_case(lambda cases: export_and_serve(cases, capability, folder), selected)
+    raise ValueError(f"Expected `capability` to be a batched check ('mixed_precision', 'xla', 'keras_roundtrip', "
+                     f"{', '.join(map(repr, EXPORTS))}). Received: capability={capability!r}")
 
 
 # -- the support matrix ----------------------------------------------------------------------------

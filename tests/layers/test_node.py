@@ -585,3 +585,12 @@ def test_bad_arguments_of_the_helpers():
         ibnn.add_node_noise(keras.Sequential([keras.Input((2,)), keras.layers.Activation("relu")]))
     with pytest.raises(ValueError, match="rank 4"):
         NodeConv2D(2, 3)(np.ones((2, 5), "float32"))
+
+
+@pytest.mark.heavy
+def test_node_layers_export_to_onnx_and_serve_without_tfbnn(tmp_path):
+    """Issue 36 (found by the conformance harness): the node noise's Box-Muller draw used Log1p, which ONNX
+    lacks, so onnxruntime refused every iBNN export (INVALID_GRAPH); a portable export now draws with its
+    RandomStandardNormal op. Served by onnxruntime alone: the posterior mean equals the model's, samples finite."""
+    cases = testing.cases()
+    testing.export_and_serve([cases["NodeDense"], cases["NodeConv2D"]], "export_onnx", str(tmp_path))

@@ -285,6 +285,9 @@ class NodeLayer(FloatPriorAttributes, BayesianLayer):
         example and node is most of what this layer adds to a Dense layer.
         """
         d = self.num_nodes
+        if self._portable_noise is not None:
+            # A TFLite / ONNX export being traced: its RandomStandardNormal op (ONNX has no Log1p).
+            return self._normal(tf.stack([*leading, d]), dtype)
         half = (d + 1) // 2
         u = self._uniform(tf.stack([2, *leading, half]), dtype)
         radius = tf.sqrt(-2.0 * tf.math.log1p(-u[0]))  # 1 - u in (0, 1]
