@@ -17,10 +17,10 @@ from tfbnn import testing
 #: The checks that cost a compile, a process or a conversion: one model of every case side by side, checked
 #: once per capability (test_batched_capability), failures attributed to the failing cases by halving.
 BATCHED = ("mixed_precision", "xla", "keras_roundtrip", "export_savedmodel", "export_tflite", "export_onnx")
-#: They cost about 15 minutes of one core together (measured 2026-11-29: mixed precision 2.5 min, XLA 1 min, the
-#: fresh-process round trip 20 s, the SavedModel export 4 min, TFLite and ONNX more): over the default suite's
-#: budget, so they run with TFBNN_CONFORMANCE=full (`TFBNN_CONFORMANCE=full python -m pytest
-#: tests/test_conformance.py -k batched`).
+#: All six pass over every case (2026-11-29, one core each, AMD EPYC, 2 cores): mixed precision 314 s, XLA 167 s,
+#: the fresh-process round trip 26 s, SavedModel 304 s, TFLite 116 s, ONNX 143 s: 18 minutes together, over the
+#: default suite's budget, so they run with TFBNN_CONFORMANCE=full
+#: (`TFBNN_CONFORMANCE=full python -m pytest tests/test_conformance.py -k batched`).
 FULL = os.environ.get("TFBNN_CONFORMANCE") == "full"
 
 CASES = testing.cases()
