@@ -727,7 +727,8 @@ def _check_xla_batch(selected):
 
 
 def check_moments(case):
-    """``tfbnn.moments.propagate`` on ``Input -> layer``: finite moments of the output's shape."""
+    """``tfbnn.moments.propagate`` on ``Input -> layer`` (a model class: on the model itself): finite moments
+    of the output's shape."""
     layer = case.build()
     if isinstance(layer, keras.Model):  # a model class is propagated as itself
         model = layer
