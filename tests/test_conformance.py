@@ -16,11 +16,10 @@ from tfbnn import testing
 
 #: The checks that cost a compile, a process or a conversion: one model of every case side by side, checked
 #: once per capability (test_batched_capability), failures attributed to the failing cases by halving.
-BATCHED = ("mixed_precision", "xla", "keras_roundtrip", "export_savedmodel", "export_tflite", "export_onnx")
+BATCHED = tuple(testing.FULL_RUN_ONLY)  # the columns checked only with TFBNN_CONFORMANCE=full, with its reason
 #: All six pass over every case (2026-11-29, one core each, AMD EPYC, 2 cores): mixed precision 314 s, XLA 167 s,
-#: the fresh-process round trip 26 s, SavedModel 304 s, TFLite 116 s, ONNX 143 s: 18 minutes together, over the
-#: default suite's budget, so they run with TFBNN_CONFORMANCE=full
-#: (`TFBNN_CONFORMANCE=full python -m pytest tests/test_conformance.py -k batched`).
+#: the fresh-process round trip 26 s, SavedModel 304 s, TFLite 116 s, ONNX 143 s
+#: (`TFBNN_CONFORMANCE=full python -m pytest tests/test_conformance.py -k batched --durations=10`).
 FULL = os.environ.get("TFBNN_CONFORMANCE") == "full"
 
 CASES = testing.cases()
@@ -78,7 +77,7 @@ def test_conformance(name, capability, tmp_path):
 def test_batched_capability(capability, tmp_path):
     """Every class that runs the check passes it, and every known defect still fails (else its row is stale)."""
     if not FULL:
-        pytest.skip("a batched check: runs with TFBNN_CONFORMANCE=full (over the default suite's time budget)")
+        pytest.skip(testing.FULL_RUN_ONLY[capability])
     rows = _batched_rows(capability)
     results = testing.check_batch(capability, rows, str(tmp_path))
     failing = {name: error for name, error in results.items()
