@@ -109,8 +109,9 @@ def test_single_pass_scores_flag_a_held_out_digit():
     x_in, x_out = data.x_test[data.y_test < 9], data.x_test[data.y_test == 9]
     softmax_net = keras.Sequential([keras.Input((64,)), SpectralDense(32, activation="relu", seed=0),
                                     keras.layers.Dense(9, activation="softmax")])
-    # The Gaussian precision weights and a normalized GP input: with the Laplace weights p (1 - p) the confidently
-    # classified training digits add almost nothing to the precision (AUROC 0.31 here; docs/guides/single-pass.md).
+    # The Gaussian precision weights (the default) and a normalized GP input: with the logistic weights p (1 - p) the
+    # confidently classified training digits add almost nothing to the precision (AUROC 0.39 over three seeds:
+    # docs/guides/single-pass.md, benchmarks/sngp_precision_weights.py).
     gp_net = tfbnn.models.mlp("sngp", hidden_units=(32,), input_shape=(64,), num_classes=9, num_inducing=128, seed=0,
                               gp_cov_likelihood="gaussian", normalize_input=True)
     for model, callbacks in ((softmax_net, []), (gp_net, [sngp.ResetCovariance()])):

@@ -19,20 +19,22 @@ def _small_mlp(**options):
 
 
 def _epoch_precision(model, x):
-    """``I + sum_i p_i (1 - p_i) phi_i phi_i^T`` over ``x``, in NumPy from the model's features and weights."""
+    """``I + sum_i w_i phi_i phi_i^T`` over ``x`` (``w_i = 1``, or ``p_i (1 - p_i)`` with the logistic weights), in
+    NumPy from the model's features and weights."""
     gp = sngp.gp_layers(model)[0]
     h = keras.Model(model.inputs, gp.input).predict(x, verbose=0).astype(np.float64)
     phi = np.cos(h @ gp.feature_kernel.numpy() + gp.feature_bias.numpy()) * math.sqrt(2.0 / gp.num_inducing)
     logits = phi @ gp.kernel.numpy() + gp.bias.numpy()
     p = np.exp(logits - logits.max(1, keepdims=True))
     p = (p / p.sum(1, keepdims=True)).max(1)
-    return np.eye(gp.num_inducing) + (phi * (p * (1 - p))[:, None]).T @ phi
+    w = p * (1 - p) if gp.logistic_weights else np.ones_like(p)
+    return np.eye(gp.num_inducing) + (phi * w[:, None]).T @ phi
 
 
-@pytest.mark.parametrize("reset", [True, False])
-def test_reset_covariance_keeps_one_epoch_s_exact_sum(reset):
+@pytest.mark.parametrize("reset, likelihood", [(True, "gaussian"), (False, "logistic")])
+def test_reset_covariance_keeps_one_epoch_s_exact_sum(reset, likelihood):
     # A learning rate of 0 and a bound c no kernel reaches: every epoch sees the same features.
-    model = _small_mlp(norm_multiplier=100.0)
+    model = _small_mlp(norm_multiplier=100.0, gp_cov_likelihood=likelihood)
     model.compile(keras.optimizers.SGD(0.0), "sparse_categorical_crossentropy")
     x = np.random.default_rng(0).normal(size=(12, 4)).astype("float32")
     callbacks = [sngp.ResetCovariance()] if reset else []
@@ -48,6 +50,7 @@ def test_the_zoo_builds_spectral_layers_and_the_gp_head():
     assert type(hidden) is SpectralDense and hidden.norm_multiplier == 0.5 and hidden.seed == 1
     assert type(head) is RandomFeatureGaussianProcess and head.name == "predictions" and head.seed == 2
     assert (head.num_inducing, head.gp_cov_ridge_penalty, head.is_classifier) == (16, 2.0, True)
+    assert head.gp_cov_likelihood == "gaussian" and not head.logistic_weights  # Edward2's and the reference's
     lenet = models.lenet5("sngp", input_shape=(12, 12, 1), num_classes=3, num_inducing=8, padding="same")
     kinds = {type(layer) for layer in lenet.layers}
     assert {SpectralConv2D, SpectralDense, RandomFeatureGaussianProcess} <= kinds
@@ -55,7 +58,7 @@ def test_the_zoo_builds_spectral_layers_and_the_gp_head():
     last = models.mlp("sngp", hidden_units=(6,), input_shape=(4,), num_inducing=8, bayesian_layers="last")
     assert type(last.layers[1]) is keras.layers.Dense and type(last.layers[-1]) is RandomFeatureGaussianProcess
     regression = models.mlp("sngp", hidden_units=(6,), input_shape=(4,), num_inducing=8, outputs=1)
-    assert not regression.layers[-1].is_classifier  # no softmax: the Gaussian weights, no adjustment
+    assert not regression.layers[-1].is_classifier  # no softmax: no mean-field adjustment
     assert [type(c).__name__ for c in methods.get("sngp").training_callbacks(model)] == ["ResetCovariance"]
 
 

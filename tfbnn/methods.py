@@ -725,7 +725,7 @@ del _method
 
 # -- SNGP (Liu et al. 2020): spectrally normalized hidden layers, a random-feature GP output layer ---------------
 _SNGP_DEFAULTS = {"norm_multiplier": 0.95, "power_iterations": 1, "num_inducing": 1024, "gp_kernel_scale": 1.0,
-                  "gp_cov_momentum": -1.0, "gp_cov_ridge_penalty": 1.0, "gp_cov_likelihood": "auto",
+                  "gp_cov_momentum": -1.0, "gp_cov_ridge_penalty": 1.0, "gp_cov_likelihood": "gaussian",
                   "normalize_input": False}
 # tfbnn.layers.gp.GP_COV_LIKELIHOODS (the registry loads no TensorFlow, so not imported from there)
 _GP_COV_LIKELIHOODS = ("auto", "gaussian", "logistic")

@@ -69,20 +69,40 @@ def test_regression_posterior_covariance_is_the_closed_form():
     np.testing.assert_array_equal(layer.precision.numpy(), ridge * np.eye(16))
 
 
-def test_classification_laplace_precision_and_mean_field_outputs():
-    layer = RandomFeatureGaussianProcess(3, num_inducing=12, activation="softmax", seed=2)
-    x = _x(20, seed=4)
-    layer(x, training=True)
-    assert layer.is_classifier
-    phi = _features(layer, x)
-    p = _softmax(_logits(layer, phi)).max(axis=1)  # the largest class probability
-    precision = np.eye(12) + (phi * (p * (1 - p))[:, None]).T @ phi
-    np.testing.assert_allclose(layer.precision.numpy(), precision, rtol=1e-4, atol=1e-6)
+def _assert_mean_field_outputs(layer, precision):
+    """The layer's inference outputs are softmax(logits / sqrt(1 + pi / 8 var)) with ``var`` from ``precision``
+    (Liu et al. 2020, eq. 10); returns the test inputs' features."""
     test = _x(4, seed=5) * 3.0
     phi_test = _features(layer, test)
     var = np.einsum("bi,ij,bj->b", phi_test, np.linalg.inv(precision), phi_test)
     expected = _softmax(_logits(layer, phi_test) / np.sqrt(1 + math.pi / 8 * var)[:, None])
     np.testing.assert_allclose(layer(test).numpy(), expected, rtol=1e-4, atol=1e-6)
+    return test, phi_test
+
+
+def test_the_default_precision_weights_are_gaussian_for_a_classifier_too_as_in_edward2():
+    layer = RandomFeatureGaussianProcess(3, num_inducing=12, activation="softmax", seed=2)
+    x = _x(20, seed=4)
+    layer(x, training=True)
+    assert layer.gp_cov_likelihood == "gaussian" and layer.is_classifier and not layer.logistic_weights
+    phi = _features(layer, x)
+    precision = np.eye(12) + phi.T @ phi  # w_i = 1
+    np.testing.assert_allclose(layer.precision.numpy(), precision, rtol=1e-4, atol=1e-5)
+    _assert_mean_field_outputs(layer, precision)  # whatever the weights
+
+
+@pytest.mark.parametrize("likelihood", ["logistic", "auto"])
+def test_classification_laplace_precision_and_mean_field_outputs(likelihood):
+    layer = RandomFeatureGaussianProcess(3, num_inducing=12, activation="softmax", gp_cov_likelihood=likelihood,
+                                         seed=2)
+    x = _x(20, seed=4)
+    layer(x, training=True)
+    assert layer.is_classifier and layer.logistic_weights
+    phi = _features(layer, x)
+    p = _softmax(_logits(layer, phi)).max(axis=1)  # the largest class probability
+    precision = np.eye(12) + (phi * (p * (1 - p))[:, None]).T @ phi
+    np.testing.assert_allclose(layer.precision.numpy(), precision, rtol=1e-4, atol=1e-6)
+    test, phi_test = _assert_mean_field_outputs(layer, precision)
     # Training outputs are the unadjusted softmax.
     np.testing.assert_allclose(layer(test, training=True).numpy(), _softmax(_logits(layer, phi_test)),
                                rtol=1e-4, atol=1e-6)
@@ -90,7 +110,8 @@ def test_classification_laplace_precision_and_mean_field_outputs():
 
 def test_one_unit_uses_the_sigmoid_and_the_moving_average():
     m = 0.9
-    layer = RandomFeatureGaussianProcess(1, num_inducing=8, activation="sigmoid", gp_cov_momentum=m, seed=3)
+    layer = RandomFeatureGaussianProcess(1, num_inducing=8, activation="sigmoid", gp_cov_momentum=m,
+                                         gp_cov_likelihood="logistic", seed=3)
     batches = [_x(6, seed=6), _x(9, seed=7)]
     layer.build(batches[0].shape)
     expected = np.eye(8)

@@ -11,16 +11,20 @@ with ``s = sqrt(2 / D)`` (``scale_random_features``) and ``l`` = ``gp_kernel_sca
 that ``phi(h)^T phi(h') ~= exp(-||h - h'||^2 / (2 l))``. The posterior precision of
 ``beta`` is accumulated over the training data (Liu et al. 2020, eq. 9):
 
-    P = ridge * I + sum_i w_i phi_i phi_i^T,   w_i = p_i (1 - p_i)  (classification),  w_i = 1  (Gaussian)
+    P = ridge * I + sum_i w_i phi_i phi_i^T,   w_i = 1  (Gaussian, the default),  w_i = p_i (1 - p_i)  (logistic)
 
 where ``p_i`` is ``sigmoid(logit)`` for one unit and the largest softmax probability for
-several (one covariance shared by the classes, as SNGP's reference implementations). With
+several (one covariance shared by the classes, as SNGP's reference implementations). The
+Gaussian weights are the default of Edward2's layer and of the reference code, for
+classifiers too: with the logistic weights, the examples a classifier fits confidently add
+almost nothing to ``P`` and the variance stays near the prior's everywhere (a held-out
+digit detected at AUROC 0.39 against 0.67, mean of three seeds, docs/guides/single-pass.md). With
 ``gp_cov_momentum < 0`` the sum is exact over an epoch (reset it at each epoch start:
 :class:`tfbnn.sngp.ResetCovariance`); with ``0 <= m < 1`` it is a moving average,
 ``P <- m P + (1 - m) * (batch sum) / B``. At inference the posterior covariance of the
 logits of inputs ``Phi`` is ``Phi Sigma Phi^T`` with ``Sigma = P^{-1}``, and a classifier's
-outputs use the mean-field approximation of the predictive (Lu et al. 2020; Liu et al.
-2020, eq. 10):
+outputs (a softmax or sigmoid ``activation``, whatever the precision weights) use the
+mean-field approximation of the predictive (Lu et al. 2020; Liu et al. 2020, eq. 10):
 
     logits_adjusted = logits / sqrt(1 + lambda * var),   var = diag(Phi Sigma Phi^T),   lambda = pi / 8
 """
@@ -45,8 +49,8 @@ class RandomFeatureGaussianProcess(keras.layers.Layer):
 
     See the module docstring for the model. In training the layer returns
     ``activation(logits)`` and adds the batch to the precision ``P``; at inference it
-    returns ``activation(logits / sqrt(1 + lambda * var))`` for a classifier (the
-    mean-field predictive) and ``activation(logits)`` for a Gaussian likelihood.
+    returns ``activation(logits / sqrt(1 + lambda * var))`` for a classifier (a softmax or
+    sigmoid ``activation``: the mean-field predictive) and ``activation(logits)`` otherwise.
 
     Args:
         units: int >= 1, outputs (classes).
@@ -57,10 +61,12 @@ class RandomFeatureGaussianProcess(keras.layers.Layer):
         gp_cov_momentum: float < 1; negative: the exact sum over an epoch (default -1), else the
             moving average's momentum.
         gp_cov_ridge_penalty: float > 0, the prior precision ``ridge``. Default 1.
-        gp_cov_likelihood: one of :data:`GP_COV_LIKELIHOODS`: ``"logistic"`` (``w_i = p_i (1 - p_i)``
-            and the mean-field adjustment), ``"gaussian"`` (``w_i = 1``, no adjustment) or
-            ``"auto"`` (default: logistic with a softmax or sigmoid ``activation``, else Gaussian).
-        mean_field_factor: float >= 0, ``lambda``. Default ``pi / 8`` (0: no adjustment).
+        gp_cov_likelihood: one of :data:`GP_COV_LIKELIHOODS`, the precision weights:
+            ``"gaussian"`` (default, ``w_i = 1``: Edward2's and the reference code's default),
+            ``"logistic"`` (``w_i = p_i (1 - p_i)``, the Laplace weights of a classifier) or
+            ``"auto"`` (logistic with a softmax or sigmoid ``activation``, else Gaussian).
+        mean_field_factor: float >= 0, ``lambda`` of a classifier's mean-field adjustment (a softmax
+            or sigmoid ``activation``). Default ``pi / 8`` (0: no adjustment).
         activation: the output activation (the zoo's classifier: ``"softmax"``). Default None.
         use_bias: bool; a trainable output bias. Default True.
         seed: int or None, seeds ``W`` and ``b``.
@@ -83,7 +89,7 @@ class RandomFeatureGaussianProcess(keras.layers.Layer):
     """
 
     def __init__(self, units, num_inducing=1024, normalize_input=False, scale_random_features=True,
-                 gp_kernel_scale=1.0, gp_cov_momentum=-1.0, gp_cov_ridge_penalty=1.0, gp_cov_likelihood="auto",
+                 gp_kernel_scale=1.0, gp_cov_momentum=-1.0, gp_cov_ridge_penalty=1.0, gp_cov_likelihood="gaussian",
                  mean_field_factor=math.pi / 8, activation=None, use_bias=True, seed=None, **kwargs):
         super().__init__(**kwargs)
         self.units = checks.integer("units", units, 1)
@@ -106,10 +112,16 @@ class RandomFeatureGaussianProcess(keras.layers.Layer):
 
     @property
     def is_classifier(self):
-        """Whether the precision takes the logistic weights and the outputs the mean-field adjustment."""
+        """Whether the outputs are a classifier's (a softmax or sigmoid ``activation``): they take the
+        mean-field adjustment at inference."""
+        return getattr(self.activation, "__name__", None) in _CLASSIFIER_ACTIVATIONS
+
+    @property
+    def logistic_weights(self):
+        """Whether the precision takes the logistic weights ``p (1 - p)`` (else ``w_i = 1``)."""
         if self.gp_cov_likelihood != "auto":
             return self.gp_cov_likelihood == "logistic"
-        return getattr(self.activation, "__name__", None) in _CLASSIFIER_ACTIVATIONS
+        return self.is_classifier
 
     def build(self, input_shape):
         if len(input_shape) != 2 or input_shape[-1] is None:
@@ -150,7 +162,7 @@ class RandomFeatureGaussianProcess(keras.layers.Layer):
         return logits + tf.cast(self.bias, phi.dtype) if self.use_bias else logits
 
     def _laplace_weights(self, logits):
-        if not self.is_classifier:
+        if not self.logistic_weights:
             return tf.ones_like(logits[:, 0])
         p = tf.sigmoid(logits[:, 0]) if self.units == 1 else tf.reduce_max(tf.nn.softmax(logits), axis=-1)
         return p * (1.0 - p)

@@ -35,7 +35,8 @@ those layers are; it reads them from the method's entry in the method registry
   defaults are NodeDense's, the reference code's layer defaults): NodeDense / NodeConv2D.
 
 * ``sngp`` (Liu et al. 2020; options ``norm_multiplier``, ``power_iterations``, ``num_inducing``,
-  ``gp_kernel_scale``, ``gp_cov_momentum``, ``gp_cov_ridge_penalty``, ``gp_cov_likelihood``,
+  ``gp_kernel_scale``, ``gp_cov_momentum``, ``gp_cov_ridge_penalty``, ``gp_cov_likelihood`` (default
+  ``"gaussian"``, Edward2's),
   ``normalize_input``): :class:`~tfbnn.layers.SpectralDense` / :class:`~tfbnn.layers.SpectralConv2D`
   and, as the classifier's head, :class:`~tfbnn.layers.RandomFeatureGaussianProcess` (the method's
   ``"head"`` layer); deterministic, no ``num_examples``.
