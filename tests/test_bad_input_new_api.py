@@ -174,6 +174,17 @@ def test_conformal_score_without_conformalize_is_refused(tmp_path, capsys):
     assert os.listdir(tmp_path) == ["m.keras"]
 
 
+@pytest.mark.parametrize("score", [None, "lac"])
+def test_conformal_nonrandomized_without_a_randomized_score_is_refused(tmp_path, capsys, score):
+    model = _saved_model(tmp_path)
+    status, err = _command(["evaluate", model, "--conformalize", "0.1", "--conformal-nonrandomized",
+                            *(["--conformal-score", score] if score else [])], capsys)
+    assert status == 2
+    assert err == ("tfbnn: error: --conformal-nonrandomized applies to the randomized APS and RAPS sets. Received: "
+                   f"--conformal-nonrandomized with --conformal-score={score}\n")
+    assert os.listdir(tmp_path) == ["m.keras"]
+
+
 def test_a_run_on_an_unknown_dataset_leaves_no_folder(tmp_path, capsys):
     out = tmp_path / "saved" / "runs" / "r"
     status, err = _command(["run", "digits-bbb-mlp", "--quick", "--dataset", "bogus", "--output-dir", str(out)],

@@ -122,6 +122,158 @@ def test_classification_sets_cover_at_least_one_minus_alpha_over_random_splits(s
     assert np.mean(probs.argmax(1) == labels) < 0.8 and 1 < np.mean(sizes) < 10
 
 
+def _very_overconfident_classifier(n, classes=10, seed=7):
+    """A float32 'model' right 93% of the time that puts nearly all its mass on its top class (softmax(12 z)
+    in float32: 1.0 exactly for a fifth of the examples), as a network trained to high accuracy does: the
+    cumulative masses of its classes tie at 1 (the non-randomized APS covers 0.965 with 5.9 classes a set on
+    the digits, issue 37)."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(scale=1.5, size=(n, classes))
+    labels = np.where(rng.uniform(size=n) < 0.93, z.argmax(1), rng.integers(0, classes, n))
+    logits = (12 * z - (12 * z).max(1, keepdims=True)).astype("float32")
+    return np.exp(logits) / np.exp(logits).sum(1, keepdims=True), labels
+
+
+@pytest.mark.parametrize("score", ["aps", "raps"])
+def test_randomized_sets_cover_one_minus_alpha_on_both_sides_where_the_nonrandomized_rule_over_covers(score):
+    probs, labels = _very_overconfident_classifier(700)
+    alpha, n = 0.1, 150
+    got = {True: [], False: []}
+    for i, (cal, test) in enumerate(_splits(len(labels), n, seed=8)):
+        for randomized in got:
+            cc = conformal.ConformalClassifier(alpha, score=score, lam=0.05, k_reg=2, randomized=randomized,
+                                               seed=i).fit(probs[cal], labels[cal])
+            got[randomized].append(conformal.coverage(labels[test], cc.predict(probs[test])))
+    _assert_valid(got[True], alpha, n, len(labels) - n)  # within [1 - alpha, 1 - alpha + 1/(n+1)] both sides
+    upper = 1 - alpha + 1 / (n + 1) + _margin(alpha, n, len(labels) - n)
+    assert np.mean(got[False]) > upper, (np.mean(got[False]), upper)  # ties at mass ~1: the sets swell
+
+
+def test_randomized_scores_are_the_mass_ranked_above_plus_u_times_their_own():
+    p = np.array([[0.5, 0.1, 0.4], [0.2, 0.3, 0.5]])
+    u = np.array([0.3, 0.9])
+    aps = conformal.ConformalClassifier(score="aps").scores(p, u)
+    # row 0: ranks 0 > 2 > 1; row 1: ranks 2 > 1 > 0
+    np.testing.assert_allclose(aps, [[0.3 * 0.5, 0.9 + 0.3 * 0.1, 0.5 + 0.3 * 0.4],
+                                     [0.8 + 0.9 * 0.2, 0.5 + 0.9 * 0.3, 0.9 * 0.5]])
+    raps = conformal.ConformalClassifier(score="raps", lam=0.2, k_reg=1).scores(p, u)
+    np.testing.assert_allclose(raps, aps + 0.2 * np.array([[0, 2, 1], [2, 1, 0]]))
+    np.testing.assert_allclose(conformal.ConformalClassifier(score="aps").scores(p, np.ones(2)),
+                               conformal.ConformalClassifier(score="aps").scores(p))
+
+
+def test_randomized_sets_are_seeded_and_allow_empty_false_keeps_the_top_class():
+    probs, labels = _very_overconfident_classifier(400)
+    make = lambda **kw: conformal.ConformalClassifier(0.1, **kw).fit(probs[:200], labels[:200])  # noqa: E731
+    a, b, c = make(seed=1), make(seed=1), make(seed=2)
+    assert a.quantile == b.quantile != c.quantile
+    np.testing.assert_array_equal(a.predict(probs[200:]), b.predict(probs[200:]))
+    np.testing.assert_array_equal(a.predict(probs[200:]), a.predict(probs[200:]))  # one predict, one draw
+    # By hand: the fit's uniforms are stream (seed, 0), predict's (seed, 1).
+    u_fit = np.random.default_rng([1, 0]).uniform(size=200)
+    scores = conformal.ConformalClassifier(0.1).scores(probs[:200], u_fit)[np.arange(200), labels[:200]]
+    assert a.quantile == conformal.conformal_quantile(scores, 0.1)
+    u_test = np.random.default_rng([1, 1]).uniform(size=200)
+    np.testing.assert_array_equal(a.predict(probs[200:]),
+                                  conformal.ConformalClassifier(0.1).scores(probs[200:], u_test) <= a.quantile)
+    empty = conformal.set_sizes(a.predict(probs[200:])) == 0
+    kept = make(seed=1, allow_empty=False).predict(probs[200:])
+    assert empty.any() and conformal.set_sizes(kept).min() == 1
+    assert kept[np.arange(200), probs[200:].argmax(1)].all()
+    np.testing.assert_array_equal(kept[~empty], a.predict(probs[200:])[~empty])
+
+
+def _one_hard_class(n, classes=4, seed=9):
+    """A 'model' that points at the true class 90% of the time for classes 1-3 but only 50% for class 0, with the
+    same confidence everywhere (softmax of 2.5 on the class it points at, plus noise): marginal sets under-cover
+    class 0 while they over-cover the others."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, n)
+    right = rng.uniform(size=n) < np.where(labels == 0, 0.5, 0.9)
+    shown = np.where(right, labels, (labels + rng.integers(1, classes, n)) % classes)
+    logits = rng.normal(scale=0.5, size=(n, classes))
+    logits[np.arange(n), shown] += 2.5
+    e = np.exp(logits)
+    return e / e.sum(1, keepdims=True), labels
+
+
+@pytest.mark.parametrize("randomized", [True, False])
+def test_class_conditional_sets_cover_every_class_where_marginal_sets_miss_one(randomized):
+    probs, labels = _one_hard_class(2000)
+    alpha, n = 0.1, 800
+    marginal, mondrian = [], []
+    for i, (cal, test) in enumerate(_splits(len(labels), n, seed=10)):
+        for out, conditional in ((marginal, False), (mondrian, True)):
+            cc = conformal.ConformalClassifier(alpha, "aps", randomized=randomized, seed=i,
+                                               class_conditional=conditional).fit(probs[cal], labels[cal])
+            sets = cc.predict(probs[test])
+            out.append([conformal.coverage(labels[test][labels[test] == c], sets[labels[test] == c]) for c in range(4)])
+    marginal, mondrian = np.array(marginal), np.array(mondrian)
+    n_c, m_c = n // 4, (len(labels) - n) // 4  # about n / 4 calibration and m / 4 test examples per class
+    margin = _margin(alpha, n_c, m_c)
+    assert np.all(mondrian.mean(0) >= 1 - alpha - margin), mondrian.mean(0)  # every class
+    assert marginal.mean(0)[0] < 1 - alpha - margin, marginal.mean(0)  # class 0 under-covered without Mondrian
+    if randomized:  # and not over-covered either: within the two-sided bound per class
+        assert np.all(mondrian.mean(0) <= 1 - alpha + 1 / (n_c * 0.9 + 1) + margin), mondrian.mean(0)
+
+
+def test_class_and_group_quantiles_are_each_group_s_conformal_quantile():
+    probs, labels = _one_hard_class(300)
+    cc = conformal.ConformalClassifier(0.1, "lac", class_conditional=True).fit(probs, labels)
+    true = 1 - probs[np.arange(300), labels]
+    np.testing.assert_array_equal(cc.class_quantiles,
+                                  [conformal.conformal_quantile(true[labels == c], 0.1) for c in range(4)])
+    assert cc.quantile == conformal.conformal_quantile(true, 0.1)
+    np.testing.assert_array_equal(cc.predict(probs), (1 - probs) <= cc.class_quantiles)
+    # a class with too few calibration examples for alpha gets q = inf: always in the set
+    one_of_class_3 = np.r_[[0] * 10, [1] * 10, [2] * 9, [3]]  # k = ceil(2 * 0.9) = 2 > 1 example
+    few = conformal.ConformalClassifier(0.1, "lac", class_conditional=True).fit(probs[:30], one_of_class_3)
+    assert few.class_quantiles[3] == np.inf and np.isfinite(few.class_quantiles[:3]).all()
+    assert few.predict(probs)[:, 3].all()
+    mu, sigma, y = _heteroscedastic(400)
+    groups = np.where(np.abs(np.linspace(-2, 2, 400)) < 1, "inner", "outer")
+    cp = conformal.SplitConformalRegressor(0.1, "absolute").fit(mu, y, groups=groups)
+    for g in ("inner", "outer"):
+        assert cp.group_quantiles[g] == conformal.conformal_quantile(np.abs(y - mu)[groups == g], 0.1)
+    lower, upper = cp.predict(mu[:3], groups=["outer", "inner", "outer"])
+    np.testing.assert_allclose(upper - mu[:3], [cp.group_quantiles[g] for g in ("outer", "inner", "outer")])
+
+
+def test_regression_by_group_covers_each_group_where_marginal_intervals_miss_the_noisy_one():
+    rng = np.random.default_rng(11)
+    groups = rng.integers(0, 2, 1500)
+    y = rng.normal(scale=np.where(groups == 1, 3.0, 0.5))  # group 1 is noisy; the model predicts 0 everywhere
+    mu, alpha, n = np.zeros(1500), 0.1, 600
+    marginal, mondrian = [], []
+    for cal, test in _splits(len(y), n, seed=12):
+        a = conformal.SplitConformalRegressor(alpha).fit(mu[cal], y[cal])
+        b = conformal.SplitConformalRegressor(alpha).fit(mu[cal], y[cal], groups=groups[cal])
+        lo_a, hi_a = a.predict(mu[test])
+        lo_b, hi_b = b.predict(mu[test], groups=groups[test])
+        g = groups[test]
+        marginal.append([conformal.coverage(y[test][g == k], lo_a[g == k], hi_a[g == k]) for k in (0, 1)])
+        mondrian.append([conformal.coverage(y[test][g == k], lo_b[g == k], hi_b[g == k]) for k in (0, 1)])
+    margin = _margin(alpha, n // 2, (len(y) - n) // 2)
+    for k in (0, 1):
+        _assert_valid(np.array(mondrian)[:, k], alpha, int(n / 2 * 0.9), (len(y) - n) // 2)
+    assert np.mean(np.array(marginal)[:, 1]) < 1 - alpha - margin  # the noisy group under-covered marginally
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda cp: cp.predict(np.zeros(2)), r"Expected `groups` \(the test inputs' groups\)"),
+    (lambda cp: cp.predict(np.zeros(2), groups=[0, 7]), r"groups without calibration examples: \[7\]"),
+    (lambda cp: cp.predict(np.zeros(2), groups=[0]), r"`groups` of shape \(2,\)"),
+    (lambda cp: cp.predict(np.zeros(2), groups=[0.5, 1.0]), r"group labels \(ints or strings\)"),
+    (lambda cp: conformal.SplitConformalRegressor().fit(np.zeros(3), np.ones(3)).predict(np.zeros(1), groups=[0]),
+     r"Expected `groups` only when fit\(\) was given groups"),
+    (lambda cp: conformal.ConformalClassifier(class_conditional="yes"), r"`class_conditional` to be True or False"),
+])
+def test_bad_groups_are_named(call, match):
+    cp = conformal.SplitConformalRegressor(0.2).fit(np.zeros(10), np.arange(10.0), groups=np.arange(10) % 2)
+    with pytest.raises(ValueError, match=match):
+        call(cp)
+
+
 def test_aps_scores_are_the_mass_ranked_at_or_above_and_raps_adds_its_penalty():
     p = np.array([[0.5, 0.1, 0.4]])
     aps = conformal.ConformalClassifier(score="aps").scores(p)
@@ -155,6 +307,10 @@ def test_tfbnn_predictions_plug_in():
     (lambda: conformal.ConformalClassifier().fit([[0.9, 0.3]], [0]), r"probabilities"),
     (lambda: conformal.ConformalClassifier().fit([[0.9, 0.1]], [2]), r"`labels`.*ints in \[0, 2\)"),
     (lambda: conformal.ConformalClassifier(lam=-1.0), r"`lam`"),
+    (lambda: conformal.ConformalClassifier(randomized="yes"), r"Expected `randomized` to be True or False"),
+    (lambda: conformal.ConformalClassifier(allow_empty=1), r"Expected `allow_empty` to be True or False"),
+    (lambda: conformal.ConformalClassifier(seed=-1), r"`seed`.*\[0, 2\^31\)"),
+    (lambda: conformal.ConformalClassifier().scores([[0.9, 0.1]], u=[0.1, 0.2]), r"`u` of length 1"),
 ])
 def test_bad_input_is_named(make, match):
     with pytest.raises(ValueError, match=match):

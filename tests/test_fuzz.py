@@ -262,8 +262,8 @@ SETS = np.array([[True, False, False], [True, True, False]])
 IMAGES = np.full((2, 8, 8, 1), 0.5, "float32")
 
 
-def _split_regressor():
-    return _fitted(lambda: conformal.SplitConformalRegressor(0.2, "normalized"), MEAN, Y, STD)
+def _split_regressor(groups=None):
+    return _fitted(lambda: conformal.SplitConformalRegressor(0.2, "normalized"), MEAN, Y, STD, groups)
 
 
 def _quantile_regressor():
@@ -279,18 +279,25 @@ def _classifier_sets():
 NEW_FUNCTIONS = {
     "conformal_quantile": (conformal.conformal_quantile, {"scores": Y, "alpha": 0.2}, ("scores",), {}, {}),
     "SplitConformalRegressor": (conformal.SplitConformalRegressor, {"alpha": 0.1, "score": "absolute"}, (), {}, {}),
-    "SplitConformalRegressor.fit": (lambda mean, y, std: conformal.SplitConformalRegressor(0.2, "normalized").fit(
-        mean, y, std), {"mean": MEAN, "y": Y, "std": STD}, ("mean", "y", "std"), {}, {}),
+    "SplitConformalRegressor.fit": (lambda mean, y, std, groups: conformal.SplitConformalRegressor(
+        0.2, "normalized").fit(mean, y, std, groups), {"mean": MEAN, "y": Y, "std": STD, "groups": np.array([0, 1, 0])},
+        ("mean", "y", "std", "groups"), {}, {}),
     "SplitConformalRegressor.predict": (lambda mean, std: _split_regressor().predict(mean, std),
                                         {"mean": MEAN, "std": STD}, ("mean", "std"), {}, {}),
+    "SplitConformalRegressor.predict (groups)": (
+        lambda mean, groups: _split_regressor(groups=np.array([0, 1, 1])).predict(mean, STD, groups=groups),
+        {"mean": MEAN, "groups": np.array([1, 0, 1])}, ("mean", "groups"), {}, {}),
     "ConformalizedQuantileRegressor": (conformal.ConformalizedQuantileRegressor, {"alpha": 0.1}, (), {}, {}),
     "ConformalizedQuantileRegressor.fit": (lambda lower, upper, y: conformal.ConformalizedQuantileRegressor(0.2).fit(
         lower, upper, y), {"lower": MEAN - 1, "upper": MEAN + 1, "y": Y}, ("lower", "upper", "y"), {}, {}),
     "ConformalizedQuantileRegressor.predict": (lambda lower, upper: _quantile_regressor().predict(lower, upper),
                                                {"lower": MEAN - 1, "upper": MEAN + 1}, ("lower", "upper"), {}, {}),
-    "ConformalClassifier": (conformal.ConformalClassifier, {"alpha": 0.1, "score": "raps", "lam": 0.01, "k_reg": 1},
+    "ConformalClassifier": (conformal.ConformalClassifier, {"alpha": 0.1, "score": "raps", "lam": 0.01, "k_reg": 1,
+                                                            "randomized": True, "allow_empty": False, "seed": 3,
+                                                            "class_conditional": True},
                             (), {}, {}),
-    "ConformalClassifier.fit": (lambda probs, labels: conformal.ConformalClassifier(0.2).fit(probs, labels),
+    "ConformalClassifier.fit": (lambda probs, labels: conformal.ConformalClassifier(0.2, class_conditional=True).fit(
+        probs, labels),
                                 {"probs": CAL_PROBS, "labels": CAL_LABELS}, ("probs", "labels"), {}, {}),
     "ConformalClassifier.predict": (lambda probs: _classifier_sets().predict(probs), {"probs": PROBS}, ("probs",),
                                     {}, {}),

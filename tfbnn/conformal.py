@@ -33,9 +33,33 @@ Scores:
 * classification, ``"raps"`` (Angelopoulos et al. 2021, eq. 3): APS plus
   ``lambda * max(0, rank(y) - k_reg)``, which keeps sets small when many classes are unlikely.
 
-The set of a test input holds every class whose score is at most ``q_hat`` (the
-non-randomized rules: coverage at least ``1 - alpha``, sets at most one class larger than
-the randomized rules' on average).
+The set of a test input holds every class whose score is at most ``q_hat``.
+
+Mondrian (group-conditional) conformal (Vovk et al. 2005, ch. 4.5; Angelopoulos & Bates 2023,
+sec. 4.1): one quantile per group, computed from the calibration examples of that group only,
+
+    q_hat_g = s_(k_g) among the n_g scores of group g,   k_g = ceil((n_g + 1)(1 - alpha)),
+
+so that the coverage holds within every group, ``P(Y in C(X) | group g) >= 1 - alpha``, not
+only on average over the groups: by class for classification (``class_conditional=True``:
+the class ``c`` enters a set when its score is at most ``q_hat_c``), by a user's groups for
+regression (``groups=`` in ``fit`` and ``predict``). A group with ``n_g < 1 / alpha - 1``
+calibration examples gets ``q_hat_g = inf``.
+
+APS and RAPS are **randomized** by default, as in the references' code (Romano et al. 2020,
+eq. 7; Angelopoulos et al. 2021, Algorithm 2; MAPIE's ``include_last_label="randomized"``):
+the class ranked ``r`` scores the mass ranked strictly above it plus ``u`` times its own
+probability,
+
+    E(x, y, u) = sum_{j: rank_j < rank_y} p_j(x) + u * p_y(x)  [+ lambda * max(0, rank_y - k_reg)],
+
+with one ``u ~ U(0, 1)`` per example (seeded). The scores then have no ties, and the
+coverage is ``1 - alpha`` up to ``1 / (n + 1)`` on both sides. The non-randomized rule
+(``randomized=False``, ``u = 1``) keeps the lower bound only: cumulative masses near 1 tie on
+confident models, so its sets swell (on digits at ``alpha = 0.1``: coverage 0.965 with APS).
+A randomized set may be empty (``allow_empty=True``, as in Romano et al.'s code: needed for
+the upper bound); ``allow_empty=False`` always keeps the top class (Angelopoulos et al.'s
+ImageNet code), which can only add coverage.
 
 Example:
     >>> import numpy as np
@@ -159,7 +183,10 @@ class SplitConformalRegressor:
             standard deviation (``tfbnn.predict``'s ``total_std``, or ``std=``).
 
     Attributes:
-        quantile: ``q_hat`` after :meth:`fit` (``inf`` when the calibration set is too small).
+        quantile: ``q_hat`` after :meth:`fit` (``inf`` when the calibration set is too small), over all
+            calibration examples.
+        group_quantiles: after a :meth:`fit` with ``groups``: ``{group: q_hat_g}`` (Mondrian conformal:
+            coverage ``>= 1 - alpha`` within each group); else None.
         num_calibration: n.
 
     Shapes: one target per example (``(n,)`` or ``(n, 1)``).
@@ -182,6 +209,7 @@ class SplitConformalRegressor:
             raise ValueError(f"Expected `score` in {REGRESSION_SCORES}. Received: score={score!r}")
         self.score = score
         self.quantile = None
+        self.group_quantiles = None
         self.num_calibration = 0
         self.num_classes = None
 
@@ -193,28 +221,34 @@ class SplitConformalRegressor:
                              "Received: std=None")
         return _vector("std", std, n, positive=True, like="`mean`")
 
-    def fit(self, mean, y, std=None):
+    def fit(self, mean, y, std=None, groups=None):
         """Computes ``q_hat`` from calibration predictions and targets; returns ``self``.
 
         Args:
             mean: ``(n,)`` predictive means, or a :class:`tfbnn.RegressionPrediction`.
             y: ``(n,)`` targets.
             std: ``(n,)`` predictive standard deviations (``"normalized"`` with array means).
+            groups: ``(n,)`` group labels (ints or strings), or None. Given: Mondrian conformal,
+                one quantile per group (:attr:`group_quantiles`); :meth:`predict` then needs the
+                test inputs' groups.
         """
         mean, std = _regression_moments(mean, std)
         mu = _vector("mean", mean)
         target = _vector("y", y, len(mu), like="`mean`")
         scores = np.abs(target - mu) / self._scale(std, len(mu))
         self.quantile, self.num_calibration = conformal_quantile(scores, self.alpha), len(mu)
+        self.group_quantiles = None if groups is None else _group_quantiles(scores, _groups(groups, len(mu)),
+                                                                            self.alpha)
         return self
 
-    def predict(self, mean, std=None):
-        """``(lower, upper)``, each ``(m,)``: the conformal intervals of test predictions."""
+    def predict(self, mean, std=None, groups=None):
+        """``(lower, upper)``, each ``(m,)``: the conformal intervals of test predictions (with ``groups``, the
+        ``(m,)`` groups of the test inputs, when :meth:`fit` had groups)."""
         if self.quantile is None:
             raise ValueError("Expected a fitted SplitConformalRegressor: call fit(mean, y) on calibration data first.")
         mean, std = _regression_moments(mean, std)
         mu = _vector("mean", mean)
-        half = self.quantile * self._scale(std, len(mu))
+        half = _per_group(self.group_quantiles, self.quantile, groups, len(mu)) * self._scale(std, len(mu))
         return mu - half, mu + half
 
 
@@ -306,9 +340,22 @@ class ConformalClassifier:
         lam: float >= 0, RAPS' penalty per class beyond ``k_reg`` (Angelopoulos et al. 2021
             use 0.01 to 0.1 on ImageNet). Default 0.01.
         k_reg: int >= 0, RAPS' number of classes free of the penalty. Default 1.
+        randomized: bool, APS and RAPS with the tie-breaking uniform (the default, coverage
+            ``1 - alpha`` on both sides) or without (``u = 1``: coverage at least ``1 - alpha``).
+            LAC has nothing to randomize.
+        allow_empty: bool, whether a randomized set may be empty (default True, the exact
+            guarantee); False adds the top class to an empty set.
+        seed: int in ``[0, 2^31)``, the seed of the uniforms: :meth:`fit` draws its ``n`` from
+            ``(seed, 0)``, every :meth:`predict` its ``m`` from ``(seed, 1)``, so the same inputs
+            give the same sets.
+        class_conditional: bool, Mondrian conformal by class: one quantile per class from the
+            calibration examples of that class (coverage ``>= 1 - alpha`` for every class, larger
+            sets). Default False.
 
     Attributes:
-        quantile: ``q_hat`` after :meth:`fit`.
+        quantile: ``q_hat`` after :meth:`fit` (over all calibration examples).
+        class_quantiles: ``(C,)`` per-class ``q_hat_c`` after :meth:`fit` with ``class_conditional``
+            (``inf`` for a class with fewer than ``1 / alpha - 1`` calibration examples); else None.
         num_classes: ``C`` after :meth:`fit`; :meth:`predict` refuses probabilities over other classes.
 
     Shapes: ``probs`` ``(n, C)``; labels ``(n,)`` ints in ``[0, C)``; :meth:`predict` gives
@@ -324,25 +371,48 @@ class ConformalClassifier:
         [[1, 1, 0]]
     """
 
-    def __init__(self, alpha=0.1, score="aps", lam=0.01, k_reg=1):
+    def __init__(self, alpha=0.1, score="aps", lam=0.01, k_reg=1, randomized=True, allow_empty=True, seed=0,
+                 class_conditional=False):
         self.alpha = _alpha(alpha)
         if score not in CLASSIFICATION_SCORES:
             raise ValueError(f"Expected `score` in {CLASSIFICATION_SCORES}. Received: score={score!r}")
         self.score = score
         self.lam = checks.number("lam", lam, low=0)
         self.k_reg = checks.integer("k_reg", k_reg, 0)
+        for name, value in (("randomized", randomized), ("allow_empty", allow_empty),
+                            ("class_conditional", class_conditional)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise ValueError(f"Expected `{name}` to be True or False. Received: {name}={value!r}")
+        self.randomized = bool(randomized)
+        self.allow_empty = bool(allow_empty)
+        self.class_conditional = bool(class_conditional)
+        self.class_quantiles = None
+        self.seed = checks.numpy_seed(seed, allow_none=False)
         self.quantile = None
         self.num_calibration = 0
         self.num_classes = None
 
-    def scores(self, probs):
-        """``(n, C)``: the score of every class of every example (lower: more conforming)."""
+    def _uniforms(self, n, stream):
+        """``(n, 1)`` uniforms of stream 0 (calibration) or 1 (test), or ones for the non-randomized rule."""
+        if not self.randomized or self.score == "lac":
+            return np.ones((n, 1))
+        return np.random.default_rng([self.seed, stream]).uniform(size=(n, 1))
+
+    def scores(self, probs, u=None):
+        """``(n, C)``: the score of every class of every example (lower: more conforming).
+
+        Args:
+            probs: ``(n, C)`` probabilities or a :class:`tfbnn.ClassificationPrediction`.
+            u: ``(n,)`` uniforms in ``[0, 1]`` of the randomized APS / RAPS (one per example); None:
+                ``u = 1``, the non-randomized scores.
+        """
         p = _probabilities(probs)
         if self.score == "lac":
             return 1.0 - p
+        u = np.ones((len(p), 1)) if u is None else np.reshape(_vector("u", u, len(p), like="`probs` rows"), (-1, 1))
         order = np.argsort(-p, axis=1, kind="stable")
         ranked = np.take_along_axis(p, order, axis=1)
-        mass = np.cumsum(ranked, axis=1)  # mass of the classes ranked at or above each
+        mass = np.cumsum(ranked, axis=1) - (1.0 - u) * ranked  # mass ranked above, plus u times its own
         if self.score == "raps":
             ranks = np.arange(1, p.shape[1] + 1)
             mass = mass + self.lam * np.maximum(0, ranks - self.k_reg)
@@ -352,22 +422,67 @@ class ConformalClassifier:
 
     def fit(self, probs, labels):
         """Computes ``q_hat`` from calibration probabilities (or a ClassificationPrediction) and labels."""
-        s = self.scores(probs)
+        p = _probabilities(probs)
+        s = self.scores(p, self._uniforms(len(p), 0))
         y = _class_labels("labels", labels, len(s), s.shape[1], "probs")
-        self.quantile = conformal_quantile(s[np.arange(len(y)), y], self.alpha)
+        true = s[np.arange(len(y)), y]
+        self.quantile = conformal_quantile(true, self.alpha)
+        if self.class_conditional:
+            per_class = _group_quantiles(true, y, self.alpha)
+            self.class_quantiles = np.array([per_class.get(c, np.inf) for c in range(s.shape[1])])
         self.num_calibration = len(y)
         self.num_classes = s.shape[1]
         return self
 
     def predict(self, probs):
-        """Boolean ``(m, C)``: class ``c`` is in the set of example ``i`` when its score is at most ``q_hat``."""
+        """Boolean ``(m, C)``: class ``c`` is in the set of example ``i`` when its score is at most ``q_hat``
+        (``q_hat_c`` with ``class_conditional``)."""
         if self.quantile is None:
             raise ValueError("Expected a fitted ConformalClassifier: call fit(probs, labels) first.")
-        scores = self.scores(probs)
-        if scores.shape[1] != self.num_classes:
+        p = _probabilities(probs)
+        if p.shape[1] != self.num_classes:
             raise ValueError(f"Expected `probs` over the {self.num_classes} classes the sets were calibrated on. "
-                             f"Received: probs.shape={scores.shape}")
-        return scores <= self.quantile
+                             f"Received: probs.shape={p.shape}")
+        threshold = self.class_quantiles[None, :] if self.class_conditional else self.quantile
+        sets = self.scores(p, self._uniforms(len(p), 1)) <= threshold
+        if self.randomized and not self.allow_empty and self.score != "lac":
+            sets[np.arange(len(p)), p.argmax(axis=1)] = True
+        return sets
+
+
+def _groups(value, n, name="groups"):
+    """``value`` as ``(n,)`` group labels (ints, bools or strings); else a ValueError naming ``name``."""
+    try:
+        g = np.asarray(value)
+    except (TypeError, ValueError) as e:  # ragged
+        raise ValueError(f"Expected `{name}` to be an array of group labels. Received: {name} of type "
+                         f"{type(value).__name__} ({e})") from None
+    if g.ndim != 1 or len(g) != n or g.dtype.kind not in "biuUS":
+        raise ValueError(f"Expected `{name}` of shape ({n},) holding group labels (ints or strings), one per row of "
+                         f"`mean`. Received: {name} of shape {g.shape}, dtype {g.dtype}")
+    return g
+
+
+def _group_quantiles(scores, groups, alpha):
+    """``{group: q_hat_g}``: the conformal quantile of each group's scores (Mondrian conformal)."""
+    return {g.item(): conformal_quantile(scores[groups == g], alpha) for g in np.unique(groups)}
+
+
+def _per_group(quantiles, quantile, groups, m):
+    """``(m,)`` thresholds: ``quantile`` for every row without groups, else each row's group's quantile."""
+    if quantiles is None:
+        if groups is not None:
+            raise ValueError("Expected `groups` only when fit() was given groups (Mondrian conformal). Received: "
+                             "groups for a regressor calibrated without them")
+        return np.full(m, quantile)
+    if groups is None:
+        raise ValueError("Expected `groups` (the test inputs' groups): fit() was given groups. Received: groups=None")
+    g = _groups(groups, m)
+    unseen = sorted({v.item() for v in np.unique(g)} - set(quantiles))
+    if unseen:
+        raise ValueError(f"Expected `groups` among the calibration groups {sorted(quantiles)}. "
+                         f"Received: groups without calibration examples: {unseen}")
+    return np.array([quantiles[v.item()] for v in g])
 
 
 def coverage(y, lower_or_sets, upper=None):

@@ -35,7 +35,8 @@ DESCRIPTION = (
     "Conformal prediction sets (split conformal; Angelopoulos & Bates 2023): --conformalize ALPHA\n"
     "calibrates on the same validation hold-out (--validation-fraction, --seed) and builds LAC (default),\n"
     "APS or RAPS sets (--conformal-score) that hold the true class with probability >= 1 - ALPHA on\n"
-    "exchangeable data; their empirical coverage and mean set size on the clean and shifted test inputs\n"
+    "exchangeable data (APS and RAPS randomized, seeded by --seed, as in Romano et al. 2020: coverage\n"
+    "1 - ALPHA on both sides; --conformal-nonrandomized for the rule without the uniform); their empirical coverage and mean set size on the clean and shifted test inputs\n"
     "are printed and stored under conformal in metrics.json (the shifted inputs are not exchangeable with\n"
     "the calibration data: the guarantee does not cover them)."
 )
@@ -79,6 +80,9 @@ def add_arguments(parser):
                         "validation hold-out; report their coverage and mean size")
     parser.add_argument("--conformal-score", choices=CONFORMAL_SCORES, default=None,
                         help="with --conformalize: the conformity score (default lac)")
+    parser.add_argument("--conformal-nonrandomized", action="store_true",
+                        help="with --conformal-score aps or raps: the sets without the tie-breaking uniform "
+                        "(coverage at least 1 - ALPHA, larger sets)")
     parser.add_argument("--epistemic", choices=("auto",) + EPISTEMIC_SCORES, default="auto",
                         help="the epistemic score of the shift detection: auto (default) reads it off the model: "
                         "gp_variance with an SNGP GP layer, evidential (K / S) ending in a Dirichlet head, "
@@ -170,25 +174,27 @@ def _temperature(args, validation, prediction):
     return calibration.TemperatureScaling().fit_prediction(prediction, validation[1])
 
 
-def _conformal_numbers(alpha, score, calibration, labels, result, y_test):
+def _conformal_numbers(alpha, score, calibration, labels, result, y_test, randomized=True, seed=0):
     """Split-conformal sets calibrated on ``calibration`` (a ClassificationPrediction) with ``labels``, applied to
-    ``result``'s clean and shifted predictives: ``alpha``, ``score``, ``num_calibration``, ``quantile`` and, per
-    part, ``coverage`` and ``mean_set_size``."""
+    ``result``'s clean and shifted predictives: ``alpha``, ``score``, ``randomized``, ``num_calibration``,
+    ``quantile`` and, per part, ``coverage`` and ``mean_set_size``."""
     from tfbnn import conformal
 
-    sets = conformal.ConformalClassifier(alpha=alpha, score=score).fit(calibration, labels)
+    sets = conformal.ConformalClassifier(alpha=alpha, score=score, randomized=randomized, seed=seed).fit(
+        calibration, labels)
     parts = {}
     for part in ("clean", "shifted"):
         membership = sets.predict(getattr(result, part))
         parts[part] = {"coverage": conformal.coverage(y_test, membership),
                        "mean_set_size": float(conformal.set_sizes(membership).mean())}
-    return {"alpha": alpha, "score": score, "num_calibration": sets.num_calibration, "quantile": sets.quantile,
+    return {"alpha": alpha, "score": score, "randomized": randomized and score != "lac", "num_calibration": sets.num_calibration, "quantile": sets.quantile,
             **parts}
 
 
 def _conformal_rows(numbers):
     c = numbers["conformal"]
-    rows = [(f"conformal sets ({c['score'].upper()}, alpha={c['alpha']:g}, n={c['num_calibration']})", "clean",
+    rule = c["score"].upper() + (", randomized" if c.get("randomized") else "")
+    rows = [(f"conformal sets ({rule}, alpha={c['alpha']:g}, n={c['num_calibration']})", "clean",
              f"shifted (gamma={SHIFT_GAMMA:g})")]
     return rows + [(label, f"{c['clean'][key]:.4f}", f"{c['shifted'][key]:.4f}")
                    for key, label in (("coverage", f"coverage (target >= {1 - c['alpha']:g})"),
@@ -224,6 +230,9 @@ def run(args):
     if args.conformal_score is not None and args.conformalize is None:
         raise ValueError("--conformal-score chooses the score of --conformalize's sets. Received: "
                          f"--conformal-score={args.conformal_score} without --conformalize")
+    if args.conformal_nonrandomized and args.conformal_score not in ("aps", "raps"):
+        raise ValueError("--conformal-nonrandomized applies to the randomized APS and RAPS sets. Received: "
+                         f"--conformal-nonrandomized with --conformal-score={args.conformal_score}")
     folder = args.output_dir or args.model[: -len(".keras")] + "_evaluation"
     num_samples = _num_samples(args)
     model = load_model(args.model)
@@ -241,7 +250,8 @@ def run(args):
                                  density=density)
     if args.conformalize is not None:
         result.numbers["conformal"] = _conformal_numbers(args.conformalize, args.conformal_score or "lac", held_out,
-                                                        validation[1], result, y_test)
+                                                        validation[1], result, y_test,
+                                                        randomized=not args.conformal_nonrandomized, seed=args.seed)
     paths = write_report(result, folder, name=os.path.basename(args.model))
     adaptive = ("mean_samples_used",) if "mean_samples_used" in result.numbers["clean"] else ()
     blocks = [_metric_rows("metric", result.numbers, ("accuracy", "nll", "brier", "ece", "predictive_entropy",
