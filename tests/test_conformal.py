@@ -207,7 +207,8 @@ def test_class_conditional_sets_cover_every_class_where_marginal_sets_miss_one(r
             cc = conformal.ConformalClassifier(alpha, "aps", randomized=randomized, seed=i,
                                                class_conditional=conditional).fit(probs[cal], labels[cal])
             sets = cc.predict(probs[test])
-            out.append([conformal.coverage(labels[test][labels[test] == c], sets[labels[test] == c]) for c in range(4)])
+            y_test = labels[test]
+            out.append([conformal.coverage(y_test[y_test == c], sets[y_test == c]) for c in range(4)])
     marginal, mondrian = np.array(marginal), np.array(mondrian)
     n_c, m_c = n // 4, (len(labels) - n) // 4  # about n / 4 calibration and m / 4 test examples per class
     margin = _margin(alpha, n_c, m_c)
@@ -352,3 +353,151 @@ def test_a_model_ending_in_a_quantile_head_covers_about_its_level_and_cqr_makes_
     with pytest.raises(ValueError, match=r"outputs \(n, 2\).*Received: outputs of shape \(5, 1\)"):
         conformal.ConformalizedQuantileRegressor(alpha).fit_model(
             keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]), x[:5], y[:5])
+
+
+# -- adaptive conformal inference (Gibbs & Candes 2021) ----------------------------------------------------------
+
+
+def _drifting_stream(m, seed=13):
+    """Regression: calibration noise N(0, 1); a stream whose noise scale grows from 1 to 3, then drops to 0.5."""
+    rng = np.random.default_rng(seed)
+    scale = np.r_[np.linspace(1, 3, m // 2), np.full(m - m // 2, 0.5)]
+    return rng.normal(size=300), rng.normal(scale=scale)
+
+
+def _assert_within_aci_bound(aci):
+    """Proposition 4.1 at every prefix T of the stream: |mean(err_1..T) - alpha| <= (max(a, 1-a) + g) / (g T)."""
+    t = np.arange(1, len(aci.errors) + 1)
+    gap = np.abs(np.cumsum(aci.errors) / t - aci.alpha)
+    bound = (max(aci.alpha, 1 - aci.alpha) + aci.gamma) / (aci.gamma * t)
+    assert np.all(gap <= bound + 1e-12), (gap - bound).max()
+    assert aci.bound() == pytest.approx(bound[-1])
+
+
+@pytest.mark.parametrize("gamma", [0.005, 0.05])
+def test_aci_keeps_the_long_run_miscoverage_within_its_deterministic_bound_where_split_conformal_breaks(gamma):
+    cal, stream = _drifting_stream(6000)
+    cp = conformal.SplitConformalRegressor(0.1).fit(np.zeros(300), cal)
+    aci = conformal.AdaptiveConformal(cp, gamma=gamma)
+    lower, upper = aci.run(np.zeros(3000), stream[:3000])
+    lower2, upper2 = aci.run(np.zeros(3000), stream[3000:])  # the stream continues across calls
+    _assert_within_aci_bound(aci)
+    assert abs(aci.errors.mean() - 0.1) < 0.02
+    covered = np.r_[(lower <= stream[:3000]) & (stream[:3000] <= upper),
+                    (lower2 <= stream[3000:]) & (stream[3000:] <= upper2)]
+    np.testing.assert_array_equal(~covered, aci.errors)
+    split_lower, split_upper = cp.predict(np.zeros(3000))  # split conformal misses the first half's growing noise
+    assert np.mean((stream[:3000] < split_lower) | (stream[:3000] > split_upper)) > 0.25
+
+
+def test_aci_is_the_recursion_written_out_by_hand():
+    cal, stream = _drifting_stream(400, seed=14)
+    cp = conformal.SplitConformalRegressor(0.2, "normalized").fit(np.zeros(300), cal, std=np.ones(300))
+    std = np.full(400, 1.5)
+    aci = conformal.AdaptiveConformal(cp, gamma=0.03)
+    lower, upper = aci.run(np.zeros(400), stream, std=std)
+    scores, n, a = np.sort(np.abs(cal)), 300, 0.2
+    for t, y in enumerate(stream):
+        assert aci.alphas[t] == pytest.approx(a, abs=1e-12)
+        k = math.ceil((n + 1) * (1 - a) - 1e-12)
+        q = np.inf if k > n else -np.inf if k < 1 else scores[k - 1]
+        assert upper[t] == q * 1.5 and lower[t] == -q * 1.5
+        err = not (-q * 1.5 <= y <= q * 1.5)
+        assert aci.errors[t] == err
+        a += 0.03 * (0.2 - err)
+    assert aci.alpha_t == pytest.approx(a)
+    aci.reset()
+    assert (aci.alpha_t, len(aci.errors)) == (0.2, 0)
+
+
+def test_aci_sets_of_a_classifier_on_a_corrupted_stream():
+    probs, labels = _overconfident_classifier(3000)
+    cc = conformal.ConformalClassifier(0.1, "aps", seed=3).fit(probs[:500], labels[:500])
+    rng = np.random.default_rng(15)
+    flipped = np.where(rng.uniform(size=2500) < 0.3, rng.integers(0, 10, 2500), labels[500:])  # a label shift
+    aci = conformal.AdaptiveConformal(cc, gamma=0.01)
+    sets = aci.run(probs[500:], flipped)
+    _assert_within_aci_bound(aci)
+    np.testing.assert_array_equal(~sets[np.arange(2500), flipped], aci.errors)
+    assert conformal.coverage(flipped, cc.predict(probs[500:])) < 0.85 and abs(aci.errors.mean() - 0.1) < 0.03
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: conformal.AdaptiveConformal(conformal.SplitConformalRegressor()), r"Expected `predictor` to be a fitted"),
+    (lambda: conformal.AdaptiveConformal(conformal.ConformalClassifier(class_conditional=True).fit(
+        [[0.9, 0.1]] * 20, [0] * 20)), r"calibrated marginally"),
+    (lambda: conformal.AdaptiveConformal(conformal.SplitConformalRegressor().fit([0.0] * 9, [1.0] * 9), gamma=0.0),
+     r"`gamma`"),
+    (lambda: conformal.AdaptiveConformal(conformal.ConformalClassifier().fit([[0.9, 0.1]] * 9, [0] * 9)).run(
+        [[0.2, 0.3, 0.5]], [0]), r"over the 2 classes"),
+])
+def test_aci_bad_input_is_named(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+# -- jackknife+ and CV+ (Barber et al. 2021) --------------------------------------------------------------------
+
+
+def _least_squares(x_train, y_train):
+    w = np.linalg.lstsq(np.c_[x_train, np.ones(len(x_train))], y_train, rcond=None)[0]
+    return lambda x_new: np.c_[x_new, np.ones(len(x_new))] @ w
+
+
+def _misspecified(n, seed):
+    """y = sin(3x) + heavy-tailed noise, fitted by a straight line: a wrong model, so that only the method covers."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, size=(n, 1))
+    return x, np.sin(3 * x[:, 0]) + 0.3 * rng.standard_t(3, size=n)
+
+
+def test_jackknife_plus_is_the_leave_one_out_written_out_by_hand():
+    x, y = _misspecified(25, seed=16)
+    x_test = np.linspace(-1, 1, 7)[:, None]
+    lower, upper = conformal.JackknifePlusRegressor(0.1).fit(x, y, _least_squares).predict(x_test)
+    n, alpha = 25, 0.1
+    lo_vals, hi_vals = [], []
+    for i in range(n):
+        keep = np.arange(n) != i
+        f = _least_squares(x[keep], y[keep])
+        r = abs(y[i] - f(x[i:i + 1])[0])
+        lo_vals.append(f(x_test) - r)
+        hi_vals.append(f(x_test) + r)
+    lo_vals, hi_vals = np.sort(lo_vals, axis=0), np.sort(hi_vals, axis=0)
+    np.testing.assert_allclose(upper, hi_vals[math.ceil((1 - alpha) * (n + 1)) - 1], rtol=1e-12)
+    np.testing.assert_allclose(lower, lo_vals[math.floor(alpha * (n + 1)) - 1], rtol=1e-12)
+    # CV+ with one example per fold is the jackknife+, whatever the order of the folds
+    cv = conformal.JackknifePlusRegressor(0.1, folds=25, seed=3).fit(x, y, _least_squares).predict(x_test)
+    np.testing.assert_allclose(cv, (lower, upper), rtol=1e-12)
+    # too few examples for alpha: unbounded
+    lo, hi = conformal.JackknifePlusRegressor(0.1).fit(x[:5], y[:5], _least_squares).predict(x_test)
+    assert np.all(np.isinf(lo)) and np.all(np.isinf(hi))
+
+
+@pytest.mark.parametrize("folds", [None, 5])
+def test_jackknife_plus_and_cv_plus_cover_at_least_their_finite_sample_guarantee(folds):
+    alpha, n, repeats = 0.1, 20, 400
+    hits = []
+    for r in range(repeats):
+        x, y = _misspecified(n + 50, seed=100 + r)
+        jp = conformal.JackknifePlusRegressor(alpha, folds=folds, seed=r).fit(x[:n], y[:n], _least_squares)
+        hits.append(conformal.coverage(y[n:], *jp.predict(x[n:])))
+    k = folds or n
+    guarantee = 1 - 2 * alpha - (0 if folds is None else min(2 * (1 - 1 / k) / (n / k + 1), (1 - k / n) / (k + 1)))
+    mean = float(np.mean(hits))
+    assert mean >= guarantee - 4 * np.std(hits) / np.sqrt(repeats), (mean, guarantee)
+    assert mean >= 1 - alpha - 0.03  # in practice near 1 - alpha (Barber et al. 2021, sec. 6)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: conformal.JackknifePlusRegressor(folds=1), r"`folds`"),
+    (lambda: conformal.JackknifePlusRegressor(folds=30).fit(np.zeros((5, 1)), np.zeros(5), _least_squares),
+     r"`folds` <= the 5 examples"),
+    (lambda: conformal.JackknifePlusRegressor().fit(np.zeros((5, 1)), np.zeros(5), "ols"), r"`fit_predict`"),
+    (lambda: conformal.JackknifePlusRegressor().fit(np.zeros((4, 1)), np.zeros(5), _least_squares),
+     r"`x` with one row"),
+    (lambda: conformal.JackknifePlusRegressor().predict(np.zeros((1, 1))), r"fitted"),
+])
+def test_jackknife_plus_bad_input_is_named(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()

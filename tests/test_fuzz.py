@@ -270,6 +270,11 @@ def _quantile_regressor():
     return _fitted(lambda: conformal.ConformalizedQuantileRegressor(0.2), MEAN - 1, MEAN + 1, Y)
 
 
+def _mean_model(x_train, y_train):
+    """A fit_predict of the jackknife+: predicts the training mean."""
+    return lambda x: np.full(len(x), float(np.mean(y_train)))
+
+
 def _classifier_sets():
     return _fitted(lambda: conformal.ConformalClassifier(0.2, "aps"), CAL_PROBS, CAL_LABELS)
 
@@ -301,6 +306,15 @@ NEW_FUNCTIONS = {
                                 {"probs": CAL_PROBS, "labels": CAL_LABELS}, ("probs", "labels"), {}, {}),
     "ConformalClassifier.predict": (lambda probs: _classifier_sets().predict(probs), {"probs": PROBS}, ("probs",),
                                     {}, {}),
+    "AdaptiveConformal": (conformal.AdaptiveConformal, {"predictor": "split_regressor", "gamma": 0.01}, (), {}, {}),
+    "AdaptiveConformal.run": (lambda prediction, y: conformal.AdaptiveConformal(_classifier_sets()).run(prediction, y),
+                              {"prediction": CAL_PROBS, "y": CAL_LABELS}, ("prediction", "y"), {}, {}),
+    "JackknifePlusRegressor": (conformal.JackknifePlusRegressor, {"alpha": 0.2, "folds": 2, "seed": 1}, (), {},
+                               {"folds": 3}),
+    "JackknifePlusRegressor.fit": (lambda x, y: conformal.JackknifePlusRegressor(0.2, folds=2).fit(x, y, _mean_model),
+                                   {"x": np.zeros((3, 4)), "y": Y}, ("y",), {}, {}),
+    "JackknifePlusRegressor.predict": (lambda x: conformal.JackknifePlusRegressor(0.2, folds=2).fit(
+        np.zeros((3, 4)), Y, _mean_model).predict(x), {"x": X}, (), {}, {}),
     "coverage (sets)": (conformal.coverage, {"y": LABELS, "lower_or_sets": SETS}, ("y", "lower_or_sets"), {}, {}),
     "coverage (intervals)": (conformal.coverage, {"y": Y, "lower_or_sets": MEAN - 1, "upper": MEAN + 1},
                              ("y", "lower_or_sets", "upper"), {}, {}),
@@ -362,7 +376,7 @@ def _gp():
 
 
 def _resolve_new(kwargs):
-    special = {"classifier": _model, "prediction": _prediction, "gp": _gp}
+    special = {"classifier": _model, "prediction": _prediction, "gp": _gp, "split_regressor": _split_regressor}
     return {k: special[v]() if isinstance(v, str) and v in special else v for k, v in kwargs.items()}
 
 

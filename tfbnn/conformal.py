@@ -91,7 +91,8 @@ import numpy as np
 
 from tfbnn._internal import checks
 
-__all__ = ["conformal_quantile", "SplitConformalRegressor", "ConformalizedQuantileRegressor",
+__all__ = ["conformal_quantile", "SplitConformalRegressor", "ConformalizedQuantileRegressor", "AdaptiveConformal",
+           "JackknifePlusRegressor",
            "ConformalClassifier", "REGRESSION_SCORES", "CLASSIFICATION_SCORES", "coverage", "set_sizes"]
 
 #: Scores of :class:`SplitConformalRegressor`.
@@ -209,6 +210,7 @@ class SplitConformalRegressor:
             raise ValueError(f"Expected `score` in {REGRESSION_SCORES}. Received: score={score!r}")
         self.score = score
         self.quantile = None
+        self.calibration_scores = None
         self.group_quantiles = None
         self.num_calibration = 0
         self.num_classes = None
@@ -237,6 +239,7 @@ class SplitConformalRegressor:
         target = _vector("y", y, len(mu), like="`mean`")
         scores = np.abs(target - mu) / self._scale(std, len(mu))
         self.quantile, self.num_calibration = conformal_quantile(scores, self.alpha), len(mu)
+        self.calibration_scores = np.sort(scores)
         self.group_quantiles = None if groups is None else _group_quantiles(scores, _groups(groups, len(mu)),
                                                                             self.alpha)
         return self
@@ -319,14 +322,14 @@ def _band(model, x, batch_size):
     return band[:, 0], band[:, 1]
 
 
-def _probabilities(prediction):
+def _probabilities(prediction, name="probs"):
     """``(n, C)`` class probabilities from a :class:`tfbnn.ClassificationPrediction` or an array."""
     probs = getattr(prediction, "mean_probs", prediction)
-    p = checks.finite_array("probs", probs, np.float64)
+    p = checks.finite_array(name, probs, np.float64)
     if p.ndim != 2 or p.shape[0] == 0 or p.shape[1] < 2:
-        raise ValueError(f"Expected `probs` of shape (n, C) with n >= 1, C >= 2. Received: probs.shape={p.shape}")
+        raise ValueError(f"Expected `{name}` of shape (n, C) with n >= 1, C >= 2. Received: {name}.shape={p.shape}")
     if np.any(p < 0) or not np.allclose(p.sum(axis=1), 1.0, atol=1e-4):
-        raise ValueError("Expected `probs` to hold probabilities (non-negative rows that sum to 1). "
+        raise ValueError(f"Expected `{name}` to hold probabilities (non-negative rows that sum to 1). "
                          f"Received: row sums from {p.sum(axis=1).min():.4g} to {p.sum(axis=1).max():.4g}")
     return p
 
@@ -387,6 +390,7 @@ class ConformalClassifier:
         self.allow_empty = bool(allow_empty)
         self.class_conditional = bool(class_conditional)
         self.class_quantiles = None
+        self.calibration_scores = None
         self.seed = checks.numpy_seed(seed, allow_none=False)
         self.quantile = None
         self.num_calibration = 0
@@ -427,6 +431,7 @@ class ConformalClassifier:
         y = _class_labels("labels", labels, len(s), s.shape[1], "probs")
         true = s[np.arange(len(y)), y]
         self.quantile = conformal_quantile(true, self.alpha)
+        self.calibration_scores = np.sort(true)
         if self.class_conditional:
             per_class = _group_quantiles(true, y, self.alpha)
             self.class_quantiles = np.array([per_class.get(c, np.inf) for c in range(s.shape[1])])
@@ -483,6 +488,246 @@ def _per_group(quantiles, quantile, groups, m):
         raise ValueError(f"Expected `groups` among the calibration groups {sorted(quantiles)}. "
                          f"Received: groups without calibration examples: {unseen}")
     return np.array([quantiles[v.item()] for v in g])
+
+
+def _order_statistic(sorted_scores, level):
+    """The split-conformal threshold of ``sorted_scores`` at miscoverage ``level`` (any real): the ``k``-th smallest,
+    ``k = ceil((n + 1)(1 - level))``; ``inf`` when ``k > n`` (``level <= 1 / (n + 1)``: every label),
+    ``-inf`` when ``k < 1`` (``level >= 1``: the empty set)."""
+    n = len(sorted_scores)
+    k = math.ceil((n + 1) * (1 - level) - 1e-12)
+    return float("inf") if k > n else float("-inf") if k < 1 else float(sorted_scores[k - 1])
+
+
+class AdaptiveConformal:
+    """Adaptive conformal inference (ACI, Gibbs & Candes 2021) over a stream whose distribution drifts.
+
+    Split conformal covers exchangeable test inputs; on a stream that drifts away from the
+    calibration data (a sensor ageing, corrupted inputs) its coverage breaks. ACI keeps a
+    running miscoverage level ``alpha_t`` and, after each input's label is revealed, moves it by
+    the error made (Gibbs & Candes 2021, eq. 2):
+
+        C_t = the split-conformal set (or interval) at level alpha_t,
+        err_t = 1 if y_t not in C_t else 0,     alpha_{t+1} = alpha_t + gamma (alpha - err_t).
+
+    Whatever the stream (even adversarial), the long-run miscoverage is within a deterministic
+    bound of ``alpha`` (Gibbs & Candes 2021, Proposition 4.1): for every ``T``,
+
+        | (1 / T) sum_{t <= T} err_t - alpha |  <=  (max(alpha_1, 1 - alpha_1) + gamma) / (gamma T).
+
+    The set at level ``alpha_t`` is the split-conformal one with the calibration scores of
+    ``predictor``: the ``k``-th smallest score, ``k = ceil((n + 1)(1 - alpha_t))`` (every label
+    when ``alpha_t <= 1 / (n + 1)``, the empty set when ``alpha_t >= 1``).
+
+    Args:
+        predictor: a fitted :class:`ConformalClassifier` or :class:`SplitConformalRegressor` (marginal:
+            not class-conditional or grouped); its ``alpha`` is the target and ``alpha_1``.
+        gamma: float > 0, the step size. Default 0.005 (Gibbs & Candes 2021 use 0.005 on stock and
+            election data; larger adapts faster and oscillates more).
+
+    Attributes:
+        alpha_t: the current level (the next input's).
+        alphas: ``(T,)`` the level each input of the stream was predicted at, so far.
+        errors: ``(T,)`` bool, whether each input's label fell outside its set.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfbnn.conformal import AdaptiveConformal, SplitConformalRegressor
+        >>> rng = np.random.default_rng(0)
+        >>> cp = SplitConformalRegressor(alpha=0.1).fit(np.zeros(200), rng.normal(size=200))
+        >>> stream = rng.normal(scale=np.linspace(1, 3, 2000))       # the noise grows: a drift
+        >>> aci = AdaptiveConformal(cp, gamma=0.01)
+        >>> lower, upper = aci.run(np.zeros(2000), stream)
+        >>> split_lower, split_upper = cp.predict(np.zeros(2000))        # split conformal: one fixed interval
+        >>> split_miss = np.mean((stream < split_lower) | (stream > split_upper))
+        >>> round(float(np.mean(aci.errors)), 2), round(float(split_miss), 2)   # long-run miscoverage, alpha = 0.1
+        (0.1, 0.42)
+
+    References:
+        Gibbs, Candes. Adaptive Conformal Inference Under Distribution Shift. NeurIPS 2021.
+    """
+
+    def __init__(self, predictor, gamma=0.005):
+        if not isinstance(predictor, (ConformalClassifier, SplitConformalRegressor)) or \
+                getattr(predictor, "calibration_scores", None) is None:
+            raise ValueError("Expected `predictor` to be a fitted ConformalClassifier or SplitConformalRegressor. "
+                             f"Received: predictor={predictor!r}")
+        if getattr(predictor, "class_conditional", False) or getattr(predictor, "group_quantiles", None) is not None:
+            raise ValueError("Expected `predictor` calibrated marginally: ACI adapts one level, not one per class or "
+                             "group. Received: a class-conditional or grouped predictor")
+        self.predictor = predictor
+        self.gamma = checks.number("gamma", gamma, low=0, low_open=True)
+        self.alpha = predictor.alpha
+        self.reset()
+
+    def reset(self):
+        """Starts a new stream at ``alpha_1 = alpha``."""
+        self.alpha_t = self.alpha
+        self.alphas = np.zeros(0)
+        self.errors = np.zeros(0, bool)
+        self._calls = 0
+        return self
+
+    def bound(self):
+        """The deterministic bound on ``|mean(errors) - alpha|`` after the stream so far (Proposition 4.1)."""
+        return (max(self.alpha, 1 - self.alpha) + self.gamma) / (self.gamma * max(len(self.errors), 1))
+
+    def run(self, prediction, y, std=None):
+        """Predicts each input of a stream in order, updating the level with each label as it is revealed.
+
+        Args:
+            prediction: a classifier's ``(m, C)`` probabilities (or ClassificationPrediction), or a
+                regressor's ``(m,)`` means (or RegressionPrediction), in the stream's order.
+            y: ``(m,)`` the labels or targets, each revealed after its input's prediction.
+            std: ``(m,)`` predictive standard deviations (a ``"normalized"`` regressor with array means).
+
+        Returns:
+            The sets, boolean ``(m, C)``, or the intervals ``(lower, upper)``, each made at its ``alpha_t``
+            (in :attr:`alphas`); the stream continues across calls until :meth:`reset`.
+        """
+        cp = self.predictor
+        if isinstance(cp, ConformalClassifier):
+            p = _probabilities(prediction, "prediction")
+            if p.shape[1] != cp.num_classes:
+                raise ValueError(f"Expected `prediction` over the {cp.num_classes} classes the sets were calibrated "
+                                 f"on. Received: prediction.shape={p.shape}")
+            labels = _class_labels("y", y, len(p), p.shape[1], "prediction")
+            u = np.ones((len(p), 1)) if not cp.randomized or cp.score == "lac" else \
+                np.random.default_rng([cp.seed, 2, self._calls]).uniform(size=(len(p), 1))
+            scores = cp.scores(p, u)
+            true, width = scores[np.arange(len(p)), labels], None
+        else:
+            mean, std = _regression_moments(prediction, std)
+            mu = _vector("prediction", mean)
+            target = _vector("y", y, len(mu), like="`prediction`")
+            width = cp._scale(std, len(mu))
+            true, scores = np.abs(target - mu) / width, None
+        self._calls += 1
+        thresholds, errors = np.empty(len(true)), np.empty(len(true), bool)
+        alphas = np.empty(len(true))
+        for t, s in enumerate(true):  # the label of input t is revealed after its set is made
+            alphas[t] = self.alpha_t
+            thresholds[t] = _order_statistic(cp.calibration_scores, self.alpha_t)
+            errors[t] = s > thresholds[t]
+            self.alpha_t += self.gamma * (self.alpha - errors[t])
+        self.alphas, self.errors = np.r_[self.alphas, alphas], np.r_[self.errors, errors]
+        if scores is not None:
+            return scores <= thresholds[:, None]
+        return mu - thresholds * width, mu + thresholds * width
+
+
+def _rows(x):
+    """``x`` as an array of ``n >= 1`` rows; else a ValueError naming ``x``."""
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError) as e:  # ragged
+        raise ValueError(f"Expected `x` to be an array of inputs, one per row. Received: x of type "
+                         f"{type(x).__name__} ({e})") from None
+    if a.ndim == 0 or len(a) == 0 or a.dtype == object:
+        raise ValueError(f"Expected `x` to be an array of n >= 1 inputs, one per row. Received: x of shape {a.shape}, "
+                         f"dtype {a.dtype}")
+    return a
+
+
+class JackknifePlusRegressor:
+    """Jackknife+ and CV+ intervals (Barber et al. 2021): conformal without giving up a calibration split.
+
+    For small data sets where holding out a calibration split wastes data: every example is
+    predicted by a model trained without it. With ``folds=None`` (jackknife+) the model is refit
+    ``n`` times, leaving out one example each; with ``folds=K`` (CV+) ``K`` times, leaving out one
+    fold. With ``mu_{-i}`` the model that did not see example ``i`` and ``R_i = |y_i - mu_{-i}(x_i)|``,
+    the interval of a test input ``x`` is (Barber et al. 2021, eq. 3 and 7)
+
+        [ q-_alpha{ mu_{-i}(x) - R_i },  q+_alpha{ mu_{-i}(x) + R_i } ],
+
+    ``q+`` the ``ceil((1 - alpha)(n + 1))``-th smallest of the ``n`` values, ``q-`` the
+    ``floor(alpha (n + 1))``-th smallest (``-inf`` / ``inf`` past the ends). Coverage, for any
+    regression algorithm that treats its training examples symmetrically: at least
+    ``1 - 2 alpha`` for jackknife+ (Theorem 1), at least
+    ``1 - 2 alpha - min(2 (1 - 1/K) / (n/K + 1), (1 - K/n) / (K + 1))`` for CV+ (Theorem 4); in
+    practice close to ``1 - alpha``.
+
+    Args:
+        alpha: float in (0, 1), the miscoverage level.
+        folds: None (jackknife+, ``n`` fits) or an int in ``[2, n]`` (CV+, ``K`` fits).
+        seed: int in ``[0, 2^31)``, the seed of CV+'s assignment of examples to folds.
+
+    Attributes (after :meth:`fit`): ``residuals`` ``(n,)`` the ``R_i``; ``fold_of`` ``(n,)`` each
+    example's fold; ``predictors``, one per fold.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfbnn.conformal import JackknifePlusRegressor
+        >>> rng = np.random.default_rng(0)
+        >>> x = rng.uniform(-1, 1, size=(40, 1)); y = 2 * x[:, 0] + rng.normal(scale=0.3, size=40)
+        >>> def fit_predict(x_train, y_train):   # least squares; any model works (a Keras fit, ...)
+        ...     w = np.linalg.lstsq(np.c_[x_train, np.ones(len(x_train))], y_train, rcond=None)[0]
+        ...     return lambda x_new: np.c_[x_new, np.ones(len(x_new))] @ w
+        >>> jp = JackknifePlusRegressor(alpha=0.1).fit(x, y, fit_predict)
+        >>> lower, upper = jp.predict(np.array([[0.0]]))
+        >>> bool(lower[0] < 0 < upper[0]), round(float(upper[0] - lower[0]), 1)
+        (True, 1.0)
+
+    References:
+        Barber, Candes, Ramdas, Tibshirani. Predictive Inference with the Jackknife+. Ann. Statist. 2021.
+    """
+
+    def __init__(self, alpha=0.1, folds=None, seed=0):
+        self.alpha = _alpha(alpha)
+        self.folds = checks.integer("folds", folds, 2, what="an int >= 2 (CV+) or None (jackknife+)",
+                                    allow_none=True)
+        self.seed = checks.numpy_seed(seed, allow_none=False)
+        self.residuals = self.fold_of = self.predictors = None
+
+    def fit(self, x, y, fit_predict):
+        """Fits one model per left-out example (or fold) and stores the out-of-fold residuals; returns ``self``.
+
+        Args:
+            x: ``(n, ...)`` inputs (anything ``fit_predict`` takes, indexable by rows).
+            y: ``(n,)`` targets.
+            fit_predict: ``fit_predict(x_train, y_train)`` trains a model and returns a function
+                ``predict(x) -> (m,)`` of its point predictions.
+        """
+        if not callable(fit_predict):
+            raise ValueError(f"Expected `fit_predict` to be a function (x_train, y_train) -> predict. Received: "
+                             f"fit_predict={fit_predict!r}")
+        target = _vector("y", y)
+        n = len(target)
+        x = _rows(x)
+        if len(x) != n:
+            raise ValueError(f"Expected `x` with one row per target ({n}). Received: {len(x)} rows")
+        k = n if self.folds is None else self.folds
+        if k > n:
+            raise ValueError(f"Expected `folds` <= the {n} examples. Received: folds={self.folds}")
+        order = np.arange(n) if self.folds is None else np.random.default_rng(self.seed).permutation(n)
+        self.fold_of = np.empty(n, int)
+        for j, part in enumerate(np.array_split(order, k)):
+            self.fold_of[part] = j
+        self.predictors, self.residuals = [], np.empty(n)
+        for j in range(k):
+            held = self.fold_of == j
+            predict = fit_predict(x[~held], target[~held])
+            self.predictors.append(predict)
+            self.residuals[held] = np.abs(target[held] - _vector("the predictions", predict(x[held]), int(held.sum()),
+                                                                 like="the rows given to the predict function"))
+        return self
+
+    def predict(self, x):
+        """``(lower, upper)``, each ``(m,)``: the jackknife+ / CV+ intervals of the inputs ``x``."""
+        if self.predictors is None:
+            raise ValueError("Expected a fitted JackknifePlusRegressor: call fit(x, y, fit_predict) first.")
+        x = _rows(x)
+        by_fold = np.stack([_vector("the predictions", predict(x), len(x), like="`x`")
+                            for predict in self.predictors])  # (k, m)
+        mu = by_fold[self.fold_of]  # (n, m): mu_{-i}(x)
+        n = len(self.residuals)
+        hi_k = math.ceil((1 - self.alpha) * (n + 1) - 1e-12)
+        lo_k = math.floor(self.alpha * (n + 1) + 1e-12)
+        upper = np.full(mu.shape[1], np.inf) if hi_k > n else \
+            np.sort(mu + self.residuals[:, None], axis=0)[hi_k - 1]
+        lower = np.full(mu.shape[1], -np.inf) if lo_k < 1 else \
+            np.sort(mu - self.residuals[:, None], axis=0)[lo_k - 1]
+        return lower, upper
 
 
 def coverage(y, lower_or_sets, upper=None):

@@ -52,6 +52,13 @@ def test_quick_run_writes_the_table_and_it_matches_the_stored_predictions(quick)
         sets = conformal.ConformalClassifier(alpha=0.1, score="aps").fit(
             cal / cal.sum(1, keepdims=True), y_cal).predict(probs / probs.sum(1, keepdims=True))
         assert row["coverage_clean"] == pytest.approx(np.mean(sets[np.arange(len(y)), y]))
+        # ACI over the corrupted images as one stream of growing severity: within Gibbs & Candes' bound
+        stream = [stored[f"{method}|{c}/{k}"].astype(np.float64) for k in range(1, 6) for c in corruptions]
+        aci = conformal.AdaptiveConformal(conformal.ConformalClassifier(alpha=0.1, score="aps").fit(
+            cal / cal.sum(1, keepdims=True), y_cal), gamma=saved["settings"]["aci_gamma"])
+        aci.run(np.concatenate([p / p.sum(1, keepdims=True) for p in stream]), np.tile(y, len(stream)))
+        assert row["coverage_corrupted_aci"] == pytest.approx(1 - aci.errors.mean())
+        assert abs(aci.errors.mean() - 0.1) <= aci.bound()
     from sklearn.metrics import roc_auc_score
 
     for method, label in (("sngp", "SNGP"), ("ddu", "DDU"), ("evidential", "evidential")):

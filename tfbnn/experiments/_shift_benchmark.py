@@ -315,8 +315,9 @@ def tables(predictions, y_test, y_cal, s, scores=None):
         clean and mean corrupted (over corruptions and severities) accuracy / NLL / ECE, the OOD
         AUROCs by predictive entropy (held-out classes; synthetic inputs), the same AUROCs by the
         method's own score (None without one: SNGP's GP variance, DDU's negative log density,
-        evidential ``u = K / S``) and the coverage and set size of the conformal sets (APS on
-        the :func:`normalized` probabilities, calibrated on clean data) clean and corrupted.
+        evidential ``u = K / S``) and the coverage and set size of the conformal sets (randomized APS
+        on the :func:`normalized` probabilities, calibrated on clean data) clean and corrupted, and
+        ``coverage_corrupted_aci``, the long-run coverage of :func:`aci_stream_coverage`.
     """
     scores = scores or {}
     table, by_corruption, by_severity = [], [], []
@@ -346,13 +347,26 @@ def tables(predictions, y_test, y_cal, s, scores=None):
             **_own_aurocs(scores.get(name)),
             "coverage_clean": clean["coverage"], "coverage_corrupted": _mean(rows, "coverage"),
             "set_size_clean": clean["set_size"], "set_size_corrupted": _mean(rows, "set_size"),
+            "coverage_corrupted_aci": aci_stream_coverage(predictor, sets, y_test, s),
         })
     return table, by_corruption, by_severity
 
 
+def aci_stream_coverage(predictor, sets, y_test, s):
+    """The long-run coverage of adaptive conformal inference (Gibbs & Candes 2021, step ``s["aci_gamma"]``) started
+    from ``predictor`` (split conformal, calibrated on clean data) over the corrupted test images as one stream of
+    growing severity: every corruption of ``s["corruptions"]`` at severity 1, then all at 2, ..., 5 (each image's
+    label revealed after its set). Split conformal's coverage of the same stream is the mean ``coverage_corrupted``
+    (equal parts)."""
+    order = [f"{c}/{k}" for k in range(1, 6) for c in s["corruptions"]]
+    aci = conformal.AdaptiveConformal(predictor, gamma=s.get("aci_gamma", 0.005))
+    aci.run(normalized(np.concatenate([sets[key] for key in order])), np.tile(y_test, len(order)))
+    return 1.0 - float(np.mean(aci.errors))
+
+
 _HEADER = ("method", "clean acc", "clean NLL", "clean ECE", "corrupted acc", "corrupted NLL", "corrupted ECE",
            "OOD AUROC (classes)", "OOD AUROC (synthetic)", "own-score OOD AUROC (classes)",
-           "own-score OOD AUROC (synthetic)", "coverage clean", "coverage corrupted")
+           "own-score OOD AUROC (synthetic)", "coverage clean", "coverage corrupted", "coverage corrupted (ACI)")
 
 
 def _cell(value):
@@ -366,7 +380,7 @@ def markdown(table, s):
              "", "| " + " | ".join(_HEADER) + " |", "|" + "---|" * len(_HEADER)]
     keys = ("clean_accuracy", "clean_nll", "clean_ece", "corrupted_accuracy", "corrupted_nll", "corrupted_ece",
             "ood_auroc_classes", "ood_auroc_synthetic", "ood_auroc_own_classes", "ood_auroc_own_synthetic",
-            "coverage_clean", "coverage_corrupted")
+            "coverage_clean", "coverage_corrupted", "coverage_corrupted_aci")
     for r in table:
         lines.append("| " + " | ".join([r["method"]] + [_cell(r[k]) for k in keys]) + " |")
     own = [f"{m.label}: {m.score}" for m in METHODS.values() if m.score and m.label in [r["method"] for r in table]]

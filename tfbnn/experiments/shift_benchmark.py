@@ -16,8 +16,11 @@ every channel):
   methods with their own score also by that score (SNGP: the GP posterior variance, Liu et al.
   2020 eq. 9; DDU: ``-log q(z)``, Mukhoti et al. 2023 eq. 2; evidential: ``u = K / S``, Sensoy
   et al. 2018);
-* conformal prediction sets (APS, :class:`tfbnn.conformal.ConformalClassifier` calibrated on
-  the clean calibration split at ``1 - alpha``): their coverage and size under shift.
+* conformal prediction sets (randomized APS, :class:`tfbnn.conformal.ConformalClassifier` calibrated on
+  the clean calibration split at ``1 - alpha``): their coverage and size under shift; and the
+  long-run coverage of adaptive conformal inference (:class:`tfbnn.conformal.AdaptiveConformal`,
+  Gibbs & Candes 2021, step ``--aci-gamma``) on the corrupted test images as one stream of
+  growing severity (every corruption at severity 1, then 2, ..., 5), beside split conformal's.
 
 The methods are a table (``tfbnn.experiments._shift_benchmark.METHODS``, name -> label and
 ``fit(context) -> predict``): ``deterministic``, ``mc_dropout``, ``bbb``, ``vd``, ``ibnn``,
@@ -31,7 +34,8 @@ single-pass ones: ``dvi`` (the ``bbb`` network predicted by moment propagation,
 
 Outputs (``--output-dir``, default ``saved_models/experiments/shift_benchmark/``):
 ``table.csv`` / ``table.json`` / ``table.md`` (rows: method; columns: clean accuracy / NLL /
-ECE, mean corrupted accuracy / NLL / ECE, OOD AUROCs by entropy and by the own score, coverage), ``by_corruption.csv``
+ECE, mean corrupted accuracy / NLL / ECE, OOD AUROCs by entropy and by the own score, coverage clean, corrupted
+and corrupted with ACI), ``by_corruption.csv``
 (method x corruption x severity), ``by_severity.csv`` (means over the corruptions),
 ``accuracy_vs_severity.png``, ``ece_vs_severity.png`` and ``predictions.npz`` (every
 method's probabilities on every set, with the labels, and the own scores as ``score|<method>|<set>``).
@@ -91,6 +95,8 @@ SETTINGS = (
     Setting("calibration_fraction", 0.2, "fraction of the training images held out to calibrate the conformal sets",
             kind="open_unit"),
     Setting("alpha", 0.1, "conformal miscoverage: sets of 1 - alpha coverage", kind="open_unit"),
+    Setting("aci_gamma", 0.005, "step size of adaptive conformal inference on the corrupted stream (Gibbs & Candes "
+            "2021)", kind="positive_float"),
     Setting("ece_bins", 15, "bins of the ECE", kind="positive_int"),
     Setting("max_examples", None), Setting("max_test_examples", None), Setting("seed", 0),
     Setting("quick", False, "a smoke run: 4 epochs of 16 units on 256 images, 48 test images, 2 members, 4 samples, "
