@@ -21,11 +21,14 @@ def test_spectral_dense_and_conv2d_basics():
                            (2, 5, 5, 1), (2, 5, 5, 2), expected_num_losses=0, expected_num_seed_generators=0)
 
 
-@pytest.mark.parametrize("inner, x_shape", [
-    (keras.layers.Dense(5), (3, 7)),
-    (keras.layers.Conv2D(4, 3), (2, 6, 6, 3)),  # the reshaped (3 * 3 * 3, 4) kernel
+@pytest.mark.parametrize("make_inner, x_shape", [
+    (lambda init: keras.layers.Dense(5, kernel_initializer=init), (3, 7)),
+    (lambda init: keras.layers.Conv2D(4, 3, kernel_initializer=init), (2, 6, 6, 3)),  # the (3 * 3 * 3, 4) kernel
 ])
-def test_power_iteration_converges_to_numpy_s_largest_singular_value(inner, x_shape):
+def test_power_iteration_converges_to_numpy_s_largest_singular_value(make_inner, x_shape):
+    # A seeded kernel: the error after k steps shrinks as (s2 / s1)^(2k), and an unseeded draw (which depends on the
+    # tests run before in the worker) can have s2 / s1 = 0.96, too close for 60 steps; this one has 0.85 / 0.83.
+    inner = make_inner(keras.initializers.GlorotUniform(seed=3))
     layer = SpectralNormalization(inner, norm_multiplier=100.0, power_iterations=3, seed=1)
     x = np.random.default_rng(0).normal(size=x_shape).astype("float32")
     for _ in range(20):  # 60 power-iteration steps in training calls

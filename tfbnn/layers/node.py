@@ -316,11 +316,13 @@ class NodeLayer(FloatPriorAttributes, BayesianLayer):
             # T sample blocks of B rows; block t uses component t mod K.
             blocks = self._weight_samples
             self._check_sample_blocks(blocks)
-            tf.debugging.assert_equal(
+            tiled = tf.debugging.assert_equal(
                 num_rows % blocks, 0,
                 message=f"Layer '{self.name}': inside weight_samples(model, {blocks}) the batch must be tiled "
                 "to (T * B, ...) rows",
             )
+            with tf.control_dependencies([tiled] if tiled is not None else []):  # before any reshape can fail
+                num_rows = tf.identity(num_rows)
             per_block = num_rows // blocks
             groups = -(-blocks // k)
             noise_rows = 1 if self._joint_samples else per_block  # joint: one z per block

@@ -208,12 +208,15 @@ class EnsembleMean(keras.layers.Layer):
         if training or self._members:
             return inputs
         self._check_rows(inputs.shape[0])
-        tf.debugging.assert_equal(
+        divisible = tf.debugging.assert_equal(
             tf.shape(inputs)[0] % self.ensemble_size, 0,
             message=f"{self._rows_message()} Received: a batch of rows not divisible by ensemble_size",
         )
-        shape = tf.concat([[self.ensemble_size, -1], tf.shape(inputs)[1:]], axis=0)
-        return tf.reduce_mean(tf.reshape(inputs, shape), axis=0)
+        # The reshape waits for the check: in a graph, ops without a dependency run in any order, and the reshape's
+        # own error ("Input to reshape is a tensor with 12 values") could come first.
+        with tf.control_dependencies([divisible] if divisible is not None else []):
+            shape = tf.concat([[self.ensemble_size, -1], tf.shape(inputs)[1:]], axis=0)
+            return tf.reduce_mean(tf.reshape(inputs, shape), axis=0)
 
     def _rows_message(self):
         return (f"Layer '{self.name}' expects E * B rows at inference (E = ensemble_size = {self.ensemble_size}), "
