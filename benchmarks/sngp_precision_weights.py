@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 import tfbnn  # noqa: E402
 from tfbnn import metrics, sngp  # noqa: E402
 
+import _readme  # noqa: E402
 from _results import default_path, finish  # noqa: E402
 
 SETTINGS = (("logistic", False), ("logistic", True), ("gaussian", False), ("gaussian", True))
@@ -53,7 +54,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--output", default=default_path("sngp_precision_weights.json"))
-    parser.add_argument("--write-readme", action="store_true", help="write the table into benchmarks/README.md")
+    _readme.add_flag(parser)
     args = parser.parse_args()
     rows, lines = [], ["| gp_cov_likelihood | normalize_input | accuracy (digits 0-8) | AUROC of the GP variance, "
                        "digit 9 held out (mean, min-max over seeds) |", "|---|---|---|---|"]
