@@ -56,7 +56,8 @@ probability,
 with one ``u ~ U(0, 1)`` per example (seeded). The scores then have no ties, and the
 coverage is ``1 - alpha`` up to ``1 / (n + 1)`` on both sides. The non-randomized rule
 (``randomized=False``, ``u = 1``) keeps the lower bound only: cumulative masses near 1 tie on
-confident models, so its sets swell (on digits at ``alpha = 0.1``: coverage 0.965 with APS).
+confident models, so its sets swell (a Flipout MLP on MNIST at ``alpha = 0.1``: coverage 0.965
+with 5.9 classes per set, against 0.90 for LAC).
 A randomized set may be empty (``allow_empty=True``, as in Romano et al.'s code: needed for
 the upper bound); ``allow_empty=False`` always keeps the top class (Angelopoulos et al.'s
 ImageNet code), which can only add coverage.
