@@ -160,9 +160,7 @@ def conformal_quantile(scores, alpha):
         >>> conformal_quantile([1.0, 2.0], alpha=0.1)
         inf
     """
-    s = np.sort(_vector("scores", scores))
-    k = math.ceil((len(s) + 1) * (1 - _alpha(alpha)) - 1e-12)  # (guard against (n + 1)(1 - alpha) = 9.000001)
-    return float("inf") if k > len(s) else float(s[k - 1])
+    return _order_statistic(np.sort(_vector("scores", scores)), _alpha(alpha))
 
 
 def _regression_moments(prediction, std):
@@ -397,11 +395,12 @@ class ConformalClassifier:
         self.num_calibration = 0
         self.num_classes = None
 
-    def _uniforms(self, n, stream):
-        """``(n, 1)`` uniforms of stream 0 (calibration) or 1 (test), or ones for the non-randomized rule."""
+    def _uniforms(self, n, *stream):
+        """``(n, 1)`` uniforms of stream 0 (calibration), 1 (test) or (2, call) (an ACI stream), or ones for the
+        non-randomized rule."""
         if not self.randomized or self.score == "lac":
             return np.ones((n, 1))
-        return np.random.default_rng([self.seed, stream]).uniform(size=(n, 1))
+        return np.random.default_rng([self.seed, *stream]).uniform(size=(n, 1))
 
     def scores(self, probs, u=None):
         """``(n, C)``: the score of every class of every example (lower: more conforming).
@@ -496,7 +495,7 @@ def _order_statistic(sorted_scores, level):
     ``k = ceil((n + 1)(1 - level))``; ``inf`` when ``k > n`` (``level <= 1 / (n + 1)``: every label),
     ``-inf`` when ``k < 1`` (``level >= 1``: the empty set)."""
     n = len(sorted_scores)
-    k = math.ceil((n + 1) * (1 - level) - 1e-12)
+    k = math.ceil((n + 1) * (1 - level) - 1e-12)  # (guard against (n + 1)(1 - alpha) = 9.000001)
     return float("inf") if k > n else float("-inf") if k < 1 else float(sorted_scores[k - 1])
 
 
@@ -593,9 +592,7 @@ class AdaptiveConformal:
                 raise ValueError(f"Expected `prediction` over the {cp.num_classes} classes the sets were calibrated "
                                  f"on. Received: prediction.shape={p.shape}")
             labels = _class_labels("y", y, len(p), p.shape[1], "prediction")
-            u = np.ones((len(p), 1)) if not cp.randomized or cp.score == "lac" else \
-                np.random.default_rng([cp.seed, 2, self._calls]).uniform(size=(len(p), 1))
-            scores = cp.scores(p, u)
+            scores = cp.scores(p, cp._uniforms(len(p), 2, self._calls))
             true, width = scores[np.arange(len(p)), labels], None
         else:
             mean, std = _regression_moments(prediction, std)
