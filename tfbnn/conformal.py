@@ -693,7 +693,8 @@ class JackknifePlusRegressor:
         n = len(target)
         x = _rows(x)
         if len(x) != n:
-            raise ValueError(f"Expected `x` with one row per target ({n}). Received: {len(x)} rows")
+            raise ValueError(f"Expected `x` with one row per target in `y` ({n}). Received: {len(x)} rows of x, "
+                             f"y of length {n}")
         k = n if self.folds is None else self.folds
         if k > n:
             raise ValueError(f"Expected `folds` <= the {n} examples. Received: folds={self.folds}")

@@ -779,7 +779,8 @@ def _output_task(model, task, from_logits, head):
         output_layer(model), keras.layers.Softmax) else "regression"
 
 
-def _mode_endpoints(model, mode, num_samples, seed, task, head, from_logits, input_signature):
+def _mode_endpoints(model, mode, num_samples, seed, task, head, from_logits, input_signature,
+                    covariance="diagonal"):
     """``{name: tf.function}`` of a ``moments`` or ``frozen`` export (no random op in any of them).
 
     Without AutoGraph: their Python control flow is fixed at trace time, and converting the layer
@@ -792,11 +793,13 @@ def _mode_endpoints(model, mode, num_samples, seed, task, head, from_logits, inp
     if mode == "moments":
         @tf.function(input_signature=[input_signature], autograph=False)
         def summary(x):
-            return moments_lib.propagate(model, x).summary(task, from_logits)
+            return moments_lib.propagate(model, x, covariance=covariance).summary(task, from_logits)
 
         @tf.function(input_signature=[input_signature], autograph=False)
         def moments(x):
-            out = moments_lib.propagate(model, x)
+            out = moments_lib.propagate(model, x, covariance=covariance)
+            if covariance == "full":
+                return {"mean": out.mean, "variance": out.variance, "covariance": out.covariance}
             return {"mean": out.mean, "variance": out.variance}
 
         return {"summary": summary, "moments": moments, "mean": mean}
@@ -813,7 +816,8 @@ def _mode_endpoints(model, mode, num_samples, seed, task, head, from_logits, inp
     return {"summary": summary, "samples": samples, "mean": mean}
 
 
-def _export_mode(model, filepath, format, mode, num_samples, task, from_logits, input_signature, seed):
+def _export_mode(model, filepath, format, mode, num_samples, task, from_logits, input_signature, seed,
+                 covariance="diagonal"):
     """:func:`export` with ``mode="moments"`` or ``"frozen"``: the endpoints traced, checked and written."""
     if format != "saved_model":  # TFLite lacks Erfc (the ReLU moments) and a grouped convolution of unknown shape
         raise ValueError(f"mode={mode!r} exports format='saved_model'. Received: format={format!r}")
@@ -825,7 +829,7 @@ def _export_mode(model, filepath, format, mode, num_samples, task, from_logits, 
     task = _output_task(model, task, from_logits, head)
     input_signature = _input_signature(model, input_signature)
     endpoints = _mode_endpoints(model, mode, num_samples, 0 if seed is None else seed, task, head, from_logits,
-                                input_signature)
+                                input_signature, covariance)
     for name, fn in endpoints.items():  # trace now: an unsupported layer fails before anything is written
         ops = random_ops(fn.get_concrete_function())
         if ops:
@@ -905,7 +909,8 @@ def _export_posterior(posterior, filepath, format, mode, num_samples, task, from
 
 
 def export(model, filepath, format="saved_model", num_samples=100, task=None, from_logits=False,
-           input_signature=None, overwrite=False, seed=None, quantize=None, mode="monte_carlo"):
+           input_signature=None, overwrite=False, seed=None, quantize=None, mode="monte_carlo",
+           moments_covariance="diagonal"):
     """Exports ``model`` for serving: a SavedModel, a TFLite flatbuffer or ONNX graphs.
 
     Every format serves the posterior predictive and its uncertainty without tfbnn:
@@ -952,7 +957,9 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
       and ``variance`` of the outputs, of the logits for a softmax / sigmoid output) and
       ``mean`` (the posterior-mean network). Cost: about two to three times the
       posterior-mean network. Loses: correlations between units (an approximation
-      beyond the first layers), the entropy split, and layers without a moment rule.
+      beyond the first layers; ``moments_covariance="full"`` keeps them between the units
+      of dense layers, at ``O(d^2)`` memory per example), the entropy split, and layers
+      without a moment rule.
     - ``mode="frozen"``: ``K = num_samples`` weight samples of every Bayesian layer drawn
       once with ``seed`` (None: 0; :func:`frozen_samples`) and stored as constants; the
       K networks run stacked in one batched graph (a batched matmul per dense layer, a
@@ -1014,6 +1021,10 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
         quantize: one of :data:`QUANTIZATIONS`, for ``tflite``.
         mode: one of :data:`MODES`: ``"monte_carlo"`` (default; random endpoints),
             ``"moments"`` or ``"frozen"`` (random-free, above).
+        moments_covariance: with ``mode="moments"``, ``"diagonal"`` (default) or ``"full"``
+            (:func:`tfbnn.moments.propagate`'s ``covariance``: the covariance between the
+            units of each dense layer kept; the ``moments`` endpoint adds ``covariance``
+            ``(B, n, n)``).
 
     Returns:
         ``filepath``. Nothing is replaced when the export fails.
@@ -1040,12 +1051,19 @@ def export(model, filepath, format="saved_model", num_samples=100, task=None, fr
     if isinstance(model, FittedPosterior):
         return _export_posterior(model, filepath, format, mode, num_samples, task, from_logits, input_signature,
                                  overwrite, seed)
+    if moments_covariance not in moments_lib.COVARIANCES:
+        raise ValueError(f"Expected `moments_covariance` in {moments_lib.COVARIANCES}. "
+                         f"Received: moments_covariance={moments_covariance!r}")
+    if moments_covariance != "diagonal" and mode != "moments":
+        raise ValueError(f"`moments_covariance` is for mode='moments'. Received: moments_covariance="
+                         f"{moments_covariance!r}, mode={mode!r}")
     if mode != "monte_carlo":
         filepath = _check_target(model, filepath)
         num_samples = checks.integer("num_samples", num_samples, 1)
         if os.path.exists(filepath) and not overwrite:
             raise ValueError(f"{filepath!r} exists; pass overwrite=True to replace it. Received: filepath={filepath!r}")
-        return _export_mode(model, filepath, format, mode, num_samples, task, from_logits, input_signature, seed)
+        return _export_mode(model, filepath, format, mode, num_samples, task, from_logits, input_signature, seed,
+                            moments_covariance)
     if format == "saved_model":
         if seed is not None:
             raise ValueError("A SavedModel takes its seed per call (sample_seeded, summary_seeded); "

@@ -297,7 +297,8 @@ CAPABILITIES = {
     "export_savedmodel": "tfbnn.export.export(format='saved_model'), served by tf.saved_model.load alone",
     "export_tflite": "tfbnn.export.export(format='tflite'), served by tf.lite.Interpreter alone",
     "export_onnx": "tfbnn.export.export(format='onnx'), served by onnxruntime alone",
-    "moments": "tfbnn.moments.propagate: a moment rule, or a ValueError naming the layer",
+    "moments": "tfbnn.moments.propagate: a moment rule, or a ValueError naming the layer; with covariance='full' "
+               "too (on a point input the diagonal rule's variance), or a refusal naming the layer",
     "xla": "one jit_compile=True training step with a finite loss",
 }
 
@@ -750,6 +751,32 @@ def check_moments(case):
         value = np.asarray(getattr(result, what))
         if value.shape != case.output_shape or not np.all(np.isfinite(value)):
             raise AssertionError(f"moments: {what} of shape {value.shape}, finite {np.all(np.isfinite(value))}")
+    _check_full_moments(case, model, x, result, point_input=model is not layer)
+
+
+def _check_full_moments(case, model, x, diagonal, point_input):
+    """``covariance="full"``: refused naming the class, or a finite symmetric covariance of the flattened outputs
+    whose diagonal is the variance; for ``Input -> layer`` (a point input: nothing to correlate yet) the same
+    variance as the diagonal rule."""
+    try:
+        full = moments.propagate(model, x, covariance="full")
+    except ValueError as e:
+        if case.cls.__name__ not in str(e) or "covariance='full'" not in str(e):
+            raise AssertionError(f"moments: covariance='full' refused {case.cls.__name__} without naming it and "
+                                 f"the argument: {e}") from e
+        return
+    cov, variance = np.asarray(full.covariance), np.asarray(full.variance)
+    n = int(np.prod(case.output_shape[1:]))
+    if cov.shape != (case.output_shape[0], n, n) or not np.all(np.isfinite(cov)):
+        raise AssertionError(f"moments: covariance of shape {cov.shape} (expected {(case.output_shape[0], n, n)}), "
+                             f"finite {np.all(np.isfinite(cov))}")
+    diag = np.diagonal(cov, axis1=-2, axis2=-1).reshape(variance.shape)
+    if not (np.allclose(cov, np.swapaxes(cov, -1, -2), rtol=1e-5, atol=1e-7)
+            and np.allclose(diag, variance, rtol=1e-5, atol=1e-7)):
+        raise AssertionError("moments: the full covariance is not symmetric, or its diagonal is not the variance")
+    if point_input and not np.allclose(variance, np.asarray(diagonal.variance), rtol=1e-4, atol=1e-6):
+        raise AssertionError("moments: on a point input the full and diagonal variances differ: "
+                             f"{np.max(np.abs(variance - np.asarray(diagonal.variance)))}")
 
 
 def check_moments_refused(case):

@@ -54,6 +54,7 @@ def predict(
     head=None,
     method="monte_carlo",
     seed=None,
+    moments_covariance="diagonal",
 ):
     """Monte Carlo prediction: T posterior predictive samples per example, summarised.
 
@@ -213,6 +214,10 @@ def predict(
         seed: int in ``[0, 2^31)`` or None (default), the seed of a fitted posterior's
             weight draws: the same seed gives the same draws. A Keras model's layers
             draw from their own seeds (their ``seed`` argument): pass None.
+        moments_covariance: with ``method="moments"``, ``"diagonal"`` (default) or
+            ``"full"``: :func:`tfbnn.moments.propagate`'s ``covariance``, the covariance
+            between the units of each dense layer kept (Wu et al. 2019), for a variance
+            that stays right in deeper networks at ``O(d^2)`` cost per unit count ``d``.
 
     Returns:
         A :class:`ClassificationPrediction` (``mean_probs (N, C)``, entropies
@@ -249,9 +254,15 @@ def predict(
         raise ValueError("`seed` seeds a fitted posterior's weight draws; a Keras model's layers draw from their own "
                          f"seeds (their `seed` argument). Received: seed={seed!r} with model of type "
                          f"{type(model).__name__}")
+    if moments_covariance not in moments.COVARIANCES:
+        raise ValueError(f"Expected `moments_covariance` in {moments.COVARIANCES}. "
+                         f"Received: moments_covariance={moments_covariance!r}")
     if method == "moments":
         return _predict_moments(model, x, num_samples, batch_size, return_samples, task, from_logits, gaussian_head,
-                                mc_dropout, joint, head)
+                                mc_dropout, joint, head, moments_covariance)
+    if moments_covariance != "diagonal":
+        raise ValueError(f"`moments_covariance` is for method='moments'. Received: moments_covariance="
+                         f"{moments_covariance!r}, method={method!r}")
     if isinstance(model, FittedPosterior):
         return _predict_weight_posterior(model, x, num_samples, batch_size, return_samples, task, from_logits,
                                          gaussian_head, mc_dropout, seed)
@@ -350,7 +361,7 @@ def _predict_weight_posterior(posterior, x, num_samples, batch_size, return_samp
 
 
 def _predict_moments(model, x, num_samples, batch_size, return_samples, task, from_logits, gaussian_head,
-                     mc_dropout, joint, head):
+                     mc_dropout, joint, head, covariance="diagonal"):
     """``predict`` with ``method="moments"``: one moment-propagation pass per batch (:mod:`tfbnn.moments`)."""
     if isinstance(model, (FittedPosterior, DeepEnsemble)):
         raise ValueError("method='moments' propagates through one network's layers; an ensemble or weight "
@@ -373,7 +384,7 @@ def _predict_moments(model, x, num_samples, batch_size, return_samples, task, fr
         seen += int(tf.nest.flatten(batch)[0].shape[0])
         if not model.built:
             model(batch, training=False)
-        out = moments.propagate(model, batch)
+        out = moments.propagate(model, batch, covariance=covariance)
         resolved = out.task(task, from_logits)
         summary = {k: v.numpy() for k, v in out.summary(resolved, from_logits).items()}
         parts.append(_moments_prediction(summary, resolved))
