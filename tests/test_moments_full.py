@@ -106,11 +106,13 @@ class _Moments:
     def finish(self):
         draws = np.concatenate(self.parts)
         self.mean = draws.mean(0)
-        centred = draws - self.mean
-        products = centred[..., :, None] * centred[..., None, :]             # (T, B, d, d)
-        self.cov = products.mean(0)
         self.se_mean = np.sqrt(draws.var(0) / len(draws))
-        self.se_cov = np.sqrt(products.var(0) / len(draws))
+        first = second = 0.0
+        for part in np.split(draws - self.mean, len(draws) // CHUNK):  # (CHUNK, B, d, d) at a time
+            products = part[..., :, None] * part[..., None, :]
+            first, second = first + products.sum(0), second + np.square(products).sum(0)
+        self.cov = first / len(draws)
+        self.se_cov = np.sqrt((second / len(draws) - np.square(self.cov)) / len(draws))
         return self
 
 

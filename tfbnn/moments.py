@@ -209,15 +209,20 @@ def _bvn_dependence(h, k, rho):
     theta_top = tf.asin(tf.where(low, r, tf.zeros_like(r)))
     psi_top = tf.acos(tf.where(low, tf.ones_like(r), r))
     nodes, weights = np.polynomial.legendre.leggauss(_BVN_POINTS)
-    total = tf.zeros_like(a)
-    for x, w in zip(nodes, weights):
-        u = 0.5 * (float(x) + 1.0)
+    nodes = tf.constant(0.5 * (nodes + 1.0), dtype)   # on [0, 1]
+    weights = tf.constant(0.5 * weights, dtype)
+
+    def add_node(i, total):
+        u, w = nodes[i], weights[i]
         s = tf.sin(theta_top * u)                     # rho < 0.7: t = asin(rho) u, the integrand in sin t
         theta_value = tf.exp(-tf.maximum(a - b * s, 0.0) / (1.0 - tf.square(s)))
         p = psi_top * u**3                            # rho >= 0.7: p = acos(rho) u^3 clusters the nodes near p = 0
         exponent = half_gap / tf.maximum(tf.square(tf.sin(p)), tiny) + b / (2.0 * tf.square(tf.cos(0.5 * p)))
         psi_value = (3.0 * u * u) * tf.exp(-tf.maximum(exponent, 0.0))
-        total += (0.5 * float(w)) * tf.where(low, theta_value, psi_value)
+        return i + 1, total + w * tf.where(low, theta_value, psi_value)
+
+    # A loop rather than 32 unrolled copies: a traced export of a full-covariance network stays small.
+    _, total = tf.while_loop(lambda i, _: i < _BVN_POINTS, add_node, (tf.constant(0), tf.zeros_like(a)))
     integral = total * tf.where(low, theta_top, psi_top) / (2.0 * math.pi)
     upper = _normal_cdf(tf.minimum(h, k)) * _normal_sf(tf.maximum(h, k)) - integral
     dependence = tf.where(low, integral, upper)
