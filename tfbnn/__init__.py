@@ -30,8 +30,8 @@ _backend.check()  # one clear error on the JAX or PyTorch backend, before Tensor
 # submodules are the ones the API reference documents.
 _CORE = ("priors", "posteriors", "kl", "layers", "schedules", "utils", "callbacks", "inference",
          "likelihoods", "evidential", "metrics", "calibration", "pruning", "convert", "export", "distribute", "ibnn",
-         "multisample", "ensembles", "continual", "laplace", "hub", "lora", "swag", "hmc", "conformal", "moments", "sngp",
-         "ddu", "methods", "models", "datasets")
+         "multisample", "ensembles", "continual", "laplace", "hub", "lora", "swag", "hmc", "sgmcmc", "conformal", "moments",
+         "sngp", "ddu", "methods", "models", "datasets")
 _LAZY_MODULES = ("tuning", "plots", "evaluation", "training", "experiments", "testing", "cli")
 # Documented and importable (``tfbnn.cli``, ``import tfbnn.testing``), but not library API: the
 # command line, the studies behind it and the test harness for new layers stay out of ``__all__``

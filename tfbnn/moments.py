@@ -328,8 +328,8 @@ def relu_covariance(mean, covariance):
     """
     mean = checks.float_tensor("mean", mean)
     covariance = tf.cast(checks.float_tensor("covariance", covariance), mean.dtype)
-    d = mean.shape[-1]
-    if mean.shape.rank is None or mean.shape.rank < 1 or covariance.shape.rank != mean.shape.rank + 1 or (
+    d = mean.shape[-1] if mean.shape.rank else None
+    if d is None or covariance.shape.rank != mean.shape.rank + 1 or (
             covariance.shape[-2:] != (d, d)) or covariance.shape[:-2] != mean.shape[:-1]:
         raise ValueError(f"Expected `covariance` of shape (..., d, d) for `mean` of shape (..., d). Received: "
                          f"mean.shape={tuple(mean.shape)}, covariance.shape={tuple(covariance.shape)}")
