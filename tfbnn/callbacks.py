@@ -55,18 +55,23 @@ References:
     Osawa et al. Practical Deep Learning with Bayesian Principles. NeurIPS 2019.
 """
 
+import io
 import math
+import os
 import time
 import warnings
 
 import keras
+import numpy as np
+import tensorflow as tf
 
-from tfbnn import pruning
+from tfbnn import distribute, metrics, pruning
 from tfbnn._internal import checks, keras_private
 from tfbnn import schedules as schedules_lib
+from tfbnn.inference import predict
 from tfbnn.utils import bayesian_layers, set_kl_weight
 
-__all__ = ["KLAnnealing", "SparsityMonitor", "NaNGuard", "EpochTimer"]
+__all__ = ["KLAnnealing", "SparsityMonitor", "NaNGuard", "EpochTimer", "PosteriorBoard"]
 
 
 class KLAnnealing(keras.callbacks.Callback):
@@ -253,3 +258,208 @@ class EpochTimer(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs["seconds"] = time.perf_counter() - self._start
+
+
+class PosteriorBoard(keras.callbacks.Callback):
+    """Writes the posterior to TensorBoard after every epoch: KL per layer, scales, signal-to-noise, log-alpha,
+    and the Monte Carlo predictive on validation data with its reliability diagram.
+
+    Beside ``keras.callbacks.TensorBoard`` (which writes ``<log_dir>/train`` and
+    ``/validation``), this writes ``<log_dir>/posterior``. Per epoch (step = epoch):
+
+    - scalars ``kl/<layer>`` (the layer's unscaled ``KL(q || p)``), ``kl/total``,
+      ``kl_scaled/<layer>`` (``kl_weight * KL``, what the loss holds), ``kl_share/<layer>``
+      (that over the epoch's mean ``loss``) and ``kl_beta`` when :class:`KLAnnealing` logs it;
+    - for every layer with a kernel posterior (:func:`tfbnn.pruning.prunable_layers`), every
+      epoch scalars ``prunable/snr<th>/<layer>``, the fraction of weights with
+      ``|mu| / sigma < th`` for each of ``snr_thresholds``, and every ``histogram_every``
+      epochs histograms ``posterior_scale/<layer>`` (``sigma``) and ``log10_snr/<layer>``
+      (``log10 |mu| / sigma``, Graves 2011);
+    - for variational dropout (a ``log_alpha()``), ``sparsity/<layer>``, the fraction with
+      ``log alpha > 3`` (Molchanov et al. 2017), and the histogram ``log_alpha/<layer>``;
+    - with ``validation_data`` ``(x, y)`` of a classifier, every ``validation_every``
+      epochs: ``validation/accuracy``, ``validation/nll``, ``validation/ece``
+      (``num_bins``), ``validation/predictive_entropy`` and ``validation/mutual_information``
+      (means) from ``tfbnn.predict(model, x, num_samples)`` on the first ``max_examples``
+      rows, kept as :attr:`last_prediction`; at the last epoch (and every
+      ``reliability_every`` epochs) the image ``validation/reliability_diagram``
+      (:func:`tfbnn.plots.reliability_diagram`).
+
+    Every quantity is written at epoch 0 and every so many epochs after, and at the last
+    epoch; the writer flushes as TensorFlow's does (every two minutes) and when training
+    ends. The per-epoch scalars go out in one compiled call. What the board costs against
+    an epoch of the main job is measured by ``benchmarks/posterior_board.py``.
+
+    Under ``tf.distribute`` only the chief writes (:func:`tfbnn.distribute.is_chief`).
+
+    Args:
+        log_dir: the TensorBoard folder (``tensorboard --logdir log_dir``).
+        validation_data: ``(x, y)`` with integer labels, or None.
+        num_samples: int >= 1, T of the validation predictive. Default 20.
+        max_examples: int >= 1, validation rows used. Default 1000.
+        snr_thresholds: floats > 0. Default ``(0.5, 0.83, 2.0)`` (0.83: Graves').
+        histogram_every: int >= 1. Default 10.
+        validation_every: int >= 1. Default 10.
+        reliability_every: int >= 1 or None (the last epoch only), a multiple of ``validation_every``.
+            Default None.
+        num_bins: int >= 1, the ECE's and the diagram's bins. Default 15.
+
+    Example:
+        >>> import os, tempfile, keras, numpy as np, tfbnn
+        >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+        >>> y = (x[:, 0] > 0).astype("int32")
+        >>> model = keras.Sequential([keras.Input((4,)), tfbnn.DenseFlipout(2, activation="softmax", seed=0)])
+        >>> model.compile("adam", "sparse_categorical_crossentropy")
+        >>> board = tfbnn.callbacks.PosteriorBoard(tempfile.mkdtemp(), validation_data=(x, y), num_samples=5)
+        >>> _ = model.fit(x, y, epochs=2, callbacks=[tfbnn.KLAnnealing(len(x)), board], verbose=0)
+        >>> sorted(os.listdir(board.log_dir)), board.last_prediction.mean_probs.shape
+        (['posterior'], (64, 2))
+    """
+
+    def __init__(self, log_dir, validation_data=None, num_samples=20, max_examples=1000,
+                 snr_thresholds=(0.5, pruning.DEFAULT_SNR_THRESHOLD, 2.0), histogram_every=10, validation_every=10,
+                 reliability_every=None, num_bins=15):
+        super().__init__()
+        if not isinstance(log_dir, (str, os.PathLike)):
+            raise ValueError(f"Expected `log_dir` to be a folder path. Received: log_dir={log_dir!r}")
+        self.log_dir = os.fspath(log_dir)
+        if validation_data is not None and (not isinstance(validation_data, (tuple, list))
+                                            or len(validation_data) != 2):
+            raise ValueError("Expected `validation_data` to be a pair (x, y) or None. "
+                             f"Received: validation_data of type {type(validation_data).__name__}")
+        self.validation_data = validation_data
+        self.num_samples = checks.integer("num_samples", num_samples, 1)
+        self.max_examples = checks.integer("max_examples", max_examples, 1)
+        if isinstance(snr_thresholds, (int, float)) or not all(
+                checks.is_number(t) and t > 0 for t in snr_thresholds):
+            raise ValueError(f"Expected `snr_thresholds` to be numbers > 0. Received: snr_thresholds={snr_thresholds!r}")
+        self.snr_thresholds = tuple(float(t) for t in snr_thresholds)
+        self.histogram_every = checks.integer("histogram_every", histogram_every, 1)
+        self.validation_every = checks.integer("validation_every", validation_every, 1)
+        self.reliability_every = checks.integer("reliability_every", reliability_every, 1, allow_none=True)
+        if self.reliability_every and self.reliability_every % self.validation_every:
+            raise ValueError("Expected `reliability_every` to be a multiple of `validation_every` (the image is of "
+                             f"the validation predictive). Received: reliability_every={reliability_every}, "
+                             f"validation_every={validation_every}")
+        self.num_bins = checks.integer("num_bins", num_bins, 1)
+        self.last_prediction = None
+        self._writer = None
+        self._scalar_writers, self._kl_function, self._histogram_writer = {}, None, None
+
+    def on_train_begin(self, logs=None):
+        self._last_epoch = (self.params or {}).get("epochs", 0) - 1
+        if distribute.is_chief(self.model.distribute_strategy) and self._writer is None:
+            self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "posterior"))
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            self._scalar_writers, self._kl_function, self._histogram_writer = {}, None, None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._writer is None:
+            return
+        logs = logs or {}
+        scalars = self._kl_scalars(logs)
+        histograms = {}
+        for layer in pruning.prunable_layers(self.model):
+            self._layer_summaries(layer, scalars, histograms)
+        self._write_scalars(scalars, epoch)
+        if self._due(epoch, self.histogram_every):
+            self._write_histograms(histograms, epoch)
+        validation = self.validation_data is not None and self._due(epoch, self.validation_every)
+        if validation:  # its own compiled write: the per-epoch one keeps one set of tags
+            validation_scalars = {}
+            probs, labels = self._validation_scalars(validation_scalars)
+            self._write_scalars(validation_scalars, epoch)
+        with self._writer.as_default(step=epoch):
+            if validation and (epoch == self._last_epoch
+                               or (self.reliability_every and epoch % self.reliability_every == 0)):
+                tf.summary.image("validation/reliability_diagram", self._reliability_image(probs, labels))
+
+    def _write_scalars(self, scalars, epoch):
+        """All of an epoch's scalars in one compiled call (one eager summary op each costs about a millisecond)."""
+        tags = tuple(scalars)
+        if tags not in self._scalar_writers:
+            writer = self._writer
+
+            @tf.function(autograph=False)
+            def write(values, step):
+                with writer.as_default(step=step):
+                    for i, tag in enumerate(tags):
+                        tf.summary.scalar(tag, values[i])
+            self._scalar_writers[tags] = write
+        self._scalar_writers[tags](tf.constant([scalars[t] for t in tags], tf.float32), tf.constant(epoch, tf.int64))
+
+    def _write_histograms(self, histograms, epoch):
+        """The histograms in one compiled call, traced once for their tags and sizes."""
+        key = tuple((tag, len(values)) for tag, values in histograms.items())
+        if self._histogram_writer is None or self._histogram_writer[0] != key:
+            writer, tags = self._writer, [tag for tag, _ in key]
+
+            @tf.function(autograph=False)
+            def write(values, step):
+                with writer.as_default(step=step):
+                    for tag, value in zip(tags, values):
+                        tf.summary.histogram(tag, value)
+            self._histogram_writer = (key, write)
+        self._histogram_writer[1]([tf.constant(v, tf.float32) for v in histograms.values()],
+                                  tf.constant(epoch, tf.int64))
+
+    def _kl_scalars(self, logs):
+        layers = bayesian_layers(self.model)
+        if self._kl_function is None or self._kl_function[0] != [id(layer) for layer in layers]:
+            self._kl_function = ([id(layer) for layer in layers],
+                                 tf.function(lambda: [tf.cast(layer.kl_divergence(), tf.float32) for layer in layers]))
+        kls = [float(kl) for kl in self._kl_function[1]()] if layers else []
+        scalars = {}
+        for layer, kl in zip(layers, kls):
+            scalars[f"kl/{layer.name}"] = kl
+            weight = getattr(layer, "kl_weight", None)
+            if weight is not None:
+                scaled = float(weight) * kl
+                scalars[f"kl_scaled/{layer.name}"] = scaled
+                if logs.get("loss"):
+                    scalars[f"kl_share/{layer.name}"] = scaled / float(logs["loss"])
+        scalars["kl/total"] = float(sum(kls))
+        if "kl_beta" in logs:
+            scalars["kl_beta"] = float(logs["kl_beta"])
+        return scalars
+
+    def _due(self, epoch, every):
+        return epoch % every == 0 or epoch == self._last_epoch
+
+    def _layer_summaries(self, layer, scalars, histograms):
+        scale = np.asarray(layer.kernel_scale(), np.float64)
+        mu = np.abs(np.asarray(layer.kernel_loc, np.float64))
+        snr = np.where(mu > 0, mu / np.maximum(scale, 1e-30), 0.0)   # pruning.signal_to_noise, scale read once
+        for threshold in self.snr_thresholds:
+            scalars[f"prunable/snr{threshold:g}/{layer.name}"] = float(np.mean(snr < threshold))
+        histograms[f"posterior_scale/{layer.name}"] = scale.ravel()
+        histograms[f"log10_snr/{layer.name}"] = np.log10(np.maximum(snr, 1e-30)).ravel()
+        if hasattr(layer, "log_alpha"):
+            log_alpha = layer.log_alpha().numpy()
+            scalars[f"sparsity/{layer.name}"] = float(np.mean(log_alpha > pruning.DEFAULT_LOG_ALPHA_THRESHOLD))
+            histograms[f"log_alpha/{layer.name}"] = log_alpha.ravel()
+
+    def _validation_scalars(self, scalars):
+        x, y = self.validation_data
+        x, y = x[: self.max_examples], np.asarray(y)[: self.max_examples]
+        res = predict(self.model, x, num_samples=self.num_samples)
+        self.last_prediction = res
+        probs = res.mean_probs
+        scalars["validation/accuracy"] = float(np.mean(probs.argmax(-1) == y))
+        scalars["validation/nll"] = float(metrics.negative_log_likelihood(probs, y))
+        scalars["validation/ece"] = float(metrics.expected_calibration_error(probs, y, self.num_bins))
+        scalars["validation/predictive_entropy"] = float(np.mean(res.predictive_entropy))
+        scalars["validation/mutual_information"] = float(np.mean(res.mutual_information))
+        return probs, y
+
+    def _reliability_image(self, probs, labels):
+        from tfbnn import plots
+
+        fig = plots.reliability_diagram(probs, labels, self.num_bins, title="Reliability diagram (validation)")
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=80)
+        return tf.image.decode_png(buffer.getvalue(), channels=4)[None]

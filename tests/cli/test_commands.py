@@ -472,8 +472,18 @@ def test_recipes_and_run_commands(tmp_path, capsys):
     assert cli.main(["run", "digits-bbb-mlp", "--quick", "--verbose", "0", "--output-dir", str(out_dir)]) == 0
     written = training.load_recipe(str(out_dir / "recipe.json"))
     assert written == training.get_recipe("digits-bbb-mlp").quick()
-    # The written recipe runs again as a file.
-    assert cli.main(["run", str(out_dir / "recipe.json"), "--verbose", "0", "--output-dir", str(tmp_path / "again")]) == 0
+    # The written recipe runs again as a file, here with TensorBoard logs: Keras' own and the posterior board's.
+    board = tmp_path / "board"
+    assert cli.main(["run", str(out_dir / "recipe.json"), "--verbose", "0", "--output-dir", str(tmp_path / "again"),
+                     "--tensorboard", str(board)]) == 0
+    import glob
+
+    import tensorflow as tf
+
+    tags = {value.tag for path in glob.glob(str(board / "posterior" / "events.*"))
+            for event in tf.compat.v1.train.summary_iterator(path) for value in event.summary.value}
+    assert {"kl/total", "validation/nll", "validation/reliability_diagram"} <= tags, sorted(tags)
+    assert (board / "train").is_dir()
     assert cli.main(["run", "no-such-recipe"]) == 2
     _assert_one_error_line(capsys.readouterr().err)
 

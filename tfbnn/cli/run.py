@@ -40,6 +40,9 @@ def add_arguments(parser):
                         help="where the outputs go (default: saved_models/runs/<recipe name>)")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None,
                         help="Keras fit verbosity (default: 1 on a terminal, 2 otherwise)")
+    parser.add_argument("--tensorboard", default=None, metavar="DIR",
+                        help="write TensorBoard logs there: Keras' own and tfbnn's posterior board (KL per layer, "
+                             "posterior scales and signal-to-noise, the validation predictive); a recipe only")
 
 
 def run(args):
@@ -52,14 +55,15 @@ def run(args):
     changes = {k: getattr(args, k) for k in ("dataset", "epochs", "seed") if getattr(args, k) is not None}
     if changes:
         recipe = recipe.replace(**changes)
-    training.run(recipe, output_dir=args.output_dir, verbose=argtypes.verbosity(args.verbose))
+    training.run(recipe, output_dir=args.output_dir, verbose=argtypes.verbosity(args.verbose),
+                 tensorboard=args.tensorboard)
     return 0
 
 
 def _run_study(args):
     """``tfbnn run STUDY``: the study's ``run_experiment`` with its defaults and the options that apply."""
     study = importlib.import_module(STUDIES[args.recipe])
-    not_applicable = [f"--{k}" for k in ("dataset", "epochs", "verbose") if getattr(args, k) is not None]
+    not_applicable = [f"--{k}" for k in ("dataset", "epochs", "verbose", "tensorboard") if getattr(args, k) is not None]
     if args.quick and "quick" not in study.DEFAULTS:
         not_applicable.append("--quick")
     if not_applicable:

@@ -159,6 +159,10 @@ def add_arguments(parser):
                             help="the .keras model (default: saved_models/<method>_<model>_<dataset>.keras)")
     evaluation.add_argument("--output-dir", default=None, metavar="DIR",
                             help="history, curves, results and recipe (default: PATH without .keras + '_run')")
+    evaluation.add_argument("--tensorboard", default=None, metavar="DIR",
+                            help="write TensorBoard logs there during training: Keras' own and tfbnn's posterior "
+                                 "board (KL per layer, posterior scales and signal-to-noise, the validation "
+                                 "predictive with its reliability diagram)")
 
 
 def _not_applicable(args):
@@ -250,6 +254,6 @@ def run(args):
     compare = args.beta_comparison and recipe.is_bayesian and recipe.beta != 1.0
     training.run(recipe, output_dir=output_dir, model_path=output, verbose=argtypes.verbosity(args.verbose),
                  baseline=args.baseline and recipe.method != "deterministic", jit_compile=jit,
-                 strategy=strategy, compare_beta=1.0 if compare else None)
+                 strategy=strategy, compare_beta=1.0 if compare else None, tensorboard=args.tensorboard)
     print(f"Saved the model to {output}", flush=True)
     return 0

@@ -369,6 +369,22 @@ def _eval_samples(recipe, model):
     return registry.get(recipe.member_method).num_eval_samples(model, recipe.eval_samples)
 
 
+def _board_callbacks(folder, recipe, data):
+    """Keras' TensorBoard and tfbnn's PosteriorBoard writing to ``folder`` (validation: a classifier's hold-out)."""
+    import keras
+
+    from tfbnn import callbacks
+
+    if not isinstance(folder, (str, os.PathLike)):
+        raise ValueError(f"Expected `tensorboard` to be a folder path or None. Received: tensorboard={folder!r}")
+    validation = None
+    if recipe.likelihood == "categorical" and data.validation is not None:
+        validation = arrays(data.validation)
+    board = callbacks.PosteriorBoard(os.fspath(folder), validation_data=validation,
+                                     num_samples=min(recipe.eval_samples, 20))
+    return [keras.callbacks.TensorBoard(os.fspath(folder)), board]
+
+
 def fit_temperature(model, recipe, data, num_samples=None):
     """The :class:`tfbnn.TemperatureScaling` fitted to ``model``'s Monte Carlo predictive
     on the validation hold-out of ``data`` (``"pooled"``: ``softmax(log p_bar / T)``).
@@ -806,7 +822,8 @@ def _publish(stage, output_dir):
 
 
 def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, jit_compile="auto",
-        strategy=None, callbacks=(), compare_beta=None, data=None, evaluate=None, quiet=False, figures=True):
+        strategy=None, callbacks=(), compare_beta=None, data=None, evaluate=None, quiet=False, figures=True,
+        tensorboard=None):
     """Fits, evaluates and records ``recipe``; returns a :class:`RunResult`.
 
     Args:
@@ -841,6 +858,10 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
         quiet: bool; print nothing (a study running many recipes prints its own lines).
         figures: bool; write ``learning_curves.png`` (default True; a study running many recipes
             may skip the figure, about a second a run).
+        tensorboard: a folder or None: Keras' ``TensorBoard`` callback and
+            :class:`tfbnn.callbacks.PosteriorBoard` (the posterior per layer and, for a
+            classifier with a validation hold-out, its Monte Carlo predictive) write there
+            during the main fit (``tensorboard --logdir DIR``).
 
     Raises:
         ValueError: a bad recipe or argument (named).
@@ -876,6 +897,8 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
 
     keras.utils.set_random_seed(recipe.seed)
     data = load_data(recipe) if data is None else data
+    if tensorboard is not None:
+        callbacks = (*callbacks, *_board_callbacks(tensorboard, recipe, data))
     evaluate = evaluate or _evaluate
     stage = files.make_staging_folder(output_dir)
     try:
