@@ -123,6 +123,8 @@ class _Sampler(keras.optimizers.Optimizer):
     def __init__(self, learning_rate, num_examples, temperature=1.0, prior_precision=None, seed=None, name=None,
                  **kwargs):
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        #: The :class:`CyclicalSchedule` when the learning rate is one (its stages switch the noise), else None.
+        self.schedule = learning_rate if isinstance(learning_rate, CyclicalSchedule) else None
         self.num_examples = checks.integer("num_examples", num_examples, 1)
         self.temperature = checks.number("temperature", temperature, 0.0)
         self.prior_precision = checks.number("prior_precision", prior_precision, 0.0, allow_none=True)
@@ -142,8 +144,8 @@ class _Sampler(keras.optimizers.Optimizer):
         """``N(0, variance)`` noise shaped like ``variable``, off in a cyclical schedule's exploration stage."""
         noise = keras.random.normal(variable.shape, dtype=variable.dtype, seed=self._seed_generator)
         scale = tf.sqrt(tf.cast(variance, variable.dtype))
-        if isinstance(self._learning_rate, CyclicalSchedule):
-            scale *= tf.cast(self._learning_rate.sampling(self.iterations), variable.dtype)
+        if self.schedule is not None:
+            scale *= tf.cast(self.schedule.sampling(self.iterations), variable.dtype)
         return scale * noise
 
     def get_config(self):
@@ -302,7 +304,7 @@ class SampleCollector(keras.callbacks.Callback):
         step = int(optimizer.iterations.numpy())  # steps taken; the last one was step - 1
         if step <= self.burn_in or (self.steps and step - self.steps[-1] < self.thin):
             return
-        schedule = getattr(optimizer, "_learning_rate", None)
+        schedule = getattr(optimizer, "schedule", None)
         if isinstance(schedule, CyclicalSchedule) and not bool(schedule.sampling(step - 1)):
             return
         if self._flat is None or self._flat.model is not self.model:
