@@ -344,77 +344,61 @@ class PosteriorBoard(keras.callbacks.Callback):
         self.num_bins = checks.integer("num_bins", num_bins, 1)
         self.last_prediction = None
         self._writer = None
-        self._scalar_writers, self._kl_function, self._histogram_writer = {}, None, None
 
     def on_train_begin(self, logs=None):
         self._last_epoch = (self.params or {}).get("epochs", 0) - 1
         if distribute.is_chief(self.model.distribute_strategy) and self._writer is None:
             self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "posterior"))
+            layers = self._kl_layers = bayesian_layers(self.model)
+            self._kls = tf.function(lambda: [tf.cast(layer.kl_divergence(), tf.float32) for layer in layers])
+            self._compiled_writes = {}
 
     def on_train_end(self, logs=None):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-            self._scalar_writers, self._kl_function, self._histogram_writer = {}, None, None
 
     def on_epoch_end(self, epoch, logs=None):
         if self._writer is None:
             return
         logs = logs or {}
         scalars = self._kl_scalars(logs)
-        histograms = {}
+        histograms = {} if self._due(epoch, self.histogram_every) else None
         for layer in pruning.prunable_layers(self.model):
             self._layer_summaries(layer, scalars, histograms)
-        self._write_scalars(scalars, epoch)
-        if self._due(epoch, self.histogram_every):
-            self._write_histograms(histograms, epoch)
+        self._write(tf.summary.scalar, scalars, epoch)
+        if histograms is not None:
+            self._write(tf.summary.histogram, histograms, epoch)
         validation = self.validation_data is not None and self._due(epoch, self.validation_every)
         if validation:  # its own compiled write: the per-epoch one keeps one set of tags
             validation_scalars = {}
             probs, labels = self._validation_scalars(validation_scalars)
-            self._write_scalars(validation_scalars, epoch)
+            self._write(tf.summary.scalar, validation_scalars, epoch)
         with self._writer.as_default(step=epoch):
             if validation and (epoch == self._last_epoch
                                or (self.reliability_every and epoch % self.reliability_every == 0)):
                 tf.summary.image("validation/reliability_diagram", self._reliability_image(probs, labels))
 
-    def _write_scalars(self, scalars, epoch):
-        """All of an epoch's scalars in one compiled call (one eager summary op each costs about a millisecond)."""
-        tags = tuple(scalars)
-        if tags not in self._scalar_writers:
-            writer = self._writer
+    def _write(self, summary, values, epoch):
+        """``{tag: value}`` through ``summary`` (``tf.summary.scalar`` or ``.histogram``) in one compiled call, traced
+        once per set of tags and shapes (one eager summary op costs about a millisecond)."""
+        key = (summary, tuple((tag, np.shape(value)) for tag, value in values.items()))
+        if key not in self._compiled_writes:
+            writer, tags = self._writer, tuple(values)
 
             @tf.function(autograph=False)
-            def write(values, step):
+            def write(tensors, step):
                 with writer.as_default(step=step):
-                    for i, tag in enumerate(tags):
-                        tf.summary.scalar(tag, values[i])
-            self._scalar_writers[tags] = write
-        self._scalar_writers[tags](tf.constant([scalars[t] for t in tags], tf.float32), tf.constant(epoch, tf.int64))
-
-    def _write_histograms(self, histograms, epoch):
-        """The histograms in one compiled call, traced once for their tags and sizes."""
-        key = tuple((tag, len(values)) for tag, values in histograms.items())
-        if self._histogram_writer is None or self._histogram_writer[0] != key:
-            writer, tags = self._writer, [tag for tag, _ in key]
-
-            @tf.function(autograph=False)
-            def write(values, step):
-                with writer.as_default(step=step):
-                    for tag, value in zip(tags, values):
-                        tf.summary.histogram(tag, value)
-            self._histogram_writer = (key, write)
-        self._histogram_writer[1]([tf.constant(v, tf.float32) for v in histograms.values()],
-                                  tf.constant(epoch, tf.int64))
+                    for tag, tensor in zip(tags, tensors):
+                        summary(tag, tensor)
+            self._compiled_writes[key] = write
+        self._compiled_writes[key]([tf.constant(v, tf.float32) for v in values.values()],
+                                   tf.constant(epoch, tf.int64))
 
     def _kl_scalars(self, logs):
-        layers = bayesian_layers(self.model)
-        if self._kl_function is None or self._kl_function[0] != [id(layer) for layer in layers]:
-            self._kl_function = ([id(layer) for layer in layers],
-                                 tf.function(lambda: [tf.cast(layer.kl_divergence(), tf.float32) for layer in layers]))
-        kls = [float(kl) for kl in self._kl_function[1]()] if layers else []
+        kls = [float(kl) for kl in self._kls()] if self._kl_layers else []
         scalars = {}
-        for layer, kl in zip(layers, kls):
+        for layer, kl in zip(self._kl_layers, kls):
             scalars[f"kl/{layer.name}"] = kl
             weight = getattr(layer, "kl_weight", None)
             if weight is not None:
@@ -431,16 +415,19 @@ class PosteriorBoard(keras.callbacks.Callback):
         return epoch % every == 0 or epoch == self._last_epoch
 
     def _layer_summaries(self, layer, scalars, histograms):
-        scale = np.asarray(layer.kernel_scale(), np.float64)
-        mu = np.abs(np.asarray(layer.kernel_loc, np.float64))
-        snr = np.where(mu > 0, mu / np.maximum(scale, 1e-30), 0.0)   # pruning.signal_to_noise, scale read once
+        """Adds ``layer``'s scalars to ``scalars`` and, unless ``histograms`` is None, its histograms."""
+        scale = layer.kernel_scale().numpy()
+        snr = pruning.signal_to_noise(layer, scale)
         for threshold in self.snr_thresholds:
             scalars[f"prunable/snr{threshold:g}/{layer.name}"] = float(np.mean(snr < threshold))
+        log_alpha = layer.log_alpha().numpy() if hasattr(layer, "log_alpha") else None
+        if log_alpha is not None:
+            scalars[f"sparsity/{layer.name}"] = float(np.mean(log_alpha > pruning.DEFAULT_LOG_ALPHA_THRESHOLD))
+        if histograms is None:
+            return
         histograms[f"posterior_scale/{layer.name}"] = scale.ravel()
         histograms[f"log10_snr/{layer.name}"] = np.log10(np.maximum(snr, 1e-30)).ravel()
-        if hasattr(layer, "log_alpha"):
-            log_alpha = layer.log_alpha().numpy()
-            scalars[f"sparsity/{layer.name}"] = float(np.mean(log_alpha > pruning.DEFAULT_LOG_ALPHA_THRESHOLD))
+        if log_alpha is not None:
             histograms[f"log_alpha/{layer.name}"] = log_alpha.ravel()
 
     def _validation_scalars(self, scalars):

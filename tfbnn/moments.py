@@ -688,15 +688,15 @@ def _linear_moments(apply, add_bias, mean, variance, loc, weight_variance, bias,
 def _bayesian_kernel_moments(layer, mean, variance):
     if not isinstance(layer, (DenseArguments, ConvArguments)) or isinstance(layer, ConvTransposeArguments):
         _refuse(layer, "its linear map is not a dense layer or a convolution (transposed convolutions not yet)")
-    if getattr(layer, "low_rank", False):
-        _refuse(layer, "its posterior is low rank (posterior='low_rank'): its weights are correlated")
     loc, weight_variance, bias, bias_variance = _kernel_posterior(layer)
     return _linear_moments(layer.forward, layer.add_bias, mean, variance, loc, weight_variance, bias, bias_variance)
 
 
 def _kernel_posterior(layer):
     """``(kernel mean, kernel variance or None, bias mean or None, bias variance or None)`` of a Bayesian layer
-    (variances None in ``inference_mode="mean"``)."""
+    (variances None in ``inference_mode="mean"``); a low-rank posterior is refused."""
+    if getattr(layer, "low_rank", False):
+        _refuse(layer, "its posterior is low rank (posterior='low_rank'): its weights are correlated")
     sampling = _sampling(layer)
     bias = layer.bias_loc if layer.use_bias else None
     weight_variance = bias_variance = None
@@ -786,9 +786,6 @@ def random_feature_gp_moments(layer, mean, variance):
     if not isinstance(layer, RandomFeatureGaussianProcess):
         raise TypeError(f"Expected `layer` to be a tfbnn.layers.RandomFeatureGaussianProcess. Received: "
                         f"layer={layer!r}")
-    if layer.input_norm is not None:
-        _refuse(layer, "its input layer normalization (normalize_input=True) of a random input has no closed-form "
-                       "moments")
     mean, variance = _moment_pair(mean, variance)
     mean, variance = tf.cast(mean, tf.float32), tf.cast(variance, tf.float32)
     if mean.shape.rank != 2 or variance.shape != mean.shape:
@@ -813,6 +810,9 @@ def random_feature_gp_moments(layer, mean, variance):
 def _gp_logit_parts(layer, mean, variance=None, covariance=None):
     """The logits' mean ``(B, units)``, the features' covariance ``(B, D, D)`` and the GP's own variance
     ``(B,)`` for an input ``N(mean, diag(variance))`` or ``N(mean, covariance)`` (float32)."""
+    if layer.input_norm is not None:
+        _refuse(layer, "its input layer normalization (normalize_input=True) of a random input has no closed-form "
+                       "moments")
     w = tf.convert_to_tensor(layer.feature_kernel) / math.sqrt(layer.gp_kernel_scale)
     mu = tf.matmul(mean, w) + layer.feature_bias                                        # (B, D)
     c2 = 2.0 / layer.num_inducing if layer.scale_random_features else 1.0
@@ -835,6 +835,8 @@ def _gp_logit_parts(layer, mean, variance=None, covariance=None):
     return out_mean, cov, own
 
 
+_IBNN_REFUSAL = ("the iBNN node noise is a mixture whose components are assigned to rows (an ensemble inside the "
+                 "layer), which has no one-pass moment form here")
 _SHAPE_LAYERS = (keras.layers.Flatten, keras.layers.Reshape, keras.layers.Permute)
 _KERAS_CONVOLUTIONS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)
 _INFERENCE_IDENTITY = (keras.layers.Dropout, keras.layers.GaussianDropout, keras.layers.GaussianNoise,
@@ -844,8 +846,7 @@ _INFERENCE_IDENTITY = (keras.layers.Dropout, keras.layers.GaussianDropout, keras
 def _layer_moments(layer, mean, variance, last):
     """``(mean, variance, link)`` after ``layer``; ``last``: it is the model's output layer."""
     if isinstance(layer, NodeLayer):
-        _refuse(layer, "the iBNN node noise is a mixture whose components are assigned to rows (an ensemble "
-                       "inside the layer), which has no one-pass moment form here")
+        _refuse(layer, _IBNN_REFUSAL)
     if isinstance(layer, (MeanFieldGaussian, VariationalDropoutLayer)):
         mean, variance = _bayesian_kernel_moments(layer, mean, variance)
         return _activation(layer, _activation_name(layer.activation), mean, variance, last)
@@ -913,14 +914,11 @@ def _keeps_independence(layer, point, rank):
 def _dense_parts(layer):
     """``(loc, weight_variance or None, bias or None, bias_variance or None, activation)`` of a dense layer."""
     if isinstance(layer, NodeLayer):
-        _refuse(layer, "the iBNN node noise is a mixture whose components are assigned to rows (an ensemble "
-                       "inside the layer), which has no one-pass moment form here")
+        _refuse(layer, _IBNN_REFUSAL)
     if isinstance(layer, (MeanFieldGaussian, VariationalDropoutLayer)):
         if not isinstance(layer, DenseArguments):
             _refuse_full(layer, "the outputs of a random convolution share its kernel across positions, a covariance "
                                 "between every pair of positions and channels (refused rather than formed)")
-        if getattr(layer, "low_rank", False):
-            _refuse(layer, "its posterior is low rank (posterior='low_rank'): its weights are correlated")
         return (*_kernel_posterior(layer), layer.activation)
     if isinstance(layer, SpectralNormalization):
         inner = layer.layer
@@ -975,9 +973,6 @@ def _full_layer_moments(layer, mean, cov, last):
     if isinstance(layer, StochasticLayer):
         _refuse(layer, "its noise has no closed-form moments here")
     if isinstance(layer, RandomFeatureGaussianProcess):
-        if layer.input_norm is not None:
-            _refuse(layer, "its input layer normalization (normalize_input=True) of a random input has no "
-                           "closed-form moments")
         out_mean, feature_cov, own = _gp_logit_parts(layer, tf.cast(mean, tf.float32),
                                                      covariance=tf.cast(cov, tf.float32))
         kernel = tf.cast(tf.convert_to_tensor(layer.kernel), tf.float32)

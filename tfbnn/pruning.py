@@ -168,10 +168,12 @@ def _already_pruned(layer):
     return np.asarray(layer.kernel_loc.numpy()) == 0
 
 
-def signal_to_noise(layer):
-    """``|mu| / sigma`` per kernel weight (NumPy); 0 where ``mu`` is 0."""
+def signal_to_noise(layer, scale=None):
+    """``|mu| / sigma`` per kernel weight (NumPy); 0 where ``mu`` is 0.
+
+    ``scale``: the layer's ``kernel_scale()`` when the caller has it already (else computed)."""
     mu = np.abs(np.asarray(layer.kernel_loc.numpy(), np.float64))
-    sigma = np.asarray(layer.kernel_scale().numpy(), np.float64)
+    sigma = np.asarray(layer.kernel_scale().numpy() if scale is None else scale, np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         snr = np.where(mu > 0, mu / np.maximum(sigma, 1e-30), 0.0)
     return snr

@@ -375,8 +375,6 @@ def _board_callbacks(folder, recipe, data):
 
     from tfbnn import callbacks
 
-    if not isinstance(folder, (str, os.PathLike)):
-        raise ValueError(f"Expected `tensorboard` to be a folder path or None. Received: tensorboard={folder!r}")
     validation = None
     if recipe.likelihood == "categorical" and data.validation is not None:
         validation = arrays(data.validation)
@@ -892,6 +890,8 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
         files.check_target(model_path, "model_path", create=False)
     if verbose is None:
         verbose = 1 if getattr(sys.stdout, "isatty", lambda: False)() else 2
+    if tensorboard is not None and not isinstance(tensorboard, (str, os.PathLike)):  # before the data load
+        raise ValueError(f"Expected `tensorboard` to be a folder path or None. Received: tensorboard={tensorboard!r}")
 
     import keras
 
