@@ -341,7 +341,7 @@ def test_one_hot_targets_and_default_structures():
     ({"likelihood": "poisson"}, "likelihood='poisson'"),
     ({"subset": "first_layer"}, "subset='first_layer'"),
     ({"hessian": "lowrank"}, "hessian='lowrank'"),
-    ({"subset": "all", "hessian": "kron"}, "hessian='kron'"),
+    ({"subset": "subnetwork", "subnetwork": 3, "hessian": "kron"}, "hessian='kron'"),
     ({"prior_precision": -1.0}, "prior_precision=-1.0"),
     ({"prior_precision": float("nan")}, "prior_precision=nan"),
     ({"sigma_noise": 2.0}, "sigma_noise=2.0"),  # classification has no noise

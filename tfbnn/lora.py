@@ -92,6 +92,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfbnn._internal import checks, keras_private
+from tfbnn._internal.curvature import Probes, activate, pre_activation
 from tfbnn import kl as kl_lib
 from tfbnn import laplace as laplace_lib
 from tfbnn import priors as priors_lib
@@ -148,20 +149,6 @@ def _scale(layer):
     return layer.lora_alpha / layer.lora_rank
 
 
-def _pre_activation(layer, inputs, kernel):
-    """The layer's ``inputs (*) kernel + bias`` (its call before the activation) with the given kernel."""
-    kernel = tf.cast(kernel, inputs.dtype)
-    if isinstance(layer, keras.layers.EinsumDense):
-        outputs = tf.einsum(layer.equation, inputs, kernel)
-    else:
-        outputs = keras.ops.matmul(inputs, kernel)
-    return outputs if layer.bias is None else outputs + tf.cast(layer.bias, outputs.dtype)
-
-
-def _activate(layer, outputs):
-    return outputs if layer.activation is None else layer.activation(outputs)
-
-
 class _StoredDtype(keras.layers.Layer):
     """Runs ``fn()`` with Keras variables read in the dtype they are stored in.
 
@@ -200,37 +187,6 @@ def _is_dense_like(layer):
 
 
 # -- Laplace-LoRA ----------------------------------------------------------------------------------
-class _Probes:
-    """While active, each LoRA layer's call records its input and adds a watched zero "probe" to its
-    pre-activation, so that ``d f / d probe`` is the sensitivity of the outputs to it (the layers' own
-    ``call`` is restored on exit)."""
-
-    def __init__(self, layers, tape):
-        self.layers, self.tape, self.inputs, self.probes = layers, tape, {}, {}
-
-    def attach(self, layer, inputs, outputs):
-        """``outputs + probe`` (the layer's pre-activation), recording ``inputs`` and the probe."""
-        probe = tf.zeros_like(outputs)
-        self.tape.watch(probe)
-        self.inputs[id(layer)], self.probes[id(layer)] = inputs, probe
-        return outputs + probe
-
-    def _call(self, layer):
-        def call(inputs, *args, **kwargs):
-            return _activate(layer, self.attach(layer, inputs, _pre_activation(layer, inputs, layer.kernel)))
-
-        return call
-
-    def __enter__(self):
-        for layer in self.layers:
-            keras_private.override_call(layer, self._call(layer))
-        return self
-
-    def __exit__(self, *exc):
-        for layer in self.layers:
-            keras_private.restore_call(layer)
-
-
 class LoRALaplace(laplace_lib.Laplace):
     """Laplace-LoRA: the Laplace approximation over a model's LoRA factors only (Yang et al. 2024).
 
@@ -272,12 +228,12 @@ class LoRALaplace(laplace_lib.Laplace):
         (5,)
     """
 
-    _kron_all = True
+    def _kron_layers(self, model):
+        return None  # KFAC per LoRA factor (_batch_curvature), not per layer
 
     def __init__(self, model, likelihood="classification", hessian="kron", prior_precision=1.0, sigma_noise=1.0):
         super().__init__(model, likelihood=likelihood, subset="all", hessian=hessian,
                          prior_precision=prior_precision, sigma_noise=sigma_noise)
-        self._activations = None
 
     def _subset_variables(self, model):
         layers = _required_lora_layers(model)
@@ -299,15 +255,12 @@ class LoRALaplace(laplace_lib.Laplace):
         _check_inputs(self._net.inputs, x)
         if self.hessian != "kron":
             return super()._batch_curvature(x)
-        f, inputs, sensitivities = self._layer_terms(x)
+        f, inputs, sensitivities = self._layer_terms(x, list(dict.fromkeys(layer for layer, _ in self.factors)))
         parts = []
         for layer, which in self.factors:
             a, g = self._factor_terms(layer, which, inputs[id(layer)], sensitivities[id(layer)], f)
             parts += [a.T @ a, g.T @ g / (a.shape[0] / f.shape[0])]  # G divided by S here, by N at the end
         return f, tuple(parts)
-
-    def _average_output_factors(self, factors, num):
-        return tuple(m / num if i % 2 else m for i, m in enumerate(factors))
 
     def _factor_terms(self, layer, which, x, sensitivity, f):
         """The factor's inputs ``a`` (N S, in) and output sensitivities ``g`` (N K S, out) of the module docstring."""
@@ -320,33 +273,6 @@ class LoRALaplace(laplace_lib.Laplace):
         if which == "a":
             return x, s * root @ b.T
         return s * x @ np.asarray(layer.lora_kernel_a.numpy(), np.float64), root
-
-    def _layer_terms(self, x):
-        """``f`` (B, K), and per LoRA layer its inputs and ``d f / d y`` (B, K, ..., out), float64."""
-        net = self._net
-        leaves = [tf.cast(v, t.dtype) for v, t in zip(tf.nest.flatten(x), tf.nest.flatten(net.inputs))]
-        x = tf.nest.pack_sequence_as(x, leaves)
-        layers = list(dict.fromkeys(layer for layer, _ in self.factors))
-        if self._activations is None:
-            signature = tf.nest.map_structure(lambda v: tf.TensorSpec([None, *v.shape[1:]], v.dtype), x)
-            self._activations = tf.function(lambda inputs: self._trace_terms(layers, inputs),
-                                            input_signature=[signature])
-        f, inputs, sensitivities = self._activations(x)
-        as_numpy = {id(layer): (np.asarray(i, np.float64), np.asarray(g, np.float64))
-                    for layer, i, g in zip(layers, inputs, sensitivities)}
-        return (np.asarray(f, np.float64), {k: v[0] for k, v in as_numpy.items()},
-                {k: v[1] for k, v in as_numpy.items()})
-
-    def _trace_terms(self, layers, x):
-        last = self._net.last
-        inner = [layer for layer in layers if layer is not last]
-        with tf.GradientTape(persistent=True) as tape, _Probes(inner, tape) as probes:
-            phi = self._net.features(x, training=False)
-            f = _pre_activation(last, phi, last.kernel)  # the last layer's pre-activation, as laplace's
-            if len(inner) < len(layers):
-                f = probes.attach(last, phi, f)
-        sensitivities = [tape.batch_jacobian(f, probes.probes[id(layer)]) for layer in layers]
-        return f, [probes.inputs[id(layer)] for layer in layers], sensitivities
 
     def to_model(self, seed=None, name=None):
         """A Keras model that samples the linearized (GLM) predictive of Laplace-LoRA (Yang et al. 2024).
@@ -704,7 +630,7 @@ class LinearizedLoRA(StochasticLayer):
 
     def _logits(self, inputs):
         """``f(x; theta*)``, computed as the model computes it (its layers' compute dtypes)."""
-        return _pre_activation(self.last, self.features(inputs, training=False), self.last.kernel)
+        return pre_activation(self.last, self.features(inputs, training=False), self.last.kernel)
 
     def _linearized(self, inputs, offsets):
         """``f(x; theta*) + J(x) delta`` for one ``delta`` (per-factor tangents), in the compute dtype.
@@ -935,12 +861,12 @@ class VariationalLoRA(BayesianLayer):
 
     def call(self, inputs, training=None):
         scale, kl = self._scale_and_kl()
-        outputs = _pre_activation(self.layer, inputs, self.layer.kernel)
+        outputs = pre_activation(self.layer, inputs, self.layer.kernel)
         if self._sampling(training):
             outputs = outputs + self._noise(inputs, scale)
         if self._adds_kl:
             self._add_kl_loss(kl, training)
-        return _activate(self.layer, outputs)
+        return activate(self.layer, outputs)
 
     def compute_output_shape(self, input_shape):
         return self.layer.compute_output_shape(input_shape)

@@ -135,8 +135,8 @@ def override_call(layer, call):
     """Makes ``layer(...)`` run ``call`` instead of its class's ``call`` until :func:`restore_call`.
 
     Unsupported use of Keras: an instance attribute shadowing ``Layer.call`` (Keras' ``__call__``
-    looks ``self.call`` up on the instance). Why: Laplace-LoRA probes the pre-activations of
-    layers inside a model it did not build. Public replacement: none in Keras 3.15.
+    looks ``self.call`` up on the instance). Why: Laplace-LoRA and KFAC over every layer (tfbnn.laplace) probe
+    the pre-activations of layers inside a model they did not build. Public replacement: none in Keras 3.15.
     """
     layer.call = call
 

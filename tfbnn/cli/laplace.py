@@ -38,7 +38,9 @@ DESCRIPTION = (
 EPILOG = (
     "examples:\n"
     "  tfbnn laplace saved_models/digits_mlp.keras --data digits\n"
-    "  tfbnn laplace model.keras --data data.npz --subset all --hessian diag --prior val_nll --predictive mc"
+    "  tfbnn laplace model.keras --data data.npz --subset all --hessian diag --prior val_nll --predictive mc\n"
+    "  tfbnn laplace model.keras --data digits --subset all --hessian kron --per-layer-prior\n"
+    "  tfbnn laplace model.keras --data digits --subset subnetwork --subnetwork 500"
 )
 
 
@@ -57,9 +59,16 @@ def add_arguments(parser):
                         help=f"a dataset ({', '.join(DATASETS)}) or a .npz file with x_train, y_train, x_test, y_test")
     parser.add_argument("--likelihood", choices=("auto", "classification", "regression"), default="auto",
                         help="auto: classification for integer targets, regression for float ones")
-    parser.add_argument("--subset", choices=("last_layer", "all"), default="last_layer", help="the weights treated")
+    parser.add_argument("--subset", choices=("last_layer", "all", "subnetwork"), default="last_layer",
+                        help="the weights treated (subnetwork: the --subnetwork N of largest variance)")
     parser.add_argument("--hessian", choices=("full", "kron", "diag"), default=None,
-                        help="GGN structure (default: kron for the last layer, diag for all weights)")
+                        help="GGN structure (default: kron for the last layer, diag for all weights, full for a "
+                             "subnetwork; kron with --subset all is KFAC per Dense/Conv2D layer)")
+    parser.add_argument("--subnetwork", type=argtypes.positive_int, default=None, metavar="N",
+                        help="--subset subnetwork: how many weights (those of largest variance under a diagonal "
+                             "Laplace, Daxberger et al. 2021)")
+    parser.add_argument("--per-layer-prior", action="store_true",
+                        help="--prior marglik: one prior precision per layer (--subset all, kron or diag)")
     parser.add_argument("--prior", choices=("marglik", "val_nll", "fixed"), default="marglik",
                         help="how the prior precision is chosen: the marginal likelihood, the validation NLL, "
                              "or --prior-precision as given")
@@ -218,8 +227,11 @@ def run(args):
         y, y_test = y[:, None], y_test[:, None]
         val = None if val is None else (val[0], val[1][:, None])
     start = time.perf_counter()
+    if args.per_layer_prior and args.prior != "marglik":
+        raise ValueError(f"--per-layer-prior tunes by the marginal likelihood. Received: --prior={args.prior}")
     la = laplace.Laplace(model, likelihood=likelihood, subset=args.subset, hessian=args.hessian,
-                         prior_precision=args.prior_precision, sigma_noise=args.sigma_noise)
+                         prior_precision=args.prior_precision, sigma_noise=args.sigma_noise,
+                         subnetwork=args.subnetwork)
     batch = args.batch_size or (256 if args.subset == "last_layer" else 32)
     if args.verbose:
         print(f"Fitting the {la.hessian} GGN of {la.num_parameters} weights ({args.subset}) on {len(x)} examples")
@@ -227,16 +239,19 @@ def run(args):
     if args.prior != "fixed":
         options = {"x_val": val[0], "y_val": val[1]} if need_val else {
             "tune_sigma_noise": likelihood == "regression" and not args.fixed_noise}
+        if args.per_layer_prior:
+            options["per_layer"] = True
         la.optimize_prior_precision(method=args.prior, seed=args.seed, **options)
     seconds = time.perf_counter() - start
     if args.verbose:
-        print(f"prior precision {la.prior_precision:.4g}" + (f", noise std {la.sigma_noise:.4g}"
+        delta = ", ".join(f"{d:.4g}" for d in np.ravel(la.prior_precision))
+        print(f"prior precision {delta}" + (f", noise std {la.sigma_noise:.4g}"
                                                                if likelihood == "regression" else "")
               + f" ({args.prior}); evaluating on {len(x_test)} test examples")
     ours, base = _evaluate(la, model, x_test, y_test, args, predictive)
     evaluation = {
         "model": os.path.abspath(args.model), "data": args.data, "likelihood": likelihood, "subset": la.subset,
-        "hessian": la.hessian, "prior": args.prior, "prior_precision": la.prior_precision,
+        "hessian": la.hessian, "prior": args.prior, "prior_precision": np.asarray(la.prior_precision).tolist(),
         "sigma_noise": la.sigma_noise if likelihood == "regression" else None,
         "log_marginal_likelihood": float(la.log_marginal_likelihood()), "predictive": predictive,
         "num_parameters": la.num_parameters, "num_train": int(len(x)), "num_test": int(len(x_test)),
