@@ -7,12 +7,14 @@ Walks ``tfbnn/`` (no import), skips private modules (``_name.py``) and
 ``__main__``, and adds ``api/<module>.md`` holding a mkdocstrings directive
 (``::: tfbnn.module``), so every module is documented and a module added later
 gets its page without a change here; the pages go to the nav under
-"API reference". ``benchmarks/README.md``, whose tables the benchmark scripts
+"API reference"; a page's members follow its module's ``__all__`` (the layers page lists the layers users
+instantiate first, the bases last). The footer names the version (pyproject.toml). ``benchmarks/README.md``, whose tables the benchmark scripts
 write (``--write-readme``), is published unchanged as ``guides/benchmarks.md``.
 """
 
 import importlib.util
 import os
+import re
 
 from mkdocs.structure.files import File
 
@@ -60,11 +62,19 @@ def api_page(module):
     return f"{link}::: {module}\n"
 
 
+def version(root):
+    """The package version (pyproject.toml), shown in every page's footer."""
+    with open(os.path.join(root, "pyproject.toml"), encoding="utf-8") as f:
+        return re.search(r'^version = "([^"]+)"', f.read(), re.MULTILINE).group(1)
+
+
 def on_config(config):
     root = os.path.dirname(config.config_file_path)
+    config["copyright"] = f"tfbnn {version(root)}: this documentation is for version {version(root)}"
     if config["nav"] is not None:
         config["nav"].insert(1, GUIDES.nav(root))
         config["nav"].append({"API reference": [{m: f"api/{m}.md"} for m in public_modules(root)]})
+        config["nav"].append({"Contributing": "contributing.md"})
     return config
 
 

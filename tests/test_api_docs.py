@@ -39,8 +39,10 @@ def _public_modules():
 @pytest.mark.heavy
 def test_api_reference_builds_strict_without_warnings(tmp_path):
     site = tmp_path / "site"
+    # NO_MKDOCS_2_WARNING: Material's banner about MkDocs 2 (not a build warning) names "WARNING".
     out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+                         cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-5000:]
     assert "WARNING" not in log, log[-5000:]
@@ -56,6 +58,47 @@ def test_api_reference_builds_strict_without_warnings(tmp_path):
     benchmarks = (site / "guides" / "benchmarks" / "index.html").read_text()
     assert "tfbnn_local" in benchmarks and "Deep ensembles: all members in one call" in benchmarks
     assert 'href="../../api/tfbnn.inference/' in (site / "guides" / "uncertainty" / "index.html").read_text()
+    _check_site_as_a_reader_finds_it(site)
+
+
+def _local_targets(page, html):
+    """The files the page's local links and images point to (anchors and queries dropped)."""
+    import re
+    import urllib.parse
+
+    targets = []
+    for attr, value in re.findall(r'\b(href|src)="([^"#?]*)', html):
+        if not value or re.match(r"^[a-z]+:", value) or value.startswith("//"):
+            continue
+        path = (page.parent / urllib.parse.unquote(value)).resolve()
+        targets.append(path / "index.html" if path.is_dir() or not path.suffix else path)
+    return targets
+
+
+def _check_site_as_a_reader_finds_it(site):
+    """What a reader meets (no browser here: Playwright's and Selenium's browsers come from outside the
+    package index): the search index holds every layer, the home page, a guide and an API page link only
+    to files the site has, code blocks get Material's copy button, the layers page lists the layers users
+    instantiate before the bases, and every page names the version."""
+    import json
+    import re
+
+    index = json.loads((site / "search" / "search_index.json").read_text())
+    assert any("DenseFlipout" in doc["title"] for doc in index["docs"]), "search does not find DenseFlipout"
+    pages = [site / "index.html", site / "guides" / "laplace" / "index.html",
+             site / "api" / "tfbnn.layers" / "index.html"]
+    for page in pages:
+        html = page.read_text()
+        missing = [str(t) for t in _local_targets(page, html) if not t.exists()]
+        assert missing == [], (page, missing)
+        assert re.search(r'"features":\s*\[[^]]*"content.code.copy"', html), page  # the copy button
+        assert "tfbnn 0." in html and "this documentation is for version" in html
+    home = pages[0].read_text()
+    assert "assets/reliability.png" in home and "Which method should I use?" in home
+    assert re.search(r"pip(<[^>]+>|\s)+install", home)  # the install line (highlighted: tokens in spans)
+    layers = pages[2].read_text()
+    assert layers.index('id="tfbnn.layers.DenseFlipout"') < layers.index('id="tfbnn.layers.StochasticLayer"')
+    assert "<th>Type</th>" not in layers  # the parameters are a list: no empty Type column
 
 
 def test_docstring_conventions_become_google_style():

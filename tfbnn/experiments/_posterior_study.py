@@ -238,11 +238,14 @@ def train(recipe, data, output_dir, x_eval, num_samples, regression, callbacks=(
     return result, kept["samples"]
 
 
-def fit_laplace(model, x, y, regression, noise_std, subset, hessian):
+def fit_laplace(model, x, y, regression, noise_std, subset, hessian, subnetwork=None):
     """The Laplace approximation of the MAP ``model`` with the prior precision maximising the
-    marginal likelihood (the noise stays the study's ``noise_std``)."""
+    marginal likelihood (the noise stays the study's ``noise_std``); ``subnetwork``: the count of
+    a subnetwork Laplace (capped at the model's weights)."""
+    if subnetwork is not None:
+        subnetwork = min(subnetwork, int(sum(np.prod(v.shape) for v in model.trainable_variables)))
     la = laplace.fit(model, x, y, likelihood="regression" if regression else "classification", subset=subset,
-                     hessian=hessian, sigma_noise=noise_std if regression else 1.0)
+                     hessian=hessian, sigma_noise=noise_std if regression else 1.0, subnetwork=subnetwork)
     return la.optimize_prior_precision(method="marglik", tune_sigma_noise=False)
 
 
@@ -383,7 +386,8 @@ def run_dataset(dataset, s, recipes, output_dir, verbose):
     for method, (subset, hessian) in LAPLACE.items():
         if method not in s["methods"]:
             continue
-        la, seconds = timed(fit_laplace, map_result.model, x, y, regression, noise, subset, hessian)
+        la, seconds = timed(fit_laplace, map_result.model, x, y, regression, noise, subset, hessian,
+                            s["subnetwork_size"] if subset == "subnetwork" else None)
         samples = [laplace_samples(la, xe, T, s["seed"], regression) for xe in x_eval]
         from_samples(method, samples, map_result.train_seconds + seconds,
                      {"prior_precision": float(la.prior_precision)})
@@ -409,7 +413,8 @@ def hmc_diagnostics(result, x_test):
 
 
 #: The post-hoc Laplace methods: (subset, hessian).
-LAPLACE = {"laplace_last_layer": ("last_layer", "kron"), "laplace_diag": ("all", "diag")}
+LAPLACE = {"laplace_last_layer": ("last_layer", "kron"), "laplace_diag": ("all", "diag"),
+           "laplace_kfac": ("all", "kron"), "laplace_subnetwork": ("subnetwork", "full")}
 
 
 def clear():

@@ -1,4 +1,4 @@
-"""Posterior comparison: ten approximate posteriors of one small MLP against an HMC reference.
+"""Posterior comparison: twelve approximate posteriors of one small MLP against an HMC reference.
 
 The comparison the VI thesis left open (issue 22, item 4). Every method fits the same MLP
 (``--hidden-units`` x ``--depth`` ReLU units) on the same data, and its predictive on the
@@ -24,6 +24,11 @@ method                      what (reference)
                             prior precision by the marginal likelihood (Daxberger et
                             al. 2021), GLM predictive
 ``laplace_diag``            post-hoc Laplace over all weights, diagonal GGN, the same
+``laplace_kfac``            post-hoc Laplace over all weights, KFAC per layer (Ritter et
+                            al. 2018), the same
+``laplace_subnetwork``      post-hoc Laplace, full covariance over the
+                            ``subnetwork_size`` weights of largest diagonal-Laplace
+                            variance (Daxberger et al. 2021), the same
 ``swag``                    SWAG, low rank plus diagonal Gaussian from the iterates of
                             the MAP recipe's second half (Maddox et al. 2019, who use
                             SGD; here Adam, the optimizer of every method)
@@ -101,6 +106,8 @@ METHODS = {
     "ensemble": "deep ensemble",
     "laplace_last_layer": "Laplace (last layer, KFAC)",
     "laplace_diag": "Laplace (all weights, diagonal)",
+    "laplace_kfac": "Laplace (all weights, KFAC)",
+    "laplace_subnetwork": "Laplace (subnetwork, full)",
     "swag": "SWAG",
 }
 DATASETS = ("gap", "diabetes", "breast_cancer")
@@ -119,6 +126,8 @@ SETTINGS = (
     Setting("epochs", 60, "epochs on the tabular data"), Setting("batch_size", 32), Setting("learning_rate", 3e-3),
     Setting("dropout_rate", 0.1), Setting("members", 5, "deep ensemble size"), Setting("num_samples", 100),
     Setting("swag_rank", 10, "SWAG: rank of the covariance's low-rank part", kind="positive_int"),
+    Setting("subnetwork_size", 500, "subnetwork Laplace: the weights of largest diagonal-Laplace variance",
+            kind="positive_int"),
     Setting("hmc_chains", 4, "HMC chains", kind="positive_int"),
     Setting("hmc_results", 500, "HMC samples kept per chain", kind="positive_int"),
     Setting("hmc_burnin", 500, "HMC burn-in (step-size adaptation) steps per chain", kind="non_negative_int"),
