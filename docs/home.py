@@ -1,12 +1,14 @@
 """The home page's "which method should I use?" table, written from the measured shift benchmark.
 
-``notebooks/outputs/shift_benchmark/`` holds the full offline run of notebook 07 (its
-``table.json`` and each method's training run under ``runs/``). :func:`block` turns them into
-the table ``docs/index.md`` holds between :data:`BEGIN` and :data:`END`: per method its clean
-and corrupted accuracy, NLL and ECE, its OOD AUROC against held-out classes, its training time
-and the forward passes a prediction takes, each row linking its guide. ``python docs/home.py``
-rewrites the table, ``python docs/home.py --check`` exits 1 while it differs
-(``tests/test_docs_lists.py`` runs the check). Standard library only.
+The full offline run of notebook 07 writes ``notebooks/outputs/shift_benchmark/`` (git-ignored:
+its ``table.json`` and each method's training run under ``runs/``); ``python docs/home.py
+--refresh`` keeps what the table needs (the rows, the settings, each run's training seconds) in
+:data:`MEASURED`, ``docs/assets/shift_benchmark.json``, which is committed. :func:`block` turns
+that into the table ``docs/index.md`` holds between :data:`BEGIN` and :data:`END`: per method
+its clean and corrupted accuracy, NLL and ECE, its OOD AUROC against held-out classes, its
+training time and the forward passes a prediction takes, each row linking its guide.
+``python docs/home.py`` rewrites the table, ``python docs/home.py --check`` exits 1 while it
+differs (``tests/test_docs_lists.py`` runs the check). Standard library only.
 """
 
 import json
@@ -16,8 +18,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join("notebooks", "outputs", "shift_benchmark")
+MEASURED = os.path.join("docs", "assets", "shift_benchmark.json")
 PAGE = os.path.join("docs", "index.md")
-BEGIN = "<!-- methods: written by `python docs/home.py` from notebooks/outputs/shift_benchmark -->"
+BEGIN = "<!-- methods: written by `python docs/home.py` from docs/assets/shift_benchmark.json -->"
 END = "<!-- /methods -->"
 
 #: method -> (label, guide link from docs/, training run, forward passes per prediction, when to use it).
@@ -52,23 +55,33 @@ METHODS = {
 }
 
 
-def _load(root):
+def refresh(root=None):
+    """Copies what the table needs from the notebook's outputs (:data:`RESULTS`) to :data:`MEASURED`."""
+    root = root or ROOT
     with open(os.path.join(root, RESULTS, "table.json"), encoding="utf-8") as f:
         table = json.load(f)
     seconds = {}
     runs = os.path.join(root, RESULTS, "runs")
-    for name in os.listdir(runs):
+    for name in sorted(os.listdir(runs)):
         path = os.path.join(runs, name, "results.json")
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
                 seconds[name] = json.load(f).get("train_seconds")
-    return table, seconds
+    with open(os.path.join(root, MEASURED), "w", encoding="utf-8") as f:
+        json.dump({"settings": table["settings"], "table": table["table"], "train_seconds": seconds}, f, indent=1)
+        f.write("\n")
+
+
+def measured(root=None):
+    """The committed measurements (:data:`MEASURED`): ``settings``, ``table`` rows, ``train_seconds`` per run."""
+    with open(os.path.join(root or ROOT, MEASURED), encoding="utf-8") as f:
+        return json.load(f)
 
 
 def block(root=None):
     """The table, markers included."""
-    table, seconds = _load(root or ROOT)
-    settings = table["settings"]
+    data = measured(root)
+    table, seconds, settings = data, data["train_seconds"], data["settings"]
     lines = [BEGIN,
              "| method | use it for | clean acc / NLL / ECE | corrupted acc / NLL / ECE | OOD AUROC (held-out "
              "classes) | training (s) | passes per prediction |",
@@ -100,13 +113,16 @@ def rewritten(root=None):
 
 def main(argv=None):
     """Rewrites the table (or, with ``--check``, returns 1 while it differs)."""
-    check = "--check" in (sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    check = "--check" in argv
+    if "--refresh" in argv:
+        refresh()
     text = rewritten()
     with open(os.path.join(ROOT, PAGE), encoding="utf-8") as f:
         same = f.read() == text
     if check:
         if not same:
-            print(f"the method table of {PAGE} differs from {RESULTS}: run python docs/home.py")
+            print(f"the method table of {PAGE} differs from {MEASURED}: run python docs/home.py")
         return 0 if same else 1
     if not same:
         with open(os.path.join(ROOT, PAGE), "w", encoding="utf-8") as f:
