@@ -39,10 +39,9 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import _readme
-from _results import default_path, finish, write_json
+from _results import default_path, finish, interleaved_ms, write_json
 
 IMPLEMENTATIONS = ["keras_conv", "tfbnn_reparam", "tfbnn_flipout", "tfbnn_vd", "tf_keras_conv", "tfp_reparam",
                    "tfp_flipout"]
@@ -117,13 +116,8 @@ def run(networks, impls, xla_modes, steps, rounds):
                 model.train_on_batch(x, y)  # trace (and compile) outside the timing
                 trainers[(impl, xla)] = model
                 print(f"  built {network} {impl:14s} xla={'on' if xla else 'off'}", flush=True)
-        times = {key: [] for key in trainers}
-        for _ in range(rounds):
-            for key, model in trainers.items():
-                start = time.perf_counter()
-                for _ in range(steps):
-                    model.train_on_batch(x, y)
-                times[key].append(1000 * (time.perf_counter() - start) / steps)
+        times = interleaved_ms({key: (lambda m=model: m.train_on_batch(x, y)) for key, model in trainers.items()},
+                               rounds, steps)
         for (impl, xla), t in times.items():
             rows.append({"network": network, "impl": impl, "xla": xla, "ms_per_step": min(t),
                          "median_ms_per_step": statistics.median(t), "rounds": t})

@@ -80,8 +80,8 @@ def measured(root=None):
 
 def block(root=None):
     """The table, markers included."""
-    data = measured(root)
-    table, seconds, settings = data, data["train_seconds"], data["settings"]
+    table = measured(root)
+    seconds, settings = table["train_seconds"], table["settings"]
     lines = [BEGIN,
              "| method | use it for | clean acc / NLL / ECE | corrupted acc / NLL / ECE | OOD AUROC (held-out "
              "classes) | training (s) | passes per prediction |",
