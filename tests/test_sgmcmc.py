@@ -179,3 +179,57 @@ def test_bad_arguments_name_themselves():
         sgmcmc.SampleCollector(thin=0)
     with pytest.raises(ValueError, match="samples of shape"):
         sgmcmc.SGMCMCPosterior(_model(), np.zeros((3, 5)))
+
+
+def test_per_cycle_keeps_the_last_steps_of_each_sampling_stage_and_the_ensemble_predicts_as_the_posterior(tmp_path):
+    x, y, _, _ = _regression()
+    # 2 cycles of 20 steps; the sampling stage is positions 10..19 of each (exploration 0.5): 10 steps, so
+    # 3 samples per cycle are 3 steps apart, ending at the cycle's last step: 0-based steps 13, 16, 19, 33, 36, 39.
+    schedule = sgmcmc.CyclicalSchedule(0.05, total_steps=40, cycles=2, exploration=0.5)
+    model = _model()
+    model.compile(sgmcmc.SGHMC(schedule, num_examples=N, prior_precision=TAU, seed=0), _loss)
+    collector = sgmcmc.SampleCollector(per_cycle=3)
+    model.fit(x, y, batch_size=16, epochs=10, verbose=0, callbacks=[collector])  # 4 steps per epoch
+    assert collector.steps == [14, 17, 20, 34, 37, 40]  # steps taken (the 0-based step + 1)
+    posterior = collector.posterior()
+    ensemble = posterior.to_ensemble()
+    assert ensemble.num_members == 6
+    # Each member holds its sample's weights; the ensemble's predictive is the posterior's over all 6 samples.
+    for member, theta in zip(ensemble.members, posterior.samples):
+        np.testing.assert_allclose(member.layers[-1].kernel.numpy()[:, 0], theta, rtol=1e-6)
+    np.testing.assert_allclose(tfbnn.predict(ensemble, x[:5], num_samples=1).mean,
+                               tfbnn.predict(posterior, x[:5], num_samples=6).mean, rtol=1e-5, atol=1e-6)
+    ensemble.save(tmp_path / "ensemble.keras")
+    back = keras.saving.load_model(tmp_path / "ensemble.keras")  # uncompiled members: no loss to look up
+    np.testing.assert_allclose(back.predict(x[:5], verbose=0), ensemble.predict(x[:5], verbose=0), rtol=1e-6)
+    plain = _model()
+    plain.compile(sgmcmc.SGLD(0.01, num_examples=N), _loss)
+    with pytest.raises(ValueError, match="per_cycle=2"):
+        plain.fit(x, y, epochs=1, verbose=0, callbacks=[sgmcmc.SampleCollector(per_cycle=2)])
+
+
+def test_csgmcmc_is_a_method_that_training_run_samples_and_keeps_as_an_ensemble(tmp_path):
+    from tfbnn import training
+
+    recipe = training.get_recipe("digits-csgmcmc-mlp").replace(
+        max_examples=160, max_test_examples=40, epochs=4, batch_size=32, learning_rate=0.05,
+        method_options={"sampler": "sghmc", "cycles": 2, "samples_per_cycle": 2, "exploration": 0.5})
+    optimizer = training.make_optimizer(recipe, steps_per_epoch=5, num_examples=160)
+    assert isinstance(optimizer, sgmcmc.SGHMC) and optimizer.num_examples == 160 and optimizer.prior_precision == 1.0
+    assert (optimizer.schedule.total_steps, optimizer.schedule.cycles, optimizer.schedule.exploration) == (20, 2, 0.5)
+    with pytest.raises(ValueError, match="num_examples=None"):
+        training.make_optimizer(recipe, steps_per_epoch=5)
+    with pytest.raises(ValueError, match="weight_decay=0.1"):
+        training.make_optimizer(recipe.replace(weight_decay=0.1), steps_per_epoch=5, num_examples=160)
+    with pytest.raises(ValueError, match="sampler='adam'"):
+        training.make_optimizer(recipe.replace(method_options={"sampler": "adam"}), 5, num_examples=160)
+    result = training.run(recipe, output_dir=str(tmp_path / "out"), verbose=0)
+    ensemble = result.model
+    assert isinstance(ensemble, tfbnn.DeepEnsemble) and ensemble.num_members == 4  # 2 cycles x 2 samples
+    assert result.test["num_samples"] == 4
+    kernels = np.stack([m.layers[-1].kernel.numpy() for m in ensemble.members])
+    assert np.all(np.std(kernels, axis=0).mean() > 0)  # four different samples, not one point four times
+    back = keras.saving.load_model(tmp_path / "out" / "model.keras")
+    assert isinstance(back, tfbnn.DeepEnsemble) and back.num_members == 4
+    x = np.random.default_rng(0).random((6, *ensemble.members[0].input_shape[1:])).astype("float32")
+    np.testing.assert_allclose(back.predict(x, verbose=0), ensemble.predict(x, verbose=0), rtol=1e-5, atol=1e-6)

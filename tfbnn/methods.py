@@ -59,6 +59,12 @@ field                    who asks and what it means
 ``wrap_optimizer``       ``f(optimizer, variational_learning_rate) -> optimizer`` (iBNN's two
                          learning rates), or None (then a recipe's ``variational_learning_rate``
                          is an error)
+``sampler``              ``f(options, learning_rate, total_steps, num_examples, seed) -> optimizer``: the
+                         optimizer that replaces the recipe's (``csgmcmc``: :class:`tfbnn.sgmcmc.SGHMC` or
+                         :class:`tfbnn.sgmcmc.SGLD` on a :class:`tfbnn.sgmcmc.CyclicalSchedule`), or None
+``finish``               ``f(model, callbacks) -> model``: what :func:`tfbnn.training.run` keeps, evaluates and
+                         saves after ``fit``, given the method's callbacks (``csgmcmc``: the collected samples
+                         as a :class:`tfbnn.DeepEnsemble`, :meth:`tfbnn.sgmcmc.SGMCMCPosterior.to_ensemble`), or None
 ``xla``                  ``f(options) -> bool``: whether ``jit_compile="auto"`` turns XLA on for
                          an MLP of the method
 ``label``                the name in result tables (``"BbB"``), default ``name``
@@ -228,6 +234,8 @@ class Method:
         samples_phrase: str.
         eval_samples: ``f(model, num_samples) -> int`` or None.
         wrap_optimizer: ``f(optimizer, variational_learning_rate) -> optimizer`` or None.
+        sampler: ``f(options, learning_rate, total_steps, num_examples, seed) -> optimizer`` or None.
+        finish: ``f(model, callbacks) -> model`` or None (the trained model).
         xla: ``f(options) -> bool`` or None (never).
         label: str or None (``name``).
         flags: tuple of :class:`Flag`.
@@ -261,6 +269,8 @@ class Method:
     samples_phrase: str = "whole-network weight samples"
     eval_samples: object = None
     wrap_optimizer: object = None
+    sampler: object = None
+    finish: object = None
     xla: object = None
     label: object = None
     flags: tuple = ()
@@ -816,3 +826,63 @@ register(Method(
     "blob", "BLoB, Wang et al. 2024: Gaussian posteriors over the LoRA adapters of a pre-trained network "
     "(tfbnn.lora.variational)", build="adapter", bayesian=True, label="BLoB"))
 _BUILT_IN = _BUILT_IN | {"ddu", "evidential", "heteroscedastic", "blob"}
+
+
+# -- cyclical SG-MCMC: a deterministic network sampled by its optimizer ------------------------------------------
+_SAMPLERS = ("sghmc", "sgld")
+#: Zhang et al. 2020 (sec. 4): 4 cycles, exploration for the first 80% of each, a few samples at the end of each
+#: cycle, SGHMC with momentum 0.9, T = 1; a N(0, 1) prior (prior_precision, in the potential's units).
+_CSGMCMC_DEFAULTS = {"sampler": "sghmc", "cycles": 4, "exploration": 0.8, "samples_per_cycle": 3, "momentum": 0.9,
+                     "temperature": 1.0, "prior_precision": 1.0}
+
+
+def _check_csgmcmc(options):
+    from tfbnn._internal import checks
+
+    resolved = dict(options)
+    if resolved["sampler"] not in _SAMPLERS:
+        raise ValueError(f"Expected `sampler` in {list(_SAMPLERS)}. Received: sampler={resolved['sampler']!r}")
+    for key in ("cycles", "samples_per_cycle"):
+        resolved[key] = checks.integer(key, resolved[key], 1)
+    resolved["exploration"] = checks.number("exploration", resolved["exploration"], 0.0, 1.0, high_open=True)
+    resolved["momentum"] = checks.number("momentum", resolved["momentum"], 0.0, 1.0, high_open=True)
+    for key in ("temperature", "prior_precision"):
+        resolved[key] = checks.number(key, resolved[key], 0.0)
+    return resolved
+
+
+def _csgmcmc_sampler(options, learning_rate, total_steps, num_examples, seed):
+    from tfbnn import sgmcmc
+
+    if options["cycles"] > total_steps:
+        raise ValueError(f"Cyclical SG-MCMC needs at least one optimizer step per cycle. Received: "
+                         f"cycles={options['cycles']} for {total_steps} steps")
+    schedule = sgmcmc.CyclicalSchedule(learning_rate, total_steps=total_steps, cycles=options["cycles"],
+                                       exploration=options["exploration"])
+    shared = dict(num_examples=num_examples, temperature=options["temperature"],
+                  prior_precision=options["prior_precision"], seed=seed)
+    if options["sampler"] == "sgld":
+        return sgmcmc.SGLD(schedule, **shared)
+    return sgmcmc.SGHMC(schedule, momentum=options["momentum"], **shared)
+
+
+def _csgmcmc_callbacks(model, options):
+    from tfbnn import sgmcmc
+
+    return [sgmcmc.SampleCollector(per_cycle=options["samples_per_cycle"])]
+
+
+def _csgmcmc_finish(model, callbacks):
+    from tfbnn import sgmcmc
+
+    collector = next(c for c in callbacks if isinstance(c, sgmcmc.SampleCollector))
+    return collector.posterior(model).to_ensemble()
+
+
+register(Method(
+    "csgmcmc", "cyclical SG-MCMC, Zhang et al. 2020: a deterministic network sampled by SGHMC (or SGLD) on a "
+    "cyclical step size, a few samples at the end of each cycle, predicting as their ensemble",
+    options=_CSGMCMC_DEFAULTS, check_options=_check_csgmcmc, callbacks=_csgmcmc_callbacks,
+    sampler=_csgmcmc_sampler, finish=_csgmcmc_finish, eval_samples=lambda model, t: 1,
+    epistemic="mutual_information", label="cSG-MCMC"))
+_BUILT_IN = _BUILT_IN | {"csgmcmc"}

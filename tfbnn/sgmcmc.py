@@ -262,6 +262,40 @@ class SGMCMCPosterior(WeightPosterior):
         """The samples' mean ``(P,)``."""
         return self.samples.mean(0)
 
+    def to_ensemble(self, vectorize="stacked", name=None):
+        """The samples as a :class:`tfbnn.DeepEnsemble`: one copy of the network per sample.
+
+        The SG-MCMC predictive is the Bayesian model average over the samples,
+        ``p(y | x) = (1 / S) sum_s p(y | x, theta_s)``, which is the uniform mixture of a
+        deep ensemble whose members hold the samples' weights: ``tfbnn.predict`` of the
+        ensemble equals ``tfbnn.predict(posterior, x, num_samples=S)``, and the ensemble saves as
+        ``.keras`` and exports like any Keras model (what :func:`tfbnn.training.run` keeps of a
+        ``csgmcmc`` run).
+
+        Args:
+            vectorize: the ensemble's ``vectorize`` (``"stacked"``: one batched forward pass).
+            name: the ensemble's name (default ``"sgmcmc_<model name>"``).
+
+        Returns:
+            A :class:`tfbnn.DeepEnsemble` of ``S`` members (uncompiled copies of the model's
+            architecture, each with its sample's trainable weights and the model's non-trainable state).
+        """
+        from tfbnn.ensembles import DeepEnsemble
+
+        flat = FlatWeights(self.model)
+        weights = self.model.get_weights()
+        members = []
+        for theta in self.samples:
+            # From the architecture's config: keras.models.clone_model would also copy the compile state
+            # (a loss function of the user's that is not registered for serialization fails there).
+            member = type(self.model).from_config(self.model.get_config())
+            if not member.built:
+                member.build(self.model.input_shape)
+            member.set_weights(weights)
+            flat.assign(theta, member)
+            members.append(member)
+        return DeepEnsemble(members, vectorize=vectorize, name=name or f"sgmcmc_{self.model.name}")
+
     def _state(self):
         return {}, {"samples": self.samples, "steps": self.steps}
 
@@ -277,10 +311,19 @@ class SampleCollector(keras.callbacks.Callback):
     Checked at the end of every batch (every ``steps_per_execution`` steps when that is
     above 1: the steps between two kept samples are then at least that many).
 
+    With ``per_cycle=n`` and a :class:`CyclicalSchedule`, it keeps ``n`` samples per cycle, the
+    last step of the cycle and the steps ``d, 2d, ...`` before it, with ``d = max(1, floor(L_s / n))``
+    and ``L_s`` the sampling stage's length in steps (Zhang et al. 2020 collect a few samples at the
+    end of each cycle, where the step size is smallest); ``burn_in`` and ``thin`` still apply. A
+    cycle the run cuts short (``total_steps`` not a multiple of ``cycles``) may keep fewer.
+
     Args:
         burn_in: int >= 0, optimizer steps discarded first. Default 0.
         thin: int >= 1, the least number of steps between two kept samples. Default 1.
         max_samples: int >= 1 or None: keep at most this many (the latest). Default None.
+        per_cycle: int >= 1 or None: the samples kept per cycle of the optimizer's
+            :class:`CyclicalSchedule` (an error at the start of ``fit`` without one). Default None:
+            every step the other rules allow.
 
     Attributes:
         samples: the list of kept ``(P,)`` float64 weight vectors; ``steps`` their steps.
@@ -291,13 +334,30 @@ class SampleCollector(keras.callbacks.Callback):
         10
     """
 
-    def __init__(self, burn_in=0, thin=1, max_samples=None):
+    def __init__(self, burn_in=0, thin=1, max_samples=None, per_cycle=None):
         super().__init__()
         self.burn_in = checks.integer("burn_in", burn_in, 0)
         self.thin = checks.integer("thin", thin, 1)
         self.max_samples = checks.integer("max_samples", max_samples, 1, allow_none=True)
+        self.per_cycle = checks.integer("per_cycle", per_cycle, 1, allow_none=True)
         self.samples, self.steps = [], []
         self._flat = None
+
+    def on_train_begin(self, logs=None):
+        if self.per_cycle is not None and not isinstance(getattr(self.model.optimizer, "schedule", None),
+                                                         CyclicalSchedule):
+            raise ValueError("`per_cycle` needs an optimizer of tfbnn.sgmcmc with a CyclicalSchedule learning rate. "
+                             f"Received: per_cycle={self.per_cycle}, optimizer "
+                             f"{type(self.model.optimizer).__name__}")
+
+    def keeps_in_cycle(self, schedule, step):
+        """Whether ``per_cycle`` keeps the weights after the 0-based optimizer step ``step`` of ``schedule``."""
+        length = schedule.cycle_length
+        # The sampling stage's first step, as CyclicalSchedule.sampling computes it (float32 positions).
+        first = int(np.argmax(np.arange(length, dtype=np.float32) / np.float32(length) >= np.float32(schedule.exploration)))
+        spacing = max(1, (length - first) // self.per_cycle)
+        back = length - 1 - step % length  # steps before the cycle's last one
+        return back % spacing == 0 and back // spacing < self.per_cycle and step % length >= first
 
     def on_train_batch_end(self, batch, logs=None):
         optimizer = self.model.optimizer
@@ -306,6 +366,8 @@ class SampleCollector(keras.callbacks.Callback):
             return
         schedule = getattr(optimizer, "schedule", None)
         if isinstance(schedule, CyclicalSchedule) and not bool(schedule.sampling(step - 1)):
+            return
+        if self.per_cycle is not None and not self.keeps_in_cycle(schedule, step - 1):
             return
         if self._flat is None or self._flat.model is not self.model:
             self._flat = FlatWeights(self.model)

@@ -50,15 +50,32 @@ def weight_decay_exclusions(model):
     return ibnn.variational_weights(model) + [w for layer in others for w in layer.trainable_weights]
 
 
-def make_optimizer(recipe, steps_per_epoch, model=None):
+def make_optimizer(recipe, steps_per_epoch, model=None, num_examples=None):
     """The recipe's Keras optimizer (call before ``model.compile``).
+
+    A method that samples with its optimizer (:attr:`tfbnn.methods.Method.sampler`: ``csgmcmc``)
+    gets its sampler instead, with the recipe's ``learning_rate`` as the initial step size over
+    ``epochs * steps_per_epoch`` steps.
 
     Args:
         recipe: a :class:`tfbnn.training.Recipe`.
         steps_per_epoch: int, training batches per epoch (learning-rate schedules).
         model: the built model; needed when ``weight_decay > 0`` (to exclude the
             posterior parameters) and for iBNN's two learning rates.
+        num_examples: int, the training examples ``N`` (a sampler's noise scale); needed by a
+            method with a sampler.
     """
+    method = methods.get(recipe.method)
+    if method.sampler is not None:
+        if num_examples is None:
+            raise ValueError(f"Method {recipe.method!r} samples with its optimizer, whose noise scale needs the "
+                             "number of training examples. Received: num_examples=None")
+        if recipe.weight_decay or recipe.lr_schedule != "constant":
+            raise ValueError(f"Method {recipe.method!r} has its own step-size schedule and Gaussian prior "
+                             f"(prior_precision). Received: weight_decay={recipe.weight_decay}, "
+                             f"lr_schedule={recipe.lr_schedule!r}")
+        return method.sampler(method.resolve_options(recipe.method_options), recipe.learning_rate,
+                              max(1, steps_per_epoch * recipe.epochs), num_examples, recipe.seed)
     lr = learning_rate(recipe, steps_per_epoch)
     decay = recipe.weight_decay or None
     if recipe.optimizer == "sgd":

@@ -375,9 +375,13 @@ class Recipe:
     def quick(self, epochs=1, max_examples=64, max_test_examples=32, batch_size=16, eval_samples=4):
         """A copy for a smoke run of a few steps: same model, method and protocol, less of everything.
 
-        Learning-rate boundaries and KL ramps are rescaled to the shorter run.
+        Learning-rate boundaries and KL ramps are rescaled to the shorter run; a method that samples with
+        its optimizer (``csgmcmc``) runs one cycle, its second half sampling (a few steps hold no more).
         """
         scale = epochs / self.epochs
+        options = self.method_options
+        if registry.get(self.method).sampler is not None:
+            options = {**options, "cycles": 1, "exploration": min(options.get("exploration", 0.8), 0.5)}
         boundaries = tuple(sorted({min(max(b * scale, 1e-3), epochs * 0.999) for b in self.lr_boundaries}))
         eval_samples = max(eval_samples, self.method_options.get("num_components", 1))
         return self.replace(
@@ -386,7 +390,7 @@ class Recipe:
             max_test_examples=max_test_examples, eval_samples=eval_samples, lr_boundaries=boundaries,
             pretrain_epochs=min(self.pretrain_epochs, 1),
             kl_epochs=None if self.kl_epochs is None else max(self.kl_epochs * scale, 1e-3),
-            warmup_epochs=self.warmup_epochs * scale,
+            warmup_epochs=self.warmup_epochs * scale, method_options=options,
         )
 
     # -- serialization ----------------------------------------------------------------

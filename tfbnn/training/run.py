@@ -71,7 +71,7 @@ class RunResult:
 
     Attributes:
         recipe: the :class:`Recipe` that ran.
-        model: the trained Keras model.
+        model: the trained Keras model (``csgmcmc``: the :class:`tfbnn.DeepEnsemble` of its samples).
         test: dict of test metrics (``accuracy``, ``nll``, ``ece``, ``brier``,
             ``confidence``, ``predictive_entropy``, ``aleatoric``, ``epistemic`` (the mutual
             information), ``epistemic_own`` (the mean of the method's own epistemic score,
@@ -80,7 +80,7 @@ class RunResult:
             method's own epistemic score (None without one), clean against shifted, and
             ``epistemic_score``, its name;
             ``posterior_mean_accuracy`` for Bayesian models; ``kl``, for an ensemble
-            the members' mean; ``num_samples``, for an ensemble all ``M * T``; with
+            the members' mean; ``num_samples``, for an ensemble all ``M * T`` (``csgmcmc``: its samples); with
             ``recipe.temperature_scaling``, ``temperature_scaled``: the fitted
             ``temperature``, ``num_validation`` and the tempered ``clean``,
             ``shifted`` and ``shift_detection``).
@@ -252,7 +252,7 @@ def _steps_per_epoch(recipe, data):
     return recipe.steps_per_epoch or data.steps_per_epoch
 
 
-def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec, from_logits=False):
+def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec, from_logits=False, num_examples=None):
     """Compiles ``model`` for ``recipe`` and builds its training state from ``batch_spec`` (the
     training batches' element spec), so that ``fit`` traces the step once (:func:`tfbnn.utils.build_for_fit`)."""
     import keras
@@ -268,7 +268,7 @@ def _compile(model, recipe, steps_per_epoch, jit_compile, batch_spec, from_logit
     else:  # the method's loss (evidential: its own), the metrics of its predictive probabilities
         loss = registry.get(recipe.method).training_loss(recipe.method_options)
         metrics = _classifier_metrics(model)
-    model.compile(optimizer=make_optimizer(recipe, steps_per_epoch, model), loss=loss, metrics=metrics,
+    model.compile(optimizer=make_optimizer(recipe, steps_per_epoch, model, num_examples), loss=loss, metrics=metrics,
                   jit_compile=jit_compile)
     build_for_fit(model, batch_spec)
 
@@ -302,7 +302,8 @@ def fit_model(model, recipe, data, epochs=None, verbose=0, callbacks=(), jit_com
     if from_logits and registry.get(recipe.method).loss is not None:
         raise ValueError(f"Method {recipe.method!r} has its own loss on its output layer's values, not logits. "
                          f"Received: from_logits=True")
-    _compile(model, recipe, _steps_per_epoch(recipe, data), jit_compile, _element_spec(data.train), from_logits)
+    _compile(model, recipe, _steps_per_epoch(recipe, data), jit_compile, _element_spec(data.train), from_logits,
+             data.num_examples)
     return _fit(model, recipe, data, recipe.epochs if epochs is None else epochs, verbose, callbacks)
 
 
@@ -322,13 +323,14 @@ def _classifier_metrics(model):
     return metrics
 
 
-def _fit(model, recipe, data, epochs, verbose, extra_callbacks):
+def _fit(model, recipe, data, epochs, verbose, extra_callbacks, method_callbacks=None):
     from tfbnn import callbacks
     from tfbnn.training.optim import kl_schedule
 
     guard = callbacks.NaNGuard()
-    cbs = [guard, callbacks.EpochTimer(), *registry.get(recipe.method).training_callbacks(model, recipe.method_options),
-           *extra_callbacks]
+    if method_callbacks is None:
+        method_callbacks = registry.get(recipe.method).training_callbacks(model, recipe.method_options)
+    cbs = [guard, callbacks.EpochTimer(), *method_callbacks, *extra_callbacks]
     if recipe.is_bayesian:
         schedule = kl_schedule(recipe.kl_schedule, recipe.ramp_epochs, recipe.beta, recipe.warmup_epochs)
         cbs.insert(0, callbacks.KLAnnealing(num_examples=data.num_examples, schedule=schedule))
@@ -434,8 +436,10 @@ def _evaluate(model, recipe, data):
     x_test, y_test = arrays(data.test)
     t = _eval_samples(recipe, model)
     # An ensemble runs M members with T samples each (T = 1 for deterministic members: exact).
-    total = recipe.num_members * (t if utils.stochastic_layers(model) or registry.get(recipe.method).build != "ensemble"
-                                  else 1)
+    from tfbnn.ensembles import DeepEnsemble
+
+    members = model.num_members if isinstance(model, DeepEnsemble) else recipe.num_members  # csgmcmc: its samples
+    total = members * (t if utils.stochastic_layers(model) or not isinstance(model, DeepEnsemble) else 1)
     scaling = fit_temperature(model, recipe, data, t) if recipe.temperature_scaling else None
     # Token ids take no additive noise: text is shifted by replacing a fraction SHIFT_GAMMA of its tokens.
     corruption = "token_replacement" if recipe.dataset in datasets.TEXT_DATASETS else "gaussian"
@@ -562,10 +566,15 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=
         if recipe.train_samples > 1:
             trainable = _multi_sample_model(recipe, model)
             trainable(keras.ops.zeros((1, *data.input_shape)))
-        _compile(trainable, recipe, _steps_per_epoch(recipe, data), jit, batch_spec)
+        _compile(trainable, recipe, _steps_per_epoch(recipe, data), jit, batch_spec, num_examples=data.num_examples)
     if not quiet and (verbose or recipe.method != "deterministic"):
         print(_describe(recipe, model, data, strategy), flush=True)
-    history = _fit(trainable, recipe, data, recipe.epochs, verbose, extra_callbacks)
+    method = registry.get(recipe.method)
+    method_callbacks = method.training_callbacks(trainable, recipe.method_options)
+    history = _fit(trainable, recipe, data, recipe.epochs, verbose, extra_callbacks, method_callbacks)
+    if method.finish is not None:  # csgmcmc: the collected samples as an ensemble
+        with scope:
+            model = method.finish(model, method_callbacks)
     return model, history, time.perf_counter() - start
 
 
@@ -588,13 +597,18 @@ def _describe(recipe, model, data, strategy=None):
     options = ", ".join(f"{k}={v}" for k, v in recipe.method_options.items())
     opt = recipe.optimizer + (f" (momentum {recipe.momentum:g}{', Nesterov' if recipe.nesterov else ''})"
                               if recipe.optimizer == "sgd" else "")
+    schedule = recipe.lr_schedule
+    method = registry.get(recipe.method)
+    if method.sampler is not None:  # csgmcmc: its sampler replaces the recipe's optimizer
+        resolved = method.resolve_options(recipe.method_options)
+        opt, schedule = resolved["sampler"].upper(), f"cyclical, {resolved['cycles']} cycles"
     lines = [
         f"{recipe.name}: {model.name} ({recipe.method}{': ' + options if options else ''}), "
         f"{model.count_params():,} parameters",
         f"  data:     {data.name}, N = {data.num_examples} training / {data.num_validation} validation / "
         f"{data.num_test} test examples, {data.num_classes} classes",
         f"  training: {recipe.epochs} epochs, batch {recipe.batch_size}, {opt} lr {recipe.learning_rate:g} "
-        f"({recipe.lr_schedule}), weight decay {recipe.weight_decay:g}, seed {recipe.seed}",
+        f"({schedule}), weight decay {recipe.weight_decay:g}, seed {recipe.seed}",
     ]
     if strategy is not None:
         lines.append(f"  strategy: {type(strategy).__name__}, {strategy.num_replicas_in_sync} replica(s)")
