@@ -223,7 +223,8 @@ def test_csgmcmc_is_a_method_that_training_run_samples_and_keeps_as_an_ensemble(
         training.make_optimizer(recipe.replace(weight_decay=0.1), steps_per_epoch=5, num_examples=160)
     with pytest.raises(ValueError, match="sampler='adam'"):
         training.make_optimizer(recipe.replace(method_options={"sampler": "adam"}), 5, num_examples=160)
-    result = training.run(recipe, output_dir=str(tmp_path / "out"), verbose=0)
+    # Under a distribution strategy (tfbnn train passes its default one), as the command runs it.
+    result = training.run(recipe, output_dir=str(tmp_path / "out"), verbose=0, strategy=tf.distribute.get_strategy())
     ensemble = result.model
     assert isinstance(ensemble, tfbnn.DeepEnsemble) and ensemble.num_members == 4  # 2 cycles x 2 samples
     assert result.test["num_samples"] == 4
@@ -233,3 +234,16 @@ def test_csgmcmc_is_a_method_that_training_run_samples_and_keeps_as_an_ensemble(
     assert isinstance(back, tfbnn.DeepEnsemble) and back.num_members == 4
     x = np.random.default_rng(0).random((6, *ensemble.members[0].input_shape[1:])).astype("float32")
     np.testing.assert_allclose(back.predict(x, verbose=0), ensemble.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_tfbnn_train_gives_csgmcmc_the_recipes_step_size_unless_told():
+    from tfbnn import cli
+    from tfbnn.cli import train as train_command
+
+    parser = cli.build_parser()
+    step = train_command.recipe_from_args(parser.parse_args(["train", "--method", "csgmcmc"])).learning_rate
+    assert step == tfbnn.training.get_recipe("digits-csgmcmc-mlp").learning_rate == 0.1
+    assert train_command.recipe_from_args(parser.parse_args(["train", "--method", "bbb"])).learning_rate == \
+        tfbnn.training.get_recipe("digits-bbb-mlp").learning_rate
+    assert train_command.recipe_from_args(parser.parse_args(
+        ["train", "--method", "csgmcmc", "--learning-rate", "0.02"])).learning_rate == 0.02

@@ -39,6 +39,9 @@ MLP_FLAGS = ("hidden_units", "depth")
 _MAIN_HIDDEN_UNITS, _MAIN_DEPTH = 64, 2
 # The main job's validation hold-out and final KL weight (tests check they equal the recipe's).
 _MAIN_VALIDATION_FRACTION, _MAIN_BETA = 0.15, 0.1
+#: The main job's learning rate (Adam), and the initial step size of a method that samples with its optimizer
+#: (csgmcmc's SGHMC: the digits-csgmcmc-mlp recipe's).
+_MAIN_LEARNING_RATE, _SAMPLER_LEARNING_RATE = 3e-3, 0.1
 
 
 DESCRIPTION = (
@@ -108,8 +111,9 @@ def add_arguments(parser):
 
     training = parser.add_argument_group("training")
     training.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="the optimizer")
-    training.add_argument("--learning-rate", type=argtypes.positive_float, default=3e-3, metavar="LR",
-                          help="the initial learning rate")
+    training.add_argument("--learning-rate", type=argtypes.positive_float, default=None, metavar="LR",
+                          help=f"the initial learning rate (default: {_MAIN_LEARNING_RATE:g}; {_SAMPLER_LEARNING_RATE:g}, "
+                               "the initial step size, for a method that samples with its optimizer: csgmcmc)")
     training.add_argument("--momentum", type=argtypes.rate, default=0.0, help="sgd only: momentum")
     training.add_argument("--nesterov", action="store_true", help="sgd only: Nesterov momentum")
     training.add_argument("--weight-decay", type=argtypes.non_negative_float, default=0.0,
@@ -219,6 +223,12 @@ def _method_options(args):
     return registry.get(args.method).options_from({dest: getattr(args, dest) for dest in method_flags()})
 
 
+def _learning_rate(args):
+    if args.learning_rate is not None:
+        return args.learning_rate
+    return _SAMPLER_LEARNING_RATE if registry.get(args.method).sampler is not None else _MAIN_LEARNING_RATE
+
+
 def _beta(args):
     if args.beta is not None:
         return args.beta
@@ -235,7 +245,7 @@ def recipe_from_args(args):
         name=f"{args.method}_{args.model}_{args.dataset}", description="tfbnn train", reference="",
         model=args.model, model_options=model_options, method=args.method, method_options=_method_options(args),
         dataset=args.dataset, max_examples=args.max_examples, validation_fraction=args.validation_fraction,
-        optimizer=args.optimizer, learning_rate=args.learning_rate, momentum=args.momentum, nesterov=args.nesterov,
+        optimizer=args.optimizer, learning_rate=_learning_rate(args), momentum=args.momentum, nesterov=args.nesterov,
         weight_decay=args.weight_decay, lr_schedule=args.lr_schedule, epochs=args.epochs, batch_size=args.batch_size,
         kl_schedule=args.schedule, kl_epochs=args.anneal_epochs, beta=_beta(args), eval_samples=args.num_samples,
         temperature_scaling=args.temperature_scaling, seed=args.seed,

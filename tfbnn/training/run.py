@@ -572,8 +572,8 @@ def _train(recipe, data, verbose, jit_compile, extra_callbacks, strategy, quiet=
     method = registry.get(recipe.method)
     method_callbacks = method.training_callbacks(trainable, recipe.method_options)
     history = _fit(trainable, recipe, data, recipe.epochs, verbose, extra_callbacks, method_callbacks)
-    if method.finish is not None:  # csgmcmc: the collected samples as an ensemble
-        with scope:
+    if method.finish is not None:  # csgmcmc: the collected samples as an ensemble (in a new scope: one enters once)
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
             model = method.finish(model, method_callbacks)
     return model, history, time.perf_counter() - start
 
