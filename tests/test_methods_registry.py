@@ -21,11 +21,12 @@ from tfbnn.training import recipe as recipe_module
 # -- the old tuples are the registry's --------------------------------------------------------------
 def test_the_derived_tuples_equal_the_registry():
     assert models.ZOO_METHODS == methods.names(zoo=True) == ("deterministic", "mc_dropout", "bbb", "vd", "ibnn",
-                                                              "sngp", "ddu", "evidential", "heteroscedastic")
+                                                              "sngp", "ddu", "evidential", "heteroscedastic",
+                                                              "csgmcmc")
     assert models.BAYESIAN_METHODS == methods.names(zoo=True, bayesian=True) == ("bbb", "vd", "ibnn")
     assert training.RECIPE_METHODS == methods.names() == (
         "deterministic", "mc_dropout", "bbb", "vd", "ibnn", "graves", "ensemble", "sngp", "ddu", "evidential",
-        "heteroscedastic", "blob")
+        "heteroscedastic", "blob", "csgmcmc")
     assert recipe_module.MEMBER_METHODS == models.ZOO_METHODS
     assert recipe_module.DEFAULT_MEMBERS == 5
     assert models.ESTIMATORS == methods.ESTIMATORS == ("flipout", "reparameterization", "local_reparameterization")
@@ -72,12 +73,13 @@ def test_the_built_in_methods_say_what_each_part_needs():
 def test_an_unknown_method_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"Unknown method\. Expected one of \['deterministic', 'mc_dropout', "
                                          r"'bbb', 'vd', 'ibnn', 'graves', 'ensemble', 'sngp', 'ddu', 'evidential', "
-                                         r"'heteroscedastic', 'blob'\]\. Received: method='nope'"):
+                                         r"'heteroscedastic', 'blob', 'csgmcmc'\]\. Received: method='nope'"):
         methods.get("nope")
     with pytest.raises(ValueError, match=r"Expected one of \['deterministic', .*'ibnn', 'sngp', 'ddu', 'evidential', "
-                                         r"'heteroscedastic'\]\. Received: method='graves'"):
+                                         r"'heteroscedastic', 'csgmcmc'\]\. Received: method='graves'"):
         models.build("mlp", method="graves")  # a recipe-level method, not the zoo's
-    with pytest.raises(ValueError, match=r"recipe field `method` to be one of \[.*'ensemble', 'sngp', .*'blob'\]"):
+    with pytest.raises(ValueError,
+                       match=r"recipe field `method` to be one of \[.*'ensemble', 'sngp', .*'blob', 'csgmcmc'\]"):
         training.Recipe(method="nope")
     with pytest.raises(ValueError, match=r"Unknown conversion method\. Expected one of \[.*'kingma'.*\]"):
         convert.to_bayesian(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]), method="bbb")
@@ -227,7 +229,7 @@ def test_every_method_declares_its_epistemic_score():
         "deterministic": "none", "mc_dropout": "mutual_information", "bbb": "mutual_information",
         "vd": "mutual_information", "ibnn": "mutual_information", "graves": "mutual_information",
         "ensemble": "mutual_information", "sngp": "gp_variance", "ddu": "density", "evidential": "evidential",
-        "heteroscedastic": "none", "blob": "mutual_information"}
+        "heteroscedastic": "none", "blob": "mutual_information", "csgmcmc": "mutual_information"}
     with pytest.raises(ValueError, match=r"Expected `epistemic` in \['mutual_information'.*Received: epistemic='gp'"):
         methods.Method("x", "x", epistemic="gp")
 

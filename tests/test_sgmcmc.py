@@ -224,6 +224,8 @@ def test_csgmcmc_is_a_method_that_training_run_samples_and_keeps_as_an_ensemble(
     with pytest.raises(ValueError, match="sampler='adam'"):
         training.make_optimizer(recipe.replace(method_options={"sampler": "adam"}), 5, num_examples=160)
     # Under a distribution strategy (tfbnn train passes its default one), as the command runs it.
+    with pytest.raises(ValueError, match=r"member_method'\]='csgmcmc'"):
+        recipe.replace(method="ensemble", method_options={"members": 2, "member_method": "csgmcmc"})
     result = training.run(recipe, output_dir=str(tmp_path / "out"), verbose=0, strategy=tf.distribute.get_strategy())
     ensemble = result.model
     assert isinstance(ensemble, tfbnn.DeepEnsemble) and ensemble.num_members == 4  # 2 cycles x 2 samples

@@ -354,7 +354,8 @@ class SampleCollector(keras.callbacks.Callback):
         """Whether ``per_cycle`` keeps the weights after the 0-based optimizer step ``step`` of ``schedule``."""
         length = schedule.cycle_length
         # The sampling stage's first step, as CyclicalSchedule.sampling computes it (float32 positions).
-        first = int(np.argmax(np.arange(length, dtype=np.float32) / np.float32(length) >= np.float32(schedule.exploration)))
+        positions = np.arange(length, dtype=np.float32) / np.float32(length)
+        first = int(np.argmax(positions >= np.float32(schedule.exploration)))
         spacing = max(1, (length - first) // self.per_cycle)
         back = length - 1 - step % length  # steps before the cycle's last one
         return back % spacing == 0 and back // spacing < self.per_cycle and step % length >= first

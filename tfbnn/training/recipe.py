@@ -326,7 +326,8 @@ class Recipe:
         members = options.get("members", DEFAULT_MEMBERS)
         _check(_is_int(members) and members >= 1, "method_options['members']", members, "an integer >= 1")
         member = options.get("member_method", "deterministic")
-        zoo = registry.names(zoo=True)
+        # A member is one trained network: not a method whose run ends in an ensemble of its own (csgmcmc).
+        zoo = tuple(n for n in registry.names(zoo=True) if registry.get(n).finish is None)
         _check(member in zoo, "method_options['member_method']", member, f"one of {list(zoo)}")
 
     # -- derived values ---------------------------------------------------------------
