@@ -85,7 +85,8 @@ FUNCTION_LOCAL_IMPORTS = {
     **{("tfbnn/methods.py", name): _REGISTRY for name in (
         "layer_class", "_multi_sample_model", "_check_bbb", "_check_vd", "_check_ibnn", "_ibnn_layer_kwargs", "_ibnn_sample_model", "_ibnn_eval_samples",
         "_ibnn_optimizer", "_check_sngp", "_sngp_callbacks", "_softmax_head", "_evidential_head", "_evidential_loss",
-        "_evidential_callbacks", "_heteroscedastic_head")},
+        "_evidential_callbacks", "_heteroscedastic_head", "_check_csgmcmc", "_csgmcmc_sampler", "_csgmcmc_callbacks",
+        "_csgmcmc_finish")},
     **{("tfbnn/training/run.py", name): _TRAINING for name in (
         "_is_mlp", "build_model", "convert_model", "fixed_noise_gaussian_nll", "_compile", "_fit", "arrays",
         "fit_temperature", "_evaluate_regression", "_evaluate", "_member_data", "_train_ensemble",

@@ -62,6 +62,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfbnn._internal import checks
+from tfbnn.ensembles import DeepEnsemble
 from tfbnn.inference import FlatWeights, WeightPosterior
 
 __all__ = ["SGLD", "SGHMC", "CyclicalSchedule", "SampleCollector", "SGMCMCPosterior"]
@@ -280,8 +281,6 @@ class SGMCMCPosterior(WeightPosterior):
             A :class:`tfbnn.DeepEnsemble` of ``S`` members (uncompiled copies of the model's
             architecture, each with its sample's trainable weights and the model's non-trainable state).
         """
-        from tfbnn.ensembles import DeepEnsemble
-
         flat = FlatWeights(self.model)
         weights = self.model.get_weights()
         members = []
