@@ -100,6 +100,9 @@ class CyclicalSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.cycles = checks.integer("cycles", cycles, 1, self.total_steps)
         self.exploration = checks.number("exploration", exploration, 0.0, 1.0, high_open=True)
         self.cycle_length = math.ceil(self.total_steps / self.cycles)
+        # The first step of each cycle's sampling stage, as `sampling` computes it (float32 positions).
+        positions = np.arange(self.cycle_length, dtype=np.float32) / np.float32(self.cycle_length)
+        self.sampling_start = int(np.argmax(positions >= np.float32(self.exploration)))
 
     def _position(self, step):
         step = tf.cast(step, tf.float32)
@@ -351,10 +354,7 @@ class SampleCollector(keras.callbacks.Callback):
 
     def keeps_in_cycle(self, schedule, step):
         """Whether ``per_cycle`` keeps the weights after the 0-based optimizer step ``step`` of ``schedule``."""
-        length = schedule.cycle_length
-        # The sampling stage's first step, as CyclicalSchedule.sampling computes it (float32 positions).
-        positions = np.arange(length, dtype=np.float32) / np.float32(length)
-        first = int(np.argmax(positions >= np.float32(schedule.exploration)))
+        length, first = schedule.cycle_length, schedule.sampling_start
         spacing = max(1, (length - first) // self.per_cycle)
         back = length - 1 - step % length  # steps before the cycle's last one
         return back % spacing == 0 and back // spacing < self.per_cycle and step % length >= first
