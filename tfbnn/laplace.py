@@ -459,7 +459,7 @@ class _DenseBasis:
 
     def project_features(self, phi, units):
         u = self.vectors.reshape(phi.shape[1], units, -1)
-        return _Projection(np.einsum("ni,ijm->njm", phi, u))
+        return _Projection(np.tensordot(phi, u, axes=1))
 
 
 class _KroneckerBasis:
@@ -501,7 +501,9 @@ class _BlockKroneckerBasis:
         parts = []
         for b, part in zip(self.blocks, np.split(jac, self.splits, axis=-1)):
             m = part.reshape(part.shape[:2] + (len(b.qa), len(b.qg)))
-            parts.append(np.einsum("nkio,ia,ob->nkab", m, b.qa, b.qg).reshape(part.shape))
+            # Q_A^T M Q_G as two matrix products: einsum("nkio,ia,ob->nkab") contracts both indices at once,
+            # O(N K I^2 O^2) (9 minutes for 20 LeNet-5 examples), against O(N K (I^2 O + I O^2)).
+            parts.append((b.qa.T @ m @ b.qg).reshape(part.shape))
         return _Projection(np.concatenate(parts, axis=-1))
 
 

@@ -73,6 +73,28 @@ def test_quick_run_outputs_and_the_laplace_row(tmp_path):
         os.listdir(os.path.join(out, "gap", "runs", "map")))
 
 
+@pytest.mark.heavy
+def test_the_csgmcmc_row_is_its_runs_kept_samples(tmp_path):
+    """Cyclical SG-MCMC trains through its registered method with the study's prior and its own step
+    size; its row is the predictive of the samples the run kept and saved (quick: one cycle, two samples)."""
+    out = str(tmp_path / "study")
+    result = pc.run_experiment(output_dir=out, verbose=False, quick=True, datasets=("gap",), methods=("csgmcmc",))
+    (row,) = result["rows"]
+    s = pc.STUDY.resolve({"quick": True})
+    recipe = pc.recipes("gap", s)["csgmcmc"]
+    assert (recipe.method, recipe.learning_rate) == ("csgmcmc", s["csgmcmc_learning_rate"])
+    assert recipe.method_options["prior_precision"] == pytest.approx(1.0 / s["prior_scale"] ** 2)
+    model = keras.saving.load_model(os.path.join(out, "gap", "runs", "csgmcmc", "model.keras"))
+    assert isinstance(model, tfbnn.DeepEnsemble) and len(model.members) == 2
+    _, _, x_test, _, _, gap = study.load("gap", s)
+    f = np.stack([m.predict(x_test, verbose=0)[:, 0] for m in model.members]).astype("float64")
+    assert np.abs(f[0] - f[1]).max() > 1e-6  # two samples, not one weight vector twice
+    std = np.sqrt(f.var(axis=0) + s["noise_std"] ** 2)
+    assert row["std_gap"] == pytest.approx(std[gap].mean(), rel=1e-4)
+    assert row["std_clusters"] == pytest.approx(std[~gap].mean(), rel=1e-4)
+    assert row["label"] == "cyclical SG-MCMC"
+
+
 def test_pending_methods_say_so():
     import importlib.util
 

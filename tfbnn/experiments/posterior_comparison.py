@@ -1,4 +1,4 @@
-"""Posterior comparison: twelve approximate posteriors of one small MLP against an HMC reference.
+"""Posterior comparison: fifteen approximate posteriors of one small MLP against an HMC reference.
 
 The comparison the VI thesis left open (issue 22, item 4). Every method fits the same MLP
 (``--hidden-units`` x ``--depth`` ReLU units) on the same data, and its predictive on the
@@ -32,6 +32,12 @@ method                      what (reference)
 ``swag``                    SWAG, low rank plus diagonal Gaussian from the iterates of
                             the MAP recipe's second half (Maddox et al. 2019, who use
                             SGD; here Adam, the optimizer of every method)
+``csgmcmc``                 cyclical SG-MCMC (Zhang et al. 2020): SGHMC with momentum
+                            0.9 on a cyclical cosine step size from
+                            ``csgmcmc_learning_rate`` (3e-3), ``csgmcmc_cycles`` (10)
+                            cycles whose last ``1 - csgmcmc_exploration`` (20%)
+                            samples, ``csgmcmc_samples`` (5) kept per cycle; the same
+                            prior, steps and minibatches as the other methods
 ``hmc``                     the reference: NUTS over all weights, 4 chains of 500 draws
                             after 500 adaptation steps, trees up to depth 10; R-hat of
                             the weights and of the predictive outputs, and ESS reported
@@ -109,6 +115,7 @@ METHODS = {
     "laplace_kfac": "Laplace (all weights, KFAC)",
     "laplace_subnetwork": "Laplace (subnetwork, full)",
     "swag": "SWAG",
+    "csgmcmc": "cyclical SG-MCMC",
 }
 DATASETS = ("gap", "diabetes", "breast_cancer")
 
@@ -128,6 +135,12 @@ SETTINGS = (
     Setting("swag_rank", 10, "SWAG: rank of the covariance's low-rank part", kind="positive_int"),
     Setting("subnetwork_size", 500, "subnetwork Laplace: the weights of largest diagonal-Laplace variance",
             kind="positive_int"),
+    Setting("csgmcmc_learning_rate", 3e-3, "cyclical SG-MCMC: the initial step size of each cycle (on the mean loss)",
+            kind="positive_float"),
+    Setting("csgmcmc_cycles", 10, "cyclical SG-MCMC: cycles", kind="positive_int"),
+    Setting("csgmcmc_samples", 5, "cyclical SG-MCMC: samples kept at the end of each cycle", kind="positive_int"),
+    Setting("csgmcmc_exploration", 0.8, "cyclical SG-MCMC: the fraction of each cycle without noise (the paper's 0.8)",
+            kind="rate"),
     Setting("hmc_chains", 4, "HMC chains", kind="positive_int"),
     Setting("hmc_results", 500, "HMC samples kept per chain", kind="positive_int"),
     Setting("hmc_burnin", 500, "HMC burn-in (step-size adaptation) steps per chain", kind="non_negative_int"),
@@ -140,10 +153,11 @@ SETTINGS = (
 
 DESCRIPTION = (
     "MAP, MC dropout, Bayes by Backprop (reparameterization, Flipout, local reparameterization),\n"
-    "variational dropout, iBNN, a deep ensemble, Laplace (last layer / diagonal) and SWAG against an\n"
-    "HMC reference, on the 1-D 'in-between' regression of Foong et al. 2019 and two scikit-learn\n"
-    "datasets (diabetes, breast cancer): test NLL, RMSE / accuracy, ECE, interval coverage, distance\n"
-    "to HMC's predictive, run time. CSV, JSON, markdown and the predictive bands (PNG)."
+    "variational dropout, iBNN, a deep ensemble, Laplace (last layer, diagonal, KFAC, subnetwork),\n"
+    "SWAG and cyclical SG-MCMC against an HMC reference, on the 1-D 'in-between' regression of\n"
+    "Foong et al. 2019 and two scikit-learn datasets (diabetes, breast cancer): test NLL, RMSE /\n"
+    "accuracy, ECE, interval coverage, distance to HMC's predictive, run time. CSV, JSON, markdown\n"
+    "and the predictive bands (PNG)."
 )
 
 
@@ -162,6 +176,8 @@ def _trained_options(s):
         "ibnn": ("ibnn", {"num_components": 4}),
         "ensemble": ("ensemble", {"members": s["members"], "member_method": "deterministic"}),
         "swag": ("deterministic", {}),
+        "csgmcmc": ("csgmcmc", {"cycles": s["csgmcmc_cycles"], "samples_per_cycle": s["csgmcmc_samples"],
+                                "exploration": s["csgmcmc_exploration"], "prior_precision": 1.0 / s["prior_scale"] ** 2}),
     }
 
 
@@ -191,9 +207,14 @@ def recipes(dataset, s):
         eval_samples=s["num_samples"], seed=s["seed"])
     out = {}
     for method, (recipe_method, options) in _trained_options(s).items():
+        changes = {}
         if quick and method == "ensemble":
             options = {**options, "members": min(2, s["members"])}
-        r = base.replace(name=f"{base.name}-{method}", method=recipe_method, method_options=options)
+        if method == "csgmcmc":  # its own step size: SGHMC's noise and momentum, not Adam's normalized steps
+            changes["learning_rate"] = s["csgmcmc_learning_rate"]
+            if quick:  # a few steps: one cycle, every step sampling, two samples kept
+                options = {**options, "cycles": 1, "samples_per_cycle": 2, "exploration": 0.0}
+        r = base.replace(name=f"{base.name}-{method}", method=recipe_method, method_options=options, **changes)
         out[method] = r
     return out
 
