@@ -19,8 +19,8 @@ residual blocks of two 3x3 convolutions, 16/32/64 channels, no batch normalizati
 covers Dense and Conv2D). Random images and labels.
 
 Usage:
-    python benchmarks/laplace_structures.py [--networks lenet5 resnet20] [--examples 1000]
-                                            [--test 200] [--subnetwork-size 1000] [--write-readme]
+    python benchmarks/laplace_structures.py [--networks lenet5 resnet20] [--examples 256]
+                                            [--test 64] [--subnetwork-size 1000] [--write-readme]
 
 Writes ``benchmarks/results/laplace_structures.json``.
 """
@@ -120,8 +120,8 @@ def report(rows, examples, test):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--networks", nargs="+", choices=NETWORKS, default=list(NETWORKS))
-    parser.add_argument("--examples", type=int, default=1000)
-    parser.add_argument("--test", type=int, default=200)
+    parser.add_argument("--examples", type=int, default=256)
+    parser.add_argument("--test", type=int, default=64)
     parser.add_argument("--subnetwork-size", type=int, default=1000)
     parser.add_argument("--output", default=default_path("laplace_structures.json"))
     parser.add_argument("--one", nargs=3, metavar=("NETWORK", "SUBSET", "HESSIAN"), help=argparse.SUPPRESS)

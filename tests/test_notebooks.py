@@ -26,7 +26,9 @@ from nbclient import NotebookClient
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-CELL_TIMEOUT = 600  # seconds per cell
+CELL_TIMEOUT = 600  # seconds per cell in quick mode (the tests)
+#: ... and in a full run (main): a study cell runs HMC references for minutes
+FULL_CELL_TIMEOUT = 3600
 MAX_BYTES = 1_500_000
 
 
@@ -43,7 +45,7 @@ def execute(path, quick, cwd):
     env.pop("TFBNN_NOTEBOOK_QUICK", None)
     if quick:
         env["TFBNN_NOTEBOOK_QUICK"] = "1"
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", resources={"metadata": {"path": str(cwd)}},
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT if quick else FULL_CELL_TIMEOUT, kernel_name="python3", resources={"metadata": {"path": str(cwd)}},
                             extra_arguments=["--IPKernelApp.capture_fd_output=False"])
     client.execute(env=env)
     return nb
