@@ -110,7 +110,7 @@ def report(rows, examples, test):
     for r in rows:
         head = f"| {r['network']} ({r['parameters']:,}) | {r['label']} |"
         if "refused" in r:
-            lines.append(f"{head} refused: {r['refused']} | | | | | |")
+            lines.append(f"{head} refused: {r['refused'].split(' (')[0]} | | | | | |")
             continue
         lines.append(f"{head} {r['weights_in_posterior']:,} | {r['fit_seconds']:.2f} | {r['prior_seconds']:.2f} | "
                      f"{r['predict_seconds']:.2f} | {_mb(r['curvature_bytes'])} | {_mb(r['peak_extra_bytes'])} |")
