@@ -45,7 +45,8 @@ def execute(path, quick, cwd):
     env.pop("TFBNN_NOTEBOOK_QUICK", None)
     if quick:
         env["TFBNN_NOTEBOOK_QUICK"] = "1"
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT if quick else FULL_CELL_TIMEOUT, kernel_name="python3", resources={"metadata": {"path": str(cwd)}},
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT if quick else FULL_CELL_TIMEOUT, kernel_name="python3",
+                            resources={"metadata": {"path": str(cwd)}},
                             extra_arguments=["--IPKernelApp.capture_fd_output=False"])
     client.execute(env=env)
     return nb

@@ -177,7 +177,8 @@ def _trained_options(s):
         "ensemble": ("ensemble", {"members": s["members"], "member_method": "deterministic"}),
         "swag": ("deterministic", {}),
         "csgmcmc": ("csgmcmc", {"cycles": s["csgmcmc_cycles"], "samples_per_cycle": s["csgmcmc_samples"],
-                                "exploration": s["csgmcmc_exploration"], "prior_precision": 1.0 / s["prior_scale"] ** 2}),
+                                "exploration": s["csgmcmc_exploration"],
+                                "prior_precision": 1.0 / s["prior_scale"] ** 2}),
     }
 
 
