@@ -73,6 +73,8 @@ FUNCTION_LOCAL_IMPORTS = {
         "a TensorFlow-internal module that may be missing (then False)",
     ("tfbnn/_internal/keras_private.py", "calling_model"):
         "Keras' call context, a private module that may move (then None)",
+    ("tfbnn/_internal/keras_private.py", "philox_key_counter"):
+        "a TensorFlow-internal module, used only while XLA compiles a layer's draws",
     ("tfbnn/_internal/keras_private.py", "keras_test_case"):
         "Keras' test utilities, loaded only for the conformance harness's Keras checks",
     ("tfbnn/pruning.py", "write_pruning_curve"): _PLOTS,

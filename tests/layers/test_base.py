@@ -99,3 +99,38 @@ def test_the_monte_carlo_protocol_is_set_and_restored():
     assert layer.weight_samples == (1, True, False) and not layer._mc_prediction
     with pytest.raises(ValueError, match="num_samples"):
         layer.set_weight_samples(0)
+
+
+@pytest.mark.parametrize("compile_mode", ["eager", "traced", "xla"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_draws_are_tensorflows_philox_streams_of_the_layers_seeds(compile_mode, dtype):
+    """The base draws through Philox's key and counter computed in one op (base._key_counter, the
+    kernel's scramble): bit for bit what tf.random's stateless ops with alg="philox" give for the
+    same seeds (the stream every saved model and pinned number was made with), eager, traced and
+    under XLA."""
+    layer, reference = _Noise(seed=7), _Noise(seed=7)
+    for each in (layer, reference):
+        each.build((3,))
+
+    def draws():
+        signs = layer._rademacher_pair([2, 5], [4], dtype)
+        return (layer._normal([3, 4], dtype), layer._uniform([6], dtype)) + signs
+
+    def reference_signs(shape, seed):
+        bits = tf.random.stateless_uniform(shape, seed, minval=0, maxval=2, dtype=tf.int32, alg="philox")
+        return tf.cast(2 * bits - 1, dtype)
+
+    def reference_draws():
+        split = tf.random.experimental.stateless_split(reference._next_seed(), 2)
+        normal = tf.random.stateless_normal([3, 4], reference._next_seed(), dtype=dtype, alg="philox")
+        uniform = tf.random.stateless_uniform([6], reference._next_seed(), dtype=dtype, alg="philox")
+        return normal, uniform, reference_signs([2, 5], split[0]), reference_signs([4], split[1])
+
+    wrap = {"eager": lambda f: f, "traced": tf.function, "xla": lambda f: tf.function(f, jit_compile=True)}[compile_mode]
+    for _ in range(2):  # the second call draws from the advanced seeds
+        got = [np.asarray(t, np.float32) for t in wrap(draws)()]
+        expected = [np.asarray(t, np.float32) for t in wrap(reference_draws)()]
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
+    assert set(np.unique(got[2])) | set(np.unique(got[3])) == {-1.0, 1.0}
+    assert not np.array_equal(got[0], np.asarray(layer._normal([3, 4], dtype), np.float32))

@@ -119,6 +119,20 @@ def in_xla_context():
     return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
 
 
+def philox_key_counter(seed):
+    """Philox's ``(key, counter)`` for a stateless ``seed``, as ``tf.random.stateless_*(..., alg="philox")`` computes them.
+
+    Private: ``tensorflow.python.ops.random_ops_util.get_key_counter_alg``. Why: inside a function
+    XLA compiles, the one-op path (``tf.raw_ops.StatelessRandomGetKeyCounter``, whose CPU and GPU
+    kernels scramble the seed as this does) scrambles otherwise, and the layers' draws must stay
+    TensorFlow's Philox stream there too. Public replacement: none in TensorFlow 2.21 (the public
+    stateless ops take a seed, not a key and counter).
+    """
+    from tensorflow.python.ops import random_ops_util
+
+    return random_ops_util.get_key_counter_alg(seed, "philox")[:2]
+
+
 def keras_test_case():
     """Keras' own layer test case class (``run_layer_test``), for :mod:`tfbnn.testing`.
 
@@ -170,7 +184,7 @@ def restore_variable_saving(layer, save=False, load=False):
 
 
 __all__ = ["LORA_BASE_KERNEL", "calling_model", "sublayers", "output_layer", "inbound_layer", "quiet_retracing", "symbolic_build",
-           "initial_epoch", "in_xla_context", "keras_test_case", "override_call", "restore_call",
+           "initial_epoch", "in_xla_context", "philox_key_counter", "keras_test_case", "override_call", "restore_call",
            "override_variable_saving", "restore_variable_saving"]
 
 

@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 
 from tfbnn import priors as priors_lib
-from tfbnn._internal import checks, deprecation
+from tfbnn._internal import checks, deprecation, keras_private
 
 __all__ = ["StochasticLayer", "BayesianLayer", "KernelArguments", "INFERENCE_MODES", "validate_kl_weight",
            "input_features", "multiplicative_prior", "FLOAT_PRIOR_ARGUMENTS", "FloatPriorAttributes"]
@@ -324,15 +324,19 @@ class StochasticLayer(keras.layers.Layer):
     def _normal(self, shape, dtype):
         if self._portable_noise is not None:
             return self._portable_noise.normal(shape, dtype)
-        return tf.random.stateless_normal(shape, seed=self._next_seed(), dtype=dtype, alg="philox")
+        key, counter = _key_counter(self._next_seed())
+        return tf.raw_ops.StatelessRandomNormalV2(shape=shape, key=key, counter=counter, alg=_PHILOX, dtype=dtype)
 
     def _uniform(self, shape, dtype):
         if self._portable_noise is not None:
             return self._portable_noise.uniform(shape, dtype)
-        return tf.random.stateless_uniform(shape, seed=self._next_seed(), dtype=dtype, alg="philox")
+        key, counter = _key_counter(self._next_seed())
+        return tf.raw_ops.StatelessRandomUniformV2(shape=shape, key=key, counter=counter, alg=_PHILOX, dtype=dtype)
 
     def _rademacher(self, shape, dtype, seed):
-        bits = tf.random.stateless_uniform(shape, seed=seed, minval=0, maxval=2, dtype=tf.int32, alg="philox")
+        key, counter = _key_counter(seed)
+        bits = tf.raw_ops.StatelessRandomUniformIntV2(shape=shape, key=key, counter=counter, alg=_PHILOX,
+                                                      minval=0, maxval=2)
         return tf.cast(2 * bits - 1, dtype)
 
     def _rademacher_pair(self, shape_a, shape_b, dtype):
@@ -481,6 +485,27 @@ class KernelArguments:
         if self.activation is not None:
             outputs = self.activation(outputs)
         return outputs
+
+
+#: TensorFlow's number of the Philox algorithm (``tf.random.Algorithm.PHILOX``) for the raw stateless ops.
+_PHILOX = 1
+
+
+def _key_counter(seed):
+    """Philox's key and counter for a stateless seed: what ``tf.random.stateless_normal(..., alg="philox")``
+    computes from ``seed``.
+
+    TensorFlow's Python scramble (``random_ops_util._philox_scramble_seed``) writes about 40 graph ops;
+    the op ``StatelessRandomGetKeyCounter`` scrambles the same way in one, in the CPU and GPU kernels.
+    A Bayesian layer draws a few times per call and every model traces its call several times (train,
+    test and predict steps), so the seeds' ops were most of a Bayesian layer's trace: 314 ops for one
+    ``DenseFlipout`` call, 9 for ``keras.layers.Dense`` (138 with the one op). XLA's version of the op
+    scrambles otherwise, so a function XLA compiles keeps TensorFlow's scramble
+    (tests/layers/test_base.py checks the draws are bitwise TensorFlow's, eager, traced and under XLA).
+    """
+    if keras_private.in_xla_context():
+        return keras_private.philox_key_counter(seed)
+    return tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)
 
 
 def _signs(uniform):
