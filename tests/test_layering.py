@@ -7,6 +7,8 @@ stand at the top of their module.
 """
 
 import ast
+import functools
+import json
 import os
 import subprocess
 import sys
@@ -224,8 +226,8 @@ def test_one_import_mode_import_tfbnn_always_loads_the_core():
             "print(before, sys.modules['tfbnn'] is module, 'tensorflow' in sys.modules, callable(tfbnn.predict), "
             "tfbnn.layers.DenseFlipout.__name__, tfbnn.__version__)")
     assert _fresh(code) == "False True True True DenseFlipout 0.1.0"
-    code = "import sys, tfbnn; print('tensorflow' in sys.modules, 'layers' in vars(tfbnn))"
-    assert _fresh(code) == "True True"
+    report = _fresh_import("tfbnn")
+    assert (report["tensorflow"], report["layers"]) == (True, True)
 
 
 def _layer(module):
@@ -344,17 +346,29 @@ def _fresh(code):
     return out.stdout.strip().splitlines()[-1]
 
 
+#: The modules a plain import must not load: the tuner, plotting, the command line and the studies.
+_NOT_ON_IMPORT = ("keras_tuner", "tfbnn.plots", "tfbnn.tuning", "tfbnn.cli", "tfbnn.evaluation", "tfbnn.experiments",
+                  "tfbnn.training")
+
+
+@functools.lru_cache(maxsize=None)
+def _fresh_import(module):
+    """What ``import <module>`` does in a fresh process: which of _NOT_ON_IMPORT it loaded, whether it
+    loaded TensorFlow and whether ``tfbnn.layers`` is then an attribute of the package. One process per
+    module and worker, shared by the tests that read it (a fresh ``import tfbnn`` costs 10-25 s here)."""
+    code = (f"import json, sys, {module}; import tfbnn; print(json.dumps({{'loaded': sorted(m for m in "
+            f"{_NOT_ON_IMPORT!r} if m in sys.modules), 'tensorflow': 'tensorflow' in sys.modules, "
+            f"'layers': 'layers' in vars(tfbnn)}}))")
+    return json.loads(_fresh(code))
+
+
 def test_import_tfbnn_loads_no_tuner_no_plots_no_cli():
     # keras itself imports matplotlib when it is installed; tfbnn adds no plotting module of its own.
-    code = ("import sys, tfbnn; print(sorted(m for m in ('keras_tuner', 'tfbnn.plots', 'tfbnn.tuning', 'tfbnn.cli', "
-            "'tfbnn.evaluation', 'tfbnn.experiments', 'tfbnn.training') if m in sys.modules))")
-    assert _fresh(code) == "[]"
+    assert _fresh_import("tfbnn")["loaded"] == []
 
 
 def test_import_tfbnn_layers_loads_no_tuner_and_no_cli():
-    code = ("import sys, tfbnn.layers; print(sorted(m for m in ('keras_tuner', 'tfbnn.cli', 'tfbnn.plots', "
-            "'tfbnn.tuning') if m in sys.modules))")
-    assert _fresh(code) == "[]"
+    assert _fresh_import("tfbnn.layers")["loaded"] == []
 
 
 def test_the_command_parses_without_tensorflow_and_lists_recipes_lazily():
