@@ -351,6 +351,11 @@ class PosteriorBoard(keras.callbacks.Callback):
             self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "posterior"))
             layers = self._kl_layers = bayesian_layers(self.model)
             self._kls = tf.function(lambda: [tf.cast(layer.kl_divergence(), tf.float32) for layer in layers])
+            # Every layer's posterior scales in one compiled call (an eager softplus per layer cost more than the
+            # epoch's scalars themselves).
+            prunable = self._prunable = pruning.prunable_layers(self.model)
+            self._scales = tf.function(lambda: [tf.convert_to_tensor(layer.kernel_scale()) for layer in prunable],
+                                       autograph=False)
             self._compiled_writes = {}
 
     def on_train_end(self, logs=None):
@@ -364,8 +369,8 @@ class PosteriorBoard(keras.callbacks.Callback):
         logs = logs or {}
         scalars = self._kl_scalars(logs)
         histograms = {} if self._due(epoch, self.histogram_every) else None
-        for layer in pruning.prunable_layers(self.model):
-            self._layer_summaries(layer, scalars, histograms)
+        for layer, scale in zip(self._prunable, self._scales() if self._prunable else ()):
+            self._layer_summaries(layer, scale.numpy(), scalars, histograms)
         self._write(tf.summary.scalar, scalars, epoch)
         if histograms is not None:
             self._write(tf.summary.histogram, histograms, epoch)
@@ -381,7 +386,8 @@ class PosteriorBoard(keras.callbacks.Callback):
 
     def _write(self, summary, values, epoch):
         """``{tag: value}`` through ``summary`` (``tf.summary.scalar`` or ``.histogram``) in one compiled call, traced
-        once per set of tags and shapes (one eager summary op costs about a millisecond)."""
+        once per set of tags and shapes (one eager summary op costs about a millisecond); scalars travel as one
+        tensor (a list of them cost the call a few milliseconds of argument matching)."""
         key = (summary, tuple((tag, np.shape(value)) for tag, value in values.items()))
         if key not in self._compiled_writes:
             writer, tags = self._writer, tuple(values)
@@ -389,11 +395,14 @@ class PosteriorBoard(keras.callbacks.Callback):
             @tf.function(autograph=False)
             def write(tensors, step):
                 with writer.as_default(step=step):
-                    for tag, tensor in zip(tags, tensors):
-                        summary(tag, tensor)
+                    for i, tag in enumerate(tags):
+                        summary(tag, tensors[i])
             self._compiled_writes[key] = write
-        self._compiled_writes[key]([tf.constant(v, tf.float32) for v in values.values()],
-                                   tf.constant(epoch, tf.int64))
+        if all(np.ndim(value) == 0 for value in values.values()):
+            tensors = tf.constant(np.fromiter(values.values(), np.float32, len(values)))
+        else:
+            tensors = [tf.constant(value, tf.float32) for value in values.values()]
+        self._compiled_writes[key](tensors, tf.constant(epoch, tf.int64))
 
     def _kl_scalars(self, logs):
         kls = [float(kl) for kl in self._kls()] if self._kl_layers else []
@@ -414,9 +423,9 @@ class PosteriorBoard(keras.callbacks.Callback):
     def _due(self, epoch, every):
         return epoch % every == 0 or epoch == self._last_epoch
 
-    def _layer_summaries(self, layer, scalars, histograms):
-        """Adds ``layer``'s scalars to ``scalars`` and, unless ``histograms`` is None, its histograms."""
-        scale = layer.kernel_scale().numpy()
+    def _layer_summaries(self, layer, scale, scalars, histograms):
+        """Adds ``layer``'s scalars to ``scalars`` and, unless ``histograms`` is None, its histograms
+        (``scale``: its ``kernel_scale()``, as NumPy)."""
         snr = pruning.signal_to_noise(layer, scale)
         for threshold in self.snr_thresholds:
             scalars[f"prunable/snr{threshold:g}/{layer.name}"] = float(np.mean(snr < threshold))
