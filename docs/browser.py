@@ -9,16 +9,23 @@ load, a code block without its copy button. It saves a screenshot of each page (
 By hand, to look at the pages (writes ``docs/assets/screenshots/*.png``)::
 
     python docs/browser.py
+    python docs/browser.py --tensorboard    # the posterior board's dashboards (tensorboard-*.png)
+
+``--tensorboard`` trains the main job's recipe for 20 epochs with ``tensorboard=`` (Keras' TensorBoard
+callback and ``tfbnn.callbacks.PosteriorBoard``), serves the logs with TensorBoard on 127.0.0.1 and
+saves its scalars, histograms and images dashboards.
 
 Chromium and its driver come from Debian (``apt-get install chromium chromium-driver``; ``.ci/run``
 installs them): Playwright's and Selenium's own browsers are downloads from outside the package index.
 Selenium is given the driver's path, so it downloads nothing.
 """
 
+import argparse
 import functools
 import http.server
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -147,13 +154,68 @@ def check(site, screenshots, paths=None):
     return problems
 
 
-def main():
-    """Builds the site into a temporary folder and checks it; screenshots to docs/assets/screenshots/."""
+#: TensorBoard's dashboards screenshot by ``--tensorboard``: route -> its query (the scalars: the board's own tags,
+#: the KL terms and the prunable fractions, not Keras' loss and accuracy).
+DASHBOARDS = {"scalars": "&tagFilter=%5Ekl%7Cprunable", "histograms": "", "images": ""}
+
+
+def tensorboard_screenshots(log_dir, screenshots, paths=None, settle=8.0):
+    """Serves ``log_dir`` with TensorBoard on 127.0.0.1 and saves ``tensorboard-<dashboard>.png`` of DASHBOARDS."""
+    paths = paths or browser_paths()
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    board = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(log_dir), "--host",
+                              "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/"
+    driver = None
+    try:
+        if not _wait(lambda: _answers(url), timeout=60):
+            raise RuntimeError(f"TensorBoard did not answer at {url} within 60 s")
+        driver = _driver(paths)
+        os.makedirs(screenshots, exist_ok=True)
+        for dashboard, query in DASHBOARDS.items():
+            driver.get(f"{url}#{dashboard}{query}")
+            time.sleep(settle)  # TensorBoard draws its charts after the page has loaded
+            driver.save_screenshot(os.path.join(screenshots, f"tensorboard-{dashboard}.png"))
+    finally:
+        if driver is not None:
+            driver.quit()
+        board.terminate()
+        board.wait(timeout=30)
+
+
+def _answers(url):
+    try:
+        return _status(url) == 200
+    except OSError:
+        return False
+
+
+def _board_logs(log_dir, epochs=20):
+    """The main job's recipe trained ``epochs`` epochs with its TensorBoard logs in ``log_dir``."""
+    from tfbnn import training
+
+    training.run(training.get_recipe("digits-bbb-mlp").replace(epochs=epochs), output_dir=os.path.join(log_dir, "run"),
+                 verbose=0, tensorboard=os.path.join(log_dir, "logs"), figures=False, quiet=True)
+    return os.path.join(log_dir, "logs")
+
+
+def main(argv=None):
+    """Builds the site into a temporary folder and checks it (``--tensorboard``: the board's dashboards instead);
+    the screenshots go to docs/assets/screenshots/."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tensorboard", action="store_true", help="screenshot the posterior board in TensorBoard")
+    args = parser.parse_args(argv)
     out = os.path.join(ROOT, "docs", "assets", "screenshots")
-    with tempfile.TemporaryDirectory() as site:
-        subprocess.run([sys.executable, "-m", "mkdocs", "build", "--quiet", "--site-dir", site], cwd=ROOT, check=True,
+    with tempfile.TemporaryDirectory() as work:
+        if args.tensorboard:
+            tensorboard_screenshots(_board_logs(work), out)
+            print(f"screenshots of {', '.join(DASHBOARDS)} in {out}")
+            return 0
+        subprocess.run([sys.executable, "-m", "mkdocs", "build", "--quiet", "--site-dir", work], cwd=ROOT, check=True,
                        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
-        problems = check(site, out)
+        problems = check(work, out)
     print("\n".join(problems) or f"no problem found; screenshots in {out}")
     return 1 if problems else 0
 
