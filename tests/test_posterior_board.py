@@ -92,3 +92,18 @@ def test_bad_arguments_name_themselves(tmp_path):
         tfbnn.callbacks.PosteriorBoard(str(tmp_path), reliability_every=0)
     with pytest.raises(ValueError, match="multiple of `validation_every`"):
         tfbnn.callbacks.PosteriorBoard(str(tmp_path), validation_every=3, reliability_every=4)
+
+
+def test_a_model_built_by_its_first_batch_gets_its_layer_summaries(tmp_path):
+    """The board finds the prunable layers at the first epoch's end: a Sequential without an Input is built
+    by fit's first batch, after on_train_begin."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 3)).astype("float32"), rng.integers(0, 2, 32)
+    model = keras.Sequential([tfbnn.layers.DenseFlipout(2, activation="softmax", seed=0)])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    model.fit(x, y, epochs=2, verbose=0, callbacks=[tfbnn.KLAnnealing(len(x)),
+                                                    tfbnn.callbacks.PosteriorBoard(str(tmp_path), snr_thresholds=(1.0,))])
+    events = _events(str(tmp_path))
+    name = model.layers[0].name
+    assert sorted(events[f"prunable/snr1/{name}"]) == [0, 1]
+    assert events[f"prunable/snr1/{name}"][1] == pytest.approx(np.mean(pruning.signal_to_noise(model.layers[0]) < 1.0))

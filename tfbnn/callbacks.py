@@ -351,11 +351,7 @@ class PosteriorBoard(keras.callbacks.Callback):
             self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "posterior"))
             layers = self._kl_layers = bayesian_layers(self.model)
             self._kls = tf.function(lambda: [tf.cast(layer.kl_divergence(), tf.float32) for layer in layers])
-            # Every layer's posterior scales in one compiled call (an eager softplus per layer cost more than the
-            # epoch's scalars themselves).
-            prunable = self._prunable = pruning.prunable_layers(self.model)
-            self._scales = tf.function(lambda: [tf.convert_to_tensor(layer.kernel_scale()) for layer in prunable],
-                                       autograph=False)
+            self._scales = None  # made at the first epoch's end, when a model built by its first batch is built
             self._compiled_writes = {}
 
     def on_train_end(self, logs=None):
@@ -369,6 +365,12 @@ class PosteriorBoard(keras.callbacks.Callback):
         logs = logs or {}
         scalars = self._kl_scalars(logs)
         histograms = {} if self._due(epoch, self.histogram_every) else None
+        if self._scales is None:
+            # Every layer's posterior scales in one compiled call (an eager softplus per layer cost more than the
+            # epoch's scalars themselves).
+            prunable = self._prunable = pruning.prunable_layers(self.model)
+            self._scales = tf.function(lambda: [tf.convert_to_tensor(layer.kernel_scale()) for layer in prunable],
+                                       autograph=False)
         for layer, scale in zip(self._prunable, self._scales() if self._prunable else ()):
             self._layer_summaries(layer, scale.numpy(), scalars, histograms)
         self._write(tf.summary.scalar, scalars, epoch)
