@@ -76,8 +76,11 @@ def test_the_logged_values_equal_the_layers_and_the_metrics(tmp_path):
     assert sorted(events[f"posterior_scale/{vd.name}"]) == sorted(events["validation/nll"]) == [0, 2, 3]
     assert sorted(events["validation/reliability_diagram"]) == [0, 3]
     assert sorted(events["kl/total"]) == [0, 1, 2, 3]
-    image = tf.image.decode_png(events["validation/reliability_diagram"][3])
-    assert image.shape[0] > 100 and image.shape[1] > 100
+    image = tf.image.decode_png(events["validation/reliability_diagram"][3]).numpy()
+    assert image.shape[0] > 100 and image.shape[1] > 100 and image.shape[2] == 4
+    # The image is the last validation predictive's diagram (rendering is deterministic), not another's.
+    np.testing.assert_array_equal(image, board._reliability_image(res.mean_probs, y)[0].numpy())
+    assert np.any(image != board._reliability_image(np.full_like(res.mean_probs, 0.5), y)[0].numpy())
     assert sorted(os.listdir(tmp_path)) == ["posterior", "train"]   # beside Keras' own TensorBoard callback
 
 
