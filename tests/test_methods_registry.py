@@ -60,7 +60,15 @@ def test_the_built_in_methods_say_what_each_part_needs():
     with pytest.raises(ValueError, match="has no lstm layer"):
         vd.layer_class("lstm", {})
     assert ibnn.samples_phrase == "noise samples per example" and bbb.display_name == "BbB"
-    assert bbb.uses_xla({"estimator": "local_reparameterization"}) and not bbb.uses_xla({"estimator": "flipout"})
+    assert bbb.uses_xla({"estimator": "local_reparameterization"}) and bbb.uses_xla({"estimator": "flipout"})
+    assert not bbb.uses_xla({"estimator": "flipout", "prior": "scale_mixture"})   # not measured
+    assert bbb.uses_xla({"estimator": "flipout"}, "lenet5", "eigen") and not bbb.uses_xla(
+        {"estimator": "flipout"}, "lenet5", "onednn")
+    assert not bbb.uses_xla({"estimator": "local_reparameterization"}, "resnet20", "eigen")  # Conv2DFlipout
+    assert bbb.uses_xla({"estimator": "reparameterization"}, "resnet20", "onednn")
+    assert not vd.uses_xla({}, "mlp") and not vd.uses_xla({}, "lenet5", "onednn") and vd.uses_xla({}, "lenet5", "eigen")
+    assert not vd.uses_xla({"parameterization": "multiplicative"}, "lenet5", "eigen")
+    assert not bbb.uses_xla({"estimator": "flipout"}, None) and not graves.uses_xla({})
     assert not methods.get("deterministic").stochastic and methods.get("mc_dropout").stochastic
     assert methods.method_of_conversion("kingma")[0] is vd
     assert methods.layer_class("NodeDense") is tfbnn.layers.NodeDense
@@ -350,3 +358,50 @@ def test_the_studies_train_registered_methods_only():
     for name in ("_shift_benchmark.py", "_kerashub_finetune.py"):
         assert ".compile(" not in sources[name] and "model.fit(" not in sources[name], name
     assert _named_methods("context.train('gp'); training.Recipe(method='bogus')") == ["gp", "bogus"]
+
+
+def _measured_xla_pairs(block):
+    """``{(network, layer, kernels or None): {xla: ms}}`` from a benchmarks/README.md table block."""
+    import os
+    import re
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "README.md")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    body = re.search(f"<!-- BEGIN {block} -->(.*?)<!-- END {block} -->", text, re.DOTALL).group(1)
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in body.strip().splitlines()]
+    header, rows = rows[0], rows[2:]
+    pairs = {}
+    for row in rows:
+        cell = dict(zip(header, row))
+        kernels = None if "kernels" not in cell else ("eigen" if cell["kernels"].startswith("Eigen") else "onednn")
+        key = (cell.get("network", "mlp"), cell["layer"], kernels)
+        pairs.setdefault(key, {})[cell["XLA"] == "on"] = float(cell["ms / step (best)"])
+    return pairs
+
+
+def test_the_xla_rule_picks_the_faster_measured_path():
+    """jit_compile="auto"'s rule (tfbnn.methods.XLA_RULE) against the committed side-by-side tables: in every
+    measured case it picks the faster path, or one within 5% of it (one run each: the spread between runs)."""
+    measured = {**_measured_xla_pairs("dense_layers"), **_measured_xla_pairs("conv_layers")}
+    checked = set()
+    for (network, layer), choice in methods.XLA_RULE.items():
+        assert set(choice) == {"eigen", "onednn"}, (network, layer)
+        for kernels, on in choice.items():
+            ms = measured.get((network, layer, kernels)) or measured.get((network, layer, None))
+            assert ms is not None and set(ms) == {False, True}, f"{network} {layer} {kernels}: not measured"
+            assert ms[on] <= 1.05 * min(ms.values()), (network, layer, kernels, ms, on)
+            checked.add((network, layer))
+    # Every measured tfbnn or Keras layer has its rule (TFP's and tf_keras' rows and the floors are not layers of ours).
+    ours = {(n, layer) for n, layer, _ in measured if layer.startswith(("tfbnn_", "keras_"))}
+    assert ours == checked == set(methods.XLA_RULE), ours ^ set(methods.XLA_RULE)
+
+
+def test_kernel_library_reads_tensorflow_s_flag(monkeypatch):
+    for flag, kernels in (("0", "eigen"), ("false", "eigen"), ("1", "onednn"), ("True", "onednn")):
+        monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", flag)
+        assert methods.kernel_library() == kernels, flag
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
+    import platform
+
+    assert methods.kernel_library() == ("onednn" if platform.machine().lower() in ("x86_64", "amd64") else "eigen")

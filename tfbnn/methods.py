@@ -65,8 +65,9 @@ field                    who asks and what it means
 ``finish``               ``f(model, callbacks) -> model``: what :func:`tfbnn.training.run` keeps, evaluates and
                          saves after ``fit``, given the method's callbacks (``csgmcmc``: the collected samples
                          as a :class:`tfbnn.DeepEnsemble`, :meth:`tfbnn.sgmcmc.SGMCMCPosterior.to_ensemble`), or None
-``xla``                  ``f(options) -> bool``: whether ``jit_compile="auto"`` turns XLA on for
-                         an MLP of the method
+``xla``                  ``f(options, network) -> str or bool or None``: for ``jit_compile="auto"``, the
+                         benchmark layer whose measured train step decides (a row of :data:`XLA_RULE`,
+                         ``network`` one of its networks), or a bool that decides directly; None: no XLA
 ``label``                the name in result tables (``"BbB"``), default ``name``
 ``flags``                its ``tfbnn train`` options, each a :class:`Flag`
 ``options_from_flags``   ``f(values) -> options``: the recipe's ``method_options`` from the
@@ -98,12 +99,15 @@ Example:
 
 import dataclasses
 import math
+import os
+import platform
 import types
 
 from tfbnn._internal import argtypes
 
 __all__ = ["Method", "Conversion", "Flag", "PRIOR", "ESTIMATORS", "BUILDS", "EPISTEMIC_SCORES", "register",
-           "unregister", "get", "names", "conversion_names", "method_of_conversion", "layer_class"]
+           "unregister", "get", "names", "conversion_names", "method_of_conversion", "layer_class", "XLA_RULE",
+           "kernel_library"]
 
 #: How :func:`tfbnn.training.run` makes a method's model (:attr:`Method.build`); ``"adapter"``: a method applied to
 #: a pre-trained network by its own function (``blob``: :func:`tfbnn.lora.variational`), which no zoo recipe
@@ -236,7 +240,7 @@ class Method:
         wrap_optimizer: ``f(optimizer, variational_learning_rate) -> optimizer`` or None.
         sampler: ``f(options, learning_rate, total_steps, num_examples, seed) -> optimizer`` or None.
         finish: ``f(model, callbacks) -> model`` or None (the trained model).
-        xla: ``f(options) -> bool`` or None (never).
+        xla: ``f(options, network) -> str or bool or None`` (a layer of :data:`XLA_RULE`), or None (never).
         label: str or None (``name``).
         flags: tuple of :class:`Flag`.
         options_from_flags: ``f(values) -> dict`` or None (no options).
@@ -371,9 +375,22 @@ class Method:
         """The test predictive's sample count for ``num_samples`` asked."""
         return num_samples if self.eval_samples is None else self.eval_samples(model, num_samples)
 
-    def uses_xla(self, options):
-        """Whether ``jit_compile="auto"`` compiles an MLP of the method with XLA."""
-        return bool(self.xla is not None and self.xla(options))
+    def uses_xla(self, options, network="mlp", kernels=None):
+        """Whether ``jit_compile="auto"`` compiles the method's ``network`` with XLA on a CPU with ``kernels``.
+
+        Args:
+            options: the method's options.
+            network: a network of :data:`XLA_RULE` (``"mlp"``, ``"lenet5"``, ``"resnet20"``) or None
+                (an unmeasured network: no XLA).
+            kernels: ``"eigen"`` or ``"onednn"``; default :func:`kernel_library`.
+        """
+        if self.xla is None or network is None:
+            return False
+        layer = self.xla(options, network)
+        if layer is None or isinstance(layer, bool):
+            return bool(layer)
+        row = XLA_RULE.get((network, layer))
+        return bool(row and row[kernels or kernel_library()])
 
     @property
     def display_name(self):
@@ -585,10 +602,63 @@ _BBB_CONV = {"flipout": "Conv2DFlipout", "reparameterization": "Conv2DReparamete
              "local_reparameterization": "Conv2DFlipout"}
 
 
-def _bbb_xla(options):
-    # XLA helps local reparameterization (no weight-sized draw) and slows weight-sized
-    # normal draws on CPU (benchmarks/README.md, "Dense layers: a whole train step").
-    return options.get("estimator") == "local_reparameterization" and options.get("prior", "normal") == "normal"
+#: ``jit_compile="auto"``'s measured rule on CPUs: ``(network, layer) -> {kernels: XLA on}``, whether XLA made the
+#: whole train step faster in benchmarks/README.md's side-by-side runs (2 AMD EPYC cores, one interleaved run each;
+#: tests/test_methods_registry.py checks every entry against those tables). Networks: ``"mlp"`` (784-1200-1200-10,
+#: batch 128; measured on the default kernel path and taken for both), ``"lenet5"`` (LeNet-5, batch 32) and
+#: ``"resnet20"`` (a ResNet-20-sized stack of 19 convolutions, batch 16: it stands for the zoo's deep convolutional
+#: networks). Layers: the benchmarks' row names. Kernels: TensorFlow's CPU kernel library (:func:`kernel_library`).
+#: What was not measured (other networks, priors, variational dropout in an MLP, GPUs) gets no XLA from the rule.
+XLA_RULE = {
+    ("mlp", "keras_dense"): {"eigen": True, "onednn": True},           # 18.4 against 22.7 ms
+    ("mlp", "tfbnn_reparam"): {"eigen": True, "onednn": True},         # 76.9 against 77.1: a tie
+    ("mlp", "tfbnn_flipout"): {"eigen": True, "onednn": True},         # 87.4 against 94.7
+    ("mlp", "tfbnn_local"): {"eigen": True, "onednn": True},           # 56.9 against 63.9
+    ("lenet5", "keras_conv"): {"eigen": True, "onednn": False},        # Eigen 13.6 / 18.9, oneDNN 13.3 / 10.2
+    ("lenet5", "tfbnn_reparam"): {"eigen": True, "onednn": False},
+    ("lenet5", "tfbnn_flipout"): {"eigen": True, "onednn": False},
+    ("lenet5", "tfbnn_vd"): {"eigen": True, "onednn": False},
+    ("resnet20", "keras_conv"): {"eigen": True, "onednn": True},
+    ("resnet20", "tfbnn_reparam"): {"eigen": True, "onednn": True},
+    ("resnet20", "tfbnn_flipout"): {"eigen": False, "onednn": False},  # two convolutions per call: XLA slows them
+    ("resnet20", "tfbnn_vd"): {"eigen": False, "onednn": False},
+}
+
+
+def kernel_library():
+    """TensorFlow's CPU kernel library here: ``"eigen"`` or ``"onednn"``.
+
+    ``TF_ENABLE_ONEDNN_OPTS`` decides where it is set (``0``/``false``: Eigen); otherwise oneDNN on x86-64
+    (TensorFlow's default there) and Eigen elsewhere (ARM wheels run Eigen unless oneDNN is asked for).
+
+    Example:
+        >>> import tfbnn
+        >>> tfbnn.methods.kernel_library() in ("eigen", "onednn")
+        True
+    """
+    flag = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    if flag is not None and flag.strip():
+        return "eigen" if flag.strip().lower() in ("0", "false") else "onednn"
+    return "onednn" if platform.machine().lower() in ("x86_64", "amd64") else "eigen"
+
+
+def _keras_xla(options, network):
+    return "keras_dense" if network == "mlp" else "keras_conv"
+
+
+def _bbb_xla(options, network):
+    if options.get("prior", "normal") != "normal":
+        return None  # measured with the N(0, 1) prior only
+    estimator = options.get("estimator", "flipout")
+    if network == "mlp":
+        return {"reparameterization": "tfbnn_reparam", "flipout": "tfbnn_flipout",
+                "local_reparameterization": "tfbnn_local"}.get(estimator)
+    return "tfbnn_reparam" if estimator == "reparameterization" else "tfbnn_flipout"   # _BBB_CONV
+
+
+def _vd_xla(options, network):
+    # Conv2DVariationalDropout (additive) was measured; an MLP of it was not.
+    return "tfbnn_vd" if network != "mlp" and options.get("parameterization", "additive") == "additive" else None
 
 
 def _vd_conversion(options):
@@ -683,9 +753,9 @@ _BBB_CONVERSIONS = {
 }
 
 _BUILT_IN_METHODS = (
-    Method("deterministic", "", ensembles=("batch_ensemble",)),
+    Method("deterministic", "", ensembles=("batch_ensemble",), xla=_keras_xla),
     Method("mc_dropout", "dropout kept on at inference", options={"rate": 0.1}, check_options=_check_rate,
-           dropout_option="rate", ensembles=("batch_ensemble",),
+           dropout_option="rate", ensembles=("batch_ensemble",), xla=_keras_xla,
            flags=(Flag("dropout_rate", "mc_dropout only: the dropout rate (default: 0.1)", type=argtypes.rate),),
            options_from_flags=_mc_dropout_flags),
     Method("bbb", "Bayes by Backprop", bayesian=True, options={"estimator": "flipout", "prior": "normal"},
@@ -698,7 +768,7 @@ _BUILT_IN_METHODS = (
     Method("vd", "sparse variational dropout", bayesian=True, options={"parameterization": "additive"},
            check_options=_check_vd,
            layers={"dense": "DenseVariationalDropout", "conv2d": "Conv2DVariationalDropout"},
-           layer_kwargs=_vd_layer_kwargs, conversions=_VD_CONVERSIONS, conversion_for=_vd_conversion,
+           layer_kwargs=_vd_layer_kwargs, conversions=_VD_CONVERSIONS, conversion_for=_vd_conversion, xla=_vd_xla,
            flags=(Flag("parameterization", "vd only: additive (Molchanov 2017) or multiplicative (Kingma 2015)",
                        choices=("additive", "multiplicative")),),
            options_from_flags=_vd_flags),

@@ -140,9 +140,9 @@ def add_arguments(parser):
                           help="Keras fit verbosity: 0 silent, 1 progress bar, 2 one line per epoch (default: 1 "
                           "on a terminal, 2 when the output is redirected)")
     training.add_argument("--jit-compile", choices=("auto", "on", "off"), default="auto",
-                          help="XLA: auto = on for local_reparameterization MLPs with the normal prior (no "
-                          "weight-sized draw; XLA helps) in runs of 1,000 train steps or more (its compilation "
-                          "takes seconds), off otherwise (XLA makes weight-sized normal draws slow on CPU)")
+                          help="XLA: auto = on a CPU, on where the measured rule (tfbnn.methods.XLA_RULE: method, "
+                          "network, Eigen or oneDNN kernels) found it faster, in runs of 1,000 train steps or more "
+                          "(its compilation takes seconds); with a GPU, Keras' own choice")
     argtypes.add_strategy_argument(training)
 
     evaluation = parser.add_argument_group("evaluation and output")

@@ -215,14 +215,27 @@ def convert_model(recipe, deterministic, num_examples):
 XLA_MIN_STEPS = 1_000
 
 
+#: The network of :data:`tfbnn.methods.XLA_RULE` whose measurements decide ``jit_compile="auto"`` for a zoo model
+#: (the MLP presets are ``"mlp"``); a model not listed (recurrent, Transformer, KerasHub) was not measured: no XLA.
+XLA_NETWORKS = {"lenet5": "lenet5", "alexnet": "resnet20", "resnet50": "resnet20", "vgg16": "resnet20",
+                "vgg16_small": "resnet20", "wide_resnet28_10": "resnet20", "convnext": "resnet20"}
+
+
+def _xla_network(recipe):
+    return "mlp" if _is_mlp(recipe) else XLA_NETWORKS.get(recipe.model)
+
+
 def _jit(jit_compile, recipe, steps=None):
     if jit_compile != "auto":
         return bool(jit_compile)
-    # XLA helps local reparameterization (no weight-sized draw) and slows weight-sized
-    # normal draws on CPU (benchmarks/README.md, "Dense layers: a whole train step").
     if steps is not None and steps < XLA_MIN_STEPS:
         return False
-    return registry.get(recipe.member_method).uses_xla(recipe.method_options) and _is_mlp(recipe)
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        return "auto"  # not measured on GPUs: Keras' own choice (XLA where the model supports it)
+    # The measured rule (tfbnn.methods.XLA_RULE, benchmarks/README.md's dense and convolution tables).
+    return registry.get(recipe.member_method).uses_xla(recipe.method_options, _xla_network(recipe))
 
 
 def fixed_noise_gaussian_nll(noise_std):
@@ -847,9 +860,12 @@ def run(recipe, output_dir=None, model_path=None, verbose=None, baseline=False, 
             default 1 on a terminal, 2 otherwise.
         baseline: bool; also train the deterministic version of the same recipe and
             report its metrics beside (``RunResult.baseline``).
-        jit_compile: ``"auto"`` (XLA for local reparameterization MLPs with a Normal
-            prior, where it helps on CPU, in runs of at least :data:`XLA_MIN_STEPS` train
-            steps, where its compilation pays back), True or False.
+        jit_compile: ``"auto"``, True or False. ``"auto"``: on a CPU, XLA where the
+            measured rule :data:`tfbnn.methods.XLA_RULE` says it made the train step faster
+            for the method's layers, the network (:data:`XLA_NETWORKS`) and TensorFlow's
+            kernel library (:func:`tfbnn.methods.kernel_library`), in runs of at least
+            :data:`XLA_MIN_STEPS` train steps (where its compilation pays back); with a GPU,
+            Keras' own ``"auto"`` (not measured here).
         strategy: a ``tf.distribute.Strategy`` or None; the model is built and
             compiled in its scope.
         callbacks: extra Keras callbacks for the (main) fit.
