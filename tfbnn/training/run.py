@@ -216,9 +216,10 @@ XLA_MIN_STEPS = 1_000
 
 
 #: The network of :data:`tfbnn.methods.XLA_RULE` whose measurements decide ``jit_compile="auto"`` for a zoo model
-#: (the MLP presets are ``"mlp"``); a model not listed (recurrent, Transformer, KerasHub) was not measured: no XLA.
+#: (the MLP presets are ``"mlp"``); a model not listed (recurrent, Transformer, KerasHub, ConvNeXt's depthwise
+#: blocks) was not measured: no XLA.
 XLA_NETWORKS = {"lenet5": "lenet5", "alexnet": "resnet20", "resnet50": "resnet20", "vgg16": "resnet20",
-                "vgg16_small": "resnet20", "wide_resnet28_10": "resnet20", "convnext": "resnet20"}
+                "vgg16_small": "resnet20", "wide_resnet28_10": "resnet20"}
 
 
 def _xla_network(recipe):
