@@ -362,7 +362,6 @@ def test_the_studies_train_registered_methods_only():
 
 def _measured_xla_pairs(block):
     """``{(network, layer, kernels or None): {xla: ms}}`` from a benchmarks/README.md table block."""
-    import os
     import re
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "README.md")

@@ -646,14 +646,17 @@ def _keras_xla(options, network):
     return "keras_dense" if network == "mlp" else "keras_conv"
 
 
+#: The benchmark row (of :data:`XLA_RULE`) that measured each Bayes-by-Backprop layer class.
+_BENCHMARK_ROWS = {"DenseReparameterization": "tfbnn_reparam", "DenseFlipout": "tfbnn_flipout",
+                   "DenseLocalReparameterization": "tfbnn_local", "Conv2DReparameterization": "tfbnn_reparam",
+                   "Conv2DFlipout": "tfbnn_flipout"}
+
+
 def _bbb_xla(options, network):
     if options.get("prior", "normal") != "normal":
         return None  # measured with the N(0, 1) prior only
-    estimator = options.get("estimator", "flipout")
-    if network == "mlp":
-        return {"reparameterization": "tfbnn_reparam", "flipout": "tfbnn_flipout",
-                "local_reparameterization": "tfbnn_local"}.get(estimator)
-    return "tfbnn_reparam" if estimator == "reparameterization" else "tfbnn_flipout"   # _BBB_CONV
+    layers = _BBB_DENSE if network == "mlp" else _BBB_CONV
+    return _BENCHMARK_ROWS.get(layers.get(options.get("estimator", "flipout")))
 
 
 def _vd_xla(options, network):
