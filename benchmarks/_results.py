@@ -31,6 +31,29 @@ def finish(name, table, path, payload, write_readme):
         _readme.write_table(name, table)
 
 
+#: The kernel-library paths a CPU benchmark runs once each, and how their rows are labelled.
+KERNEL_PATHS = {"eigen": "Eigen (TF_ENABLE_ONEDNN_OPTS=0)", "onednn": "oneDNN (TF_ENABLE_ONEDNN_OPTS=1)"}
+
+
+def kernel_path():
+    """This process's kernel path (a key of :data:`KERNEL_PATHS`), from ``TF_ENABLE_ONEDNN_OPTS``."""
+    return "eigen" if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0" else "onednn"
+
+
+def save_path_rows(name, rows, **payload):
+    """Writes this kernel path's ``rows`` to ``results/<name>_<path>.json``; returns the rows of both
+    paths, this run's and the other path's last ones (none where it never ran)."""
+    write_json(default_path(f"{name}_{kernel_path()}.json"), {"rows": rows, **payload})
+    both = []
+    for path in KERNEL_PATHS:
+        try:
+            with open(default_path(f"{name}_{path}.json"), encoding="utf-8") as f:
+                both += json.load(f)["rows"]
+        except FileNotFoundError:
+            pass
+    return both
+
+
 def interleaved_ms(steps, rounds, calls):
     """``{name: [ms per call of each round]}``: ``rounds`` rounds, each calling every step ``calls`` times in turn.
 

@@ -35,13 +35,12 @@ benchmarks/results/conv_layers.json (``--write-readme``: into benchmarks/README.
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
 
 import _readme
-from _results import default_path, finish, interleaved_ms, write_json
+from _results import KERNEL_PATHS, default_path, finish, interleaved_ms, kernel_path, save_path_rows
 
 IMPLEMENTATIONS = ["keras_conv", "tfbnn_reparam", "tfbnn_flipout", "tfbnn_vd", "tf_keras_conv", "tfp_reparam",
                    "tfp_flipout"]
@@ -124,7 +123,7 @@ def run(networks, impls, xla_modes, steps, rounds):
     return rows
 
 
-KERNELS = {"eigen": "Eigen (TF_ENABLE_ONEDNN_OPTS=0)", "onednn": "oneDNN (TF_ENABLE_ONEDNN_OPTS=1)"}
+KERNELS = KERNEL_PATHS
 
 
 def report(rows):
@@ -157,17 +156,10 @@ def main():
     _readme.add_flag(parser)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    tag = "eigen" if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0" else "onednn"
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.xla]
-    rows = [dict(r, kernels=KERNELS[tag]) for r in run(args.networks, args.impl, modes, args.steps, args.rounds)]
-    write_json(default_path(f"conv_layers_{tag}.json"), {"rows": rows, "steps": args.steps, "rounds": args.rounds})
-    both = []
-    for kernels in KERNELS:  # this run's rows and the other path's last ones
-        try:
-            with open(default_path(f"conv_layers_{kernels}.json"), encoding="utf-8") as f:
-                both += json.load(f)["rows"]
-        except FileNotFoundError:
-            pass
+    rows = [dict(r, kernels=KERNELS[kernel_path()]) for r in run(args.networks, args.impl, modes, args.steps,
+                                                                  args.rounds)]
+    both = save_path_rows("conv_layers", rows, steps=args.steps, rounds=args.rounds)
     finish("conv_layers", report(both), args.out, {"rows": both}, args.write_readme)
 
 

@@ -13,6 +13,7 @@ Keras convolution of any rank), which give a posterior its shapes and its operat
 from tfbnn.layers.base import BayesianLayer, StochasticLayer
 from tfbnn.layers.mean_field import MeanFieldFlipout, MeanFieldGaussian
 from tfbnn.layers.arguments import ConvArguments, ConvTransposeArguments, DenseArguments
+from tfbnn.layers.conv_gradient import conv_input_gradient, set_conv_input_gradient
 from tfbnn.likelihoods import (
     BernoulliHead,
     CategoricalHead,
@@ -133,4 +134,7 @@ __all__ = [  # in the order a user reads them (the API page follows it)
     "DenseArguments",
     "ConvArguments",
     "ConvTransposeArguments",
+    # How the convolutions take their input gradient (opt-in: a forward convolution at stride 1)
+    "set_conv_input_gradient",
+    "conv_input_gradient",
 ]

@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 
 from tfbnn._internal import checks
+from tfbnn.layers import conv_gradient
 from tfbnn.layers.base import input_features
 
 __all__ = ["DenseArguments", "ConvArguments", "ConvTransposeArguments", "conv_output_length", "conv_output_shape",
@@ -226,7 +227,7 @@ class ConvArguments:
     def forward(self, inputs, kernel):
         """``conv(inputs, kernel)`` with the layer's arguments (kernel ``kernel_size + (in, filters)``)."""
         self.compute_output_shape(inputs.shape)  # rejects inputs smaller than the kernel
-        return self.channels_last(keras.ops.conv, inputs, tf.cast(kernel, inputs.dtype), strides=self.strides,
+        return self.channels_last(_convolve, inputs, tf.cast(kernel, inputs.dtype), strides=self.strides,
                                   padding=self.padding, dilation_rate=self.dilation_rate)
 
     def channels_last(self, op, inputs, kernel, **arguments):
@@ -281,6 +282,11 @@ class ConvArguments:
                        "padding": self.padding, "data_format": self.data_format,
                        "dilation_rate": self.dilation_rate})
         return config
+
+
+def _convolve(inputs, kernel, data_format, strides, padding, dilation_rate):
+    """``keras.ops.conv`` (channels_last) with the input gradient :func:`tfbnn.layers.set_conv_input_gradient` chose."""
+    return conv_gradient.convolve(inputs, kernel, strides, padding, dilation_rate)
 
 
 def conv_transpose_output_length(length, kernel, stride, padding, output_padding, dilation):
