@@ -32,7 +32,10 @@ _mode = "tensorflow"
 
 
 def set_conv_input_gradient(mode):
-    """Chooses how tfbnn's convolutions take their input gradient, for every layer from now on.
+    """Chooses how tfbnn's convolutions take their input gradient, in every function traced from now on.
+
+    The mode is read when a function is traced: a model whose train step was traced before the
+    call keeps the gradient it was traced with (compile it again to retrace).
 
     ``"forward"``: a stride-1 convolution's input gradient is the forward convolution of the
     padded output gradient with the flipped, channel-swapped kernel (module docstring), in
