@@ -227,8 +227,8 @@ class ConvArguments:
     def forward(self, inputs, kernel):
         """``conv(inputs, kernel)`` with the layer's arguments (kernel ``kernel_size + (in, filters)``)."""
         self.compute_output_shape(inputs.shape)  # rejects inputs smaller than the kernel
-        return self.channels_last(_convolve, inputs, tf.cast(kernel, inputs.dtype), strides=self.strides,
-                                  padding=self.padding, dilation_rate=self.dilation_rate)
+        return self.channels_last(conv_gradient.convolve, inputs, tf.cast(kernel, inputs.dtype),
+                                  strides=self.strides, padding=self.padding, dilation_rate=self.dilation_rate)
 
     def channels_last(self, op, inputs, kernel, **arguments):
         """``op(inputs, kernel, data_format="channels_last", **arguments)`` in the layer's layout.
@@ -282,11 +282,6 @@ class ConvArguments:
                        "padding": self.padding, "data_format": self.data_format,
                        "dilation_rate": self.dilation_rate})
         return config
-
-
-def _convolve(inputs, kernel, data_format, strides, padding, dilation_rate):
-    """``keras.ops.conv`` (channels_last) with the input gradient :func:`tfbnn.layers.set_conv_input_gradient` chose."""
-    return conv_gradient.convolve(inputs, kernel, strides, padding, dilation_rate)
 
 
 def conv_transpose_output_length(length, kernel, stride, padding, output_padding, dilation):

@@ -2,9 +2,9 @@
 
 With Eigen's CPU kernels (AMD and ARM CPUs, ``TF_ENABLE_ONEDNN_OPTS=0``) TensorFlow's input
 gradient of a convolution (``Conv2DBackpropInput``) is several times slower than a forward
-convolution of the same size on small maps with many channels; oneDNN's is not. For a stride-1 convolution the input gradient *is* a forward
-convolution, of the zero-padded output gradient with the kernel flipped along its spatial
-axes and its channel axes swapped:
+convolution of the same size on small maps with many channels; oneDNN's is not. For a
+stride-1 convolution the input gradient *is* a forward convolution, of the zero-padded
+output gradient with the kernel flipped along its spatial axes and its channel axes swapped:
 
     y = conv(x, W)  (stride 1, dilation d, padding p_lo / p_hi per axis)
     dL/dx = conv(pad(dL/dy, (k' - 1 - p_lo, k' - 1 - p_hi)), flip(W)^T)  ("valid", dilation d)
@@ -84,10 +84,14 @@ def _same_pads(kernel, dilation):
     return total // 2, total - total // 2
 
 
-def convolve(inputs, kernel, strides, padding, dilation_rate):
-    """``keras.ops.conv`` in channels_last, with the forward input gradient where it is chosen and applies."""
-    arguments = dict(strides=strides, padding=padding, dilation_rate=dilation_rate, data_format="channels_last")
-    if _mode != "forward" or any(s != 1 for s in strides):
+def convolve(inputs, kernel, strides, padding, dilation_rate, data_format="channels_last"):
+    """``keras.ops.conv`` of channels_last ``inputs``, with the forward input gradient where it is chosen
+    and applies: a stride-1 convolution called in a function being traced (an eager call's gradient is
+    taken eagerly, where no graph prunes the input gradient TensorFlow's kernel gradient computes too)."""
+    if data_format != "channels_last":
+        raise ValueError(f"Expected `data_format='channels_last'`. Received: data_format={data_format!r}")
+    arguments = dict(strides=strides, padding=padding, dilation_rate=dilation_rate, data_format=data_format)
+    if _mode != "forward" or any(s != 1 for s in strides) or tf.executing_eagerly():
         return keras.ops.conv(inputs, kernel, **arguments)
     rank = len(strides)
 
@@ -96,12 +100,9 @@ def convolve(inputs, kernel, strides, padding, dilation_rate):
         y = keras.ops.conv(x, w, **arguments)
 
         def grad(dy):
-            if tf.executing_eagerly():  # no graph to prune the unused input gradient from: TensorFlow's pair
-                with tf.GradientTape() as tape:
-                    tape.watch([x, w])
-                    out = keras.ops.conv(x, w, **arguments)
-                return tape.gradient(out, [x, w], output_gradients=dy)
-            with tf.GradientTape() as tape:  # the kernel gradient only: the input one is pruned from the graph
+            # The kernel gradient: TensorFlow's pair, whose input half (and this second forward call)
+            # no op reads, so the graph drops them when the function runs.
+            with tf.GradientTape() as tape:
                 tape.watch(w)
                 out = keras.ops.conv(tf.stop_gradient(x), w, **arguments)
             dw = tape.gradient(out, w, output_gradients=dy)
@@ -113,7 +114,7 @@ def convolve(inputs, kernel, strides, padding, dilation_rate):
             pads.append([0, 0])
             flipped = tf.transpose(tf.reverse(w, list(range(rank))), [*range(rank), rank + 1, rank])
             dx = keras.ops.conv(tf.pad(dy, pads), flipped, strides=1, padding="valid",
-                                dilation_rate=dilation_rate, data_format="channels_last")
+                                dilation_rate=dilation_rate, data_format=data_format)
             return dx, dw
 
         return y, grad
