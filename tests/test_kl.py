@@ -86,26 +86,23 @@ def test_monte_carlo_kl_from_noise_matches_log_prob_difference():
     np.testing.assert_allclose(float(kl_lib.monte_carlo_kl(w, eps, scale, prior)), float(expected), rtol=1e-5)
 
 
-@pytest.mark.parametrize("jit_compile", [False, True], ids=["eager", "xla"])
-def test_fused_softplus_scale_and_kl_matches_tfd_values_and_autodiff_gradients(jit_compile):
-    """The hand-written gradient of the fused sigma/KL op equals autodiff through tfd.kl_divergence,
-    in eager mode and in the one-reduction form the op takes inside an XLA-compiled function."""
+def _check_fused_op(fused, reference_scale, rho, jit_compile, rtol=1e-4, atol=1e-5):
+    """A fused scale/KL op against ``reference_scale(rho)`` and tfd.kl_divergence, values and autodiff gradients
+    (eager, or in the one-reduction form the op takes inside an XLA-compiled function). Returns the op's gradients."""
     rng = np.random.default_rng(3)
-    loc = tf.constant(rng.normal(0.2, 0.5, (7, 5)), tf.float32)
-    # rho from -30 (sigma at the 1e-6 floor) to 30 (softplus ~ identity).
-    rho = tf.constant(np.linspace(-30.0, 30.0, 35).reshape(7, 5), tf.float32)
-    g_sigma = tf.constant(rng.normal(size=(7, 5)), tf.float32)  # an arbitrary upstream gradient of sigma
+    loc = tf.constant(rng.normal(0.2, 0.5, rho.shape), tf.float32)
+    g_sigma = tf.constant(rng.normal(size=rho.shape), tf.float32)  # an arbitrary upstream gradient of sigma
     prior = priors.Normal(0.3, 1.7)
     contexts = []
 
-    def loss(fused):
+    def loss(use_fused):
         with tf.GradientTape() as tape:
             tape.watch([loc, rho])
-            if fused:
+            if use_fused:
                 contexts.append(kl_lib.in_xla_context())
-                scale, kl = kl_lib.softplus_scale_and_normal_kl(loc, rho, prior)
+                scale, kl = fused(loc, rho, prior)
             else:
-                scale = tf.nn.softplus(rho) + 1e-6
+                scale = reference_scale(rho)
                 kl = tf.reduce_sum(tfd.kl_divergence(tfd.Normal(loc, scale), tfd.Normal(0.3, 1.7)))
             value = tf.reduce_sum(scale * g_sigma) + 0.37 * kl
         return (scale, kl), tape.gradient(value, [loc, rho])
@@ -116,9 +113,58 @@ def test_fused_softplus_scale_and_kl_matches_tfd_values_and_autodiff_gradients(j
     np.testing.assert_allclose(scale, scale_ref, rtol=1e-6)
     np.testing.assert_allclose(kl, kl_ref, rtol=1e-5)
     for got, want in zip(grads, grads_ref):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    return grads
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["eager", "xla"])
+def test_fused_softplus_scale_and_kl_matches_tfd_values_and_autodiff_gradients(jit_compile):
+    """The hand-written gradient of the fused sigma/KL op equals autodiff through tfd.kl_divergence."""
+    # rho from -30 (sigma at the 1e-6 floor) to 30 (softplus ~ identity).
+    rho = tf.constant(np.linspace(-30.0, 30.0, 35).reshape(7, 5), tf.float32)
+    _check_fused_op(kl_lib.softplus_scale_and_normal_kl, lambda r: tf.nn.softplus(r) + 1e-6, rho, jit_compile)
+    loc, prior = tf.zeros_like(rho), priors.Normal(0.3, 1.7)
     # sigma unused downstream (the KL alone): the gradient still flows.
     with tf.GradientTape() as tape:
         tape.watch(rho)
         kl_only = kl_lib.softplus_scale_and_normal_kl(loc, rho, prior)[1]
     assert np.all(np.isfinite(tape.gradient(kl_only, rho)))
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["eager", "xla"])
+def test_fused_log_variance_scale_and_kl_matches_tfd_values_and_autodiff_gradients(jit_compile):
+    """The log-variance twin of the fused op: values of exp(clip(rho) / 2) and tfd.kl_divergence, and
+    autodiff's gradient through both, the clip's zero gradient included."""
+    low, high = kl_lib.LOG_VARIANCE_RANGE
+
+    def reference(r):
+        return tf.exp(0.5 * tf.clip_by_value(r, low, high))
+
+    # rho from -90 to 45: both ends of the clip [-80, 40] are active at the extremes.
+    rho = tf.constant(np.linspace(-90.0, 45.0, 35).reshape(7, 5), tf.float32)
+    grads = _check_fused_op(kl_lib.log_variance_scale_and_normal_kl, reference, rho, jit_compile)
+    clipped = (rho.numpy() < low) | (rho.numpy() > high)
+    assert clipped.sum() >= 4 and np.all(grads[1].numpy()[clipped] == 0.0)
+    # Moderate rho, where the values are O(1): a tight match of the gradient.
+    moderate = tf.constant(np.linspace(-12.0, 3.0, 35).reshape(7, 5), tf.float32)
+    _check_fused_op(kl_lib.log_variance_scale_and_normal_kl, reference, moderate, jit_compile, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("cls", [tfbnn.DenseReparameterization, tfbnn.DenseFlipout, tfbnn.DenseLocalReparameterization])
+def test_log_variance_layers_with_a_normal_prior_keep_the_closed_form_kl(cls):
+    """The log-variance layers with a Normal prior take the fused op: the layer's KL is tfd's, and
+    finite at extreme rho."""
+    layer = cls(3, scale_parameterization="log_variance", bias_prior="normal", kernel_prior=priors.Normal(0.1, 0.5),
+                kl_weight=1.0, seed=2)
+    layer.build((None, 4))
+    rng = np.random.default_rng(5)
+    layer.kernel_loc.assign(rng.normal(size=(4, 3)).astype("float32"))
+    layer.kernel_rho.assign(rng.uniform(-12.0, 2.0, (4, 3)).astype("float32"))
+    expected = 0.0
+    for loc, rho, prior in ((layer.kernel_loc, layer.kernel_rho, (0.1, 0.5)), (layer.bias_loc, layer.bias_rho, (0.0, 1.0))):
+        q = tfd.Normal(loc, tf.exp(0.5 * rho))
+        expected += float(tf.reduce_sum(tfd.kl_divergence(q, tfd.Normal(*prior))))
+    np.testing.assert_allclose(float(layer.kl_divergence()), expected, rtol=1e-5)
+    for rho in (-1e4, 1e4):
+        layer.kernel_rho.assign(np.full((4, 3), rho, "float32"))
+        assert np.isfinite(float(layer.kl_divergence()))

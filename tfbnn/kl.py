@@ -51,6 +51,8 @@ __all__ = [
     "low_rank_log_det",
     "has_low_rank_closed_form",
     "softplus_scale_and_normal_kl",
+    "log_variance_scale_and_normal_kl",
+    "LOG_VARIANCE_RANGE",
     "in_xla_context",
     "SOFTPLUS_MIN_SCALE",
     "monte_carlo_kl",
@@ -64,6 +66,9 @@ __all__ = [
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 # The floor of the softplus scale, sigma = softplus(rho) + SOFTPLUS_MIN_SCALE.
 SOFTPLUS_MIN_SCALE = 1e-6
+# The clip of the log variance, sigma^2 = exp(clip(rho, *LOG_VARIANCE_RANGE)): exp(-80) ~ 1.8e-35
+# is still a normal float32; exp(40) keeps x^2 sigma^2 sums finite.
+LOG_VARIANCE_RANGE = (-80.0, 40.0)
 
 
 def closed_form_kl(loc, scale, prior):
@@ -344,14 +349,28 @@ def kingma_kl(log_alpha):
 def in_xla_context():
     """True while tracing a function that XLA compiles (``jit_compile=True``, TPU).
 
-    :func:`softplus_scale_and_normal_kl` writes its KL in the form XLA compiles best
-    when this is True.
+    :func:`softplus_scale_and_normal_kl` and :func:`log_variance_scale_and_normal_kl`
+    write their KL in the form XLA compiles best when this is True.
 
     TensorFlow enters an XLA control-flow context for such functions; the check
     is TensorFlow's own (internal: :func:`tfbnn._internal.keras_private.in_xla_context`).
     False if it is missing.
     """
     return keras_private.in_xla_context()
+
+
+def _normal_kl_sum(scale, log_terms, log_factor, centred, inv_var, constant):
+    """``sum KL(N(m + centred, scale^2) || N(m, s^2))`` with ``log sigma = log_factor * log_terms``: the fused ops' KL.
+
+    Under XLA one reduction of one elementwise expression, which XLA makes a single loop; otherwise the
+    fewest separate passes (squares and sums fused in L2Loss).
+    """
+    n = tf.cast(tf.size(scale), scale.dtype)
+    if in_xla_context():
+        kl = tf.reduce_sum((0.5 * inv_var) * (tf.square(scale) + tf.square(centred)) - log_factor * log_terms)
+    else:
+        kl = (tf.nn.l2_loss(scale) + tf.nn.l2_loss(centred)) * inv_var - log_factor * tf.reduce_sum(log_terms)
+    return kl + n * constant
 
 
 def softplus_scale_and_normal_kl(loc, rho, prior):
@@ -403,18 +422,83 @@ def softplus_scale_and_normal_kl(loc, rho, prior):
     def fused(loc, rho):
         scale = tf.nn.softplus(rho) + SOFTPLUS_MIN_SCALE
         centred = loc if prior.loc == 0.0 else loc - prior.loc
-        n = tf.cast(tf.size(loc), loc.dtype)
-        if in_xla_context():
-            # One reduction of one elementwise expression: XLA makes it a single loop.
-            kl = tf.reduce_sum((0.5 * inv_var) * (tf.square(scale) + tf.square(centred)) - tf.math.log(scale))
-        else:
-            # The fewest separate passes: squares and sums are fused in L2Loss.
-            kl = (tf.nn.l2_loss(scale) + tf.nn.l2_loss(centred)) * inv_var - tf.reduce_sum(tf.math.log(scale))
-        kl = kl + n * constant
+        kl = _normal_kl_sum(scale, tf.math.log(scale), 1.0, centred, inv_var, constant)
 
         def grad(g_scale, g_kl):
             kl_part = g_kl * (inv_var * scale - tf.math.reciprocal(scale))
             g_rho = tf.math.sigmoid(rho) * (kl_part if g_scale is None else g_scale + kl_part)
+            return g_kl * inv_var * centred, g_rho
+
+        return (scale, kl), grad
+
+    return fused(tf.convert_to_tensor(loc), tf.convert_to_tensor(rho))
+
+
+def log_variance_scale_and_normal_kl(loc, rho, prior):
+    """``sigma = exp(rho / 2)`` and ``sum KL(N(loc, sigma^2) || N(m, s^2))``, one hand-written gradient.
+
+    The mean-field Gaussian posterior with the log-variance scale of Graves (2011,
+    sec. 5; ``rho = log sigma^2``, clipped to :data:`LOG_VARIANCE_RANGE`) against a
+    Normal prior ``N(m, s^2)``. The values are those of
+    ``exp(clip(rho) / 2)`` and :func:`closed_form_kl`, written with ``log sigma = rho / 2``
+    so that no logarithm is taken::
+
+        KL = (sum exp(rho) + ||loc - m||^2) / (2 s^2) - sum rho / 2 + n (log s - 1/2)
+
+    and the gradient is written out, with ``d sigma / d rho = sigma / 2`` (zero where
+    the clip is active, as for ``tf.clip_by_value``)::
+
+        dL/d loc = g_kl (loc - m) / s^2
+        dL/d rho = (g_sigma sigma + g_kl (sigma^2 / s^2 - 1)) / 2
+
+    One exponential per weight and no logarithm, reciprocal or sigmoid: fewer and
+    cheaper passes over the weights than the softplus scale needs
+    (:func:`softplus_scale_and_normal_kl`), which is what makes
+    ``scale_parameterization="log_variance"`` the cheaper parameterization of the
+    Bayes-by-Backprop layers (``benchmarks/dense_layers.py``, the ``_logvar`` rows).
+    Its gradient is as stable as the softplus one where posteriors live: for
+    ``sigma << 1`` both ``d sigma / d rho`` are proportional to sigma (``sigma / 2``
+    against ``sigmoid(rho) ~ sigma``), and the KL's gradient in ``rho`` is bounded
+    below by ``-1/2`` and grows as ``sigma^2 / s^2`` only where sigma exceeds the
+    prior's scale. Under XLA (:func:`in_xla_context`) the KL is one sum of one
+    elementwise expression, as in :func:`softplus_scale_and_normal_kl`.
+
+    Args:
+        loc: tensor, the posterior means ``mu``.
+        rho: tensor of the same shape, the log variances.
+        prior: a :class:`tfbnn.priors.Normal`.
+
+    Returns:
+        ``(sigma, kl)``: a tensor shaped like ``loc`` and a scalar tensor.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> from tfbnn import kl, priors
+    >>> sigma, value = kl.log_variance_scale_and_normal_kl(tf.zeros([3]), tf.fill([3], -2.0), priors.Normal(0.0, 1.0))
+    >>> round(float(value), 4) == round(float(kl.closed_form_kl(tf.zeros([3]), sigma, priors.Normal(0.0, 1.0))), 4)
+    True
+
+    Reference:
+        Graves. Practical Variational Inference for Neural Networks. NeurIPS 2011.
+    """
+    inv_var = 1.0 / prior.scale**2
+    constant = math.log(prior.scale) - 0.5
+    low, high = LOG_VARIANCE_RANGE
+
+    @tf.custom_gradient
+    def fused(loc, rho):
+        clipped = tf.clip_by_value(rho, low, high)
+        scale = tf.exp(0.5 * clipped)
+        centred = loc if prior.loc == 0.0 else loc - prior.loc
+        kl = _normal_kl_sum(scale, clipped, 0.5, centred, inv_var, constant)  # log sigma = rho / 2
+
+        def grad(g_scale, g_kl):
+            g_rho = (0.5 * g_kl * inv_var) * tf.square(scale) - 0.5 * g_kl
+            if g_scale is not None:
+                g_rho = g_rho + 0.5 * g_scale * scale
+            # Zero where the clip is active (clipped != rho), as tf.clip_by_value's gradient.
+            g_rho = tf.where(tf.equal(clipped, rho), g_rho, tf.zeros_like(g_rho))
             return g_kl * inv_var * centred, g_rho
 
         return (scale, kl), grad

@@ -49,8 +49,7 @@ _MIN_SCALE = kl_lib.SOFTPLUS_MIN_SCALE
 SCALE_PARAMETERIZATIONS = ("softplus", "log_variance")
 #: Values of ``posterior``: the covariance of the kernel's Gaussian posterior.
 POSTERIORS = ("mean_field", "low_rank")
-# exp(-80) ~ 1.8e-35 is still a normal float32; exp(40) keeps x^2 sigma^2 sums finite.
-_LOG_VARIANCE_RANGE = (-80.0, 40.0)
+_LOG_VARIANCE_RANGE = kl_lib.LOG_VARIANCE_RANGE
 
 
 def _default_rho_initializer():
@@ -78,8 +77,8 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
     It holds the posterior ``q(w) = N(mu, sigma^2)`` per weight (``kernel_loc`` /
     ``kernel_rho``, ``bias_loc`` / ``bias_rho``; ``sigma = softplus(rho) + 1e-6`` or
     ``sigma^2 = exp(rho)``, Blundell et al. 2015, sec. 3.2), the priors, the KL (closed
-    form, the fused softplus/Normal op :func:`tfbnn.kl.softplus_scale_and_normal_kl`, or
-    Monte Carlo) and the forward pass of the reparameterization estimator: each call
+    form, the fused scale/Normal ops :func:`tfbnn.kl.softplus_scale_and_normal_kl` and
+    :func:`tfbnn.kl.log_variance_scale_and_normal_kl`, or Monte Carlo) and the forward pass of the reparameterization estimator: each call
     draws one kernel ``W = mu + sigma * eps`` (and bias) shared by the batch, applies
     it, adds the bias, the KL loss (``kl_weight * KL``) and the activation; inside
     :func:`tfbnn.weight_samples` with ``T`` samples it draws ``T`` kernels and applies
@@ -309,11 +308,14 @@ class MeanFieldGaussian(KernelArguments, BayesianLayer):
     def _scale_and_kl(self, loc, rho, prior):
         """``(sigma, KL)``: the KL in closed form where the prior has one, else None.
 
-        Softplus sigma with a Normal prior goes through one fused op with a
-        hand-written gradient (:func:`tfbnn.kl.softplus_scale_and_normal_kl`).
+        Either scale with a Normal prior goes through one fused op with a hand-written
+        gradient (:func:`tfbnn.kl.softplus_scale_and_normal_kl`,
+        :func:`tfbnn.kl.log_variance_scale_and_normal_kl`).
         """
-        if self.scale_parameterization == "softplus" and type(prior) is priors_lib.Normal:
-            return kl_lib.softplus_scale_and_normal_kl(loc, rho, prior)
+        if type(prior) is priors_lib.Normal:
+            if self.scale_parameterization == "softplus":
+                return kl_lib.softplus_scale_and_normal_kl(loc, rho, prior)
+            return kl_lib.log_variance_scale_and_normal_kl(loc, rho, prior)
         scale = self._scale(rho)
         return scale, (kl_lib.closed_form_kl(loc, scale, prior) if prior.has_closed_form_kl else None)
 
