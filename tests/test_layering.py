@@ -161,7 +161,7 @@ FUNCTION_LOCAL_IMPORTS = {
 #: matplotlib, KerasTuner, scikit-learn and tensorflow-datasets load inside functions, listed
 #: above). Checked three ways below: statically, in a fresh process, and for completeness.
 TENSORFLOW_FREE = (
-    "tfbnn._internal", "tfbnn._internal.argtypes", "tfbnn._internal.backend", "tfbnn._internal.deprecation",
+    "tfbnn._internal", "tfbnn._internal.allocator", "tfbnn._internal.argtypes", "tfbnn._internal.backend", "tfbnn._internal.deprecation",
     "tfbnn._internal.errors", "tfbnn._internal.files", "tfbnn._internal.startup", "tfbnn._internal.version",
     "tfbnn.cli", "tfbnn.cli.evaluate", "tfbnn.cli.export", "tfbnn.cli.laplace", "tfbnn.cli.recipes", "tfbnn.cli.run",
     "tfbnn.cli.train", "tfbnn.cli.tune",

@@ -13,10 +13,12 @@ Flat public API::
 
 import importlib
 
+from tfbnn._internal import allocator as _allocator
 from tfbnn._internal import backend as _backend
 from tfbnn._internal.version import __version__
 
 _backend.check()  # one clear error on the JAX or PyTorch backend, before TensorFlow loads
+_allocator.prefer_pooled_allocator()  # TF_CPU_ALLOCATOR_USE_BFC=true unless set (tfbnn/_internal/allocator.py)
 
 # The one list of public names: every submodule (loaded by `import tfbnn` when in
 # _CORE, on first use when in _LAZY_MODULES) and every name re-exported from one

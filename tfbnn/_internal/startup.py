@@ -11,6 +11,8 @@ import os
 import sys
 import tempfile
 
+from tfbnn._internal import allocator
+
 # Lines TensorFlow writes to stderr while it loads on a CPU-only machine.
 _TF_IMPORT_NOISE = (
     "WARNING: All log messages before absl::InitializeLog()",
@@ -33,6 +35,7 @@ def import_tensorflow_quietly():
     if "tensorflow" in sys.modules:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    allocator.prefer_pooled_allocator()  # before TensorFlow first allocates (tfbnn/_internal/allocator.py)
     try:
         sys.stderr.flush()
         saved = os.dup(2)
