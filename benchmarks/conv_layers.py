@@ -96,6 +96,8 @@ def build(network, impl, n):
 
 
 def run(networks, impls, xla_modes, steps, rounds):
+    import tfbnn  # noqa: F401  (first: it chooses TensorFlow's CPU allocator before the first tensor)
+
     import numpy as np
     import tensorflow as tf
 

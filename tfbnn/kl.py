@@ -455,7 +455,7 @@ def log_variance_scale_and_normal_kl(loc, rho, prior):
     cheaper passes over the weights than the softplus scale needs
     (:func:`softplus_scale_and_normal_kl`), which is what makes
     ``scale_parameterization="log_variance"`` the cheaper parameterization of the
-    Bayes-by-Backprop layers (``benchmarks/dense_layers.py``, the ``_logvar`` rows).
+    Bayes-by-Backprop layers (``benchmarks/dense_floors.py``, the ``_logvar`` rows).
     Its gradient is as stable as the softplus one where posteriors live: for
     ``sigma << 1`` both ``d sigma / d rho`` are proportional to sigma (``sigma / 2``
     against ``sigmoid(rho) ~ sigma``), and the KL's gradient in ``rho`` is bounded

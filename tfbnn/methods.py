@@ -603,25 +603,26 @@ _BBB_CONV = {"flipout": "Conv2DFlipout", "reparameterization": "Conv2DReparamete
 
 
 #: ``jit_compile="auto"``'s measured rule on CPUs: ``(network, layer) -> {kernels: XLA on}``, whether XLA made the
-#: whole train step faster in benchmarks/README.md's side-by-side runs (2 AMD EPYC cores, one interleaved run each;
-#: tests/test_methods_registry.py checks every entry against those tables). Networks: ``"mlp"`` (784-1200-1200-10,
-#: batch 128; measured on the default kernel path and taken for both), ``"lenet5"`` (LeNet-5, batch 32) and
-#: ``"resnet20"`` (a ResNet-20-sized stack of 19 convolutions, batch 16: it stands for the zoo's deep convolutional
-#: networks). Layers: the benchmarks' row names. Kernels: TensorFlow's CPU kernel library (:func:`kernel_library`).
-#: What was not measured (other networks, priors, variational dropout in an MLP, GPUs) gets no XLA from the rule.
+#: whole train step faster in benchmarks/README.md's side-by-side runs (2 AMD EPYC cores, 2026-12-03, one interleaved
+#: run per kernel path, TensorFlow's pooled CPU allocator; tests/test_methods_registry.py checks every entry against
+#: those tables). Networks: ``"mlp"`` (784-1200-1200-10, batch 128: benchmarks/dense_floors.py), ``"lenet5"``
+#: (LeNet-5, batch 32) and ``"resnet20"`` (a ResNet-20-sized stack of 19 convolutions, batch 16: it stands for the
+#: zoo's deep convolutional networks; both benchmarks/conv_layers.py). Layers: the benchmarks' row names. Kernels:
+#: TensorFlow's CPU kernel library (:func:`kernel_library`). What was not measured (other networks, priors,
+#: variational dropout in an MLP, GPUs) gets no XLA from the rule. Milliseconds per step, XLA on against off.
 XLA_RULE = {
-    ("mlp", "keras_dense"): {"eigen": True, "onednn": True},           # 18.4 against 22.7 ms
-    ("mlp", "tfbnn_reparam"): {"eigen": True, "onednn": True},         # 76.9 against 77.1: a tie
-    ("mlp", "tfbnn_flipout"): {"eigen": True, "onednn": True},         # 87.4 against 94.7
-    ("mlp", "tfbnn_local"): {"eigen": True, "onednn": True},           # 56.9 against 63.9
-    ("lenet5", "keras_conv"): {"eigen": True, "onednn": False},        # Eigen 13.6 / 18.9, oneDNN 13.3 / 10.2
-    ("lenet5", "tfbnn_reparam"): {"eigen": True, "onednn": False},
-    ("lenet5", "tfbnn_flipout"): {"eigen": True, "onednn": False},
-    ("lenet5", "tfbnn_vd"): {"eigen": True, "onednn": False},
-    ("resnet20", "keras_conv"): {"eigen": True, "onednn": True},
-    ("resnet20", "tfbnn_reparam"): {"eigen": True, "onednn": True},
-    ("resnet20", "tfbnn_flipout"): {"eigen": False, "onednn": False},  # two convolutions per call: XLA slows them
-    ("resnet20", "tfbnn_vd"): {"eigen": False, "onednn": False},
+    ("mlp", "keras_dense"): {"eigen": True, "onednn": True},           # Eigen 7.9 / 9.3, oneDNN 8.6 / 9.3
+    ("mlp", "tfbnn_reparam"): {"eigen": True, "onednn": True},         # 30.5 / 31.5, 32.5 / 34.7
+    ("mlp", "tfbnn_flipout"): {"eigen": False, "onednn": False},       # 39.0 / 37.9, 43.7 / 41.0
+    ("mlp", "tfbnn_local"): {"eigen": True, "onednn": True},           # 24.3 / 25.9, 26.3 / 27.0
+    ("lenet5", "keras_conv"): {"eigen": True, "onednn": False},        # 6.4 / 8.4, 4.7 / 3.3
+    ("lenet5", "tfbnn_reparam"): {"eigen": True, "onednn": False},     # 5.8 / 7.4, 4.2 / 2.9
+    ("lenet5", "tfbnn_flipout"): {"eigen": True, "onednn": False},     # 9.9 / 10.6, 6.6 / 4.3
+    ("lenet5", "tfbnn_vd"): {"eigen": False, "onednn": False},         # 13.8 / 12.3, 8.8 / 5.4
+    ("resnet20", "keras_conv"): {"eigen": True, "onednn": False},      # 24.0 / 31.3, 23.8 / 19.6
+    ("resnet20", "tfbnn_reparam"): {"eigen": True, "onednn": False},   # 30.8 / 36.7, 29.8 / 22.5
+    ("resnet20", "tfbnn_flipout"): {"eigen": False, "onednn": False},  # 71.6 / 65.6, 71.8 / 43.3
+    ("resnet20", "tfbnn_vd"): {"eigen": False, "onednn": False},       # 126.0 / 85.2, 124.6 / 58.2
 }
 
 

@@ -6,10 +6,10 @@ activations) with a fresh ``mmap`` and unmaps it when freed, so every train step
 temporaries' pages again. With oneDNN (the default on x86-64) TensorFlow pools CPU memory instead.
 ``TF_CPU_ALLOCATOR_USE_BFC=true`` makes TensorFlow pool on every path (its best-fit-with-coalescing
 allocator, the one it uses for GPU memory): measured on the 784-1200-1200-10 local-reparameterization
-MLP (batch 128, 2 AMD EPYC cores, Eigen path), a train step took 32 against 26 ms without XLA and 42
-against 26 ms with XLA, with 2.1 million against 0.3 million page faults in a short run; on the oneDNN
-path it changes nothing measurable (``benchmarks/dense_floors.py``; benchmarks/README.md, "The
-allocator"). Values, seeds and results are the same either way; only where the memory comes from
+MLP (batch 128, 2 AMD EPYC cores, Eigen path), a train step took 28.3 against 25.9 ms without XLA and
+44.1 against 24.3 ms with XLA, with 2.1 million against 0.3 million page faults in a short run; on the
+oneDNN path it changes nothing measurable (``benchmarks/dense_floors.py``; benchmarks/README.md, "How
+close the dense estimators come to their floors"). Values, seeds and results are the same either way; only where the memory comes from
 changes (TensorFlow keeps freed memory for reuse instead of returning it to the system, as it does
 with oneDNN).
 
