@@ -16,7 +16,7 @@ with oneDNN).
 TensorFlow reads the variable once, when it first allocates CPU memory, so setting it at
 ``import tfbnn`` takes effect unless the program has already run a TensorFlow op. A program that
 wants ``malloc`` sets ``TF_CPU_ALLOCATOR_USE_BFC=false`` (or any value) first: a value that is set
-is never changed.
+is never changed. Processes the program starts afterwards inherit the variable, as any other.
 """
 
 import os
