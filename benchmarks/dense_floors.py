@@ -66,41 +66,6 @@ WEIGHT_SIZED = 900_000
 _FREE_OPS = {"ReadVariableOp", "Identity", "IdentityN", "Const", "Placeholder"}
 
 
-def _floor_reparam_layer(keras):
-    """dense_layers.py's local floor layer (its ``kernel_var`` the free scale ``s``) drawing ``W = mu + s eps``."""
-    import tensorflow as tf
-
-    class ReparameterizationFloor(dense_layers._floor_layer(keras, softplus=False)):
-        def call(self, x):
-            eps = tf.random.stateless_normal(tf.shape(self.kernel_loc), seed=self.seed_generator.next(), alg="philox")
-            return self.activation(tf.matmul(x, self.kernel_loc + self.kernel_var * eps) + self.bias)
-
-    return ReparameterizationFloor
-
-
-def build_model(name, n):
-    import keras
-
-    import tfbnn
-
-    if name == "keras_dense":
-        make = keras.layers.Dense
-    elif name == "floor_reparam":
-        make = _floor_reparam_layer(keras)
-    elif name.startswith("floor_local"):
-        make = dense_layers._floor_layer(keras, softplus=name == "floor_local_softplus")
-    else:
-        cls = {"tfbnn_reparam": tfbnn.DenseReparameterization, "tfbnn_flipout": tfbnn.DenseFlipout,
-               "tfbnn_local": tfbnn.DenseLocalReparameterization}[name.removesuffix("_logvar")]
-        scale = "log_variance" if name.endswith("_logvar") else "softplus"
-
-        def make(units, activation):
-            return cls(units, activation=activation, kl_weight=1.0 / n, scale_parameterization=scale)
-
-    layers = [make(u, "relu") for u in SIZES[1:-1]] + [make(SIZES[-1], None)]
-    return keras.Sequential([keras.Input((SIZES[0],))] + layers)
-
-
 def posterior_op(name, n, xla):
     """The fused scale/KL op of the MLP's three kernels, forward and backward, as a step function."""
     import tensorflow as tf
@@ -165,7 +130,7 @@ def run(steps, rounds, xla):
     trainers, passes = {}, {}
     for name in MODELS:
         keras.utils.set_random_seed(0)
-        model = build_model(name, n)
+        _, model = dense_layers._keras3_model(name, n)
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=xla)
         model.train_on_batch(x, y)  # traced outside the timing

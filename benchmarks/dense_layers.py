@@ -94,13 +94,29 @@ def _floor_layer(keras, softplus):
     return LocalReparameterizationFloor
 
 
+def _floor_reparam_layer(keras):
+    """The local floor layer (its ``kernel_var`` the free scale ``s``) drawing ``W = mu + s eps``: the lower bound
+    of a reparameterization layer (benchmarks/dense_floors.py's ``floor_reparam``)."""
+    import tensorflow as tf
+
+    class ReparameterizationFloor(_floor_layer(keras, softplus=False)):
+        def call(self, x):
+            eps = tf.random.stateless_normal(tf.shape(self.kernel_loc), seed=self.seed_generator.next(), alg="philox")
+            return self.activation(tf.matmul(x, self.kernel_loc + self.kernel_var * eps) + self.bias)
+
+    return ReparameterizationFloor
+
+
 def _keras3_model(impl, n):
+    """The MLP of ``impl``: a row of IMPLEMENTATIONS, or dense_floors.py's ``floor_reparam`` and ``*_logvar`` rows."""
     import keras
 
     import tfbnn
 
     if impl == "keras_dense":
         make = lambda units, act: keras.layers.Dense(units, activation=act)  # noqa: E731
+    elif impl == "floor_reparam":
+        make = _floor_reparam_layer(keras)
     elif impl.startswith("floor_"):
         make = _floor_layer(keras, softplus=impl == "floor_local_softplus")
     else:
@@ -108,8 +124,9 @@ def _keras3_model(impl, n):
             "tfbnn_reparam": tfbnn.DenseReparameterization,
             "tfbnn_flipout": tfbnn.DenseFlipout,
             "tfbnn_local": tfbnn.DenseLocalReparameterization,
-        }[impl]
-        make = lambda units, act: cls(units, activation=act, kl_weight=1.0 / n)  # noqa: E731
+        }[impl.removesuffix("_logvar")]
+        scale = "log_variance" if impl.endswith("_logvar") else "softplus"
+        make = lambda units, act: cls(units, activation=act, kl_weight=1.0 / n, scale_parameterization=scale)  # noqa: E731
     layers = [keras.Input((SIZES[0],))]
     layers += [make(u, "relu") for u in SIZES[1:-1]] + [make(SIZES[-1], None)]
     return keras, keras.Sequential(layers)
