@@ -40,8 +40,17 @@ def _seeded(request):
     # a notebook's kernel, a subprocess or a small model trained long leaves little to free, and
     # collecting after them was a tenth of the suite's time. (The tests heavy by measurement,
     # tests/heavy_tests.txt, are short enough to skip it.)
+    #
+    # What survives such a collection outlives the test (traced graphs held by caches, a module's
+    # fixtures): about ten thousand objects per test, so unfrozen the worker's heap grew to millions of
+    # objects and each later collection scanned them all again (0.7 s at one million; 284 s of the two
+    # workers' CPU in the whole run, py-spy, 2026-12-03). Frozen with what collection left, each
+    # collection scans only what the tests since have made.
     heavy = request.node.get_closest_marker("heavy") is not None and request.node.nodeid not in _MEASURED
-    keras.backend.clear_session(free_memory=heavy and _should_free(start, _resident_bytes()))
+    free = heavy and _should_free(start, _resident_bytes())
+    keras.backend.clear_session(free_memory=free)
+    if free:
+        gc.freeze()
 
 
 def _should_free(start, end):
