@@ -48,9 +48,9 @@ def _seeded(request):
     # collection scans only what the tests since have made.
     heavy = request.node.get_closest_marker("heavy") is not None and request.node.nodeid not in _MEASURED
     free = heavy and _should_free(start, _resident_bytes())
-    keras.backend.clear_session(free_memory=free)
+    keras.backend.clear_session(free_memory=False)
     if free:
-        gc.freeze()
+        _collect_and_freeze()
 
 
 def _should_free(start, end):
@@ -122,6 +122,11 @@ def pytest_collection_finish(session):
     half a million objects) lives as long as the worker: frozen out of the collector's reach, so
     each full collection (a heavy test's teardown, a study's ``clear_session``, the automatic
     ones) scans only what the tests made since."""
+    _collect_and_freeze()
+
+
+def _collect_and_freeze():
+    """A full collection, then what survived it frozen out of the collector's later scans."""
     gc.collect()
     gc.freeze()
 
