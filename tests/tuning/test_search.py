@@ -6,6 +6,7 @@ under pytest's tmp_path.
 """
 
 import csv
+import gc
 import glob
 import itertools
 import json
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import keras
 import keras_tuner
@@ -315,6 +317,24 @@ def test_tune_runs_the_27_grid_points_exactly_once_then_resumes_without_rerunnin
     assert "resuming: 27 completed trial(s) kept" in printed and "Top 10 of 27" in printed
     assert len(_fits(out)) == len(fits)
     assert _trials(out / "search") == trials
+
+
+def test_the_search_keeps_a_callers_gc_freeze_and_undoes_only_its_own(tmp_path, capsys):
+    # The search freezes the objects alive at its start (KerasTuner collects before every trial). A
+    # process that had frozen objects itself (conftest has, as a server after its start-up might) keeps
+    # them frozen; in one that had not, the search unfreezes after itself (seen through a stand-in for
+    # gc.unfreeze: the real one would thaw this worker's whole heap).
+    one = ["--pi", "0.5", "--neg-log-sigma1", "1", "--neg-log-sigma2", "6", *TINY]
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
+    with mock.patch.object(gc, "unfreeze", wraps=gc.unfreeze) as unfreeze:
+        assert tuning_cli.main(["tune", *one, "--output", str(tmp_path / "a")]) == 0
+    assert unfreeze.call_count == 0 and gc.get_freeze_count() >= frozen
+    with mock.patch.object(gc, "get_freeze_count", return_value=0), mock.patch.object(gc, "unfreeze") as unfreeze:
+        assert tuning_cli.main(["tune", *one, "--output", str(tmp_path / "b")]) == 0
+    unfreeze.assert_called_once_with()
+    assert len(_csv_rows(tmp_path / "a")) == len(_csv_rows(tmp_path / "b")) == 1
+    capsys.readouterr()
 
 
 def test_custom_grid_objective_settings_check_and_overwrite(tmp_path, capsys):

@@ -407,6 +407,22 @@ def _space_names(space):
     return [p.name for p in hp.space]
 
 
+def _freeze_long_lived():
+    """Freezes what survives a full collection (``gc.freeze``), so that KerasTuner's collection before each
+    trial scans only what the trials make; returns whether the search unfreezes afterwards.
+
+    Only a process in which nothing was frozen is unfrozen after the search. One that froze objects itself
+    (a server after its start-up, a test runner) keeps its freeze: ``gc.unfreeze`` cannot tell whose
+    objects it thaws, and undoing the caller's freeze would have every later full collection scan its
+    whole heap again. What the search froze then stays frozen with the caller's (reference counting still
+    frees those objects; the cyclic collector no longer scans them).
+    """
+    first = not gc.get_freeze_count()
+    gc.collect()
+    gc.freeze()
+    return first
+
+
 def _run_search(args, search, space, folder, role, settings):
     from tfbnn import tuning
 
@@ -469,8 +485,7 @@ def _run_search(args, search, space, folder, role, settings):
 
     # KerasTuner runs gc.collect() before every trial: freezing the long-lived objects
     # already here (TensorFlow, Keras, the data) saves about a third of a second each.
-    gc.collect()
-    gc.freeze()
+    unfreeze = _freeze_long_lived()
     try:
         tuner.search(ds.x_train, ds.y_train, epochs=args.epochs)
     except KeyboardInterrupt:
@@ -481,7 +496,8 @@ def _run_search(args, search, space, folder, role, settings):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CommandError(f"the search stopped: {first} (trial records in {project})") from None
     finally:
-        gc.unfreeze()
+        if unfreeze:
+            gc.unfreeze()
 
     if role == "worker":
         print(f"{PROG} tune: worker {os.environ.get('KERASTUNER_TUNER_ID')} done", flush=True)
