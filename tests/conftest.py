@@ -46,10 +46,17 @@ def _seeded(request):
     # objects and each later collection scanned them all again (0.7 s at one million; 284 s of the two
     # workers' CPU in the whole run, py-spy, 2026-12-03). Frozen with what collection left, each
     # collection scans only what the tests since have made.
+    #
+    # The heavy tests' memory rule alone left the heap unfrozen for hundreds of tests at a time (2 to 5
+    # million objects), and every collection in between, Python's own, KerasTuner's before each trial and
+    # the studies' clear_session, scanned all of it (158 s of the two workers' time, a gc callback timing
+    # each, 2026-12-03). So every FREEZE_EVERY tests the teardown also collects and freezes: each
+    # collection then scans at most the few hundred thousand objects the last tests made.
     heavy = request.node.get_closest_marker("heavy") is not None and request.node.nodeid not in _MEASURED
     free = heavy and _should_free(start, _resident_bytes())
     keras.backend.clear_session(free_memory=False)
-    if free:
+    _TESTS_SINCE_FREEZE[0] += 1
+    if free or _TESTS_SINCE_FREEZE[0] >= FREEZE_EVERY:
         _collect_and_freeze()
 
 
@@ -65,6 +72,10 @@ FREE_MEMORY_ABOVE = 2 * 2**30
 FREE_GROWTH_ABOVE = 256 * 2**20
 #: ... and the resident memory above which it collects whatever the test grew.
 FREE_MEMORY_ALWAYS = 4 * 2**30
+#: Whatever the tests, a teardown collects and freezes once this many tests have ended since the last freeze.
+FREEZE_EVERY = 20
+#: The tests ended since the last collect-and-freeze, in this worker (a list: the fixture updates it in place).
+_TESTS_SINCE_FREEZE = [0]
 
 
 def _resident_bytes():
@@ -129,6 +140,7 @@ def _collect_and_freeze():
     """A full collection, then what survived it frozen out of the collector's later scans."""
     gc.collect()
     gc.freeze()
+    _TESTS_SINCE_FREEZE[0] = 0
 
 
 def pytest_collection_modifyitems(config, items):
